@@ -1,0 +1,3 @@
+from sppo_rl.cli import main
+
+main()

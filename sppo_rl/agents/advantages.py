@@ -1,0 +1,274 @@
+"""Advantage estimators on padded ``[B, T]`` sequence batches.
+
+Every estimator is a plain function registered in :data:`ESTIMATORS` under its name, with one shared
+keyword contract::
+
+    advantages, returns = ESTIMATORS[name](token_rewards=..., mask=..., **what_it_needs, **params)
+
+- ``token_rewards`` ``[B, T]``: reward per position (the outcome sits on the last valid position).
+  A sequence's outcome is ``R_b = sum_t token_rewards[b, t] * mask[b, t]``.
+- ``mask`` ``[B, T]``: 1 on valid positions, 0 on right padding.
+- ``values``: ``[B, T]`` per-position values (``gae``) or ``[B]`` per-sequence logits (``sppo``).
+- ``group_ids`` ``[B]``: sequences from the same context share an id (group methods).
+- ``baseline_rewards`` ``[B]``: the greedy rollout's outcome for each sequence's context (``remax``).
+
+``advantages`` is ``[B, T]`` and exactly 0 where ``mask`` is 0. ``returns`` holds the critic's
+targets: ``[B, T]`` for ``gae``, the outcome ``R`` ``[B]`` for every sequence-level estimator.
+
+Each function carries a :class:`Requirements` (``fn.requires``) saying what the trainer must supply,
+so a trainer asks the estimator instead of testing its name. All estimators run under ``no_grad``.
+Extra keywords are ignored, so a trainer may pass one dictionary to any estimator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+CriticKind = Literal["none", "step", "sequence"]
+
+
+@dataclass(frozen=True)
+class Requirements:
+    """What an estimator needs from the trainer.
+
+    Attributes:
+        critic: ``"none"``; ``"step"``: a value per position ``V(s_t)``; ``"sequence"``: one value per
+            sequence read from its context only, ``V(s_p)``.
+        critic_output: what ``values`` must hold: ``"value"`` (in reward units) or ``"logit"``
+            (a success logit; ``sigmoid(logit)`` is the value).
+        groups: needs N > 1 sequences per context, tied by ``group_ids``.
+        greedy_baseline: needs one extra greedy (argmax / mean-action) rollout per context, whose
+            outcome arrives as ``baseline_rewards``.
+    """
+
+    critic: CriticKind = "none"
+    critic_output: Literal["value", "logit"] = "value"
+    groups: bool = False
+    greedy_baseline: bool = False
+
+
+Estimator = Callable[..., tuple[Tensor, Tensor]]
+ESTIMATORS: dict[str, Estimator] = {}
+
+
+def register_estimator(name: str, requires: Requirements) -> Callable[[Estimator], Estimator]:
+    """Decorator: add ``fn`` to :data:`ESTIMATORS` under ``name`` and attach ``fn.requires``."""
+
+    def deco(fn: Estimator) -> Estimator:
+        if name in ESTIMATORS:
+            raise ValueError(f"estimator {name!r} is already registered")
+        fn.requires = requires  # type: ignore[attr-defined]
+        fn.estimator_name = name  # type: ignore[attr-defined]
+        ESTIMATORS[name] = fn
+        return fn
+
+    return deco
+
+
+def get_estimator(name: str) -> Estimator:
+    """The estimator called ``name``; an unknown name raises ``KeyError`` listing the valid ones."""
+    try:
+        return ESTIMATORS[name]
+    except KeyError:
+        raise KeyError(f"unknown advantage estimator {name!r}; valid: {', '.join(sorted(ESTIMATORS))}") from None
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+
+
+def sequence_scores(token_rewards: Tensor, mask: Tensor) -> Tensor:
+    """``R_b = sum_t r_{b,t} * m_{b,t}``, shape ``[B]``."""
+    return (token_rewards * mask).sum(-1)
+
+
+def broadcast(seq_adv: Tensor, mask: Tensor) -> Tensor:
+    """``A[b, t] = a_b * m[b, t]``: one advantage per sequence on every valid position."""
+    return seq_adv[:, None].to(mask.dtype) * mask
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """``sum(x * m) / sum(m)`` (0 where the mask is empty)."""
+    if dim is None:
+        return (x * mask).sum() / mask.sum().clamp(min=1)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """``(x - mu) / sqrt(var + eps)`` with masked mean and unbiased masked variance; 0 off the mask."""
+    n = mask.sum()
+    mu = (x * mask).sum() / n.clamp(min=1)
+    var = (((x - mu) ** 2) * mask).sum() / (n - 1).clamp(min=1)
+    return (x - mu) * torch.rsqrt(var + eps) * mask
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """Per-sequence statistics of each sequence's group (all ``[B]``, float64)."""
+
+    count: Tensor
+    total: Tensor
+    mean: Tensor
+    centered_sq: Tensor  # sum over the group of (R_j - mean)^2
+    degenerate: Tensor  # bool: every reward in the group is equal (this includes singletons)
+
+
+def group_stats(scores: Tensor, group_ids: Tensor) -> GroupStats:
+    """Group means, sums and spreads gathered back to each sequence, computed in float64."""
+    if group_ids is None:
+        raise ValueError("this estimator needs group_ids [B]")
+    if group_ids.shape != scores.shape:
+        raise ValueError(f"group_ids {tuple(group_ids.shape)} must match scores {tuple(scores.shape)}")
+    r = scores.double()
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    G = int(inv.max().item()) + 1 if inv.numel() else 0
+    count = torch.zeros(G, dtype=r.dtype, device=r.device).scatter_add_(0, inv, torch.ones_like(r))
+    total = torch.zeros(G, dtype=r.dtype, device=r.device).scatter_add_(0, inv, r)
+    mean = total / count
+    csq = torch.zeros(G, dtype=r.dtype, device=r.device).scatter_add_(0, inv, (r - mean[inv]) ** 2)
+    hi = torch.full((G,), -torch.inf, dtype=r.dtype, device=r.device).scatter_reduce_(0, inv, r, "amax")
+    lo = torch.full((G,), torch.inf, dtype=r.dtype, device=r.device).scatter_reduce_(0, inv, r, "amin")
+    return GroupStats(count[inv], total[inv], mean[inv], csq[inv], (hi == lo)[inv])
+
+
+# --------------------------------------------------------------------------------------------------
+# estimators
+
+
+@register_estimator("gae", Requirements(critic="step"))
+@torch.no_grad()
+def gae(
+    *,
+    token_rewards: Tensor,
+    mask: Tensor,
+    values: Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    whiten: bool = False,
+    **_: object,
+) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation over each sequence, computed backwards.
+
+    ``delta_t = r_t + gamma * V(s_{t+1}) - V(s_t)``, ``A_t = delta_t + gamma * lam * A_{t+1}``, with
+    ``V`` and ``A`` past the last valid position taken as 0 (the sequence is finished: its outcome is
+    decided, so nothing is bootstrapped). Padding positions carry the running values through unchanged,
+    so right padding never breaks the recursion. ``returns = A + V`` (before whitening).
+    With a terminal-only reward and ``gamma = lam = 1``: ``A_t = R - V(s_t)``.
+    ``whiten`` standardises ``A`` over valid positions (masked mean, unbiased masked variance).
+    """
+    if values is None or values.shape != mask.shape:
+        raise ValueError(f"gae needs per-position values of shape {tuple(mask.shape)}")
+    mask = mask.to(values.dtype)
+    B, T = mask.shape
+    adv = torch.zeros_like(values)
+    next_value = torch.zeros(B, dtype=values.dtype, device=values.device)
+    next_adv = torch.zeros_like(next_value)
+    for t in reversed(range(T)):
+        m = mask[:, t]
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
+        a = delta + gamma * lam * next_adv
+        next_adv = m * a + (1 - m) * next_adv
+        next_value = m * values[:, t] + (1 - m) * next_value
+        adv[:, t] = next_adv
+    adv = adv * mask
+    returns = (adv + values) * mask
+    if whiten:
+        adv = masked_whiten(adv, mask)
+    return adv, returns
+
+
+@register_estimator("sppo", Requirements(critic="sequence", critic_output="logit"))
+@torch.no_grad()
+def sppo(*, token_rewards: Tensor, mask: Tensor, values: Tensor, **_: object) -> tuple[Tensor, Tensor]:
+    """Sequence-level PPO: the whole sequence is one action of a contextual bandit.
+
+    ``values`` are ``[B]`` critic logits read from the context alone; ``p = sigmoid(logit)`` estimates
+    ``P(R = 1 | s_p)``. ``A = R - p`` on every valid position; the critic's target is ``R`` (``[B]``),
+    fitted with BCE. No whitening, no normalisation.
+    """
+    if values is None or values.shape != mask.shape[:1]:
+        raise ValueError(f"sppo needs one critic logit per sequence, shape ({mask.shape[0]},)")
+    R = sequence_scores(token_rewards, mask)
+    return broadcast(R - torch.sigmoid(values.to(R.dtype)), mask), R
+
+
+@register_estimator("grpo", Requirements(groups=True))
+@torch.no_grad()
+def grpo(
+    *,
+    token_rewards: Tensor,
+    mask: Tensor,
+    group_ids: Tensor,
+    std: Literal["population", "sample"] = "sample",
+    eps: float = 1e-6,
+    **_: object,
+) -> tuple[Tensor, Tensor]:
+    """Group-relative advantage ``A_i = (R_i - mean_g) / (std_g + eps)``, broadcast to the sequence.
+
+    ``std="sample"`` divides the squared deviations by ``G - 1`` (``torch.std``, what verl does);
+    ``std="population"`` by ``G``. A group whose rewards are all equal (a singleton included) gets
+    exactly 0: there is nothing to compare, and dividing rounding noise by ``eps`` would amplify it.
+    Example ``R = [1, 1, 0, 0]``: population -> ``[1, 1, -1, -1]``, sample -> ``~[.866, .866, -.866, -.866]``.
+    """
+    if std not in ("population", "sample"):
+        raise ValueError(f"std must be 'population' or 'sample', got {std!r}")
+    R = sequence_scores(token_rewards, mask)
+    g = group_stats(R, group_ids)
+    denom = g.count if std == "population" else (g.count - 1).clamp(min=1)
+    sd = torch.sqrt(g.centered_sq / denom)
+    a = torch.where(g.degenerate, torch.zeros_like(sd), (R.double() - g.mean) / (sd + eps))
+    return broadcast(a.to(R.dtype), mask), R
+
+
+@register_estimator("drgrpo", Requirements(groups=True))
+@torch.no_grad()
+def drgrpo(*, token_rewards: Tensor, mask: Tensor, group_ids: Tensor, **_: object) -> tuple[Tensor, Tensor]:
+    """Dr. GRPO: ``A_i = R_i - mean_g`` (no division by the group's std); 0 for equal-reward groups."""
+    R = sequence_scores(token_rewards, mask)
+    g = group_stats(R, group_ids)
+    a = torch.where(g.degenerate, torch.zeros_like(g.mean), R.double() - g.mean)
+    return broadcast(a.to(R.dtype), mask), R
+
+
+@register_estimator("rloo", Requirements(groups=True))
+@torch.no_grad()
+def rloo(*, token_rewards: Tensor, mask: Tensor, group_ids: Tensor, **_: object) -> tuple[Tensor, Tensor]:
+    """REINFORCE leave-one-out: ``A_i = R_i - mean_{j != i} R_j = G / (G - 1) * (R_i - mean_g)``.
+
+    A singleton group has no other member to compare with and gets 0, as does an equal-reward group.
+    """
+    R = sequence_scores(token_rewards, mask)
+    g = group_stats(R, group_ids)
+    loo = (g.total - R.double()) / (g.count - 1).clamp(min=1)
+    a = torch.where(g.degenerate, torch.zeros_like(loo), R.double() - loo)
+    return broadcast(a.to(R.dtype), mask), R
+
+
+@register_estimator("remax", Requirements(greedy_baseline=True))
+@torch.no_grad()
+def remax(
+    *, token_rewards: Tensor, mask: Tensor, baseline_rewards: Tensor, **_: object
+) -> tuple[Tensor, Tensor]:
+    """ReMax: ``A_i = R_i - R_greedy(context_i)``, the baseline being one greedy rollout of the same context."""
+    if baseline_rewards is None or baseline_rewards.shape != mask.shape[:1]:
+        raise ValueError(f"remax needs baseline_rewards of shape ({mask.shape[0]},)")
+    R = sequence_scores(token_rewards, mask)
+    return broadcast(R - baseline_rewards.to(R.dtype), mask), R
+
+
+@register_estimator("reinforce", Requirements())
+@torch.no_grad()
+def reinforce(
+    *, token_rewards: Tensor, mask: Tensor, subtract_mean: bool = False, **_: object
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE: ``A_i = R_i``, or ``R_i - mean_batch(R)`` with ``subtract_mean``."""
+    R = sequence_scores(token_rewards, mask)
+    a = R - R.mean() if subtract_mean else R
+    if subtract_mean and bool((R == R[0]).all()):
+        a = torch.zeros_like(R)
+    return broadcast(a, mask), R

@@ -1,0 +1,101 @@
+"""The one object every algorithm sees: a padded batch of sequences.
+
+A control episode and an LLM response are the same thing here: a sequence of positions (steps or
+tokens) that starts from a context (the initial observation or the prompt) and earns one outcome
+reward at its end. Sequences are right-padded to ``[B, T]``; ``mask`` is 1 on real positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class SequenceBatch:
+    """A padded batch of ``B`` sequences of at most ``T`` positions.
+
+    Attributes:
+        mask: ``[B, T]`` float, 1.0 on valid positions, 0.0 on padding (right padding).
+        logp_old: ``[B, T]`` log-probability of each taken action under the sampling policy.
+        rewards: ``[B]`` outcome reward of each sequence (``R``; binary in RLVR).
+        group_ids: ``[B]`` long; sequences sharing a context (same prompt / same reset seed) share an id.
+        values: ``[B, T]`` per-position critic outputs, or ``[B]`` per-sequence critic outputs, or None.
+        baseline_rewards: ``[B]`` reward of the greedy rollout of the same context (ReMax), or None.
+        token_rewards: ``[B, T]`` reward per position; by default the outcome sits on the last valid
+            position. KL-in-reward penalties are added here.
+        advantages: ``[B, T]``, filled by an estimator.
+        returns: critic targets, ``[B, T]`` or ``[B]``, filled by an estimator.
+    """
+
+    mask: Tensor
+    logp_old: Tensor
+    rewards: Tensor
+    group_ids: Tensor | None = None
+    values: Tensor | None = None
+    baseline_rewards: Tensor | None = None
+    token_rewards: Tensor | None = None
+    advantages: Tensor | None = None
+    returns: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.mask.dim() != 2:
+            raise ValueError(f"mask must be [B, T], got shape {tuple(self.mask.shape)}")
+        self.mask = self.mask.to(self.logp_old.dtype)
+        if self.logp_old.shape != self.mask.shape:
+            raise ValueError(f"logp_old {tuple(self.logp_old.shape)} != mask {tuple(self.mask.shape)}")
+        if self.rewards.shape != (self.mask.shape[0],):
+            raise ValueError(f"rewards must be [B]={self.mask.shape[0]}, got {tuple(self.rewards.shape)}")
+        if self.token_rewards is None:
+            self.token_rewards = terminal_rewards(self.rewards, self.mask)
+
+    @property
+    def batch_size(self) -> int:
+        return self.mask.shape[0]
+
+    @property
+    def lengths(self) -> Tensor:
+        """``[B]`` long: number of valid positions per sequence."""
+        return self.mask.sum(-1).long()
+
+    def index(self, idx: Tensor) -> SequenceBatch:
+        """The sub-batch of rows ``idx`` (every ``[B, ...]`` field is indexed alike)."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = value[idx] if isinstance(value, Tensor) else value
+        return replace(self, **out)
+
+
+def terminal_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
+    """Place each sequence's outcome on its last valid position: ``r_t = R * [t == len - 1]``.
+
+    Sequences of length 0 get no reward anywhere.
+    """
+    mask = mask.to(rewards.dtype) if rewards.is_floating_point() else mask.float()
+    token_rewards = torch.zeros_like(mask)
+    lengths = mask.sum(-1).long()
+    rows = torch.nonzero(lengths > 0, as_tuple=True)[0]
+    token_rewards[rows, lengths[rows] - 1] = rewards[rows].to(token_rewards.dtype)
+    return token_rewards
+
+
+def pad_sequences(seqs: Sequence[Tensor], pad_value: float = 0.0, length: int | None = None) -> Tensor:
+    """Right-pad 1-D or N-D tensors (first dim = time) into ``[B, T, ...]``."""
+    T = max((s.shape[0] for s in seqs), default=0) if length is None else length
+    if not seqs:
+        return torch.zeros(0, T)
+    first = seqs[0]
+    out = torch.full((len(seqs), T, *first.shape[1:]), pad_value, dtype=first.dtype, device=first.device)
+    for i, s in enumerate(seqs):
+        out[i, : s.shape[0]] = s
+    return out
+
+
+def lengths_to_mask(lengths: Tensor, T: int | None = None) -> Tensor:
+    """``mask[b, t] = 1.0 if t < lengths[b]``."""
+    T = int(lengths.max().item()) if T is None else T
+    return (torch.arange(T, device=lengths.device)[None, :] < lengths[:, None]).float()

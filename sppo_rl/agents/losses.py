@@ -1,0 +1,159 @@
+"""Policy, value, KL and entropy terms on padded ``[B, T]`` batches.
+
+Conventions: ``mask`` is 1 on valid positions; every per-position matrix is reduced to a scalar by
+:func:`agg_loss`, the one place where aggregation is defined.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KLEstimator = Literal["k1", "k2", "k3"]
+
+
+def agg_loss(loss_mat: Tensor, mask: Tensor, mode: AggMode = "token-mean", length_budget: int | None = None) -> Tensor:
+    """Reduce a ``[B, T]`` per-position loss to a scalar.
+
+    - ``token-mean``: ``sum(l * m) / sum(m)``; every valid position weighs the same (verl's default and
+      the SPPO paper's).
+    - ``seq-mean-token-mean``: ``mean_b [ sum_t(l * m) / sum_t(m) ]`` over sequences with at least one
+      valid position; every sequence weighs the same (the original GRPO).
+    - ``seq-mean-token-sum-norm``: ``mean_b [ sum_t(l * m) ] / L`` with a fixed length budget ``L``
+      (default ``T``), so the weight of a position does not depend on its sequence's length (Dr. GRPO).
+    """
+    mask = mask.to(loss_mat.dtype)
+    if mode == "token-mean":
+        return (loss_mat * mask).sum() / mask.sum().clamp(min=1)
+    if mode == "seq-mean-token-mean":
+        lengths = mask.sum(-1)
+        seq = (loss_mat * mask).sum(-1) / lengths.clamp(min=1)
+        keep = (lengths > 0).to(seq.dtype)
+        return (seq * keep).sum() / keep.sum().clamp(min=1)
+    if mode == "seq-mean-token-sum-norm":
+        budget = loss_mat.shape[-1] if length_budget is None else length_budget
+        if budget <= 0:
+            raise ValueError(f"length_budget must be positive, got {budget}")
+        return (loss_mat * mask).sum(-1).mean() / budget
+    raise ValueError(f"unknown aggregation mode {mode!r}; valid: {', '.join(AGG_MODES)}")
+
+
+def policy_loss(
+    logp: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    agg: AggMode = "token-mean",
+    length_budget: int | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """PPO clipped surrogate.
+
+    ``ratio = exp(logp - logp_old)``; per position
+    ``l = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)``. With ``dual_clip = c > 1``,
+    positions with ``A < 0`` are further bounded: ``l = min(l, -c * A)`` (verl uses ``c = 3``).
+    Returns ``(agg_loss(l), metrics)``; metrics: ``clipfrac`` (fraction of valid positions where the
+    clipped term is the active one), ``approx_kl`` (k1: ``mean(logp_old - logp)``), ``approx_kl_k3``
+    (``mean((ratio - 1) - log ratio)``), ``ratio_min``, ``ratio_max``, ``dual_clipfrac``.
+    """
+    mask = mask.to(logp.dtype)
+    log_ratio = (logp - logp_old).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    per_pos = torch.maximum(unclipped, clipped)
+    dual_active = torch.zeros_like(per_pos, dtype=torch.bool)
+    if dual_clip is not None:
+        if dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+        bound = -advantages * dual_clip
+        dual_active = (advantages < 0) & (per_pos > bound)
+        per_pos = torch.where(advantages < 0, torch.minimum(per_pos, bound), per_pos)
+    loss = agg_loss(per_pos, mask, agg, length_budget)
+    with torch.no_grad():
+        n = mask.sum().clamp(min=1)
+        valid = mask > 0
+        any_valid = bool(valid.any())
+        metrics = {
+            "clipfrac": float(((clipped > unclipped).to(mask.dtype) * mask).sum() / n),
+            "dual_clipfrac": float((dual_active.to(mask.dtype) * mask).sum() / n),
+            "approx_kl": float((-log_ratio * mask).sum() / n),
+            "approx_kl_k3": float((((ratio - 1) - log_ratio) * mask).sum() / n),
+            "ratio_min": float(ratio[valid].min()) if any_valid else 1.0,
+            "ratio_max": float(ratio[valid].max()) if any_valid else 1.0,
+        }
+    return loss, metrics
+
+
+def clipped_value_loss(
+    values: Tensor,
+    values_old: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    clip: float | None = 0.2,
+    agg: AggMode = "token-mean",
+) -> Tensor:
+    """Clipped MSE for a per-position critic (PPO).
+
+    ``v_clip = v_old + clip(v - v_old, -c, c)``; ``l = 0.5 * max((v - G)^2, (v_clip - G)^2)``;
+    with ``clip=None`` simply ``0.5 * (v - G)^2``.
+    """
+    err = (values - returns) ** 2
+    if clip is not None:
+        v_clipped = values_old + torch.clamp(values - values_old, -clip, clip)
+        err = torch.maximum(err, (v_clipped - returns) ** 2)
+    return 0.5 * agg_loss(err, mask, agg)
+
+
+def bce_value_loss(logits: Tensor, targets: Tensor, mask: Tensor | None = None, agg: AggMode = "token-mean") -> Tensor:
+    """BCE-with-logits of a success critic against the outcome.
+
+    For the sequence critic (``[B]`` logits, no mask): ``mean_b BCE(logit_b, R_b)``, no value clipping.
+    For a per-position critic (``[B, T]`` logits and targets, the BCE ablation): aggregated with ``agg``.
+    """
+    targets = targets.to(logits.dtype)
+    if mask is None:
+        return F.binary_cross_entropy_with_logits(logits, targets)
+    per_pos = F.binary_cross_entropy_with_logits(logits, targets, reduction="none")
+    return agg_loss(per_pos, mask, agg)
+
+
+def kl_penalty(logp: Tensor, logp_ref: Tensor, estimator: KLEstimator = "k3") -> Tensor:
+    """Per-position estimate of ``KL(pi || pi_ref)`` from samples of ``pi``.
+
+    With ``d = logp_ref - logp``: ``k1 = -d``; ``k2 = d^2 / 2``; ``k3 = exp(d) - d - 1`` (unbiased,
+    non-negative, low variance). ``d`` is clamped to ``[-20, 20]`` for ``k3``.
+    """
+    d = logp_ref - logp
+    if estimator == "k1":
+        return -d
+    if estimator == "k2":
+        return 0.5 * d**2
+    if estimator == "k3":
+        d = d.clamp(-20.0, 20.0)
+        return torch.exp(d) - d - 1.0
+    raise ValueError(f"unknown KL estimator {estimator!r}; valid: k1, k2, k3")
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of a categorical over the last dim: ``logsumexp(z) - sum softmax(z) * z``."""
+    p = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (p * logits).sum(-1)
+
+
+def explained_variance(pred: Tensor, target: Tensor, mask: Tensor | None = None) -> float:
+    """``1 - Var[target - pred] / Var[target]`` over valid positions (nan when the target is constant)."""
+    if mask is not None:
+        keep = mask > 0
+        pred, target = pred[keep], target[keep]
+    var_t = target.var(unbiased=False)
+    if target.numel() < 2 or float(var_t) == 0.0:
+        return float("nan")
+    return float(1.0 - (target - pred).var(unbiased=False) / var_t)

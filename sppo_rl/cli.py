@@ -1,0 +1,50 @@
+"""The ``sppo-rl`` command line: one tyro subcommand per job, each a config dataclass.
+
+Config modules are import-light (no torch, Gymnasium or transformers at import time), so ``--help`` is
+fast; each subcommand's runner is imported only when it runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import tyro
+
+
+@dataclass
+class Info:
+    """List the algorithms, advantage estimators and tasks this installation provides."""
+
+
+def _run_info(_: Info) -> None:
+    from sppo_rl.agents import ALGORITHMS, ESTIMATORS
+
+    print("algorithms:")
+    for a in ALGORITHMS.values():
+        print(f"  {a.name:10s} {a.summary}")
+    print("estimators:", ", ".join(ESTIMATORS))
+
+
+def _commands() -> dict[str, tuple[type, Callable[[object], object]]]:
+    return {"info": (Info, _run_info)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    commands = _commands()
+    cfg = tyro.extras.subcommand_cli_from_dict(
+        {name: cls for name, (cls, _) in commands.items()},
+        prog="sppo-rl",
+        description="Sequence-level PPO and its baselines for RL with verifiable rewards.",
+        args=sys.argv[1:] if argv is None else argv,
+    )
+    for cls, run in commands.values():
+        if type(cfg) is cls:
+            run(cfg)
+            return
+    raise AssertionError(f"no runner for {type(cfg).__name__}")  # pragma: no cover
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,1 @@
+"""The control testbed (filled in by the testbed module)."""
