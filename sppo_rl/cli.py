@@ -27,8 +27,24 @@ def _run_info(_: Info) -> None:
     print("estimators:", ", ".join(ESTIMATORS))
 
 
+def _lazy(module: str, function: str) -> Callable[[object], object]:
+    def run(cfg: object) -> object:
+        import importlib
+
+        return getattr(importlib.import_module(module), function)(cfg)
+
+    return run
+
+
 def _commands() -> dict[str, tuple[type, Callable[[object], object]]]:
-    return {"info": (Info, _run_info)}
+    from sppo_rl.control.config import ControlConfig, DemoConfig, WarmstartConfig
+
+    return {
+        "demo": (DemoConfig, _lazy("sppo_rl.control.demo", "run_demo")),
+        "control": (ControlConfig, _lazy("sppo_rl.control.trainer", "run_control")),
+        "warmstart": (WarmstartConfig, _lazy("sppo_rl.control.warmstart", "run_warmstart")),
+        "info": (Info, _run_info),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -39,9 +55,15 @@ def main(argv: list[str] | None = None) -> None:
         description="Sequence-level PPO and its baselines for RL with verifiable rewards.",
         args=sys.argv[1:] if argv is None else argv,
     )
+    from sppo_rl.runtime.run import RunError
+
     for cls, run in commands.values():
         if type(cfg) is cls:
-            run(cfg)
+            try:
+                run(cfg)
+            except (RunError, ValueError) as e:
+                print(f"sppo-rl: error: {e}", file=sys.stderr)
+                sys.exit(2)
             return
     raise AssertionError(f"no runner for {type(cfg).__name__}")  # pragma: no cover
 

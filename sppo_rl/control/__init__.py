@@ -1,0 +1,1 @@
+"""The control world: networks, episode collection, the trainer, warm starts."""

@@ -1,0 +1,134 @@
+"""Atomic, rotating checkpoints shared by the control and LLM trainers.
+
+A checkpoint is a folder ``<dir>/ckpt-<step:09d>/``. It is written under a temporary name in the same
+parent folder, every file is flushed and fsynced, ``meta.json`` is written last, and only then is the
+folder renamed into place (``os.rename`` of a folder is atomic on POSIX). A process killed at any moment
+therefore leaves either the complete new checkpoint or none of it: the previous one stays loadable.
+Leftover temporary folders are ignored and removed by the next save. The newest ``keep`` are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_NAME = re.compile(r"^ckpt-(\d{9})$")
+_TMP_PREFIX = ".tmp-ckpt-"
+
+
+def fsync_tree(folder: Path) -> None:
+    """fsync every file under ``folder`` and the folders themselves."""
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(root))
+
+
+def fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file in the same folder, fsync, rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+class CheckpointManager:
+    """Save and find checkpoints under ``directory``.
+
+    ``save(step, write)`` calls ``write(tmp_folder)`` to fill a fresh folder, then publishes it
+    atomically as ``ckpt-<step>``; ``meta`` (JSON-serialisable) is stored as ``meta.json``.
+    ``latest()`` returns the newest published checkpoint folder, or None.
+    """
+
+    def __init__(self, directory: str | Path, keep: int = 3) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.directory = Path(directory)
+        self.keep = keep
+
+    def published(self) -> list[Path]:
+        """Published checkpoints, oldest first."""
+        if not self.directory.is_dir():
+            return []
+        found = [p for p in self.directory.iterdir() if p.is_dir() and _NAME.match(p.name)]
+        return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))  # type: ignore[union-attr]
+
+    def latest(self) -> Path | None:
+        ckpts = [p for p in self.published() if (p / "meta.json").is_file()]
+        return ckpts[-1] if ckpts else None
+
+    def save(self, step: int, write: Callable[[Path], None], meta: dict[str, Any] | None = None) -> Path:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for stale in self.directory.glob(_TMP_PREFIX + "*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(dir=self.directory, prefix=_TMP_PREFIX))
+        final = self.directory / f"ckpt-{step:09d}"
+        try:
+            write(tmp)
+            with open(tmp / "meta.json", "w") as f:
+                json.dump({"step": step, **(meta or {})}, f, indent=1, default=str)
+            fsync_tree(tmp)
+            if final.exists():  # re-saving the same step (e.g. the final save after a periodic one)
+                old = self.directory / f"{_TMP_PREFIX}old-{step:09d}"
+                os.rename(final, old)
+                os.rename(tmp, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(tmp, final)
+            fsync_dir(self.directory)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        for old in self.published()[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+
+def read_meta(ckpt: Path) -> dict[str, Any]:
+    with open(Path(ckpt) / "meta.json") as f:
+        return json.load(f)
+
+
+def torch_save(obj: Any, path: Path) -> None:
+    """``torch.save`` to ``path`` (inside a checkpoint's temporary folder; the folder is published atomically)."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def torch_load(path: Path) -> Any:
+    return torch.load(path, map_location="cpu", weights_only=False)

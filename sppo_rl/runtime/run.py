@@ -1,0 +1,153 @@
+"""What every training run shares: its folder, its config file, preemption, numerical guards, RNG state."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import torch
+
+from sppo_rl.runtime.checkpoint import atomic_write_text
+
+
+class RunError(RuntimeError):
+    """A run cannot start or continue; the message says why and what to do."""
+
+
+class NonFiniteError(RunError):
+    """A loss or gradient became NaN/Inf. Nothing from the bad step was written."""
+
+
+def prepare_run_dir(out_dir: str | Path, *, resume: bool, overwrite: bool = False) -> Path:
+    """Create/check the run folder before any work is done.
+
+    - the folder must be writable (checked by writing a probe file);
+    - a folder that already holds a run (``metrics.jsonl`` or ``checkpoints/``) is refused unless
+      ``resume`` (continue it) or ``overwrite`` (start over) is given, so no earlier result is lost by
+      accident; ``resume`` of a folder without checkpoints is refused too.
+    """
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-probe"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise RunError(f"output folder {out} is not writable: {e.strerror or e}") from None
+    has_run = (out / "metrics.jsonl").exists() or (out / "checkpoints").exists()
+    if resume:
+        if not (out / "checkpoints").is_dir() or not any((out / "checkpoints").glob("ckpt-*")):
+            raise RunError(
+                f"--resume: no checkpoint in {out / 'checkpoints'}; start the run without --resume"
+            )
+    elif has_run and not overwrite:
+        raise RunError(
+            f"{out} already holds a run; pass --resume to continue it, or --overwrite to start over, "
+            "or choose another --out-dir"
+        )
+    elif has_run and overwrite:
+        import shutil
+
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+        for name in ("metrics.jsonl", "summary.json"):
+            (out / name).unlink(missing_ok=True)
+        shutil.rmtree(out / "tb", ignore_errors=True)
+    return out
+
+
+def config_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)
+
+
+def save_config(out_dir: str | Path, cfg: Any, name: str = "config.json") -> Path:
+    """Write the resolved config next to the run's results (atomically)."""
+    path = Path(out_dir) / name
+    atomic_write_text(path, json.dumps(config_dict(cfg), indent=2, default=str) + "\n")
+    return path
+
+
+class Preemption:
+    """Context manager turning SIGTERM / SIGINT into a flag checked between updates.
+
+    The first signal sets :attr:`requested`; the trainer finishes the current update, saves a
+    checkpoint and exits with a message saying how to resume. A second SIGINT raises
+    ``KeyboardInterrupt`` at once (abandoning the update; the last checkpoint stays valid).
+    Handlers are installed only in the main thread and restored on exit.
+    """
+
+    def __init__(self) -> None:
+        self.requested: str | None = None
+        self._old: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.requested is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = name
+        print(
+            f"\n[sppo-rl] {name} received: finishing this update, then saving a checkpoint", file=sys.stderr
+        )
+
+    def __enter__(self) -> Preemption:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+
+def check_finite(step: int, **quantities: Any) -> None:
+    """Raise :class:`NonFiniteError` naming the step and the first non-finite quantity."""
+    for name, value in quantities.items():
+        if value is None:
+            continue
+        t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+        if not bool(torch.isfinite(t).all()):
+            raise NonFiniteError(
+                f"step {step}: {name} is not finite ({t.flatten()[:4].tolist()}); stopping. "
+                "The last good checkpoint is kept; nothing from this step was written."
+            )
+
+
+def global_rng_state() -> dict[str, Any]:
+    """Python, NumPy and torch global RNG states (for exact resume)."""
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_global_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def exit_preempted(out_dir: Path, signame: str, resume_hint: str) -> None:
+    """Print how to resume and exit with the conventional code (128 + signal number)."""
+    print(f"[sppo-rl] stopped by {signame}; checkpoint saved in {out_dir / 'checkpoints'}", file=sys.stderr)
+    print(f"[sppo-rl] resume with: {resume_hint}", file=sys.stderr)
+    sys.exit(128 + int(getattr(signal, signame)))
+
+
+def set_threads(n: int) -> None:
+    """Torch intra-op threads (1 is fastest for small MLPs) and the OpenMP default for children."""
+    torch.set_num_threads(max(1, n))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, n)))
