@@ -1,0 +1,124 @@
+"""Collect complete episodes from an episode vector env and pad them into ``[B, T]`` tensors.
+
+All sub-envs are reset together with one seed each (a group shares a seed, hence its start state),
+then stepped together, one batched policy call per step, until every episode has ended. The env does
+not auto-reset (a finished sub-env stays frozen), so no row after an episode's end is ever a
+transition; rows past an episode's length are padding and masked out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from sppo_rl.control.networks import Actor
+
+
+@dataclass
+class Episodes:
+    """A batch of complete episodes, right-padded to ``T`` = the longest.
+
+    ``obs[b, t]`` is the observation at which action ``actions[b, t]`` was taken; ``obs[b, 0]`` is the
+    start state ``s_0``. ``rewards`` are the env's per-step rewards (terminal-only for sparse tasks).
+    """
+
+    obs: Tensor  # [B, T, obs_dim] float32
+    actions: Tensor  # [B, T] long or [B, T, A] float32
+    logp: Tensor  # [B, T]
+    rewards: Tensor  # [B, T]
+    lengths: Tensor  # [B] long
+    success: Tensor  # [B] float32 (0/1)
+    seeds: np.ndarray  # [B] reset seeds
+    greedy: Tensor  # [B] bool
+
+    @property
+    def mask(self) -> Tensor:
+        T = self.obs.shape[1]
+        return (torch.arange(T)[None, :] < self.lengths[:, None]).float()
+
+    @property
+    def env_steps(self) -> int:
+        return int(self.lengths.sum())
+
+    def rows(self, idx: Tensor | np.ndarray) -> Episodes:
+        idx = torch.as_tensor(idx)
+        T = int(self.lengths[idx].max()) if len(idx) else 0
+        return Episodes(
+            obs=self.obs[idx, :T],
+            actions=self.actions[idx, :T],
+            logp=self.logp[idx, :T],
+            rewards=self.rewards[idx, :T],
+            lengths=self.lengths[idx],
+            success=self.success[idx],
+            seeds=self.seeds[idx.numpy()],
+            greedy=self.greedy[idx],
+        )
+
+
+@torch.no_grad()
+def collect(
+    env,
+    actor: Actor,
+    seeds: np.ndarray,
+    horizon: int,
+    greedy: np.ndarray | None = None,
+    generator: torch.Generator | None = None,
+) -> Episodes:
+    """Run one episode per sub-env of ``env`` (``env.num_envs == len(seeds)``) to its end.
+
+    Rows with ``greedy[i]`` take the argmax / mean action (ReMax's baseline rollouts, evaluation).
+    """
+    n = len(seeds)
+    if env.num_envs != n:
+        raise ValueError(f"env has {env.num_envs} sub-envs but {n} seeds were given")
+    greedy_np = np.zeros(n, dtype=bool) if greedy is None else np.asarray(greedy, dtype=bool)
+    greedy_t = torch.from_numpy(greedy_np)
+    any_greedy = bool(greedy_np.any())
+    obs_np, _ = env.reset(seed=[int(s) for s in seeds])
+    obs_dim = obs_np.shape[1]
+    obs_buf = torch.zeros(horizon, n, obs_dim)
+    act_buf = (
+        torch.zeros(horizon, n, dtype=torch.long)
+        if actor.discrete
+        else torch.zeros(horizon, n, actor.action_dim)
+    )
+    logp_buf = torch.zeros(horizon, n)
+    rew_buf = torch.zeros(horizon, n)
+    active = np.ones(n, dtype=bool)
+    lengths = np.zeros(n, dtype=np.int64)
+    success = np.zeros(n, dtype=np.float32)
+    t = 0
+    for t in range(horizon):
+        obs_t = torch.from_numpy(np.asarray(obs_np, dtype=np.float32))
+        obs_buf[t] = obs_t
+        a, logp = actor.act(obs_t, greedy_t if any_greedy else None, generator)
+        act_buf[t] = a
+        logp_buf[t] = logp
+        obs_np, rew, term, trunc, info = env.step(a.numpy())
+        rew_buf[t] = torch.from_numpy(np.where(active, rew, 0.0).astype(np.float32))
+        lengths += active
+        ended = active & (np.asarray(term) | np.asarray(trunc))
+        if ended.any():
+            success[ended] = np.asarray(info["success"], dtype=np.float32)[ended]
+            active &= ~ended
+            if not active.any():
+                break
+    if active.any():
+        raise RuntimeError(f"{int(active.sum())} episode(s) did not end within the horizon {horizon}")
+    T = int(lengths.max())
+    lengths_t = torch.from_numpy(lengths)
+    valid = (torch.arange(T)[None, :] < lengths_t[:, None]).float()  # [N, T]; padding is zeroed below
+    actions = act_buf[:T].transpose(0, 1)
+    return Episodes(
+        obs=obs_buf[:T].transpose(0, 1) * valid[..., None],
+        actions=actions * (valid if actor.discrete else valid[..., None]).to(actions.dtype),
+        logp=logp_buf[:T].transpose(0, 1) * valid,
+        rewards=rew_buf[:T].transpose(0, 1) * valid,
+        lengths=lengths_t,
+        success=torch.from_numpy(success),
+        seeds=np.asarray(seeds),
+        greedy=greedy_t,
+    )

@@ -1,0 +1,283 @@
+"""The control world's trainer: batches, every algorithm learning, determinism, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from sppo_rl.agents import SequenceBatch, compute_advantages, get_algorithm
+from sppo_rl.control.config import ControlConfig, WarmstartConfig
+from sppo_rl.control.networks import Actor
+from sppo_rl.control.rollout import collect
+from sppo_rl.control.trainer import ControlRun, run_control
+from sppo_rl.envs import get_task, make_episode_env
+from sppo_rl.runtime import NonFiniteError, RunError, read_metrics
+
+TIMING = {"wall_time_s", "sps", "update_sps", "collect_frac"}
+
+
+def _cfg(tmp_path: Path, **kw) -> ControlConfig:
+    base = dict(
+        task="short-cartpole",
+        total_episodes=256,
+        init_from="none",
+        out_dir=str(tmp_path / "run"),
+        progress=False,
+        tensorboard=False,
+        eval_episodes=0,
+    )
+    base.update(kw)
+    return ControlConfig(**base)
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+@pytest.fixture(scope="module")
+def episodes():
+    """16 random-policy episodes of a terminal-reward task, in groups of 4 sharing a start state."""
+    spec = get_task("short-cartpole")
+    env = make_episode_env(spec.name, num_envs=16)
+    torch.manual_seed(0)
+    actor = Actor(spec.obs_dim, spec.action_dim, spec.discrete)
+    seeds = np.repeat(np.array([11, 22, 33, 44]), 4)
+    ep = collect(env, actor, seeds, spec.horizon, None, torch.Generator().manual_seed(0))
+    env.close()
+    return ep
+
+
+def test_collected_batch_is_padded_terminal_reward(episodes):
+    ep = episodes
+    assert ep.obs.shape[:2] == ep.logp.shape == ep.rewards.shape
+    mask = ep.mask
+    # groups share s_0
+    for g in range(4):
+        assert torch.equal(ep.obs[4 * g, 0].expand(4, -1), ep.obs[4 * g : 4 * g + 4, 0])
+    # reward only on the last valid step, equal to the success flag; nothing on padding
+    last = ep.lengths - 1
+    assert torch.equal(ep.rewards[torch.arange(16), last], ep.success)
+    off_last = ep.rewards.clone()
+    off_last[torch.arange(16), last] = 0
+    assert torch.all(off_last == 0)
+    assert torch.all(ep.logp[mask == 0] == 0)
+    assert 0 < float(ep.success.mean()) < 1, "the fixture needs both outcomes"
+
+
+@pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (0.99, 0.95), (0.9, 0.5), (1.0, 0.0)])
+def test_ppo_advantages_on_collected_batch_with_constant_critic(episodes, gamma, lam):
+    ep, c = episodes, 0.3
+    mask = ep.mask
+    batch = SequenceBatch(mask=mask, logp_old=ep.logp, rewards=ep.success, token_rewards=ep.rewards * mask)
+    batch.values = torch.full_like(mask, c) * mask
+    compute_advantages(batch, get_algorithm("ppo"), gamma=gamma, lam=lam)
+    gl = gamma * lam
+    for b in range(16):
+        L, R = int(ep.lengths[b]), float(ep.success[b])
+        for t in range(L):
+            # delta_k = (gamma - 1) c for k < L - 1, delta_{L-1} = R - c
+            expect = (gamma - 1) * c * sum(gl**j for j in range(L - 1 - t)) + gl ** (L - 1 - t) * (R - c)
+            assert float(batch.advantages[b, t]) == pytest.approx(expect, abs=1e-5)
+        assert torch.all(batch.advantages[b, L:] == 0)
+
+
+def test_sequence_level_advantages_on_collected_batch(episodes):
+    ep = episodes
+    mask = ep.mask
+    R = ep.success
+    batch = SequenceBatch(
+        mask=mask,
+        logp_old=ep.logp,
+        rewards=R,
+        group_ids=torch.arange(4).repeat_interleave(4),
+        baseline_rewards=torch.zeros(16),
+    )
+    batch.values = torch.full((16,), float(np.log(0.25 / 0.75)))  # V(s_0) = 0.25
+    compute_advantages(batch, get_algorithm("sppo"))
+    torch.testing.assert_close(batch.advantages, (R - 0.25)[:, None] * mask)
+    compute_advantages(batch, get_algorithm("drgrpo"))
+    means = R.view(4, 4).mean(1).repeat_interleave(4)
+    torch.testing.assert_close(batch.advantages, (R - means)[:, None] * mask)
+    compute_advantages(batch, get_algorithm("remax"))
+    torch.testing.assert_close(batch.advantages, R[:, None] * mask)
+
+
+ALGOS = ["ppo", "sppo", "grpo", "drgrpo", "rloo", "remax", "reinforce", "ppo-bce"]
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_each_algorithm_solves_the_easy_sparse_task(tmp_path, algo):
+    t0 = time.perf_counter()
+    summary = run_control(_cfg(tmp_path, algo=algo, total_episodes=1536, eval_episodes=64))
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert rows[0]["success_rate"] < 0.5, "the task must start hard for a random policy"
+    last = float(np.mean([r["success_rate"] for r in rows[-3:]]))
+    assert last >= 0.9, (algo, [round(r["success_rate"], 2) for r in rows])
+    assert summary["final_eval_success_rate"] >= 0.9
+    assert time.perf_counter() - t0 < 60
+
+
+def test_metrics_rows_and_run_folder(tmp_path):
+    run_control(_cfg(tmp_path, algo="sppo", total_episodes=128, tensorboard=True))
+    out = tmp_path / "run"
+    rows = read_metrics(out / "metrics.jsonl")
+    assert len(rows) == 2
+    for key in (
+        "episodes",
+        "env_steps",
+        "success_rate",
+        "wall_time_s",
+        "sps",
+        "policy_loss",
+        "clipfrac",
+        "approx_kl",
+    ):
+        assert key in rows[-1], key
+    assert {"entropy", "critic_bce", "v0_mean", "v0_brier"} <= set(rows[-1])
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["algo"] == "sppo" and cfg["resolved"]["episodes_per_update"] == 64
+    assert (
+        (out / "final.pt").exists()
+        and (out / "summary.json").exists()
+        and (out / "calibration.json").exists()
+    )
+    assert list((out / "tb").glob("events.*")) and list((out / "checkpoints").glob("ckpt-*"))
+    cal = json.loads((out / "calibration.json").read_text())
+    assert len(cal["predicted"]) == len(cal["empirical"]) == 64
+
+
+def test_ppo_logs_explained_variance(tmp_path):
+    run_control(_cfg(tmp_path, algo="ppo", total_episodes=128))
+    row = read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]
+    assert "explained_variance" in row and "value_loss" in row
+
+
+def test_same_seed_same_metrics_and_different_seed_differs(tmp_path):
+    a = run_control(_cfg(tmp_path / "a", algo="grpo", total_episodes=256))
+    b = run_control(_cfg(tmp_path / "b", algo="grpo", total_episodes=256))
+    c = run_control(_cfg(tmp_path / "c", algo="grpo", total_episodes=256, seed=1))
+    ra, rb, rc = (read_metrics(tmp_path / x / "run" / "metrics.jsonl") for x in "abc")
+    assert _strip(ra) == _strip(rb)
+    assert _strip(ra) != _strip(rc)
+    assert a["env_steps"] == b["env_steps"]
+    wa = torch.load(tmp_path / "a" / "run" / "final.pt", weights_only=False)["actor"]
+    wb = torch.load(tmp_path / "b" / "run" / "final.pt", weights_only=False)["actor"]
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    del c
+
+
+@pytest.mark.parametrize("algo", ["sppo", "ppo", "remax"])
+def test_resume_equals_uninterrupted(tmp_path, algo):
+    full = _cfg(tmp_path / "full", algo=algo, total_episodes=512, checkpoint_every=2)
+    run_control(full)
+    part = _cfg(tmp_path / "part", algo=algo, total_episodes=256, checkpoint_every=2)
+    run_control(part)
+    run_control(replace(part, total_episodes=512, resume=True))
+    r_full = read_metrics(tmp_path / "full" / "run" / "metrics.jsonl")
+    r_part = read_metrics(tmp_path / "part" / "run" / "metrics.jsonl")
+    assert len(r_part) == len(r_full) == 8
+    assert _strip(r_part) == _strip(r_full)
+
+
+def test_equal_outcomes_make_no_update(tmp_path):
+    """All 64 episodes fail (random policy, precision task): GRPO's advantages are exactly 0 and the actor
+    takes no optimizer step (Adam's momentum would otherwise still move it)."""
+    run = ControlRun(_cfg(tmp_path, algo="grpo", task="precision-cartpole", total_episodes=64))
+    before = {k: v.clone() for k, v in run.actor.state_dict().items() if k.startswith("body")}
+    row = run.update()
+    assert row["success_rate"] == 0.0 and row["actor_skipped"] == 1
+    after = run.actor.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert not run.actor_opt.state
+
+
+def test_nan_stops_with_named_step_and_keeps_checkpoint(tmp_path):
+    run = ControlRun(_cfg(tmp_path, algo="sppo", total_episodes=256))
+    row = run.update()
+    run.logger.log(row, step=run.episodes)
+    ckpt = run.save_checkpoint()
+    with torch.no_grad():
+        run.critic.body[0].weight[0, 0] = float("nan")
+    with pytest.raises(NonFiniteError, match="step 2: advantages"):
+        run.update()
+    run.logger.close()
+    assert run.ckpts.latest() == ckpt
+    assert len(read_metrics(tmp_path / "run" / "metrics.jsonl")) == 1
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(task="nope"), "valid:.*precision-cartpole"),
+        (dict(algo="nope"), "valid: ppo, sppo"),
+        (dict(algo="grpo", group_size=1), "group_size >= 2"),
+        (dict(algo="grpo", group_size=3, episodes_per_update=64), "multiple of group_size"),
+        (dict(algo="sppo", group_size=4), "does not use groups"),
+        (dict(init_from="/no/such/file.pt"), "no such file"),
+        (dict(total_episodes=10), "smaller than one update"),
+    ],
+)
+def test_bad_settings_are_refused_before_work(tmp_path, kw, match):
+    with pytest.raises((RunError, ValueError), match=match):
+        ControlRun(_cfg(tmp_path, **kw))
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_cli_reports_bad_input_clearly(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sppo_rl",
+            "control",
+            "--algo",
+            "grpo",
+            "--group-size",
+            "1",
+            "--out-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "group_size >= 2" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_warmstart_pipeline_gives_imperfect_start(tmp_path):
+    from sppo_rl.control.warmstart import run_warmstart
+
+    meta = run_warmstart(
+        WarmstartConfig(
+            task="short-cartpole",
+            out_dir=str(tmp_path),
+            expert_episodes=1024,
+            expert_episodes_per_update=32,
+            demo_episodes=64,
+            eval_episodes=64,
+            target_success=0.5,
+            progress=False,
+        )
+    )
+    assert meta["expert_success_sampled"] > 0.8
+    assert 0.0 < meta["success_sampled"] < 1.0
+    assert meta["demo_successes"] > 0
+    # stage 3 starts from it
+    summary = run_control(
+        _cfg(
+            tmp_path,
+            algo="sppo",
+            init_from=str(tmp_path / "short-cartpole" / "warmstart.pt"),
+            total_episodes=128,
+        )
+    )
+    assert summary["episodes"] == 128
