@@ -14,7 +14,6 @@ from sppo_rl.agents.advantages import Requirements
 from sppo_rl.agents.batch import SequenceBatch, lengths_to_mask, terminal_rewards
 
 
-
 @pytest.fixture(autouse=True)
 def _float64():
     """Exact comparisons in double precision; restored after each test."""
@@ -189,7 +188,9 @@ def test_rloo_singleton_group_is_zero():
 
 def test_remax_and_reinforce():
     R, mask, tr = _batch([1.0, 0.0, 1.0], [2, 3, 1], T=3)
-    adv, ret = ESTIMATORS["remax"](token_rewards=tr, mask=mask, baseline_rewards=torch.tensor([1.0, 0.0, 0.0]))
+    adv, ret = ESTIMATORS["remax"](
+        token_rewards=tr, mask=mask, baseline_rewards=torch.tensor([1.0, 0.0, 0.0])
+    )
     assert adv[:, 0].tolist() == [0.0, 0.0, 1.0]
     torch.testing.assert_close(ret, R)
     adv, _ = ESTIMATORS["reinforce"](token_rewards=tr, mask=mask)
@@ -202,7 +203,9 @@ def test_remax_and_reinforce():
 
 def test_compute_advantages_passes_what_is_declared():
     R, mask, tr = _batch([1.0, 0.0, 1.0, 1.0], [2, 3, 1, 2], T=3)
-    batch = SequenceBatch(mask=mask, logp_old=torch.zeros_like(mask), rewards=R, group_ids=torch.tensor([0, 0, 1, 1]))
+    batch = SequenceBatch(
+        mask=mask, logp_old=torch.zeros_like(mask), rewards=R, group_ids=torch.tensor([0, 0, 1, 1])
+    )
     with pytest.raises(ValueError, match="critic values"):
         compute_advantages(batch, get_algorithm("sppo"))
     batch.values = torch.zeros(4)  # logit 0 -> p = 0.5

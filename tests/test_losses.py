@@ -131,6 +131,8 @@ def test_critic_loss_dispatch():
     ret = R[:, None].expand(2, 3)
     assert float(critic_loss(get_algorithm("ppo-bce"), step_logits, ret, mask)) == pytest.approx(math.log(2))
     vals = torch.full((2, 3), 0.5)
-    assert float(critic_loss(get_algorithm("ppo"), vals, ret, mask, old_pred=vals)) == pytest.approx(0.5 * 0.25)
+    assert float(critic_loss(get_algorithm("ppo"), vals, ret, mask, old_pred=vals)) == pytest.approx(
+        0.5 * 0.25
+    )
     with pytest.raises(ValueError, match="no critic"):
         critic_loss(get_algorithm("grpo"), vals, ret, mask)

@@ -27,7 +27,9 @@ from sppo_rl.runtime.checkpoint import torch_load, torch_save
 
 
 def _save(mgr: CheckpointManager, step: int, value: float) -> Path:
-    return mgr.save(step, lambda d: torch_save({"w": torch.full((3,), value)}, d / "state.pt"), {"value": value})
+    return mgr.save(
+        step, lambda d: torch_save({"w": torch.full((3,), value)}, d / "state.pt"), {"value": value}
+    )
 
 
 def test_checkpoints_rotate_and_reload(tmp_path):
@@ -81,7 +83,9 @@ def test_sigkill_mid_save_keeps_previous_checkpoint_loadable(tmp_path):
     """A real process killed with SIGKILL while writing checkpoint 2 leaves checkpoint 1 intact."""
     script = tmp_path / "saver.py"
     script.write_text(KILL_SCRIPT)
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "ck")], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "ck")], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout.readline().strip() == "WRITING"
         proc.send_signal(signal.SIGKILL)

@@ -5,7 +5,14 @@ into this package.
 """
 
 from sppo_rl.agents.advantages import ESTIMATORS, Requirements, get_estimator, register_estimator
-from sppo_rl.agents.algorithms import ALGORITHMS, Algorithm, check_setup, compute_advantages, critic_loss, get_algorithm
+from sppo_rl.agents.algorithms import (
+    ALGORITHMS,
+    Algorithm,
+    check_setup,
+    compute_advantages,
+    critic_loss,
+    get_algorithm,
+)
 from sppo_rl.agents.batch import SequenceBatch, lengths_to_mask, pad_sequences, terminal_rewards
 from sppo_rl.agents.losses import (
     agg_loss,

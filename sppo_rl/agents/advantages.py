@@ -75,7 +75,9 @@ def get_estimator(name: str) -> Estimator:
     try:
         return ESTIMATORS[name]
     except KeyError:
-        raise KeyError(f"unknown advantage estimator {name!r}; valid: {', '.join(sorted(ESTIMATORS))}") from None
+        raise KeyError(
+            f"unknown advantage estimator {name!r}; valid: {', '.join(sorted(ESTIMATORS))}"
+        ) from None
 
 
 # --------------------------------------------------------------------------------------------------

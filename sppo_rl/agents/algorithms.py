@@ -48,13 +48,17 @@ ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in [
         Algorithm("ppo", "gae", "mse", 1, "token/step-level PPO: per-step critic, GAE, clipped MSE"),
-        Algorithm("sppo", "sppo", "bce", 1, "sequence-level PPO: critic on the context only, A = R - V(s_0), BCE"),
+        Algorithm(
+            "sppo", "sppo", "bce", 1, "sequence-level PPO: critic on the context only, A = R - V(s_0), BCE"
+        ),
         Algorithm("grpo", "grpo", "none", 8, "GRPO: group-normalised outcome, no critic"),
         Algorithm("drgrpo", "drgrpo", "none", 8, "Dr. GRPO: group-centred outcome, no std division"),
         Algorithm("rloo", "rloo", "none", 5, "RLOO: leave-one-out group baseline"),
         Algorithm("remax", "remax", "none", 1, "ReMax: baseline = outcome of one greedy rollout"),
         Algorithm("reinforce", "reinforce", "none", 1, "REINFORCE: A = R"),
-        Algorithm("ppo-bce", "gae", "bce", 1, "ablation: step-level PPO whose per-step critic is trained with BCE"),
+        Algorithm(
+            "ppo-bce", "gae", "bce", 1, "ablation: step-level PPO whose per-step critic is trained with BCE"
+        ),
     ]
 }
 
@@ -145,7 +149,9 @@ def critic_loss(
       ``[0, 1]`` (with ``gamma = lam = 1`` and a binary outcome the target is exactly ``R``).
     """
     if algo.critic_loss == "mse":
-        return clipped_value_loss(pred, old_pred if old_pred is not None else pred.detach(), returns, mask, clip, agg)
+        return clipped_value_loss(
+            pred, old_pred if old_pred is not None else pred.detach(), returns, mask, clip, agg
+        )
     if algo.critic_loss == "bce":
         if pred.dim() == 1:
             return bce_value_loss(pred, returns)

@@ -17,7 +17,9 @@ AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-tok
 KLEstimator = Literal["k1", "k2", "k3"]
 
 
-def agg_loss(loss_mat: Tensor, mask: Tensor, mode: AggMode = "token-mean", length_budget: int | None = None) -> Tensor:
+def agg_loss(
+    loss_mat: Tensor, mask: Tensor, mode: AggMode = "token-mean", length_budget: int | None = None
+) -> Tensor:
     """Reduce a ``[B, T]`` per-position loss to a scalar.
 
     - ``token-mean``: ``sum(l * m) / sum(m)``; every valid position weighs the same (verl's default and
@@ -112,7 +114,9 @@ def clipped_value_loss(
     return 0.5 * agg_loss(err, mask, agg)
 
 
-def bce_value_loss(logits: Tensor, targets: Tensor, mask: Tensor | None = None, agg: AggMode = "token-mean") -> Tensor:
+def bce_value_loss(
+    logits: Tensor, targets: Tensor, mask: Tensor | None = None, agg: AggMode = "token-mean"
+) -> Tensor:
     """BCE-with-logits of a success critic against the outcome.
 
     For the sequence critic (``[B]`` logits, no mask): ``mean_b BCE(logit_b, R_b)``, no value clipping.
