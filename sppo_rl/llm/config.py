@@ -1,0 +1,142 @@
+"""Config of ``sppo-rl llm`` (import-light: no torch or transformers at import time)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class LLMConfig:
+    """RL with verifiable rewards on a causal LM: SPPO (prompt-only critic) and every baseline."""
+
+    algo: str = "sppo"
+    """Algorithm: ppo, sppo, grpo, drgrpo, rloo, remax, reinforce (or the ablation ppo-bce)."""
+    task: str = "arithmetic"
+    """'arithmetic' (synthetic, generated from --data-seed) or a local jsonl/parquet file of problems."""
+    val_data: str | None = None
+    """Validation file (jsonl/parquet); default for arithmetic: its generated validation split; for a file: none."""
+    prompt_key: str | None = None
+    """Column holding the prompt (auto-detected: verl 'prompt', GSM8K 'question', MATH 'problem')."""
+    answer_key: str | None = None
+    """Column holding the reference answer (auto-detected: 'reward_model.ground_truth', 'answer', 'solution')."""
+    level: tuple[int, ...] = (1,)
+    """Arithmetic difficulty levels mixed in the train and validation splits."""
+    train_size: int = 4000
+    """Arithmetic: generated training problems."""
+    val_size: int = 128
+    """Validation problems (arithmetic: generated; files: the first N rows)."""
+    data_seed: int = 1234
+    """Seed of the generated arithmetic splits."""
+    seed: int = 0
+    """Seed of sampling, data order and model init."""
+    steps: int = 60
+    """RL updates."""
+    prompts_per_step: int = 32
+    """Prompts per update; each gets --group-size samples (SPPO/PPO: 1)."""
+    group_size: int | None = None
+    """Samples per prompt (default: the algorithm's: GRPO 8, RLOO 5, others 1)."""
+    model: str | None = None
+    """Actor: a local Hugging Face causal-LM folder. Default: the embedded tiny Qwen2 model, warm-started on the task."""
+    critic_model: str | None = None
+    """Critic backbone folder (may be smaller than the actor; its tokenizer must equal the actor's). Default: the actor's."""
+    sft_steps: int = 1500
+    """Embedded default only: most supervised warm-start steps on the task (the LLM twin of behaviour cloning)."""
+    sft_lr: float = 1e-3
+    """Embedded default only: warm-start learning rate."""
+    sft_target: float = 0.3
+    """Embedded default only: stop the warm start once sampled accuracy on held-out training prompts reaches this."""
+    cache_dir: str | None = None
+    """Where the embedded model and its warm start are built once (default: $SPPO_RL_CACHE or ~/.cache/sppo_rl)."""
+    temperature: float = 1.0
+    """Rollout temperature (the paper's recipes use 0.6 on real models)."""
+    top_p: float = 1.0
+    """Rollout nucleus mass."""
+    max_new_tokens: int = 16
+    """Longest response in tokens."""
+    actor_lr: float = 1e-4
+    """Actor AdamW learning rate."""
+    critic_lr: float = 5e-4
+    """Critic AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay of both optimisers."""
+    epochs: int = 1
+    """PPO epochs per batch (the paper: 1)."""
+    minibatches: int = 2
+    """Minibatches per epoch (rows split evenly; samples of a prompt may land in different minibatches)."""
+    clip: float = 0.2
+    """PPO clip range (both sides)."""
+    clip_high: float | None = None
+    """Upper clip range if different (asymmetric clipping)."""
+    dual_clip: float | None = None
+    """Dual-clip constant for negative advantages (off by default)."""
+    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    """Loss aggregation over tokens (token-mean = verl's default and the paper's)."""
+    gamma: float = 1.0
+    """GAE discount (ppo)."""
+    lam: float = 1.0
+    """GAE lambda (ppo)."""
+    grpo_std: Literal["population", "sample"] = "sample"
+    """GRPO std convention."""
+    kl_coef: float = 0.0
+    """KL-to-reference coefficient (0: off, as in the paper's SPPO/GRPO/PPO runs)."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator."""
+    kl_in: Literal["reward", "loss"] = "loss"
+    """Where the KL penalty goes: subtracted from token rewards, or added to the actor loss."""
+    ent_coef: float = 0.0
+    """Entropy bonus."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping of actor and critic."""
+    critic_warmup: int = 0
+    """Updates during which only the critic is trained."""
+    reward_fn: str = "auto"
+    """Reward: 'auto' (integer check for arithmetic, math-verify otherwise), 'integer', 'math', or 'file.py:function'."""
+    reward_timeout: float = 5.0
+    """Seconds allowed per verification; a timeout or an exception scores 0 and counts in verifier_errors."""
+    eval_every: int = 10
+    """Validate every this many updates (and at the start and the end)."""
+    eval_samples: int = 4
+    """k: samples per validation prompt for mean@k accuracy and pass@k."""
+    engine: Literal["torch", "deepspeed"] = "torch"
+    """Training engine."""
+    zero_stage: int = 2
+    """DeepSpeed ZeRO stage (2 or 3)."""
+    offload: Literal["none", "optimizer", "all"] = "none"
+    """DeepSpeed CPU offload: optimizer states, or optimizer states and parameters."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Training dtype (bfloat16 on GPUs)."""
+    rollout: Literal["hf", "vllm"] = "hf"
+    """Rollout engine: Hugging Face generation, or in-process vLLM with weight sync after each update."""
+    vllm_gpu_memory_utilization: float = 0.4
+    """vLLM: fraction of accelerator memory for its weights and KV cache."""
+    vllm_sleep: bool = False
+    """vLLM: put the engine to sleep during training (frees its KV cache; where the platform supports it)."""
+    gradient_checkpointing: bool = False
+    """Activation checkpointing in actor and critic."""
+    device: str = "auto"
+    """'auto' (cuda if available), 'cpu' or 'cuda'."""
+    threads: int = 2
+    """torch threads on CPU."""
+    out_dir: str = "runs/llm"
+    """Run folder: config.json, metrics.jsonl, tb/, checkpoints/, final/actor."""
+    resume: bool = False
+    """Continue the run in --out-dir from its latest checkpoint."""
+    overwrite: bool = False
+    """Start over in an --out-dir that already holds a run."""
+    checkpoint_every: int = 20
+    """Save a checkpoint every this many updates (and at the end and on SIGTERM / Ctrl-C)."""
+    keep_checkpoints: int = 2
+    """How many checkpoints to keep."""
+    progress: bool = True
+    """Show a progress bar."""
+    tensorboard: bool = True
+    """Write TensorBoard events."""
+    wandb: bool = False
+    """Also log to Weights & Biases."""
+    wandb_mode: Literal["offline", "online"] = "offline"
+    """wandb mode."""
+    wandb_project: str = "sppo_rl"
+    """wandb project name."""
+    extra: dict[str, str] = field(default_factory=dict)
+    """Free-form tags stored with the config."""

@@ -1,0 +1,311 @@
+"""Prompts with verifiable answers: the :class:`Example` record and loaders for local files.
+
+Nothing is downloaded: every loader reads a file on disk. Supported files: ``.jsonl`` (one JSON object
+per line, blank lines skipped), ``.json`` (a list of objects) and ``.parquet``. The record layout is
+detected from its keys (see :data:`FORMATS`):
+
+============  ==========================  =====================================================
+format        detected by keys            prompt / answer
+============  ==========================  =====================================================
+``verl``      ``prompt``, ``reward_model``  chat messages / ``reward_model.ground_truth``
+``gsm8k``     ``question``, ``answer``      text / the part of ``answer`` after the last ``####``
+``math``      ``problem``, ``solution``     text / ``answer`` if present, else the last ``\\boxed{}``
+                                            of ``solution``
+``plain``     ``prompt``, ``answer``        text or chat messages / ``answer``
+============  ==========================  =====================================================
+
+``prompt_key`` and ``answer_key`` (dotted paths reach into nested objects, ``reward_model.ground_truth``)
+override a format's keys. A malformed record raises one :class:`DataError` naming the file and the line
+(JSONL, 1-based) or row (Parquet and JSON, 0-based).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sppo_rl.llm.verify import extract_boxed
+
+Message = dict[str, str]
+Prompt = str | list[Message]
+
+
+class DataError(ValueError):
+    """A data file that cannot be read as examples; the message names the file and the line or row."""
+
+
+@dataclass
+class Example:
+    """One prompt with its verifiable answer.
+
+    Attributes:
+        prompt: plain text, or chat messages ``[{"role": ..., "content": ...}, ...]``.
+        answer: the ground truth the verifier compares against (a LaTeX string or an integer as text).
+        source: where it comes from: the record's ``data_source``, else the file's stem, or a task name.
+        index: position in its file or split (0-based).
+        meta: everything else in the record (``ability`` whatever its spelling, ``extra_info``, ...), or
+            task parameters such as ``{"level": 2}``.
+    """
+
+    prompt: Prompt
+    answer: str
+    source: str = ""
+    index: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------ formats
+
+
+def _after_hashes(text: str) -> str:
+    """GSM8K: the final answer follows the last ``####``; thousands separators dropped (``1,000``)."""
+    if "####" not in text:
+        return text.strip()
+    return text.rsplit("####", 1)[1].strip().replace(",", "")
+
+
+def _last_boxed(text: str) -> str:
+    """MATH: the answer is the last ``\\boxed{}`` of the solution (the text itself if there is none)."""
+    boxed = extract_boxed(text, max_scan=len(text) + 1)
+    return text.strip() if boxed is None else boxed
+
+
+@dataclass(frozen=True)
+class Format:
+    """A record layout: its default keys and how the answer is read from the answer field."""
+
+    name: str
+    prompt_key: str
+    answer_key: str
+    signature: tuple[str, ...]
+    answer_from: Callable[[str], str] = str.strip
+    answer_fallback: str | None = None  # key used when answer_key is absent
+
+
+FORMATS: dict[str, Format] = {
+    f.name: f
+    for f in [
+        Format("verl", "prompt", "reward_model.ground_truth", ("prompt", "reward_model")),
+        Format("gsm8k", "question", "answer", ("question", "answer"), _after_hashes),
+        Format("math", "problem", "answer", ("problem", "solution"), _last_boxed, answer_fallback="solution"),
+        Format("plain", "prompt", "answer", ("prompt", "answer")),
+    ]
+}
+
+
+def detect_format(keys: set[str] | list[str]) -> Format | None:
+    """The first format of :data:`FORMATS` whose signature keys are all in ``keys``."""
+    present = set(keys)
+    for fmt in FORMATS.values():
+        if set(fmt.signature) <= present:
+            return fmt
+    return None
+
+
+# ------------------------------------------------------------------------------------ records
+
+
+def _get(record: dict[str, Any], dotted: str) -> Any:
+    """``record["a"]["b"]`` for ``"a.b"``; ``KeyError`` naming the missing part."""
+    value: Any = record
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise KeyError(part)
+        value = value[part]
+    return value
+
+
+def _check_prompt(value: Any) -> Prompt:
+    if isinstance(value, str):
+        if not value.strip():
+            raise ValueError("empty prompt")
+        return value
+    if isinstance(value, (list, tuple)) and value:
+        messages = []
+        for i, m in enumerate(value):
+            if (
+                not isinstance(m, dict)
+                or not isinstance(m.get("role"), str)
+                or not isinstance(m.get("content"), str)
+            ):
+                raise ValueError(
+                    f"prompt message {i} is not a {{'role': str, 'content': str}} object: {m!r:.80}"
+                )
+            messages.append({"role": m["role"], "content": m["content"]})
+        return messages
+    raise ValueError(
+        f"prompt must be a string or a non-empty list of chat messages, got {type(value).__name__}"
+    )
+
+
+def _check_answer(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError(f"answer must be a string or a number, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"answer is not finite: {value!r}")
+    return str(value)
+
+
+def _to_example(record: Any, fmt: Format, prompt_key: str, answer_key: str, index: int, stem: str) -> Example:
+    if not isinstance(record, dict):
+        raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+    try:
+        prompt = _check_prompt(_get(record, prompt_key))
+    except KeyError:
+        raise ValueError(f"missing key {prompt_key!r} (keys: {', '.join(sorted(record))})") from None
+    key = answer_key
+    try:
+        raw = _get(record, key)
+    except KeyError:
+        if fmt.answer_fallback is None or fmt.answer_fallback not in record:
+            raise ValueError(f"missing key {answer_key!r} (keys: {', '.join(sorted(record))})") from None
+        key = fmt.answer_fallback
+        raw = record[key]
+    answer = fmt.answer_from(_check_answer(raw))
+    if not answer:
+        raise ValueError(f"empty answer in {key!r}")
+    used = {prompt_key.split(".")[0], answer_key.split(".")[0], "data_source"}
+    meta = {("ability" if k == "abality" else k): v for k, v in record.items() if k not in used}
+    source = record.get("data_source")
+    return Example(prompt, answer, source if isinstance(source, str) and source else stem, index, meta)
+
+
+# ------------------------------------------------------------------------------------ readers
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path.name}:{lineno}"
+            try:
+                yield where, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+
+
+def _read_json(path: Path) -> Iterator[tuple[str, Any]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path.name}:{e.lineno}: invalid JSON ({e.msg})") from None
+    if not isinstance(data, list):
+        raise DataError(f"{path.name}: expected a JSON list of objects, got {type(data).__name__}")
+    for row, record in enumerate(data):
+        yield f"{path.name}: row {row}", record
+
+
+def _read_parquet(path: Path) -> Iterator[tuple[str, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:  # pyarrow raises several types for a corrupt file
+        raise DataError(f"{path.name}: not a readable Parquet file ({e})") from None
+    row = 0
+    for batch in pf.iter_batches(batch_size=1024):
+        for record in batch.to_pylist():
+            yield f"{path.name}: row {row}", record
+            row += 1
+
+
+_READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet}
+
+
+def load_examples(
+    path: str | Path,
+    *,
+    prompt_key: str | None = None,
+    answer_key: str | None = None,
+    limit: int | None = None,
+    format: str | None = None,
+) -> list[Example]:
+    """Read ``path`` (``.jsonl``, ``.json`` or ``.parquet``) into examples, in file order.
+
+    Args:
+        path: a local file; nothing is downloaded.
+        prompt_key: the prompt field (dotted path allowed); default: the format's.
+        answer_key: the answer field (dotted path allowed); default: the format's.
+        limit: read at most this many examples (the file is read lazily up to there).
+        format: one of :data:`FORMATS`; default: detected from the first record's keys, with the
+            explicit keys counted as present.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        DataError: an unsupported extension, an unknown layout, or a malformed record (bad JSON, a
+            missing key, a wrong type, an empty answer), naming file and line/row.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data file not found: {path}")
+    reader = _READERS.get(path.suffix.lower())
+    if reader is None:
+        raise DataError(
+            f"{path.name}: unsupported file type {path.suffix!r}; use one of {', '.join(_READERS)}"
+        )
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    if format is not None and format not in FORMATS:
+        raise ValueError(f"unknown format {format!r}; valid: {', '.join(FORMATS)}")
+
+    examples: list[Example] = []
+    fmt: Format | None = FORMATS[format] if format else None
+    for where, record in reader(path):
+        if limit is not None and len(examples) >= limit:
+            break
+        if fmt is None:
+            if not isinstance(record, dict):
+                raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+            keys = set(record) | {k.split(".")[0] for k in (prompt_key, answer_key) if k}
+            fmt = detect_format(keys)
+            if fmt is None and prompt_key and answer_key:
+                fmt = FORMATS["plain"]
+            if fmt is None:
+                known = ", ".join(f"{f.name} ({'+'.join(f.signature)})" for f in FORMATS.values())
+                raise DataError(
+                    f"{where}: cannot tell the record layout from its keys ({', '.join(sorted(record))}); "
+                    f"known layouts: {known}; or pass prompt_key and answer_key"
+                )
+        try:
+            examples.append(
+                _to_example(
+                    record,
+                    fmt,
+                    prompt_key or fmt.prompt_key,
+                    answer_key or fmt.answer_key,
+                    len(examples),
+                    path.stem,
+                )
+            )
+        except ValueError as e:
+            raise DataError(f"{where}: {e}") from None
+    return examples
+
+
+# ------------------------------------------------------------------------------------ prompts
+
+
+def render_prompt(example: Example | Prompt, tokenizer: Any = None, suffix: str | None = None) -> str:
+    """The text fed to the model.
+
+    A plain-text prompt is returned as is, plus ``suffix``. Chat messages get ``suffix`` appended to
+    the last user message, then go through ``tokenizer.apply_chat_template(messages, tokenize=False,
+    add_generation_prompt=True)`` when the tokenizer has a chat template; without one, the message
+    contents are joined with blank lines.
+    """
+    prompt = example.prompt if isinstance(example, Example) else example
+    if isinstance(prompt, str):
+        return prompt + (suffix or "")
+    messages = [dict(m) for m in prompt]
+    if suffix:
+        users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+        last = users[-1] if users else len(messages) - 1
+        messages[last]["content"] += suffix
+    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return "\n\n".join(m["content"] for m in messages)

@@ -1,0 +1,407 @@
+"""Actor and critics over Hugging Face causal LMs, and the trainer's log-probs.
+
+Token layout shared by the rollout engine, the trainer and the critics (``P`` prompt columns, ``T``
+response columns)::
+
+    input_ids      = [ <pad> ... <pad> p_1 ... p_k | r_1 ... r_m <pad> ... <pad> ]   # [B, P + T]
+    attention_mask = [   0   ...   0    1  ...  1  |  1  ...  1    0   ...   0   ]
+
+Prompts are LEFT-padded (the last prompt token sits in column ``P - 1`` of every row) and responses
+RIGHT-padded. Position ids count real tokens only (:func:`positions_from_mask`), exactly as during
+generation, so a row's numbers do not depend on how much padding its batch needed.
+
+- The actor is any ``AutoModelForCausalLM`` folder (:func:`load_actor`).
+- :class:`SequenceCritic` (SPPO) reads the hidden state of the last prompt token and returns one
+  success logit per prompt, ``sigmoid(logit) = P(R = 1 | prompt)``; it never sees the response.
+- :class:`TokenCritic` (PPO) returns ``V(s_t)`` for every response position ``t``, read at the
+  position preceding response token ``t`` (verl's convention).
+- Both critics are an ``AutoModel`` backbone (possibly a smaller model than the actor, with the same
+  tokenizer: :func:`check_same_tokenizer`) plus a one-output linear head.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+
+HEAD_WEIGHTS = "value_head.safetensors"
+HEAD_CONFIG = "value_head.json"
+_HEAD_FORMAT_VERSION = 1
+_DEFAULT_CHUNK_ELEMENTS = 1 << 27  # logits elements per log-softmax chunk (512 MiB in float32)
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def positions_from_mask(attention_mask: Tensor) -> Tensor:
+    """Position ids that count real tokens: ``pos[b, i] = max(sum_{j <= i} mask[b, j] - 1, 0)``.
+
+    Left padding gets position 0 (it is masked out anyway), the first real token position 0, and a
+    token's position is the same whatever padding precedes it.
+    """
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | str:
+    """``None`` or ``"auto"`` -> ``"auto"`` (the checkpoint's own dtype); ``"bfloat16"`` -> ``torch.bfloat16``."""
+    if dtype is None or dtype == "auto":
+        return "auto"
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    resolved = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(resolved, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}")
+    return resolved
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The model inside DDP / DeepSpeed wrappers (their ``.module``)."""
+    while hasattr(model, "module") and isinstance(model.module, nn.Module):
+        model = model.module
+    return model
+
+
+def accepts_kwarg(model: nn.Module, name: str) -> bool:
+    """Whether ``model.forward`` (unwrapped) declares a parameter called ``name``."""
+    return name in inspect.signature(_unwrap(model).forward).parameters
+
+
+def _from_pretrained(auto_cls: Any, path: str | os.PathLike, dtype: torch.dtype | str | None, **kwargs: Any):
+    """``auto_cls.from_pretrained`` offline, passing the dtype under the name this transformers uses."""
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    dtype_key = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+    kwargs.setdefault(dtype_key, resolve_dtype(dtype))
+    return auto_cls.from_pretrained(path, local_files_only=True, **kwargs)
+
+
+def load_actor(
+    path: str | os.PathLike,
+    dtype: torch.dtype | str | None = None,
+    device: torch.device | str | None = None,
+    **kwargs: Any,
+) -> PreTrainedModel:
+    """The causal LM in the local folder ``path`` (``AutoModelForCausalLM``, never downloads).
+
+    ``dtype=None`` keeps the checkpoint's dtype; ``device`` moves the model after loading. Extra
+    keywords go to ``from_pretrained`` (e.g. ``attn_implementation="flash_attention_2"``).
+    """
+    model = _from_pretrained(AutoModelForCausalLM, path, dtype, **kwargs)
+    return model.to(device) if device is not None else model
+
+
+# ------------------------------------------------------------------------------------ log-probs
+
+
+def _logprob_entropy_chunk(logits: Tensor, targets: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+    z = logits.float() / temperature
+    lse = torch.logsumexp(z, dim=-1)
+    logp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    entropy = lse - (torch.softmax(z, dim=-1) * z).sum(-1)
+    return logp, entropy
+
+
+def logprobs_from_logits(
+    logits: Tensor,
+    targets: Tensor,
+    temperature: float = 1.0,
+    chunk_elements: int = _DEFAULT_CHUNK_ELEMENTS,
+) -> tuple[Tensor, Tensor]:
+    """Per-position ``log softmax(logits / tau)[target]`` and entropy of ``softmax(logits / tau)``.
+
+    ``logits`` ``[..., V]`` (any float dtype; computed in float32), ``targets`` ``[...]`` long.
+    Rows are processed in chunks of about ``chunk_elements`` logits so the float32 copy never spans
+    the whole ``[..., V]`` tensor; when gradients are on, each chunk is checkpointed so only the input
+    logits are kept for the backward pass.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    shape, vocab = targets.shape, logits.shape[-1]
+    flat_logits, flat_targets = logits.reshape(-1, vocab), targets.reshape(-1)
+    rows = max(1, chunk_elements // vocab)
+    grad = torch.is_grad_enabled() and logits.requires_grad
+    logps, entropies = [], []
+    for start in range(0, flat_targets.shape[0], rows):
+        args = (flat_logits[start : start + rows], flat_targets[start : start + rows], temperature)
+        if grad:
+            lp, ent = checkpoint(_logprob_entropy_chunk, *args, use_reentrant=False)
+        else:
+            lp, ent = _logprob_entropy_chunk(*args)
+        logps.append(lp)
+        entropies.append(ent)
+    if not logps:
+        empty = flat_logits.new_zeros(0, dtype=torch.float32)
+        return empty.reshape(shape), empty.reshape(shape)
+    return torch.cat(logps).reshape(shape), torch.cat(entropies).reshape(shape)
+
+
+def sequence_logprobs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    response_len: int,
+    temperature: float = 1.0,
+    chunk_elements: int = _DEFAULT_CHUNK_ELEMENTS,
+) -> tuple[Tensor, Tensor]:
+    """Log-prob and entropy of every response token under ``model`` at ``temperature``.
+
+    ``input_ids`` / ``attention_mask`` ``[B, P + T]`` in the module's layout (``T = response_len``).
+    Returns ``(logp, entropy)``, both ``[B, T]`` float32, where for response position ``t``::
+
+        logp[b, t]    = log softmax(logits[b, P + t - 1] / temperature)[input_ids[b, P + t]]
+        entropy[b, t] = H(softmax(logits[b, P + t - 1] / temperature))
+
+    i.e. the plain temperature-scaled distribution with no top-p / top-k truncation, the same one
+    :class:`~sppo_rl.llm.rollout.HFRolloutEngine` reports as ``logprobs``. Values at padded response
+    positions are finite but meaningless; mask them. Only the last ``T + 1`` positions go through the
+    LM head when the model supports ``logits_to_keep``; see :func:`logprobs_from_logits` for memory.
+    """
+    T = int(response_len)
+    if T <= 0 or T >= input_ids.shape[1]:
+        raise ValueError(f"response_len must be in [1, {input_ids.shape[1] - 1}], got {T}")
+    kwargs: dict[str, Any] = {}
+    if accepts_kwarg(model, "logits_to_keep"):
+        kwargs["logits_to_keep"] = T + 1
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions_from_mask(attention_mask),
+        use_cache=False,
+        **kwargs,
+    )
+    logits = out.logits[:, -(T + 1) : -1]
+    return logprobs_from_logits(logits, input_ids[:, -T:], temperature, chunk_elements)
+
+
+# ------------------------------------------------------------------------------------ critics
+
+
+class _ValueHeadModel(nn.Module):
+    """An ``AutoModel`` backbone plus a linear head with one output (shared by both critics).
+
+    Saved as the backbone's Hugging Face folder plus :data:`HEAD_WEIGHTS` (``weight``, ``bias``) and
+    :data:`HEAD_CONFIG` (``{"kind": ..., "hidden_size": ...}``), so the backbone folder stays loadable
+    by any HF tool. The head is float32 by default; backbone hidden states are cast to its dtype.
+    """
+
+    kind: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        backbone: PreTrainedModel,
+        head: nn.Linear | None = None,
+        *,
+        init_bias: float = 0.0,
+        init_std: float = 1e-3,
+    ) -> None:
+        super().__init__()
+        self.backbone = backbone
+        hidden_size = _hidden_size(backbone.config)
+        if head is None:
+            head = nn.Linear(hidden_size, 1, device=_module_device(backbone), dtype=torch.float32)
+            nn.init.normal_(head.weight, std=init_std)
+            nn.init.constant_(head.bias, init_bias)
+        if head.in_features != hidden_size or head.out_features != 1:
+            raise ValueError(
+                f"head must map {hidden_size} -> 1, got {head.in_features} -> {head.out_features}"
+            )
+        self.head = head
+
+    @property
+    def config(self):
+        """The backbone's config."""
+        return self.backbone.config
+
+    @property
+    def device(self) -> torch.device:
+        return self.head.weight.device
+
+    @classmethod
+    def from_backbone(
+        cls,
+        path: str | os.PathLike,
+        *,
+        dtype: torch.dtype | str | None = None,
+        device: torch.device | str | None = None,
+        init_bias: float = 0.0,
+        init_std: float = 1e-3,
+        **kwargs: Any,
+    ):
+        """A fresh critic: the base model of the (causal-LM) folder ``path`` and a new head.
+
+        ``init_bias`` is the head's initial output (a logit for :class:`SequenceCritic`: 0 means a
+        prior of 0.5; the dataset's base pass rate ``p0`` gives ``log(p0 / (1 - p0))``); the head's
+        weights start ``N(0, init_std^2)`` so early outputs stay near that prior.
+        """
+        backbone = _from_pretrained(AutoModel, path, dtype, **kwargs)
+        if device is not None:
+            backbone = backbone.to(device)
+        return cls(backbone, init_bias=init_bias, init_std=init_std)
+
+    def save_pretrained(
+        self, folder: str | os.PathLike, tokenizer: PreTrainedTokenizerBase | None = None
+    ) -> Path:
+        """Write the backbone (HF format), the head and its json marker (and ``tokenizer``) to ``folder``."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.backbone.save_pretrained(folder)
+        head = {"weight": self.head.weight.detach().cpu().contiguous(), "bias": self.head.bias.detach().cpu()}
+        save_file(head, str(folder / HEAD_WEIGHTS), metadata={"kind": self.kind})
+        marker = {
+            "kind": self.kind,
+            "hidden_size": self.head.in_features,
+            "head_dtype": str(self.head.weight.dtype).removeprefix("torch."),
+            "format_version": _HEAD_FORMAT_VERSION,
+        }
+        (folder / HEAD_CONFIG).write_text(json.dumps(marker, indent=2) + "\n")
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
+        return folder
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        folder: str | os.PathLike,
+        *,
+        dtype: torch.dtype | str | None = None,
+        device: torch.device | str | None = None,
+        **kwargs: Any,
+    ):
+        """Load a critic written by :meth:`save_pretrained`; refuses a folder of the other critic kind."""
+        folder = Path(folder)
+        marker_file = folder / HEAD_CONFIG
+        if not marker_file.is_file():
+            raise FileNotFoundError(
+                f"{folder} holds no critic head ({HEAD_CONFIG} missing); use from_backbone"
+            )
+        marker = json.loads(marker_file.read_text())
+        if marker.get("kind") != cls.kind:
+            raise ValueError(f"{folder} holds a {marker.get('kind')!r} critic, not a {cls.kind!r} one")
+        backbone = _from_pretrained(AutoModel, folder, dtype, **kwargs)
+        state = load_file(str(folder / HEAD_WEIGHTS))
+        head_dtype = resolve_dtype(marker.get("head_dtype", "float32"))
+        head = nn.Linear(marker["hidden_size"], 1, dtype=head_dtype)
+        head.load_state_dict(state)
+        if device is not None:
+            backbone = backbone.to(device)
+        return cls(backbone, head.to(_module_device(backbone)))
+
+    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
+        """Activation checkpointing in the backbone (HF's switch)."""
+        self.backbone.gradient_checkpointing_enable(**kwargs)
+
+    def _hidden(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        out = self.backbone(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=positions_from_mask(attention_mask),
+            use_cache=False,
+        )
+        return out.last_hidden_state
+
+    def _head(self, hidden: Tensor) -> Tensor:
+        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)
+
+
+class SequenceCritic(_ValueHeadModel):
+    """SPPO's critic ``V(s_p)``: one success logit per prompt, read at the last prompt token.
+
+    ``forward(prompt_ids, prompt_mask) -> logits [B]`` with ``sigmoid(logits) = P(R = 1 | prompt)``.
+    Prompts must be left-padded, so column ``-1`` holds every row's last prompt token; the backbone is
+    causal, so that hidden state summarises the whole prompt and nothing else. Trained with
+    BCE-with-logits against ``R`` (:func:`sppo_rl.agents.bce_value_loss`).
+    """
+
+    kind: ClassVar[str] = "sequence"
+
+    def forward(self, prompt_ids: Tensor, prompt_mask: Tensor) -> Tensor:
+        if not bool((prompt_mask[:, -1] != 0).all()):
+            raise ValueError("prompts must be left-padded: the last column must be a real token in every row")
+        return self._head(self._hidden(prompt_ids, prompt_mask)[:, -1])
+
+    def logits_from_sequences(self, input_ids: Tensor, attention_mask: Tensor, response_len: int) -> Tensor:
+        """``forward`` on the prompt slice of ``[prompt | response]`` rows; the response is dropped."""
+        T = int(response_len)
+        return self(input_ids[:, :-T], attention_mask[:, :-T]) if T > 0 else self(input_ids, attention_mask)
+
+
+class TokenCritic(_ValueHeadModel):
+    """PPO's critic ``V(s_t)`` on every response token.
+
+    ``forward(input_ids, attention_mask, response_len) -> values [B, T]`` on ``[prompt | response]``
+    rows, where ``values[:, t] = V(state before response token t)``: the head read at column
+    ``P + t - 1`` (the last prompt token for ``t = 0``). Values at padded positions are meaningless.
+    """
+
+    kind: ClassVar[str] = "token"
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, response_len: int) -> Tensor:
+        T = int(response_len)
+        if T <= 0 or T >= input_ids.shape[1]:
+            raise ValueError(f"response_len must be in [1, {input_ids.shape[1] - 1}], got {T}")
+        hidden = self._hidden(input_ids, attention_mask)
+        return self._head(hidden[:, -(T + 1) : -1])
+
+
+def _hidden_size(config: Any) -> int:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return int(text.hidden_size)
+
+
+def _module_device(module: nn.Module) -> torch.device:
+    param = next(module.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+# ------------------------------------------------------------------------------------ tokenizers
+
+
+_SPECIAL_IDS = ("pad_token_id", "eos_token_id", "bos_token_id", "unk_token_id")
+
+
+def check_same_tokenizer(
+    actor_tokenizer: PreTrainedTokenizerBase, critic_tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """Raise ``ValueError`` unless both tokenizers map every token to the same id and share special ids.
+
+    A decoupled critic consumes the actor's token ids directly, so any difference in the vocabulary
+    (tokens present in one only, or the same token under another id) or in the pad / eos / bos / unk
+    ids would silently feed it garbage. The message names what differs, with examples.
+    """
+    problems: list[str] = []
+    va, vc = actor_tokenizer.get_vocab(), critic_tokenizer.get_vocab()
+    if va != vc:
+        only_a, only_c = sorted(set(va) - set(vc)), sorted(set(vc) - set(va))
+        moved = sorted(t for t in set(va) & set(vc) if va[t] != vc[t])
+        parts = [f"actor has {len(va)} tokens, critic {len(vc)}"]
+        if only_a:
+            parts.append(f"{len(only_a)} only in the actor's (e.g. {_examples(only_a)})")
+        if only_c:
+            parts.append(f"{len(only_c)} only in the critic's (e.g. {_examples(only_c)})")
+        if moved:
+            ex = ", ".join(f"{t!r}: {va[t]} vs {vc[t]}" for t in moved[:5])
+            parts.append(f"{len(moved)} tokens with different ids (e.g. {ex})")
+        problems.append("vocabularies differ: " + "; ".join(parts))
+    for name in _SPECIAL_IDS:
+        a, c = getattr(actor_tokenizer, name, None), getattr(critic_tokenizer, name, None)
+        if a != c:
+            problems.append(f"{name} differs: actor {a!r}, critic {c!r}")
+    if problems:
+        raise ValueError(
+            "the critic's tokenizer differs from the actor's (a decoupled critic reads the actor's token ids "
+            "directly, so both must share one tokenizer): " + "; ".join(problems)
+        )
+
+
+def _examples(tokens: list[str], k: int = 5) -> str:
+    return ", ".join(repr(t) for t in tokens[:k]) + (", ..." if len(tokens) > k else "")

@@ -1,0 +1,487 @@
+"""Reward scoring in worker processes, so that a reward function that raises, hangs or crashes never
+stops a training run.
+
+:class:`RewardScorer` keeps ``workers`` persistent processes (``spawn`` context: fresh interpreters, safe
+next to torch's threads; as with any spawned process, the main script is re-imported in each, so a
+script keeps its work under ``if __name__ == "__main__":``). Each loads the reward function once, then scores items one after another and
+reports every result as it finishes. The parent gives each item ``timeout_s`` seconds from the moment
+the previous one reported:
+
+- a function that raises, returns a non-number, NaN or infinity: the item scores 0.0 and counts in
+  ``errors`` (the worker catches it and goes on);
+- a hang past ``timeout_s``: the worker is killed and restarted, the item scores 0.0 and counts in
+  ``errors`` and ``timeouts``, and the rest of the batch is scored by the new worker;
+- a worker that dies (segfault, ``os._exit``, out of memory): the item it held scores 0.0 and counts
+  in ``errors``; the worker is restarted.
+
+A batch therefore takes at most about ``ceil(n / workers) * (timeout_s + restart)``; ``batch_timeout_s``
+caps it further (unfinished items then score 0.0 as timeouts). Each worker's address space may grow by
+``memory_limit_mb`` beyond what it holds after loading the function (Linux/macOS ``RLIMIT_AS``).
+
+The reward function is ``"math"`` (:func:`sppo_rl.llm.verify.verify_math`), ``"integer"``
+(:func:`sppo_rl.llm.verify.verify_integer`), a path ``"path/to/file.py:function"``, a module
+``"package.module:function"``, or a picklable module-level callable; its signature is
+``fn(response: str, ground_truth: str) -> float``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import math
+import multiprocessing as mp
+import numbers
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BUILTIN = ("math", "integer")
+MAX_ERROR_SAMPLES = 5
+
+
+class RewardFnError(ValueError):
+    """The reward function cannot be loaded: a missing file or module, no such function, not callable."""
+
+
+class RewardWorkerError(RuntimeError):
+    """A worker process could not be (re)started."""
+
+
+@dataclass
+class ScoreResult:
+    """Scores of one batch.
+
+    Attributes:
+        scores: ``float32 [n]``; 0.0 for every item that failed.
+        errors: items that raised, hung, crashed the worker or returned a non-finite value or a
+            non-number (timeouts included).
+        timeouts: items that ran past ``timeout_s`` (or the batch deadline).
+        seconds: wall time of the call.
+        error_samples: the first few error messages, ``"item 3: ZeroDivisionError: ..."``.
+    """
+
+    scores: np.ndarray
+    errors: int = 0
+    timeouts: int = 0
+    seconds: float = 0.0
+    error_samples: list[str] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------- function specs
+
+
+def _resolve_spec(fn: str | Callable[..., Any]) -> tuple[str, Any]:
+    """Check ``fn`` in the parent, without running user code; the worker loads it.
+
+    Returns ``("builtin", name)``, ``("file", (abs_path, function))``, ``("module", (module, function))``
+    or ``("pickled", bytes)``.
+    """
+    if callable(fn):
+        try:
+            return "pickled", pickle.dumps(fn)
+        except Exception as e:
+            raise RewardFnError(
+                f"reward function {fn!r} cannot be sent to a worker process ({e}); pass a module-level "
+                "function or a 'module:function' / 'path/to/file.py:function' string"
+            ) from None
+    if not isinstance(fn, str):
+        raise RewardFnError(
+            f"reward function must be a name, a 'module:function' string or a callable, got {fn!r}"
+        )
+    if fn in BUILTIN:
+        return "builtin", fn
+    target, sep, name = fn.rpartition(":")
+    if not sep or not target or not name.isidentifier():
+        raise RewardFnError(
+            f"unknown reward function {fn!r}; use one of {', '.join(BUILTIN)}, "
+            "'path/to/file.py:function' or 'package.module:function'"
+        )
+    if target.endswith(".py") or "/" in target or os.sep in target:
+        path = Path(target).expanduser().resolve()
+        if not path.is_file():
+            raise RewardFnError(f"reward function file not found: {target} (in {fn!r})")
+        return "file", (str(path), name)
+    try:
+        found = importlib.util.find_spec(target)
+    except (ImportError, ValueError) as e:
+        raise RewardFnError(f"cannot import reward module {target!r} (in {fn!r}): {e}") from None
+    if found is None:
+        raise RewardFnError(f"reward module not found: {target!r} (in {fn!r})")
+    return "module", (target, name)
+
+
+def _load(kind: str, spec: Any, inner_timeout_s: float) -> Callable[[str, str], Any]:
+    """Inside the worker: the callable the spec names."""
+    if kind == "builtin":
+        from sppo_rl.llm.verify import verify_integer, verify_math, warm_up
+
+        if spec == "math":
+            warm_up()
+            return partial(verify_math, timeout_s=inner_timeout_s)
+        return verify_integer
+    if kind == "pickled":
+        fn = pickle.loads(spec)
+    else:
+        where, name = spec
+        if kind == "file":
+            mod_name = f"_sppo_reward_{abs(hash(where)):x}"
+            file_spec = importlib.util.spec_from_file_location(mod_name, where)
+            if file_spec is None or file_spec.loader is None:
+                raise RewardFnError(f"cannot load {where} as a Python module")
+            module = importlib.util.module_from_spec(file_spec)
+            sys.modules[mod_name] = module
+            file_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+        if not hasattr(module, name):
+            public = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
+            raise RewardFnError(
+                f"{where} has no function {name!r} (callables there: {', '.join(public) or 'none'})"
+            )
+        fn = getattr(module, name)
+    if not callable(fn):
+        raise RewardFnError(f"reward function {fn!r} is not callable")
+    return fn
+
+
+# --------------------------------------------------------------------------------------- worker
+
+
+def _limit_memory(extra_mb: int | None) -> None:
+    if not extra_mb:
+        return
+    try:
+        import resource
+
+        page = os.sysconf("SC_PAGE_SIZE")
+        with open("/proc/self/statm") as f:
+            current = int(f.read().split()[0]) * page
+    except (ImportError, OSError, ValueError):
+        return  # no RLIMIT_AS or no /proc: unbounded
+    limit = current + extra_mb * 2**20
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit when the parent is gone, even while the main thread is stuck in a reward function."""
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent_pid:
+            os._exit(0)
+
+
+def _check_value(value: Any) -> float:
+    if isinstance(value, (bool, np.bool_)):
+        return float(value)
+    if not isinstance(value, numbers.Real):
+        raise TypeError(f"returned {type(value).__name__}, not a number")
+    out = float(value)
+    if not math.isfinite(out):
+        raise ValueError(f"returned a non-finite value {out}")
+    return out
+
+
+def _describe(e: BaseException) -> str:
+    try:
+        text = f"{type(e).__name__}: {e}"
+    except Exception:  # a broken __str__
+        text = type(e).__name__
+    return text[:300]
+
+
+def _worker_main(
+    conn: Connection, kind: str, spec: Any, inner_timeout_s: float, memory_mb: int | None, parent_pid: int
+) -> None:
+    """Load the function, answer ``("ready",)`` or ``("error", msg)``, then score chunks until told to
+    stop: for each item send ``("ok", i, score)`` or ``("err", i, message)``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    try:
+        fn = _load(kind, spec, inner_timeout_s)
+    except BaseException as e:
+        conn.send(("error", _describe(e)))
+        return
+    _limit_memory(memory_mb)
+    conn.send(("ready",))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg[0] == "stop":
+            return
+        for i, response, truth in msg[1]:
+            try:
+                reply: tuple[str, int, Any] = ("ok", i, _check_value(fn(response, truth)))
+            except BaseException as e:  # SystemExit from a reward function included
+                reply = ("err", i, _describe(e))
+            conn.send(reply)
+
+
+class _Worker:
+    """One worker process and the items it currently holds."""
+
+    def __init__(self, args: tuple[Any, ...], start_timeout_s: float) -> None:
+        self.args = args
+        self.start_timeout_s = start_timeout_s
+        self.proc: Any = None
+        self.conn: Connection | None = None
+        self.pending: deque[int] = deque()
+        self.deadline = math.inf
+
+    def start(self) -> None:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe(duplex=True)
+        proc = ctx.Process(target=_worker_main, args=(child, *self.args, os.getpid()), daemon=True)
+        proc.start()
+        child.close()
+        self.proc, self.conn = proc, parent
+        if not parent.poll(self.start_timeout_s):
+            self.kill()
+            raise RewardWorkerError(f"reward worker did not start within {self.start_timeout_s:.0f} s")
+        try:
+            msg = parent.recv()
+        except (EOFError, OSError):
+            proc.join(5.0)
+            code = proc.exitcode
+            self.kill()
+            raise RewardWorkerError(
+                f"reward worker exited while starting (exit code {code}); a spawned process re-imports the "
+                "main script, so keep a script's work under `if __name__ == '__main__':`"
+            ) from None
+        if msg[0] == "error":
+            self.kill()
+            raise RewardFnError(f"cannot load the reward function: {msg[1]}")
+
+    def send(self, items: list[tuple[int, str, str]], timeout_s: float) -> None:
+        assert self.conn is not None
+        self.pending.extend(i for i, _, _ in items)
+        self.conn.send(("score", items))
+        self.deadline = time.monotonic() + timeout_s
+
+    def kill(self) -> None:
+        """Kill the process (it may be stuck in C code, so no polite request first)."""
+        if self.proc is not None and self.proc.is_alive():
+            self.proc.kill()
+        if self.proc is not None:
+            self.proc.join(5.0)
+        if self.conn is not None:
+            self.conn.close()
+        self.proc, self.conn = None, None
+        self.pending.clear()
+        self.deadline = math.inf
+
+    def stop(self) -> None:
+        """Ask an idle worker to exit, then make sure it has."""
+        if self.conn is not None and not self.pending:
+            with contextlib.suppress(OSError, ValueError):
+                self.conn.send(("stop",))
+            if self.proc is not None:
+                self.proc.join(1.0)
+        self.kill()
+
+
+def _shutdown(workers: list[_Worker]) -> None:
+    for w in workers:
+        with contextlib.suppress(Exception):
+            w.stop()
+
+
+# --------------------------------------------------------------------------------------- scorer
+
+
+class RewardScorer:
+    """Score responses against ground truths in ``workers`` persistent processes.
+
+    Args:
+        fn: ``"math"``, ``"integer"``, ``"path/to/file.py:function"``, ``"module:function"`` or a
+            picklable module-level callable ``fn(response, ground_truth) -> float``.
+        timeout_s: seconds each item may take; past that its worker is killed and restarted. The
+            built-in ``"math"`` verifier also gets an internal deadline of ``0.8 * timeout_s``, which
+            ends slow symbolic work without a restart (scoring 0.0, not counted as a timeout).
+        workers: number of processes.
+        memory_limit_mb: address space each worker may add after loading ``fn``; ``None``: no limit.
+        start_timeout_s: seconds a worker may take to start and load ``fn``.
+        batch_timeout_s: optional cap on one :meth:`score` call.
+
+    Raises:
+        RewardFnError: at construction, before any work, if ``fn`` cannot be loaded.
+
+    Use as a context manager or call :meth:`close`; workers are also stopped at interpreter exit.
+    """
+
+    def __init__(
+        self,
+        fn: str | Callable[[str, str], float] = "math",
+        timeout_s: float = 5.0,
+        workers: int = 1,
+        *,
+        memory_limit_mb: int | None = 4096,
+        start_timeout_s: float = 60.0,
+        batch_timeout_s: float | None = None,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        kind, spec = _resolve_spec(fn)
+        self.fn = fn
+        self.timeout_s = float(timeout_s)
+        self.batch_timeout_s = batch_timeout_s
+        self.restarts = 0
+        args = (kind, spec, 0.8 * self.timeout_s, memory_limit_mb)
+        self._workers = [_Worker(args, start_timeout_s) for _ in range(workers)]
+        self._finalizer = weakref.finalize(self, _shutdown, self._workers)
+        try:
+            for w in self._workers:
+                w.start()
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Stop the workers; the scorer cannot be used afterwards."""
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the live workers (they change when a worker is restarted)."""
+        return [w.proc.pid for w in self._workers if w.proc is not None and w.proc.is_alive()]
+
+    def __enter__(self) -> RewardScorer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -------------------------------------------------------------------------------- scoring
+
+    def _restart(self, w: _Worker) -> None:
+        w.kill()
+        self.restarts += 1
+        w.start()
+
+    def score(self, responses: Sequence[str], truths: Sequence[str]) -> ScoreResult:
+        """Score ``responses[i]`` against ``truths[i]``; see :class:`ScoreResult`.
+
+        Items go to the workers in chunks; each worker answers its items in order. If this call is
+        interrupted (``KeyboardInterrupt``) or a worker cannot be restarted, the scorer closes itself
+        and re-raises.
+        """
+        if self.closed:
+            raise RuntimeError("RewardScorer is closed")
+        if len(responses) != len(truths):
+            raise ValueError(f"{len(responses)} responses but {len(truths)} ground truths")
+        for name, seq in (("response", responses), ("ground truth", truths)):
+            for i, x in enumerate(seq):
+                if not isinstance(x, str):
+                    raise TypeError(f"{name} {i} is {type(x).__name__}, not str")
+        t0 = time.monotonic()
+        n = len(responses)
+        scores = np.zeros(n, dtype=np.float32)
+        result = ScoreResult(scores)
+        if n == 0:
+            return result
+
+        def fail(i: int, message: str, timeout: bool = False) -> None:
+            result.errors += 1
+            result.timeouts += int(timeout)
+            if len(result.error_samples) < MAX_ERROR_SAMPLES:
+                result.error_samples.append(f"item {i}: {message}")
+
+        todo = deque(range(n))
+        chunk = max(1, min(64, math.ceil(n / (4 * len(self._workers)))))
+        batch_deadline = t0 + self.batch_timeout_s if self.batch_timeout_s else math.inf
+        try:
+            while todo or any(w.pending for w in self._workers):
+                for w in self._workers:
+                    if not w.pending and todo:
+                        take = [todo.popleft() for _ in range(min(chunk, len(todo)))]
+                        w.send([(i, responses[i], truths[i]) for i in take], self.timeout_s)
+                busy = [w for w in self._workers if w.pending]
+                now = time.monotonic()
+                if now >= batch_deadline:
+                    late = f"batch deadline of {self.batch_timeout_s} s passed"
+                    for w in busy:
+                        self._receive(w, scores, fail, todo)  # results already waiting still count
+                        if w.pending:
+                            for i in w.pending:
+                                fail(i, late, timeout=True)
+                            self._restart(w)
+                    for i in todo:
+                        fail(i, late, timeout=True)
+                    todo.clear()
+                    break
+                wait_s = max(0.0, min(min(w.deadline for w in busy), batch_deadline) - now)
+                ready = wait([w.conn for w in busy if w.conn is not None], timeout=wait_s)
+                for w in busy:
+                    if w.conn in ready:
+                        self._receive(w, scores, fail, todo)
+                    elif time.monotonic() >= w.deadline and not (w.conn is not None and w.conn.poll()):
+                        i = w.pending.popleft()
+                        fail(i, f"timed out after {self.timeout_s} s", timeout=True)
+                        todo.extendleft(reversed(w.pending))
+                        self._restart(w)
+        except BaseException:
+            # An interrupt (or a failed restart) leaves workers mid-batch: replace them or shut down.
+            for w in self._workers:
+                if w.pending:
+                    w.kill()
+            if any(w.conn is None for w in self._workers):
+                self.close()
+            raise
+        result.seconds = time.monotonic() - t0
+        return result
+
+    def _receive(self, w: _Worker, scores: np.ndarray, fail: Callable[..., None], todo: deque[int]) -> None:
+        """Drain every message already waiting on ``w``'s pipe."""
+        assert w.conn is not None
+        while w.pending:
+            try:
+                if not w.conn.poll():
+                    return
+                kind, i, value = w.conn.recv()
+            except (EOFError, OSError):
+                i = w.pending.popleft()
+                code = None
+                if w.proc is not None:
+                    w.proc.join(2.0)
+                    code = w.proc.exitcode
+                fail(i, f"reward worker died (exit code {code})")
+                todo.extendleft(reversed(w.pending))
+                self._restart(w)
+                return
+            w.pending.popleft()  # a worker answers its items in order
+            if kind == "ok":
+                scores[i] = value
+            else:
+                fail(i, value)
+            w.deadline = time.monotonic() + self.timeout_s
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self._workers)} workers"
+        return f"RewardScorer(fn={self.fn!r}, timeout_s={self.timeout_s}, {state})"

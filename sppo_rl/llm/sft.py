@@ -1,0 +1,143 @@
+"""Supervised warm start of the embedded model: the LLM twin of behaviour cloning.
+
+The tiny model starts random; a short teacher-forced fine-tune on ``prompt -> reference response``
+pairs brings it to a non-zero but imperfect sampled accuracy, from which RL on the binary reward can
+improve. Fine-tuning stops at the first check where the sampled accuracy on held-out training prompts
+reaches ``target`` (or after ``max_steps``); the validation split is never looked at.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from sppo_rl.llm.models import load_actor, sequence_logprobs
+from sppo_rl.llm.rollout import HFRolloutEngine, left_pad
+from sppo_rl.llm.tiny import load_tokenizer
+
+_DONE = "SFT_COMPLETE.json"
+
+
+def encode_pairs(
+    tokenizer: Any, prompts: Sequence[str], responses: Sequence[str]
+) -> tuple[Tensor, Tensor, int]:
+    """``[left-padded prompt | right-padded response + EOS]`` rows, in the rollout layout.
+
+    Returns ``(input_ids, attention_mask, T)`` with ``T`` the response width.
+    """
+    pad = tokenizer.pad_token_id
+    p_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+    r_ids = [tokenizer(r, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for r in responses]
+    prompt_ids, prompt_mask = left_pad(p_ids, pad)
+    T = max(len(r) for r in r_ids)
+    resp = torch.full((len(r_ids), T), pad, dtype=torch.long)
+    resp_mask = torch.zeros((len(r_ids), T), dtype=torch.long)
+    for i, r in enumerate(r_ids):
+        resp[i, : len(r)] = torch.tensor(r)
+        resp_mask[i, : len(r)] = 1
+    return torch.cat([prompt_ids, resp], 1), torch.cat([prompt_mask, resp_mask], 1), T
+
+
+def sft_key(base: Path, settings: dict[str, Any]) -> str:
+    blob = json.dumps({"base": base.name, **settings}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def supervised_warmstart(
+    base: Path,
+    cache_dir: Path,
+    prompts: Sequence[str],
+    responses: Sequence[str],
+    answers: Sequence[str],
+    score: Any,
+    *,
+    steps: int,
+    lr: float,
+    target: float,
+    temperature: float,
+    max_new_tokens: int,
+    batch_size: int = 64,
+    check_every: int = 25,
+    holdout: int = 128,
+    seed: int = 0,
+    key_settings: dict[str, Any] | None = None,
+    progress: bool = True,
+) -> tuple[Path, dict[str, Any]]:
+    """Fine-tune the model in ``base`` on the pairs; cache the result under ``cache_dir/sft-<key>``.
+
+    ``score(texts, truths) -> list[float]`` scores sampled responses on the ``holdout`` last pairs.
+    Returns the folder (HF model + tokenizer) and its record (steps taken, accuracy history).
+    """
+    settings = dict(key_settings or {}, steps=steps, lr=lr, target=target, temperature=temperature, seed=seed)
+    folder = cache_dir / f"sft-{sft_key(base, settings)}"
+    if (folder / _DONE).is_file():
+        return folder, json.loads((folder / _DONE).read_text())
+    tokenizer = load_tokenizer(base)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = load_actor(base)
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        n_train = len(prompts) - holdout
+        if n_train < batch_size:
+            raise ValueError(f"need more than {holdout + batch_size} warm-start pairs, got {len(prompts)}")
+        rng = random.Random(seed)
+        engine = HFRolloutEngine(model, tokenizer)
+        history: list[tuple[int, float]] = []
+        acc, step = 0.0, 0
+        while step < steps:
+            idx = rng.sample(range(n_train), batch_size)
+            ids, mask, T = encode_pairs(tokenizer, [prompts[i] for i in idx], [responses[i] for i in idx])
+            logp, _ = sequence_logprobs(model, ids, mask, T)
+            rmask = mask[:, -T:].float()
+            loss = -(logp * rmask).sum() / rmask.sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            step += 1
+            if step % check_every == 0 or step == steps:
+                ho = range(n_train, len(prompts))
+                out = engine.generate(
+                    [prompts[i] for i in ho],
+                    temperature=temperature,
+                    max_new_tokens=max_new_tokens,
+                    seed=seed + step,
+                )
+                acc = float(sum(score(out.texts, [answers[i] for i in ho])) / len(ho))
+                model.train()
+                history.append((step, acc))
+                if progress:
+                    print(
+                        f"[warm start] step {step}: loss {float(loss):.3f}, sampled accuracy {acc:.3f}",
+                        file=sys.stderr,
+                    )
+                if acc >= target:
+                    break
+    record = {"steps": step, "holdout_accuracy": acc, "history": history, "settings": settings}
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=cache_dir))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / _DONE).write_text(json.dumps(record, indent=2) + "\n")
+        try:
+            os.rename(tmp, folder)
+        except OSError:
+            if not (folder / _DONE).is_file():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return folder, json.loads((folder / _DONE).read_text())

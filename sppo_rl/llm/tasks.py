@@ -1,0 +1,160 @@
+"""A synthetic verifiable task: integer arithmetic with difficulty levels, for tiny models on a CPU.
+
+A prompt is an expression followed by ``=`` (``"12+35="``); the reference response boxes the integer
+value (``"\\boxed{47}"``), scored by :func:`sppo_rl.llm.verify.verify_integer`. Prompts have at most
+12 characters and responses at most 14, so a character-level model learns the format fast.
+
+==========  ===============  =========================================================  ================
+level       operands         operators                                                  answer range
+==========  ===============  =========================================================  ================
+1           2, each 0..99    ``+``                                                      0..198
+2           2, each 0..99    ``+ -``                                                    -99..198
+3           3, each 0..99    ``+ -``                                                    -198..297
+4           2 or 3, 0..99    ``+ - *``, at most one ``*``, whose right factor is 0..9    -990..990
+5           3, each 0..999   ``+ - *``, at most one ``*``, whose right factor is 0..99   -99900..99900
+==========  ===============  =========================================================  ================
+
+Usual precedence applies (``*`` before ``+``/``-``, left to right otherwise). Splits are deterministic
+in ``seed`` and disjoint: the validation split is drawn first from its own stream, so it depends only on
+``(seed, n_val, level)``; the training split is drawn from a second stream, skipping every validation
+prompt and duplicate, so a larger ``n_train`` extends the same list.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import string
+from dataclasses import dataclass
+
+from sppo_rl.llm.data import Example
+
+SOURCE = "arithmetic"
+REWARD_FN = "integer"
+"""The built-in reward of :class:`sppo_rl.llm.reward.RewardScorer` that scores this task."""
+
+ARITHMETIC_CHARSET = "".join(sorted(set(string.digits + "+-*=" + "\\boxed{}")))
+"""Every character a prompt or a reference response can contain."""
+
+
+def charset() -> str:
+    """The characters of :data:`ARITHMETIC_CHARSET`, sorted: digits, ``*+-=``, ``\\``, ``b d e o x``
+    and braces."""
+    return ARITHMETIC_CHARSET
+
+
+@dataclass(frozen=True)
+class Level:
+    """How one difficulty level draws an expression.
+
+    Attributes:
+        operands: allowed operand counts, one chosen uniformly.
+        max_operand: operands are drawn uniformly from ``0..max_operand``.
+        ops: allowed operators.
+        max_factor: the right factor of the (at most one) product is drawn from ``0..max_factor``.
+    """
+
+    operands: tuple[int, ...]
+    max_operand: int
+    ops: str
+    max_factor: int = 0
+
+
+LEVELS: dict[int, Level] = {
+    1: Level((2,), 99, "+"),
+    2: Level((2,), 99, "+-"),
+    3: Level((3,), 99, "+-"),
+    4: Level((2, 3), 99, "+-*", max_factor=9),
+    5: Level((3,), 999, "+-*", max_factor=99),
+}
+
+
+def capacity(level: Level) -> int:
+    """How many distinct prompts ``level`` can produce."""
+    total = 0
+    for n in level.operands:
+        for ops in itertools.product(level.ops, repeat=n - 1):
+            if ops.count("*") <= 1:
+                total += (level.max_operand + 1) ** (n - ops.count("*")) * (
+                    level.max_factor + 1
+                ) ** ops.count("*")
+    return total
+
+
+def _evaluate(operands: list[int], ops: list[str]) -> int:
+    """Integer value with ``*`` before ``+``/``-``; no ``eval``."""
+    terms = [operands[0]]
+    signs = [1]
+    for op, x in zip(ops, operands[1:]):
+        if op == "*":
+            terms[-1] *= x
+        else:
+            terms.append(x)
+            signs.append(1 if op == "+" else -1)
+    return sum(s * t for s, t in zip(signs, terms))
+
+
+def _draw(rng: random.Random, level: Level) -> tuple[str, int]:
+    n = rng.choice(level.operands)
+    ops = [rng.choice(level.ops) for _ in range(n - 1)]
+    if ops.count("*") > 1:  # keep only the first product
+        first = ops.index("*")
+        ops = [op if op != "*" or i == first else rng.choice("+-") for i, op in enumerate(ops)]
+    operands = [rng.randint(0, level.max_operand)]
+    for op in ops:
+        operands.append(rng.randint(0, level.max_factor if op == "*" else level.max_operand))
+    text = str(operands[0]) + "".join(op + str(x) for op, x in zip(ops, operands[1:]))
+    return text + "=", _evaluate(operands, ops)
+
+
+def reference_response(example: Example) -> str:
+    """The supervised target for ``example``: ``\\boxed{<answer>}``."""
+    return f"\\boxed{{{example.answer}}}"
+
+
+def _split(
+    stream: str, seed: int, n: int, levels: tuple[int, ...], skip: set[str], split: str
+) -> list[Example]:
+    rng = random.Random(f"{SOURCE}:{seed}:{stream}")
+    out: list[Example] = []
+    seen = set(skip)
+    attempts, budget = 0, 30 * n + 10_000  # drawing all N prompts of a level takes about N ln N
+    while len(out) < n:
+        attempts += 1
+        if attempts > budget:
+            raise ValueError(
+                f"could draw only {len(out)} distinct {split} prompts of level(s) {levels} "
+                f"(after excluding {len(skip)}); ask for fewer or add harder levels"
+            )
+        lv = rng.choice(levels)
+        prompt, value = _draw(rng, LEVELS[lv])
+        if prompt in seen:
+            continue
+        seen.add(prompt)
+        out.append(Example(prompt, str(value), SOURCE, len(out), {"level": lv, "split": split}))
+    return out
+
+
+def make_arithmetic(
+    seed: int, n_train: int, n_val: int, level: int | tuple[int, ...] = 1
+) -> tuple[list[Example], list[Example]]:
+    """Train and validation examples of the arithmetic task, disjoint by prompt and without duplicates.
+
+    ``level`` is one of :data:`LEVELS` or a tuple of them (each example draws its level uniformly from
+    the tuple; ``meta["level"]`` records it). Raises ``ValueError`` for an unknown level, negative
+    sizes, or more prompts than the levels can supply (:func:`capacity`; level 1 has 10,000).
+    """
+    levels = (level,) if isinstance(level, int) else tuple(level)
+    unknown = [lv for lv in levels if lv not in LEVELS]
+    if not levels or unknown:
+        raise ValueError(f"unknown level(s) {unknown or level!r}; valid: {', '.join(map(str, LEVELS))}")
+    if n_train < 0 or n_val < 0:
+        raise ValueError(f"split sizes must be >= 0, got n_train={n_train}, n_val={n_val}")
+    available = sum(capacity(LEVELS[lv]) for lv in set(levels))
+    if n_train + n_val > available:
+        raise ValueError(
+            f"level(s) {levels} have at most {available} distinct prompts; asked for {n_train} + {n_val}"
+        )
+    val = _split("val", seed, n_val, levels, set(), "val")
+    train = _split("train", seed, n_train, levels, {str(e.prompt) for e in val}, "train")
+    return train, val

@@ -1,0 +1,189 @@
+"""A tiny Qwen2-architecture causal LM with a character-level tokenizer, built locally.
+
+It is the LLM world's test model: it runs the same code paths as a real Hugging Face checkpoint
+(config + safetensors + ``tokenizer.json``), is built offline from a seed, and is small enough to
+learn short arithmetic on a couple of CPU cores.
+
+The tokenizer maps every character of ``charset`` (spaces and newlines included) to one token, after
+three special tokens::
+
+    0 <pad>   1 <eos>   2 <unk>   3.. one per character of charset (first occurrence order)
+
+``<eos>`` doubles as the beginning-of-sequence token in the model config; nothing is prepended to
+prompts. Decoding concatenates the characters, so ``decode(encode(text)) == text`` for any text over
+``charset``. :func:`load_tokenizer` loads it, or any real model's tokenizer, ready for left padding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+PAD_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<eos>", "<unk>"
+SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, EOS_TOKEN, UNK_TOKEN)
+TINY_FORMAT_VERSION = 1
+"""Bumped whenever :func:`build_tiny_model` changes what it writes; part of the cache key."""
+
+# Classes a tokenizer_config.json names when the folder's tokenizer.json is the whole pipeline (our
+# char-level tokenizer, saved by transformers 4.x or 5.x). AutoTokenizer would instead rebuild the
+# tokenizer of the config's model type (Qwen2's byte-level pre-tokenizer, which drops spaces here).
+_GENERIC_TOKENIZER_CLASSES = frozenset({"PreTrainedTokenizerFast", "TokenizersBackend"})
+_COMPLETE_MARKER = "tiny_model.json"
+
+
+def char_vocab(charset: str) -> dict[str, int]:
+    """Token -> id: the special tokens, then each distinct character of ``charset`` in order."""
+    chars = [c for c in dict.fromkeys(charset) if c not in SPECIAL_TOKENS]
+    if not chars:
+        raise ValueError("charset must contain at least one character")
+    return {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *chars])}
+
+
+def build_char_tokenizer(charset: str, model_max_length: int = 512) -> PreTrainedTokenizerFast:
+    """A character-level ``PreTrainedTokenizerFast`` over ``charset`` (see the module docstring).
+
+    The pre-tokenizer isolates every character (``[\\s\\S]``, so spaces and newlines are tokens too);
+    a character outside ``charset`` becomes ``<unk>``; the decoder fuses tokens with no separator, and
+    ``clean_up_tokenization_spaces`` is off so decoding never edits spaces around punctuation.
+    """
+    backend = Tokenizer(models.WordLevel(char_vocab(charset), unk_token=UNK_TOKEN))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens(list(SPECIAL_TOKENS))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD_TOKEN,
+        eos_token=EOS_TOKEN,
+        bos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+        model_max_length=model_max_length,
+    )
+
+
+def build_tiny_model(
+    folder: str | os.PathLike,
+    *,
+    charset: str,
+    hidden_size: int = 128,
+    layers: int = 4,
+    heads: int = 4,
+    kv_heads: int | None = 2,
+    intermediate_size: int | None = None,
+    seed: int = 0,
+    max_position_embeddings: int = 512,
+) -> Path:
+    """Build a randomly initialised Qwen2 causal LM + char-level tokenizer and save it to ``folder``.
+
+    Writes a standard Hugging Face folder: ``config.json``, ``model.safetensors`` (float32),
+    ``generation_config.json`` (eos = bos = ``<eos>``, pad = ``<pad>``), ``tokenizer.json`` and
+    ``tokenizer_config.json`` (pad/eos set, left padding). Input and output embeddings are tied, as
+    in the small Qwen2.5 models. ``intermediate_size`` defaults to ``4 * hidden_size``; ``kv_heads``
+    (grouped-query attention, as in Qwen2) defaults to 2, ``None`` means ``heads``.
+
+    The defaults (hidden 128, 4 layers, about 0.8 M parameters) learn short arithmetic within minutes
+    on two CPU cores. Building is deterministic: the same arguments give byte-identical weights.
+    The global RNG is left untouched.
+    """
+    folder = Path(folder)
+    tokenizer = build_char_tokenizer(charset, model_max_length=max_position_embeddings)
+    vocab = tokenizer.get_vocab()
+    pad_id, eos_id = vocab[PAD_TOKEN], vocab[EOS_TOKEN]
+    config = Qwen2Config(
+        vocab_size=len(vocab),
+        hidden_size=hidden_size,
+        intermediate_size=4 * hidden_size if intermediate_size is None else intermediate_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads if kv_heads is None else kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        use_cache=True,
+    )
+    config.architectures = ["Qwen2ForCausalLM"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config).to(torch.float32)
+    model.generation_config = GenerationConfig(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=pad_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def ensure_tiny_model(
+    cache_dir: str | os.PathLike,
+    charset: str,
+    **settings: int | None,
+) -> Path:
+    """The folder of the tiny model built with ``charset`` and ``settings``, building it on first use.
+
+    The folder is ``cache_dir / "tiny-<hash>"`` where the hash covers the charset, the settings
+    (keywords of :func:`build_tiny_model`) and :data:`TINY_FORMAT_VERSION`. The model is built into a
+    temporary sibling and renamed into place, so concurrent callers never see a half-written folder.
+    """
+    key = json.dumps(
+        {"charset": charset, "settings": settings, "format": TINY_FORMAT_VERSION}, sort_keys=True
+    )
+    cache_dir = Path(cache_dir)
+    folder = cache_dir / f"tiny-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    if (folder / _COMPLETE_MARKER).is_file():
+        return folder
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=cache_dir))
+    try:
+        build_tiny_model(tmp, charset=charset, **settings)
+        (tmp / _COMPLETE_MARKER).write_text(json.dumps(json.loads(key), indent=2) + "\n")
+        try:
+            os.rename(tmp, folder)
+        except OSError:
+            if not (folder / _COMPLETE_MARKER).is_file():  # not a concurrent builder: a real failure
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def load_tokenizer(folder: str | os.PathLike) -> PreTrainedTokenizerBase:
+    """The tokenizer of a local model folder, set for left padding and with a pad token.
+
+    A folder whose ``tokenizer_config.json`` names the generic fast class (our char-level tokenizer)
+    is loaded as ``PreTrainedTokenizerFast`` straight from its ``tokenizer.json``; any other folder
+    (a real Qwen2.5 / R1-Distill / Llama checkpoint) through ``AutoTokenizer``. If the tokenizer has
+    no pad token, the eos token is used for padding (padding is always masked out). Offline only.
+    """
+    folder = Path(folder)
+    config_file = folder / "tokenizer_config.json"
+    tokenizer_class = None
+    if config_file.is_file():
+        tokenizer_class = json.loads(config_file.read_text()).get("tokenizer_class")
+    if tokenizer_class in _GENERIC_TOKENIZER_CLASSES and (folder / "tokenizer.json").is_file():
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(f"tokenizer in {folder} has neither a pad nor an eos token")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer

@@ -1,0 +1,479 @@
+"""Verifiable rewards: score a model's response against a reference answer.
+
+Responses are untrusted text. Nothing here evaluates them as code: answers are read by a LaTeX grammar
+(``latex2sympy2`` through ``math_verify``), never by ``eval``, ``sympify`` or ``parse_expr`` on a string.
+Work is bounded on any input:
+
+- :func:`extract_boxed` looks at the last :data:`MAX_SCAN_CHARS` characters only and gives up past
+  :data:`MAX_BRACE_DEPTH` nested braces;
+- an answer longer than :data:`MAX_ANSWER_CHARS` scores 0;
+- :func:`verify_math` refuses (:func:`too_costly`) answers whose evaluation could build astronomically
+  large integers in C code, where no Python-level timeout can interrupt it (power towers such as
+  ``9^{9^{9}}``, nested powers whose exponents multiply past :data:`MAX_POWER_DIGITS` digits,
+  factorials and binomials of large arguments), and deeply nested ones; such an answer can still
+  match a reference by exact text;
+- the symbolic comparison runs under a wall-clock deadline (``SIGALRM`` via ``setitimer``) when called
+  on the main thread. On other threads signals are unavailable and only the caps above bound the work:
+  run scoring in :class:`sppo_rl.llm.reward.RewardScorer`, whose worker process is killed on a hang.
+
+Every verifier returns ``1.0`` (correct) or ``0.0`` (wrong, unparsable, or refused) and never raises on
+an untrusted response.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from decimal import Context, Decimal
+from functools import lru_cache
+from typing import Any
+
+MAX_SCAN_CHARS = 10_000
+""":func:`extract_boxed` reads only this many trailing characters of a response."""
+
+MAX_BRACE_DEPTH = 64
+"""Deeper brace nesting inside ``\\boxed{...}`` is treated as malformed."""
+
+MAX_ANSWER_CHARS = 512
+"""A boxed answer longer than this scores 0 (the longest reference in the paper's data is 53 chars)."""
+
+MAX_INT_DIGITS = 1_000
+"""Integers with more digits than this are never converted with ``int()``."""
+
+MAX_POWER_DIGITS = 1_000_000
+"""Refuse an answer whose powers could produce an integer with about this many digits or more."""
+
+MAX_NESTING = 6
+"""Refuse answers whose brackets nest deeper (the LaTeX parser's time grows steeply with depth; the
+references in the paper's data nest at most 3 deep)."""
+
+MAX_FACTORIAL_ARG = 10_000
+"""Refuse factorials, binomials and Gamma of arguments larger than this."""
+
+_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_INT_RE = re.compile(r"[+-]?[0-9]+")
+_MANTISSA = r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)"
+_SCI_RE = re.compile(rf"({_MANTISSA})[eE]([+-]?[0-9]{{1,6}})")
+# After _normalise: 1.5, 1.5e-3, 1.5\times10^{-3}, 1.5\cdot10^3, 10^{-3}
+_NUMBER_RE = re.compile(
+    rf"(?P<m>{_MANTISSA})(?:[eE](?P<e>[+-]?[0-9]{{1,6}}))?"
+    rf"|(?:(?P<m2>{_MANTISSA})\\(?:times|cdot))?10\^(?:\{{(?P<e2>[+-]?[0-9]{{1,6}})\}}|(?P<e3>[0-9]))"
+)
+_EXACT = Context(prec=MAX_INT_DIGITS + 16, Emax=10**7, Emin=-(10**7))  # literals stay exact
+_BASE_RE = re.compile(r"([0-9A-Za-z]+)_\{?([0-9]{1,2})\}?")
+_DIGITS = re.compile(r"\d+")  # any script's digits: a conservative count of literals
+_SPACING = re.compile(r"\\[,;:! ]|\\(?:left|right|displaystyle|textstyle)\b|\s+")
+_BIG_OPS = re.compile(r"\\(?:binom|dbinom|tbinom|choose|Gamma|prod|sum)(?![a-zA-Z])|(?<!\\)!")
+_TOKEN = re.compile(r"[\d.]+|\\[a-zA-Z]+|.", re.DOTALL)
+
+
+class _Deadline(BaseException):
+    """Raised by the alarm inside a comparison; a ``BaseException`` so library ``except Exception``
+    clauses cannot swallow it and keep working past the deadline."""
+
+
+class _DropTimeoutWarning(logging.Filter):
+    """math_verify warns once that its own (signal) timeout is off; ours replaces it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Timeout is disabled")
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_DropTimeoutWarning())
+
+
+# ------------------------------------------------------------------------------------ extraction
+
+
+def extract_boxed(
+    text: str, *, max_scan: int = MAX_SCAN_CHARS, max_depth: int = MAX_BRACE_DEPTH
+) -> str | None:
+    """The content of the LAST ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, stripped.
+
+    Braces balance, escaped braces ``\\{`` ``\\}`` do not count, and ``\\boxed{\\frac{1}{2}}`` gives
+    ``\\frac{1}{2}``. Returns ``None`` when there is no box, when the last box never closes (a
+    truncated response), or when braces nest deeper than ``max_depth``. Only the last ``max_scan``
+    characters are read, so the work is ``O(max_scan)`` whatever the input.
+    """
+    if not isinstance(text, str):
+        return None
+    tail = text[-max_scan:]
+    last = None
+    for last in _BOX_OPEN.finditer(tail):  # noqa: B007 - we want the final match
+        pass
+    if last is None:
+        return None
+    start = i = last.end()
+    depth, n = 1, len(tail)
+    while i < n:
+        c = tail[i]
+        if c == "\\":
+            i += 2  # an escaped character, \{ and \} included
+            continue
+        if c == "{":
+            depth += 1
+            if depth > max_depth:
+                return None
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return tail[start:i].strip()
+        i += 1
+    return None
+
+
+# ------------------------------------------------------------------------------- fast comparisons
+
+
+def _normalise(s: str) -> str:
+    """Drop spacing and sizing macros, ``$`` and a final period; ``\\dfrac``/``\\tfrac`` -> ``\\frac``."""
+    s = _SPACING.sub("", s).replace("$", "")
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    return s.rstrip(".")
+
+
+def _as_int(s: str) -> int | None:
+    """``s`` as an integer if it is an optional sign and at most :data:`MAX_INT_DIGITS` digits."""
+    if len(s) <= MAX_INT_DIGITS + 1 and _INT_RE.fullmatch(s):
+        return int(s)
+    return None
+
+
+def _as_decimal(s: str) -> Decimal | None:
+    """A plain number as an exact ``Decimal``: ``27.0``, ``.5``, ``1.45e-5``, ``1.45\\times10^{-5}``.
+
+    ``s`` is normalised (no spaces). Anything else, expressions included, gives ``None``.
+    """
+    m = _NUMBER_RE.fullmatch(s) if len(s) <= MAX_INT_DIGITS else None
+    if m is None:
+        return None
+    mantissa = m["m"] or m["m2"] or "1"
+    exponent = m["e"] or m["e2"] or m["e3"] or "0"
+    try:
+        return _EXACT.scaleb(Decimal(mantissa), int(exponent))
+    except (ArithmeticError, ValueError):  # pragma: no cover - the regex admits only valid literals
+        return None
+
+
+def _as_base_numeral(s: str) -> int | None:
+    """The value of a numeral written in base 2..36 with a subscript: ``4343_6``, ``1011_{2}``."""
+    m = _BASE_RE.fullmatch(s) if len(s) <= 64 else None
+    if m is None or not 2 <= int(m[2]) <= 36:
+        return None
+    try:
+        return int(m[1], int(m[2]))
+    except ValueError:
+        return None
+
+
+def _float_rounding(gold: Decimal | None) -> int:
+    """Decimal places at which two numbers are compared when the reference is the literal ``gold``.
+
+    math_verify rounds both sides to 6 decimal places, so every number below 5e-7 equals every other
+    (``1e-27 = 2e-27 = 0``). Keep 6 places, or more for a small reference so that its first 6
+    significant digits count: 6.72e-5 -> 10 places, 1.325e-27 -> 32.
+    """
+    if gold is None or gold == 0:
+        return 6
+    return max(6, 5 - gold.adjusted())
+
+
+def _sci_to_latex(s: str) -> str:
+    """``1.45e-5`` -> ``1.45\\times10^{-5}``; LaTeX would otherwise read ``e`` as Euler's number."""
+    m = _SCI_RE.fullmatch(s)
+    return f"{m.group(1)}\\times10^{{{m.group(2)}}}" if m else s
+
+
+# ---------------------------------------------------------------------------------- cost guard
+
+
+def _literal_bound(text: str) -> float:
+    """An upper bound on the value of a sum/product of the integer literals in ``text``."""
+    bound = 1.0
+    for d in _DIGITS.findall(text):
+        if len(d) > 12:
+            return math.inf
+        bound *= max(2, int(d))
+    return bound
+
+
+def _nesting(s: str) -> int:
+    """The deepest nesting of ``( [ {`` brackets in ``s`` (escaped braces count too)."""
+    depth = deepest = 0
+    for c in s:
+        if c in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in ")]}":
+            depth = max(depth - 1, 0)
+    return deepest
+
+
+def _group_end(s: str, i: int, open_c: str, close_c: str) -> int:
+    """Index just past the group opened at ``s[i]``; ``len(s)`` if it never closes."""
+    depth = 0
+    while i < len(s):
+        if s[i] == "\\":
+            i += 2
+            continue
+        if s[i] == open_c:
+            depth += 1
+        elif s[i] == close_c:
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return len(s)
+
+
+def _exponent(s: str, i: int) -> tuple[str, int]:
+    """The exponent starting at ``s[i]`` (just after ``^`` or ``**``) and the index past it."""
+    while i < len(s) and s[i] == " ":
+        i += 1
+    if i >= len(s):
+        return "", i
+    if s[i] in "{(":
+        j = _group_end(s, i, s[i], "}" if s[i] == "{" else ")")
+        return s[i:j], j
+    m = _TOKEN.match(s, i)
+    assert m is not None  # _TOKEN matches any character
+    return m.group(0), m.end()
+
+
+def too_costly(answer: str) -> bool:
+    """True when evaluating ``answer`` symbolically could take unbounded time or memory in C code.
+
+    A conservative over-approximation (it may refuse a harmless answer, never the reverse for the
+    constructs it models). Also true for answers longer than :data:`MAX_ANSWER_CHARS` or nesting
+    brackets deeper than :data:`MAX_NESTING`, which parse slowly.
+
+    - each power ``b^{e}`` (or ``b**e``) bounds ``e`` by the product of the integer literals in it;
+      a power, factorial, sum or product inside an exponent, or a power directly raised again
+      (``2^3^4``), is unbounded;
+    - bounds multiply along powers nested through a bracketed base, ``((2^{10})^{10})^{10}``, and the
+      result's digit count, about ``chain * digits(widest literal)``, must stay below
+      :data:`MAX_POWER_DIGITS`;
+    - with a factorial, binomial, Gamma, sum or product present, any power, any literal above
+      :data:`MAX_FACTORIAL_ARG`, or a product of all literals above its square is refused.
+    """
+    if len(answer) > MAX_ANSWER_CHARS or _nesting(answer) > MAX_NESTING:
+        return True
+    literals = _DIGITS.findall(answer)
+    has_pow = "^" in answer or "**" in answer
+    if _BIG_OPS.search(answer) and (
+        has_pow
+        or any(len(d) > 6 or int(d) > MAX_FACTORIAL_ARG for d in literals)
+        or _literal_bound(answer) > MAX_FACTORIAL_ARG**2
+    ):
+        return True
+    if not has_pow:
+        return False
+    widest = max((len(d) for d in literals), default=1)
+    # Each open bracket records the largest power chain inside it; a power whose base is the bracket
+    # group that just closed multiplies its exponent bound onto that group's chain.
+    stack: list[float] = [1.0]
+    base_chain = 1.0
+    i, n = 0, len(answer)
+    while i < n:
+        c = answer[i]
+        if c == "\\" and i + 1 < n and answer[i + 1] in "{}":
+            i += 2
+            base_chain = 1.0
+            continue
+        if c in "({[":
+            stack.append(1.0)
+            base_chain = 1.0
+        elif c in ")}]":
+            base_chain = stack.pop() if len(stack) > 1 else 1.0
+            stack[-1] = max(stack[-1], base_chain)
+        elif c == "^" or answer.startswith("**", i):
+            exp_text, j = _exponent(answer, i + (1 if c == "^" else 2))
+            after = answer[j:].lstrip()
+            if "^" in exp_text or "**" in exp_text or _BIG_OPS.search(exp_text) or after[:1] == "^":
+                return True
+            if after[:2] == "**":
+                return True
+            chain = base_chain * _literal_bound(exp_text)
+            if chain * widest >= MAX_POWER_DIGITS:
+                return True
+            stack[-1] = max(stack[-1], chain)
+            base_chain = 1.0
+            i = j
+            continue
+        elif not c.isspace():
+            base_chain = 1.0
+        i += 1
+    return False
+
+
+# ------------------------------------------------------------------------------------- deadline
+
+
+@contextmanager
+def _deadline(seconds: float | None) -> Iterator[None]:
+    """Raise :class:`_Deadline` in the block after ``seconds`` of wall time (main thread only).
+
+    A no-op off the main thread, where ``seconds`` is ``None`` or non-positive, or when another
+    ``ITIMER_REAL`` timer is already pending (its owner's deadline is left untouched).
+    """
+    usable = (
+        seconds is not None
+        and seconds > 0
+        and hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+        and signal.getitimer(signal.ITIMER_REAL)[0] == 0.0
+    )
+    if not usable:
+        yield
+        return
+
+    def _on_alarm(signum: int, frame: Any) -> None:
+        raise _Deadline
+
+    old = signal.signal(signal.SIGALRM, _on_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        yield
+    finally:
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.0)
+        finally:
+            signal.signal(signal.SIGALRM, old)
+
+
+# ----------------------------------------------------------------------------------- verifiers
+
+
+_warm = False
+
+
+def warm_up() -> None:
+    """Import math_verify and run one comparison, once per process, so that a deadline later measures
+    comparisons rather than imports and parser start-up (about a second on a cold process)."""
+    global _warm
+    if not _warm:
+        _symbolic_equal(r"\sqrt{8}", r"2\sqrt{2}")
+        _symbolic_equal("(1,2)", "(1,2)")
+        _warm = True
+
+
+def _latex_config() -> list[Any]:
+    from math_verify import LatexExtractionConfig
+
+    return [LatexExtractionConfig(boxed_match_priority=0)]
+
+
+@lru_cache(maxsize=8192)
+def _parse_gold(gold: str) -> tuple[Any, ...]:
+    """Reference answers repeat across samples of a prompt; parse each once (no timeout: trusted)."""
+    from math_verify import parse
+
+    return tuple(parse(f"\\boxed{{{_sci_to_latex(gold)}}}", _latex_config(), parsing_timeout=None))
+
+
+def _close_to(expr: Any, gold: Decimal, places: int) -> bool:
+    """Whether a parsed number lies within half a unit of the ``places``-th decimal of ``gold`` (or
+    within ``1e-10`` of it, relatively).
+
+    Non-numeric expressions (relations, sets, symbols) pass: math_verify's verdict stands for them.
+    """
+    if not getattr(expr, "is_number", False):
+        return True
+    value = expr.evalf(30)
+    if not value.is_real:
+        return False
+    diff = abs(Decimal(str(value)) - gold)
+    # Floats parsed from LaTeX carry ~15 significant digits, hence the relative floor.
+    return diff <= max(_EXACT.scaleb(Decimal(5), -places - 1), abs(gold).scaleb(-10))
+
+
+def _symbolic_equal(pred: str, gold: str, gold_number: Decimal | None = None) -> bool:
+    """math_verify's verdict on two bare answers (LaTeX extraction only: no ``parse_expr``).
+
+    When the reference is a nonzero literal, floats are compared at :func:`_float_rounding` places and
+    an accepted number must also lie within half a unit of the last of them: math_verify compares a
+    non-atomic expression through ``evalf(chop=True)``, which would call ``1.3/10^{28}`` equal to
+    ``1.3e-27``.
+    """
+    from math_verify import parse, verify
+
+    gold_parsed = _parse_gold(gold)
+    if not gold_parsed:
+        return False
+    pred_parsed = parse(f"\\boxed{{{_sci_to_latex(pred)}}}", _latex_config(), parsing_timeout=None)
+    if not pred_parsed:
+        return False
+    rounding = _float_rounding(gold_number)
+    if not verify(list(gold_parsed), pred_parsed, float_rounding=rounding, timeout_seconds=None):
+        return False
+    if gold_number is None or gold_number == 0:
+        return True
+    return _close_to(pred_parsed[0], gold_number, rounding)
+
+
+def verify_math(
+    response: str, ground_truth: str, timeout_s: float | None = 5.0, *, fast_path: bool = True
+) -> float:
+    """1.0 if the last ``\\boxed{}`` answer in ``response`` equals ``ground_truth`` mathematically.
+
+    Steps: extract the boxed answer (:func:`extract_boxed`; none -> 0). With ``fast_path``: equal
+    normalised text is accepted; two plain numbers (``27`` / ``27.0``, ``1.3e-5`` /
+    ``1.3\\times10^{-5}``) are decided exactly, and two numerals with a base subscript (``52_8``) by
+    value. Otherwise answers that :func:`too_costly` flags score 0, and the rest are parsed with
+    ``math_verify`` (LaTeX only) and compared symbolically and numerically under a ``timeout_s``
+    deadline. ``\\frac{1}{2}``, ``\\dfrac12``, ``0.5`` and ``1/2`` are equal; so are ``2\\sqrt{2}``
+    and ``\\sqrt{8}``, and the same set or interval written differently.
+
+    ``fast_path=False`` forces the symbolic comparison (tests, benchmarks). Never raises on its
+    inputs: any error, refusal or deadline scores 0.0. (A missing ``math_verify`` install raises
+    ``ImportError``, once the fast path cannot decide.)
+    """
+    try:
+        pred = extract_boxed(response)
+        if pred is None or not isinstance(ground_truth, str) or len(pred) > MAX_ANSWER_CHARS:
+            return 0.0
+        gold = ground_truth.strip()
+        p, g = _normalise(pred), _normalise(gold)
+        gd = _as_decimal(g)
+        if fast_path:
+            if p == g and p:
+                return 1.0
+            pd = _as_decimal(p)
+            if pd is not None and gd is not None:
+                return float(pd == gd)
+            pb, gb = _as_base_numeral(p), _as_base_numeral(g)
+            if pb is not None and gb is not None:
+                return float(pb == gb)
+        if too_costly(pred):
+            return 0.0
+    except Exception:
+        return 0.0
+    warm_up()  # outside the try: a missing dependency must not pass for wrong answers
+    try:
+        with _deadline(timeout_s):
+            return float(_symbolic_equal(pred, gold, gd))
+    except (Exception, _Deadline):
+        return 0.0
+
+
+def verify_integer(response: str, ground_truth: str) -> float:
+    """1.0 if the last ``\\boxed{}`` in ``response`` holds exactly the integer ``ground_truth``.
+
+    The boxed text must be an optional sign and digits (surrounding spaces allowed): ``\\boxed{-7}``
+    and ``\\boxed{007}`` match ``-7`` and ``7``; ``\\boxed{7.0}`` and ``\\boxed{3+4}`` do not. A
+    ``ground_truth`` that is not an integer raises ``ValueError`` (a caller's mistake, not the model's).
+    """
+    gold = _as_int(str(ground_truth).strip())
+    if gold is None:
+        raise ValueError(f"verify_integer needs an integer ground truth, got {ground_truth!r}")
+    pred = extract_boxed(response)
+    if pred is None:
+        return 0.0
+    value = _as_int(pred.replace(" ", ""))
+    return float(value is not None and value == gold)

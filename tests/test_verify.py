@@ -1,0 +1,443 @@
+"""The verifiers: boxed extraction, integer and math equivalence, the paper's data, untrusted input."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sppo_rl.llm.verify import extract_boxed, too_costly, verify_integer, verify_math
+
+DATA = Path("/work/shared/data/math")
+FILES = [
+    "dapo-math-17k_dedup.parquet",
+    "math__aime2025_2025.parquet",
+    "math__aime_repeated_8x_240.parquet",
+    "math__amc23_2025.parquet",
+    "math__math_500.parquet",
+    "math__minerva_math_2025_processed.parquet",
+]
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="the paper's math data is not on this machine")
+
+# ----------------------------------------------------------------------------------- extract_boxed
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (r"so \boxed{47}.", "47"),
+        (r"\boxed{1} then \boxed{2}", "2"),
+        (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),
+        (r"\fbox{12}", "12"),
+        (r"\boxed {  7 }", "7"),
+        (r"\boxed{\{1, 2\}}", r"\{1, 2\}"),
+        (r"\boxed{\}}", r"\}"),
+        (r"\boxed{a}\boxed{\boxed{b}}", "b"),
+        (r"\boxed{}", ""),
+        ("no box here", None),
+        (r"\boxed{12} \boxed{3", None),  # the final answer was cut off
+        (r"\boxed 5", None),
+        (None, None),
+    ],
+)
+def test_extract_boxed(text, expected):
+    assert extract_boxed(text) == expected
+
+
+def test_extract_boxed_bounds_depth_and_scan():
+    assert extract_boxed(r"\boxed{" + "{" * 10 + "1" + "}" * 10 + "}") is not None
+    deep = r"\boxed{" + "{" * 100 + "1" + "}" * 100 + "}"
+    assert extract_boxed(deep) is None
+    far = r"\boxed{5}" + " " * 20_000
+    assert extract_boxed(far) is None  # only the tail is read
+    assert extract_boxed(far, max_scan=30_000) == "5"
+    t0 = time.perf_counter()
+    assert extract_boxed(r"\boxed{" * 200_000 + "1") is None
+    assert extract_boxed("{" * 5_000_000) is None
+    assert time.perf_counter() - t0 < 1.0
+
+
+# ---------------------------------------------------------------------------------- verify_integer
+
+
+@pytest.mark.parametrize(
+    "response, truth, expected",
+    [
+        (r"\boxed{47}", "47", 1.0),
+        (r"\boxed{-12}", "-12", 1.0),
+        (r"\boxed{ 007 }", "7", 1.0),
+        (r"\boxed{+5}", "5", 1.0),
+        (r"\boxed{- 5}", "-5", 1.0),
+        (r"\boxed{46}", "47", 0.0),
+        (r"\boxed{47.0}", "47", 0.0),
+        (r"\boxed{40+7}", "47", 0.0),
+        ("47", "47", 0.0),
+        (r"\boxed{" + "9" * 5000 + "}", "9", 0.0),
+        (r"\boxed{4}\boxed{7}", "7", 1.0),
+    ],
+)
+def test_verify_integer(response, truth, expected):
+    assert verify_integer(response, truth) == expected
+
+
+def test_verify_integer_rejects_a_non_integer_truth():
+    with pytest.raises(ValueError, match="integer ground truth"):
+        verify_integer(r"\boxed{1}", "1/2")
+
+
+# ------------------------------------------------------------------------------- verify_math pairs
+
+EQUAL = [
+    (r"\frac{1}{2}", "0.5"),
+    ("0.5", r"\frac{1}{2}"),
+    ("1/2", r"\frac{1}{2}"),
+    (r"\dfrac{1}{2}", r"\frac12"),
+    (r"\tfrac{1}{2}", "0.5"),
+    (r"2\sqrt{2}", r"\sqrt{8}"),
+    (r"\frac{\sqrt{3}}{3}", r"\frac{1}{\sqrt{3}}"),
+    (r"\pi/2", r"\frac{\pi}{2}"),
+    (r"\{2, 1\}", r"\{1,2\}"),
+    ("[0,1)", "[0, 1)"),
+    (r"(2, \infty)", r"(2,\infty)"),
+    (r"x \in (2,\infty)", r"(2,\infty)"),
+    (r"3+2\sqrt2, 3-2\sqrt2", r"3 \pm 2 \sqrt{2}"),
+    (r"\left( 3, \frac{\pi}{2} \right)", r"(3,\frac{\pi}{2})"),
+    ("27", "27.0"),
+    ("1,000", "1000"),
+    ("0.5", r"50\%"),
+    ("336", r"336^\circ"),
+    (r"1.325 \times 10^{-27}", "1.325e-27"),
+    (r"\frac{1.325}{10^{27}}", "1.325e-27"),
+    (r"6.72\times10^{-5}", ".0000672"),
+    (r"\frac{1}{3}", "0.333333"),
+    ("x^2+2x+1", "(x+1)^2"),
+    (r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", r"\begin{pmatrix}1\\2\end{pmatrix}"),
+]
+DIFFERENT = [
+    ("3", "4"),
+    ("-0.5", r"\frac{1}{2}"),
+    (r"\frac{1}{3}", "0.33"),
+    (r"\sqrt{2}", "1.41421"),
+    (r"2\sqrt{3}", r"\sqrt{8}"),
+    ("(0,1]", "[0, 1)"),
+    (r"\{1,2,3\}", r"\{1,2\}"),
+    ("1.325e-28", "1.325e-27"),
+    (r"\frac{1.325}{10^{28}}", "1.325e-27"),  # math_verify alone calls these equal (rounding to 6 places)
+    (r"\frac{673}{10^7}", ".0000672"),
+    (r"\frac{81}{50}", "1.6"),
+    ("0", "4.6e-24"),
+    ("52_9", "52_8"),  # another base: math_verify alone drops the subscript
+    ("x^2+1", "(x+1)^2"),
+    (r"\text{Monday}", r"\text{Tuesday}"),
+    ("", "0"),
+]
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+@pytest.mark.parametrize("pred, truth", EQUAL)
+def test_equivalent_answers_accepted(pred, truth, fast_path):
+    assert verify_math(f"The answer is $\\boxed{{{pred}}}$.", truth, fast_path=fast_path) == 1.0
+
+
+@pytest.mark.parametrize("pred, truth", DIFFERENT)
+def test_different_answers_rejected(pred, truth):
+    assert verify_math(f"\\boxed{{{pred}}}", truth) == 0.0
+
+
+def test_numerals_in_other_bases_compare_by_value():
+    assert verify_math(r"\boxed{1011_2}", "11_{10}") == 1.0
+    assert verify_math(r"\boxed{4343_6}", "4343_6") == 1.0
+    assert verify_math(r"\boxed{52_9}", "52_8") == 0.0
+
+
+def test_needs_a_box_and_reads_the_last_one():
+    assert verify_math("The answer is 47.", "47") == 0.0
+    assert verify_math(r"\boxed{12} no wait \boxed{47}", "47") == 1.0
+    assert verify_math(r"\boxed{47} no wait \boxed{12}", "47") == 0.0
+    assert verify_math(r"\boxed{47", "47") == 0.0
+
+
+@pytest.mark.parametrize("bad", [None, 47, b"\\boxed{47}", ["\\boxed{47}"]])
+def test_non_string_inputs_score_zero(bad):
+    assert verify_math(bad, "47") == 0.0
+    assert verify_math(r"\boxed{47}", bad) == 0.0
+
+
+# ------------------------------------------------------------------------------------ paper data
+
+
+def _truths(name: str, sample: int | None = None) -> list[str]:
+    rows = pq.read_table(DATA / name, columns=["reward_model"]).column("reward_model").to_pylist()
+    truths = [r["ground_truth"] for r in rows]
+    if sample is not None and len(truths) > sample:
+        step = len(truths) / sample
+        truths = [truths[int(i * step)] for i in range(sample)]
+    return truths
+
+
+def _balanced(s: str) -> bool:
+    depth = 0
+    for c in re.sub(r"\\[{}]", "", s):
+        depth += (c == "{") - (c == "}")
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+def _change_last_digit(s: str) -> str | None:
+    """The same answer with its last ASCII digit d replaced by d+1 mod 10."""
+    digits = [m.start() for m in re.finditer("[0-9]", s)]
+    if not digits:
+        return None
+    i = digits[-1]
+    return s[:i] + str((int(s[i]) + 1) % 10) + s[i + 1 :]
+
+
+def _rates(truths: list[str]) -> dict[str, float]:
+    """Acceptance of ``\\boxed{truth}`` (default, and symbolic path only) and rejection of two
+    perturbations that always change the value: ``truth+1`` and the last digit changed."""
+    usable = [t for t in truths if _balanced(t)]
+    changed = [(t, c) for t in usable if (c := _change_last_digit(t)) is not None]
+    return {
+        "rows": len(truths),
+        "unbalanced": len(truths) - len(usable),
+        "refused_as_costly": sum(too_costly(t) for t in usable),
+        "accept": sum(verify_math(f"\\boxed{{{t}}}", t) for t in usable) / len(usable),
+        "accept_symbolic": sum(verify_math(f"\\boxed{{{t}}}", t, fast_path=False) for t in usable)
+        / len(usable),
+        "reject_plus_one": 1 - sum(verify_math(f"\\boxed{{{t}+1}}", t) for t in usable) / len(usable),
+        "reject_digit": 1 - sum(verify_math(f"\\boxed{{{c}}}", t) for t, c in changed) / len(changed),
+    }
+
+
+def _check_rates(name: str, rates: dict[str, float]) -> None:
+    print(
+        f"\n{name}: "
+        + ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in rates.items())
+    )
+    assert rates["accept"] == 1.0
+    assert rates["refused_as_costly"] == 0
+    assert rates["accept_symbolic"] >= 0.99
+    assert rates["reject_plus_one"] >= 0.99
+    assert rates["reject_digit"] >= 0.98
+
+
+@needs_data
+@pytest.mark.parametrize("name", FILES)
+def test_paper_data_accepted_and_perturbations_rejected(name):
+    sample = 400 if name.startswith("dapo") else None  # the full 17k rows: test_full_dapo_file (slow)
+    _check_rates(name, _rates(_truths(name, sample)))
+
+
+@needs_data
+@pytest.mark.slow
+def test_full_dapo_file():
+    _check_rates(FILES[0], _rates(_truths(FILES[0])))
+
+
+@needs_data
+def test_minerva_references_truncated_at_the_first_closing_brace():
+    """A data defect, pinned: 68 of Minerva's 272 references lost everything after their first ``}``
+    (``\\frac{2 \\pi c^{2``); no response can match them. Every other reference verifies."""
+    truths = _truths(FILES[-1])
+    broken = [t for t in truths if not _balanced(t)]
+    assert len(broken) == 68
+    assert all(verify_math(f"\\boxed{{{t}}}", t) == 0.0 for t in broken)
+
+
+# ------------------------------------------------------------------------------- untrusted input
+
+NASTY = [
+    r"10^{10^{10}}",
+    r"9**9**9**9",
+    r"9^{9^{9^{9}}}",
+    r"((2^{1000})^{1000})^{1000}",
+    r"\left(9\right)^{99999999}",
+    r"10^{999999}",
+    r"2^3^4",
+    r"(10^{10})!",
+    r"99999999999!",
+    r"\binom{1000000000}{500000000}",
+    r"\prod_{i=1}^{10^9} i",
+    r"e^{e^{e^{e^{10}}}}",
+    r"1e999999",
+    r"1e-999999",
+    "9" * 5000,
+    r"\sqrt{" * 60 + "2" + "}" * 60,
+    "(" * 40 + "1" + ")" * 40,
+    r"\frac{1}{" * 30 + "2" + "}" * 30,
+    "__import__('os').system('echo pwned')",
+    "().__class__.__base__.__subclasses__()",
+    "lambda: 0",
+    "\x00\x01\x1b[2J\u202e",
+    "\U0001f600" * 100,
+]
+
+
+@pytest.mark.parametrize("answer", NASTY)
+def test_nasty_answers_are_bounded(answer):
+    t0 = time.perf_counter()
+    assert verify_math(f"\\boxed{{{answer}}}", "5", timeout_s=1.0) == 0.0
+    assert verify_math(f"\\boxed{{{answer}}}", "5", timeout_s=1.0, fast_path=False) == 0.0
+    assert time.perf_counter() - t0 < 3.0
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        r"10^{10^{10}}",
+        r"9^{9^{9}}",
+        r"((2^{100})^{100})^{100}",
+        r"2^3^4",
+        r"(10^{10})!",
+        r"\binom{10^9}{7}",
+        r"x^{10^{7}}",
+    ],
+)
+def test_too_costly_refuses(answer):
+    assert too_costly(answer)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        r"2^{2023}-1",
+        r"\frac{100!}{50!}",
+        r"(x+1)^{2}",
+        r"(2^{10})^{3}",
+        r"\binom{10}{3}",
+        r"3^{1/2}",
+        "x^2+1",
+    ],
+)
+def test_too_costly_allows_ordinary_answers(answer):
+    assert not too_costly(answer)
+    assert verify_math(f"\\boxed{{{answer}}}", answer, fast_path=False) == 1.0
+
+
+def test_refused_answers_still_match_by_text():
+    assert verify_math(r"\boxed{10^{10^{10}}}", r"10^{10^{10}}") == 1.0
+
+
+def test_deadline_ends_slow_symbolic_work():
+    slow = r"(x+1)^{997}-(x-1)^{997}"  # about 9 s of sympy without a deadline
+    assert not too_costly(slow)
+    t0 = time.perf_counter()
+    assert verify_math(f"\\boxed{{{slow}}}", "2", timeout_s=0.3, fast_path=False) == 0.0
+    assert time.perf_counter() - t0 < 1.5
+
+
+def test_deadline_keeps_an_existing_alarm_and_handler():
+    import signal
+
+    def mine(signum, frame):  # pragma: no cover - never fires
+        raise AssertionError
+
+    old = signal.signal(signal.SIGALRM, mine)
+    try:
+        assert verify_math(r"\boxed{\frac{2}{4}}", "0.5", fast_path=False) == 1.0
+        assert signal.getsignal(signal.SIGALRM) is mine
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    finally:
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_works_off_the_main_thread():
+    out = {}
+
+    def run():
+        out["yes"] = verify_math(r"\boxed{\dfrac{2}{4}}", "0.5", fast_path=False)
+        out["no"] = verify_math(r"\boxed{\dfrac{3}{4}}", "0.5", fast_path=False)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(30)
+    assert out == {"yes": 1.0, "no": 0.0}
+
+
+CODE = [
+    "__import__('pathlib').Path('{p}').touch()",
+    "__import__('os').system('touch {p}')",
+    "open('{p}', 'w').write('x')",
+    "exec(\"open('{p}','w')\")",
+    "eval(\"__import__('pathlib').Path('{p}').touch()\")",
+]
+
+
+@pytest.mark.parametrize("template", CODE)
+def test_responses_are_never_run_as_code(template, tmp_path):
+    target = tmp_path / "pwned"
+    code = template.format(p=target)
+    for fast in (True, False):
+        verify_math(f"\\boxed{{{code}}}", "1", fast_path=fast)
+        verify_math(f"\\boxed{{{code}}}", code, fast_path=fast)  # also as the reference
+        verify_math(code, "1", fast_path=fast)
+    verify_integer(f"\\boxed{{{code}}}", "1")
+    assert not target.exists()
+
+
+# ------------------------------------------------------------------------------------------ fuzz
+
+PIECES = [
+    *[r"\frac", r"\dfrac", r"\sqrt", r"\boxed{", r"\fbox{", "{", "}", "{{{{", "}}}}", "^", "^{", "**", "!"],
+    *["(", ")", "[", "]", r"\{", r"\}", r"\left(", r"\right)", r"\left[", r"\right]", "\\\\", "_", "_{"],
+    *[
+        r"\binom",
+        r"\Gamma",
+        r"\int",
+        r"\sum_{i=1}^{",
+        r"\prod",
+        r"\lim",
+        r"\infty",
+        r"\pi",
+        r"\text{",
+        r"\mbox{",
+    ],
+    *[
+        r"\cdot",
+        r"\times",
+        r"\pm",
+        r"\le",
+        r"\cup",
+        r"\begin{pmatrix}",
+        r"\end{pmatrix}",
+        "&",
+        "%",
+        r"\%",
+        "$",
+    ],
+    *["9", "99999999999999999999", "1e999999", "1e-999999", "10^{10^{10}}", "9**9**9**9", "e^{", "0.", ".5"],
+    *["__import__('os').system('x')", "exec(", "eval(", "lambda: 0", "().__class__", "open('/tmp/x','w')"],
+    *["x", "y", "i", "-", "+", "/", "=", ",", " ", "\n", "\x00", "\x1b[2J", "\u202e", "\u00e9", "\U0001f600"],
+]
+fragment = st.one_of(
+    st.sampled_from(PIECES),
+    st.integers(0, 10**60).map(str),
+    st.text(st.characters(codec="utf-8"), max_size=6),
+)
+answer = st.lists(fragment, max_size=24).map("".join)
+response = st.one_of(
+    answer.map(lambda s: f"\\boxed{{{s}}}"), answer.map(lambda s: f"x \\boxed{{{s}}} y"), answer
+)
+TRUTHS = ["34", r"\frac{1}{2}", r"(2,\infty)", "1.325e-27", r"\{1,2\}", r"3 \pm 2 \sqrt{2}", "x^2+1", "-7"]
+FUZZ_TIMEOUT_S = 1.0
+
+
+@pytest.mark.timeout(600, method="thread")  # a last resort only: each call below is bounded by itself
+@settings(max_examples=2000, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(response, min_size=5, max_size=5), st.sampled_from(TRUTHS) | answer)
+def test_fuzz_verify_math_is_bounded(responses, truth):
+    """10,000 generated responses (2,000 examples x 5): 0.0 or 1.0, never an exception, each call
+    within its deadline plus a margin."""
+    for r in responses:
+        t0 = time.perf_counter()
+        score = verify_math(r, truth, timeout_s=FUZZ_TIMEOUT_S)
+        elapsed = time.perf_counter() - t0
+        assert score in (0.0, 1.0)
+        assert elapsed < FUZZ_TIMEOUT_S + 1.0, (elapsed, r, truth)
