@@ -116,8 +116,8 @@ class LLMConfig:
     """Activation checkpointing in actor and critic."""
     device: str = "auto"
     """'auto' (cuda if available), 'cpu' or 'cuda'."""
-    threads: int = 2
-    """torch threads on CPU."""
+    threads: int = 1
+    """torch threads on CPU (1 is fastest for the tiny model, and robust when other jobs share the cores)."""
     out_dir: str = "runs/llm"
     """Run folder: config.json, metrics.jsonl, tb/, checkpoints/, final/actor."""
     resume: bool = False

@@ -89,9 +89,11 @@ def supervised_warmstart(
         model = load_actor(base)
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        holdout = min(holdout, len(prompts) // 4)
         n_train = len(prompts) - holdout
-        if n_train < batch_size:
-            raise ValueError(f"need more than {holdout + batch_size} warm-start pairs, got {len(prompts)}")
+        if holdout < 1 or n_train < 1:
+            raise ValueError(f"need at least 4 warm-start pairs, got {len(prompts)}")
+        batch_size = min(batch_size, n_train)
         rng = random.Random(seed)
         engine = HFRolloutEngine(model, tokenizer)
         history: list[tuple[int, float]] = []

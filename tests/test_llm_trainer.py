@@ -1,0 +1,167 @@
+"""`sppo-rl llm` end to end on the tiny model: every algorithm, run folder, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from sppo_rl.llm.config import LLMConfig
+from sppo_rl.llm.trainer import TINY_CHARSET, LLMRun, run_llm
+from sppo_rl.runtime import RunError, read_metrics
+
+ALGOS = ["ppo", "sppo", "grpo", "drgrpo", "rloo", "remax", "reinforce", "ppo-bce"]
+TIMING = {"wall_time_s", "step_time_s", "time_gen_s", "time_score_s", "time_train_s", "gen_tokens_per_s", "peak_memory_mb"}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    from sppo_rl.llm.tiny import ensure_tiny_model
+
+    return ensure_tiny_model(tmp_path_factory.mktemp("cache"), TINY_CHARSET, hidden_size=32, layers=1, heads=2, kv_heads=1)
+
+
+def _cfg(tmp_path: Path, model: Path | None, **kw) -> LLMConfig:
+    base = dict(
+        task="arithmetic",
+        model=str(model) if model else None,
+        steps=2,
+        prompts_per_step=4,
+        train_size=64,
+        val_size=8,
+        eval_samples=2,
+        eval_every=1,
+        max_new_tokens=8,
+        out_dir=str(tmp_path / "run"),
+        progress=False,
+        tensorboard=False,
+        threads=1,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    base.update(kw)
+    return LLMConfig(**base)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_every_algorithm_trains_and_leaves_a_loadable_actor(tmp_path, tiny, algo):
+    group = {"grpo": 4, "drgrpo": 4, "rloo": 4}.get(algo)
+    summary = run_llm(_cfg(tmp_path, tiny, algo=algo, group_size=group))
+    out = tmp_path / "run"
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for key in ("reward_mean", "response_length", "clipfrac", "approx_kl", "entropy", "gen_tokens_per_s",
+                "time_gen_s", "time_score_s", "time_train_s", "val_accuracy", "pass_at_k", "verifier_errors"):
+        assert key in rows[-1] or (key in ("clipfrac", "approx_kl", "entropy") and rows[-1]["actor_skipped"]), key
+    assert rows[-1]["rollout_logp_diff"] < 1e-4, "trainer log-probs must equal the sampler's"
+    assert summary["steps"] == 2
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(out / "final" / "actor", local_files_only=True)
+    assert sum(p.numel() for p in model.parameters()) > 0
+    assert (out / "final" / "actor" / "tokenizer.json").exists()
+    if algo in ("sppo", "ppo", "ppo-bce"):
+        assert (out / "final" / "critic" / "value_head.safetensors").exists()
+
+
+def test_group_rows_and_greedy_baseline(tmp_path, tiny):
+    run = LLMRun(_cfg(tmp_path, tiny, algo="remax"))
+    row = run.update()
+    run.close()
+    assert "greedy_reward_mean" in row
+    run = LLMRun(_cfg(tmp_path / "g", tiny, algo="grpo", group_size=3))
+    assert run.group_size == 3
+    run.close()
+
+
+def test_resume_matches_uninterrupted_within_tolerance(tmp_path, tiny):
+    full = _cfg(tmp_path / "full", tiny, algo="sppo", steps=4, checkpoint_every=2)
+    run_llm(full)
+    part = _cfg(tmp_path / "part", tiny, algo="sppo", steps=2, checkpoint_every=2)
+    run_llm(part)
+    run_llm(replace(part, steps=4, resume=True))
+    a = read_metrics(tmp_path / "full" / "run" / "metrics.jsonl")
+    b = read_metrics(tmp_path / "part" / "run" / "metrics.jsonl")
+    assert [r["step"] for r in b] == [0, 1, 2, 3, 4]
+    for ra, rb in zip(a, b):
+        for k, v in ra.items():
+            if k in TIMING or not isinstance(v, float):
+                continue
+            assert rb[k] == pytest.approx(v, rel=1e-4, abs=1e-5), (ra["step"], k)
+    wa = torch.load  # final weights agree
+    from safetensors.torch import load_file
+
+    fa = load_file(tmp_path / "full" / "run" / "final" / "actor" / "model.safetensors")
+    fb = load_file(tmp_path / "part" / "run" / "final" / "actor" / "model.safetensors")
+    assert all(torch.allclose(fa[k], fb[k], atol=1e-5) for k in fa)
+    del wa
+
+
+def test_reward_function_that_raises_or_hangs_is_counted_and_the_run_goes_on(tmp_path, tiny):
+    fn = Path(__file__).parent / "fixtures" / "faulty_reward.py"
+    cfg = _cfg(tmp_path, tiny, algo="grpo", group_size=2, reward_fn=f"{fn}:flaky", reward_timeout=0.5, eval_every=0)
+    summary = run_llm(cfg)
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert summary["steps"] == 2
+    errors = sum(r.get("verifier_errors", 0) + r.get("val_verifier_errors", 0) for r in rows)
+    assert errors > 0
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(algo="nope"), "valid: ppo, sppo"),
+        (dict(algo="grpo", group_size=1), "group_size >= 2"),
+        (dict(algo="sppo", group_size=4), "does not use groups"),
+        (dict(task="nope"), "unknown task"),
+        (dict(task="/no/such/file.jsonl"), "No such file|not found|does not exist"),
+        (dict(reward_fn="/no/such.py:f"), "no such|not found|does not exist"),
+    ],
+)
+def test_bad_settings_are_refused(tmp_path, tiny, kw, match):
+    with pytest.raises((RunError, ValueError, FileNotFoundError), match=match):
+        LLMRun(_cfg(tmp_path, tiny, **kw))
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_critic_with_another_tokenizer_is_refused(tmp_path, tiny):
+    from sppo_rl.llm.tiny import ensure_tiny_model
+
+    other = ensure_tiny_model(tmp_path / "c2", "0123456789+-=", hidden_size=32, layers=1, heads=2, kv_heads=1)
+    with pytest.raises(ValueError, match="tokenizer"):
+        LLMRun(_cfg(tmp_path, tiny, algo="sppo", critic_model=str(other)))
+
+
+def test_smaller_critic_model(tmp_path, tiny):
+    from sppo_rl.llm.tiny import ensure_tiny_model
+
+    small = ensure_tiny_model(tmp_path / "c3", TINY_CHARSET, hidden_size=16, layers=1, heads=2, kv_heads=1)
+    summary = run_llm(_cfg(tmp_path, tiny, algo="sppo", critic_model=str(small), steps=1))
+    assert summary["steps"] == 1
+    cfg = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert cfg["resolved"]["critic"] == str(small)
+
+
+def test_embedded_default_builds_and_warm_starts_once(tmp_path):
+    cfg = _cfg(tmp_path, None, algo="sppo", steps=1, sft_steps=4, sft_target=0.99)
+    s1 = run_llm(cfg)
+    assert s1["warmstart"]["steps"] == 4
+    assert len(list((tmp_path / "cache").glob("tiny-*"))) == 1 and len(list((tmp_path / "cache").glob("sft-*"))) == 1
+    s2 = run_llm(replace(cfg, overwrite=True))  # reuses both cached folders
+    assert s2["warmstart"] == s1["warmstart"]
+
+
+def test_cli_llm_two_steps(tmp_path, tiny):
+    out = tmp_path / "cli"
+    proc = subprocess.run(
+        [sys.executable, "-m", "sppo_rl", "llm", "--algo", "sppo", "--task", "arithmetic", "--steps", "2",
+         "--seed", "0", "--out-dir", str(out), "--model", str(tiny), "--prompts-per-step", "4",
+         "--train-size", "64", "--val-size", "8", "--max-new-tokens", "8", "--no-progress", "--threads", "1"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (out / "metrics.jsonl").exists() and (out / "final" / "actor" / "config.json").exists()
