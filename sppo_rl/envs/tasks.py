@@ -1,0 +1,285 @@
+"""The task table: one :class:`TaskSpec` per testbed task, looked up by short name or Gymnasium id.
+
+This module imports nothing heavier than NumPy and Gymnasium's registry, so importing ``sppo_rl.envs``
+stays fast; MuJoCo and Box2D are loaded only when such an environment is built.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+Backend = Literal["numpy", "mujoco", "box2d"]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What a trainer needs to know about one sparse-outcome task.
+
+    Attributes:
+        name: short name (``"hopper"``), used on the command line.
+        env_id: registered Gymnasium id (``"sppo_rl/SparseHopper-v0"``).
+        horizon: ``H``; every episode ends at step ``H`` at the latest (``terminated=True``).
+        episodes_per_update: complete episodes per policy update (SPEC section 4; chosen for the friends).
+        discrete: ``True`` for a ``Discrete`` action space.
+        obs_dim: observation length, the base task's plus the appended features.
+        action_dim: number of actions (discrete) or the action vector's length (continuous).
+        action_low, action_high: bounds of a continuous action (float32 arrays), ``None`` if discrete.
+        backend: ``"numpy"`` (batched NumPy dynamics), ``"mujoco"`` or ``"box2d"``.
+        success: the success test, one line.
+        shaping: the dense shaping added with ``dense=True``, one line.
+        base_id: the Gymnasium task whose dynamics and reset distribution are used.
+        appended: the observation features appended to the base task's (always ending in the time left).
+        entry_point, vector_entry_point: ``module:Class`` of the single and the batched environment.
+    """
+
+    name: str
+    env_id: str
+    horizon: int
+    episodes_per_update: int
+    discrete: bool
+    obs_dim: int
+    action_dim: int
+    action_low: np.ndarray | None = field(default=None, compare=False)
+    action_high: np.ndarray | None = field(default=None, compare=False)
+    backend: Backend = "numpy"
+    success: str = ""
+    shaping: str = ""
+    base_id: str = ""
+    appended: str = "(H - t) / H"
+    entry_point: str = ""
+    vector_entry_point: str = ""
+
+    def load(self, vector: bool = False) -> Any:
+        """The class behind :attr:`entry_point` (or :attr:`vector_entry_point`); imports it lazily."""
+        module, attr = (self.vector_entry_point if vector else self.entry_point).split(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+def _box(dim: int, bound: float) -> tuple[np.ndarray, np.ndarray]:
+    low = np.full(dim, -bound, dtype=np.float32)
+    high = np.full(dim, bound, dtype=np.float32)
+    low.flags.writeable = False
+    high.flags.writeable = False
+    return low, high
+
+
+_CLASSIC = "sppo_rl.envs.classic"
+_TIME = "(H - t) / H"
+
+_SPECS = [
+    TaskSpec(
+        name="precision-cartpole",
+        env_id="sppo_rl/PrecisionCartPole-v0",
+        horizon=200,
+        episodes_per_update=64,
+        discrete=True,
+        obs_dim=5,
+        action_dim=2,
+        success="at t = H: |theta| <= 0.5 deg; the pole never fell (|theta| > 12 deg or |x| > 2.4 ends with 0)",
+        shaping="(1 - (theta/12deg)^2/2 - (x/2.4)^2/2) / H per step, + exp(-(theta_H/0.5deg)^2) at t = H",
+        base_id="CartPole-v1",
+        entry_point=f"{_CLASSIC}:PrecisionCartPoleEnv",
+        vector_entry_point=f"{_CLASSIC}:PrecisionCartPoleVectorEnv",
+    ),
+    TaskSpec(
+        name="cartpole",
+        env_id="sppo_rl/SparseCartPole-v0",
+        horizon=200,
+        episodes_per_update=64,
+        discrete=True,
+        obs_dim=5,
+        action_dim=2,
+        success="the pole never fell in H = 200 steps (|theta| > 12 deg or |x| > 2.4 ends with 0)",
+        shaping="(1 - (theta/12deg)^2/2 - (x/2.4)^2/2) / H per step",
+        base_id="CartPole-v1",
+        entry_point=f"{_CLASSIC}:SparseCartPoleEnv",
+        vector_entry_point=f"{_CLASSIC}:SparseCartPoleVectorEnv",
+    ),
+    TaskSpec(
+        name="short-cartpole",
+        env_id="sppo_rl/ShortCartPole-v0",
+        horizon=30,
+        episodes_per_update=64,
+        discrete=True,
+        obs_dim=5,
+        action_dim=2,
+        success="at t = H = 30: |theta| <= 6 deg; the pole never fell (|theta| > 12 deg or |x| > 2.4 ends with 0)",
+        shaping="(1 - (theta/12deg)^2/2 - (x/2.4)^2/2) / H per step, + exp(-(theta_H/6deg)^2) at t = H",
+        base_id="CartPole-v1",
+        entry_point=f"{_CLASSIC}:ShortCartPoleEnv",
+        vector_entry_point=f"{_CLASSIC}:ShortCartPoleVectorEnv",
+    ),
+    TaskSpec(
+        name="mountaincar",
+        env_id="sppo_rl/SparseMountainCar-v0",
+        horizon=1000,
+        episodes_per_update=8,
+        discrete=True,
+        obs_dim=3,
+        action_dim=3,
+        success="position x >= 0.45 reached (ends the episode at once with 1)",
+        shaping="potential Phi(s') - Phi(s), Phi = mechanical energy (v^2/2 + g/3 (1 + sin 3x)) / its value at rest at x = 0.45",
+        base_id="MountainCar-v0",
+        entry_point=f"{_CLASSIC}:SparseMountainCarEnv",
+        vector_entry_point=f"{_CLASSIC}:SparseMountainCarVectorEnv",
+    ),
+    TaskSpec(
+        name="mountaincar-continuous",
+        env_id="sppo_rl/SparseMountainCarContinuous-v0",
+        horizon=1000,
+        episodes_per_update=8,
+        discrete=False,
+        obs_dim=3,
+        action_dim=1,
+        action_low=_box(1, 1.0)[0],
+        action_high=_box(1, 1.0)[1],
+        success="position x >= 0.45 reached (ends the episode at once with 1)",
+        shaping="potential Phi(s') - Phi(s), Phi = mechanical energy (v^2/2 + g/3 (1 + sin 3x)) / its value at rest at x = 0.45",
+        base_id="MountainCarContinuous-v0",
+        entry_point=f"{_CLASSIC}:SparseMountainCarContinuousEnv",
+        vector_entry_point=f"{_CLASSIC}:SparseMountainCarContinuousVectorEnv",
+    ),
+    TaskSpec(
+        name="pendulum",
+        env_id="sppo_rl/SparsePendulum-v0",
+        horizon=1000,
+        episodes_per_update=16,
+        discrete=False,
+        obs_dim=4,
+        action_dim=1,
+        action_low=_box(1, 2.0)[0],
+        action_high=_box(1, 2.0)[1],
+        success="at t = H: cos(theta) > 0.8 (within ~37 deg of upright)",
+        shaping="upright cost of Pendulum-v1 scaled to [-1, 0]: -(theta^2 + 0.1 thdot^2 + 0.001 u^2) / 16.2736 per step",
+        base_id="Pendulum-v1",
+        entry_point=f"{_CLASSIC}:SparsePendulumEnv",
+        vector_entry_point=f"{_CLASSIC}:SparsePendulumVectorEnv",
+    ),
+    TaskSpec(
+        name="acrobot",
+        env_id="sppo_rl/SparseAcrobot-v0",
+        horizon=500,
+        episodes_per_update=16,
+        discrete=True,
+        obs_dim=7,
+        action_dim=3,
+        success="tip height -cos(q1) - cos(q1 + q2) > 1 reached (ends the episode at once with 1)",
+        shaping="-1 / H per step that does not reach the goal (Acrobot-v1's step cost, scaled)",
+        base_id="Acrobot-v1",
+        entry_point=f"{_CLASSIC}:SparseAcrobotEnv",
+        vector_entry_point=f"{_CLASSIC}:SparseAcrobotVectorEnv",
+    ),
+    TaskSpec(
+        name="hopper",
+        env_id="sppo_rl/SparseHopper-v0",
+        horizon=1000,
+        episodes_per_update=8,
+        discrete=False,
+        obs_dim=13,
+        action_dim=3,
+        action_low=_box(3, 1.0)[0],
+        action_high=_box(3, 1.0)[1],
+        backend="mujoco",
+        success="healthy for all H = 1000 steps and torso x > 1.0 m at the end (unhealthy ends with 0)",
+        shaping="the Hopper-v5 reward: forward velocity + 1 healthy - 1e-3 |a|^2",
+        base_id="Hopper-v5",
+        appended=f"torso x (qpos[0]), {_TIME}",
+        entry_point="sppo_rl.envs.locomotion:SparseHopperEnv",
+        vector_entry_point="sppo_rl.envs.locomotion:SparseHopperVectorEnv",
+    ),
+    TaskSpec(
+        name="walker2d",
+        env_id="sppo_rl/SparseWalker2d-v0",
+        horizon=1000,
+        episodes_per_update=8,
+        discrete=False,
+        obs_dim=19,
+        action_dim=6,
+        action_low=_box(6, 1.0)[0],
+        action_high=_box(6, 1.0)[1],
+        backend="mujoco",
+        success="healthy for all H = 1000 steps and torso x > 1.0 m at the end (unhealthy ends with 0)",
+        shaping="the Walker2d-v5 reward: forward velocity + 1 healthy - 1e-3 |a|^2",
+        base_id="Walker2d-v5",
+        appended=f"torso x (qpos[0]), {_TIME}",
+        entry_point="sppo_rl.envs.locomotion:SparseWalker2dEnv",
+        vector_entry_point="sppo_rl.envs.locomotion:SparseWalker2dVectorEnv",
+    ),
+    TaskSpec(
+        name="lunarlander",
+        env_id="sppo_rl/SparseLunarLander-v0",
+        horizon=1000,
+        episodes_per_update=16,
+        discrete=True,
+        obs_dim=9,
+        action_dim=4,
+        backend="box2d",
+        success="both legs in contact and |x| < 0.4, judged when the lander comes to rest or at t = H "
+        "(body contact or |x| >= 1 ends with 0)",
+        shaping="the LunarLander-v3 reward: potential shaping, fuel cost, -100 crash / +100 at rest",
+        base_id="LunarLander-v3",
+        entry_point="sppo_rl.envs.lander:SparseLunarLanderEnv",
+        vector_entry_point="sppo_rl.envs.lander:SparseLunarLanderVectorEnv",
+    ),
+    TaskSpec(
+        name="lunarlander-continuous",
+        env_id="sppo_rl/SparseLunarLanderContinuous-v0",
+        horizon=1000,
+        episodes_per_update=16,
+        discrete=False,
+        obs_dim=9,
+        action_dim=2,
+        action_low=_box(2, 1.0)[0],
+        action_high=_box(2, 1.0)[1],
+        backend="box2d",
+        success="both legs in contact and |x| < 0.4, judged when the lander comes to rest or at t = H "
+        "(body contact or |x| >= 1 ends with 0)",
+        shaping="the LunarLander-v3 (continuous) reward: potential shaping, fuel cost, -100 crash / +100 at rest",
+        base_id="LunarLander-v3 (continuous=True)",
+        entry_point="sppo_rl.envs.lander:SparseLunarLanderContinuousEnv",
+        vector_entry_point="sppo_rl.envs.lander:SparseLunarLanderContinuousVectorEnv",
+    ),
+]
+
+TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in _SPECS}
+"""Every testbed task by short name, in a fixed order (the paper's five first within each family)."""
+
+_BY_ID = {spec.env_id: spec for spec in _SPECS}
+
+
+def get_task(name: str | TaskSpec) -> TaskSpec:
+    """The :class:`TaskSpec` of a short name (``"hopper"``) or Gymnasium id (``"sppo_rl/SparseHopper-v0"``).
+
+    An unknown name raises ``ValueError`` listing the valid names.
+    """
+    if isinstance(name, TaskSpec):
+        return name
+    spec = TASKS.get(name) or _BY_ID.get(name)
+    if spec is None:
+        raise ValueError(
+            f"unknown task {name!r}; valid: {', '.join(TASKS)} (or their ids: {', '.join(_BY_ID)})"
+        )
+    return spec
+
+
+def register_tasks() -> None:
+    """Register every task with Gymnasium (idempotent); called when ``sppo_rl.envs`` is imported.
+
+    No ``max_episode_steps`` is registered: the environments end themselves at ``H`` with
+    ``terminated=True`` (a TimeLimit would also set ``truncated``).
+    """
+    import gymnasium
+
+    for spec in _SPECS:
+        if spec.env_id in gymnasium.registry:
+            continue
+        gymnasium.register(
+            id=spec.env_id,
+            entry_point=spec.entry_point,
+            vector_entry_point=spec.vector_entry_point,
+            nondeterministic=False,
+        )
