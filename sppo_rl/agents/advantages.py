@@ -44,12 +44,15 @@ class Requirements:
         groups: needs N > 1 sequences per context, tied by ``group_ids``.
         greedy_baseline: needs one extra greedy (argmax / mean-action) rollout per context, whose
             outcome arrives as ``baseline_rewards``.
+        logprobs: needs the sampling policy's log-probs ``logp_old`` ``[B, T]`` (e.g. to weigh
+            sequences by the policy's confidence).
     """
 
     critic: CriticKind = "none"
     critic_output: Literal["value", "logit"] = "value"
     groups: bool = False
     greedy_baseline: bool = False
+    logprobs: bool = False
 
 
 Estimator = Callable[..., tuple[Tensor, Tensor]]

@@ -31,6 +31,8 @@ class Algorithm:
             logits, fitted with BCE to the outcome or the lambda-return), ``"none"`` (no critic).
         group_size: default number of sequences per context (1 = one sample per context).
         summary: one line for ``--help`` and the README.
+        selector: key in :data:`sppo_rl.agents.selection.SELECTORS` choosing which positions the
+            policy loss is taken over (None: every valid position).
     """
 
     name: str
@@ -38,6 +40,7 @@ class Algorithm:
     critic_loss: CriticLoss
     group_size: int
     summary: str
+    selector: str | None = None
 
     @property
     def requires(self) -> Requirements:
@@ -107,11 +110,12 @@ def critic_values(algo: Algorithm, critic_out: Tensor) -> Tensor:
 
 @torch.no_grad()
 def compute_advantages(batch: SequenceBatch, algo: Algorithm, **params: object) -> SequenceBatch:
-    """Fill ``batch.advantages`` and ``batch.returns`` with the algorithm's estimator.
+    """Fill ``batch.advantages``, ``batch.returns`` and ``batch.loss_mask``.
 
     Passes exactly what the estimator declares: ``values`` (``batch.values``, converted by
-    :func:`critic_values`), ``group_ids``, ``baseline_rewards``; ``params`` are estimator parameters
-    (``gamma``, ``lam``, ``whiten``, ``std``, ``eps``, ...).
+    :func:`critic_values`), ``group_ids``, ``baseline_rewards``, ``logp_old``; ``params`` are
+    estimator and selector parameters (``gamma``, ``lam``, ``whiten``, ``std``, ``eps``, ...). The
+    loss mask is ``batch.mask``, or what the algorithm's selector keeps of it.
     """
     est = get_estimator(algo.estimator)
     req = algo.requires
@@ -128,7 +132,21 @@ def compute_advantages(batch: SequenceBatch, algo: Algorithm, **params: object) 
         if batch.baseline_rewards is None:
             raise ValueError(f"{algo.name} needs baseline_rewards (greedy rollouts) in the batch")
         kwargs["baseline_rewards"] = batch.baseline_rewards
+    if req.logprobs:
+        kwargs["logp_old"] = batch.logp_old
     batch.advantages, batch.returns = est(**kwargs)
+    batch.loss_mask = batch.mask
+    if algo.selector is not None:
+        from sppo_rl.agents.selection import get_selector
+
+        batch.loss_mask = get_selector(algo.selector)(
+            mask=batch.mask,
+            rewards=batch.rewards,
+            group_ids=batch.group_ids,
+            advantages=batch.advantages,
+            **params,
+        )
+        batch.advantages = batch.advantages * batch.loss_mask
     return batch
 
 

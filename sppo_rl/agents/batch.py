@@ -29,6 +29,8 @@ class SequenceBatch:
             position. KL-in-reward penalties are added here.
         advantages: ``[B, T]``, filled by an estimator.
         returns: critic targets, ``[B, T]`` or ``[B]``, filled by an estimator.
+        loss_mask: ``[B, T]`` positions the policy loss is taken over: ``mask`` itself, or the subset
+            an algorithm's selector keeps (e.g. BPPO's prefixes); filled with the advantages.
     """
 
     mask: Tensor
@@ -40,6 +42,7 @@ class SequenceBatch:
     token_rewards: Tensor | None = None
     advantages: Tensor | None = None
     returns: Tensor | None = None
+    loss_mask: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.mask.dim() != 2:

@@ -370,14 +370,14 @@ class ControlRun:
                         logp,
                         batch.logp_old[rows],
                         batch.advantages[rows],
-                        m_mask,
+                        batch.loss_mask[rows],
                         clip_low=cfg.clip,
                         clip_high=cfg.clip if cfg.clip_high is None else cfg.clip_high,
                         dual_clip=cfg.dual_clip,
                         agg=cfg.agg,
                         length_budget=self.resolved.horizon,
                     )
-                    entropy = agg_loss(ent, m_mask, cfg.agg, self.resolved.horizon)
+                    entropy = agg_loss(ent, batch.loss_mask[rows], cfg.agg, self.resolved.horizon)
                     losses["policy_loss"] = pl
                     losses["actor"] = pl - cfg.ent_coef * entropy
                     for k, v in pm.items():

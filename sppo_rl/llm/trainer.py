@@ -427,18 +427,18 @@ class LLMRun:
                         logp,
                         batch.logp_old[rows],
                         batch.advantages[rows],
-                        m,
+                        batch.loss_mask[rows],
                         clip_low=cfg.clip,
                         clip_high=cfg.clip if cfg.clip_high is None else cfg.clip_high,
                         dual_clip=cfg.dual_clip,
                         agg=cfg.agg,
                         length_budget=cfg.max_new_tokens,
                     )
-                    entropy = agg_loss(ent, m, cfg.agg, cfg.max_new_tokens)
+                    entropy = agg_loss(ent, batch.loss_mask[rows], cfg.agg, cfg.max_new_tokens)
                     loss = pl - cfg.ent_coef * entropy
                     if ref_logp is not None and cfg.kl_in == "loss":
                         kl = agg_loss(
-                            kl_penalty(logp, ref_logp[rows], cfg.kl_estimator), m, cfg.agg, cfg.max_new_tokens
+                            kl_penalty(logp, ref_logp[rows], cfg.kl_estimator), batch.loss_mask[rows], cfg.agg, cfg.max_new_tokens
                         )
                         loss = loss + cfg.kl_coef * kl
                         stats.setdefault("kl_loss", []).append(float(kl.detach()))

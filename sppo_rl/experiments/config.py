@@ -1,0 +1,87 @@
+"""Configs of ``sppo-rl sweep`` and ``sppo-rl report``.
+
+Import-light on purpose (no torch / Gymnasium / matplotlib), so ``sppo-rl --help`` stays quick.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
+import tyro
+from tyro.constructors import PrimitiveConstructorSpec
+
+
+def parse_pairs(tokens: list[str]) -> dict[str, str]:
+    """``["a=1", "b=x y"]`` -> ``{"a": "1", "b": "x y"}`` (split at the first ``=``)."""
+    out = {}
+    for token in tokens:
+        key, sep, value = token.partition("=")
+        if not sep or not key:
+            raise ValueError(f"expected KEY=VALUE, got {token!r}")
+        out[key] = value
+    return out
+
+
+def _pairs_spec(metavar: str, cast: type) -> PrimitiveConstructorSpec:
+    return PrimitiveConstructorSpec(
+        nargs="*",
+        metavar=metavar,
+        instance_from_str=lambda tokens: {k: cast(v) for k, v in parse_pairs(tokens).items()},
+        is_instance=lambda x: isinstance(x, dict),
+        str_from_instance=lambda d: [f"{k}={v}" for k, v in d.items()],
+    )
+
+
+Budgets = Annotated[dict[str, int], _pairs_spec("TASK=EPISODES", int)]
+Overrides = Annotated[dict[str, str], _pairs_spec("FIELD=VALUE", str)]
+
+
+@dataclass
+class SweepConfig:
+    """Algorithms x tasks x seeds of control runs, each an sppo-rl control subprocess; resumable."""
+
+    algos: tuple[str, ...] = ("ppo", "sppo")
+    """Algorithms (see ``sppo-rl info``)."""
+    tasks: tuple[str, ...] = ("precision-cartpole",)
+    """Task short names (see sppo_rl.envs.TASKS)."""
+    seeds: tuple[int, ...] = (0, 1, 2)
+    """Seeds; each (task, algo, seed) is one run."""
+    out_dir: str = "runs/sweep"
+    """Sweep folder: sweep.json and one run folder per job, <out_dir>/<task>/<algo>/seed<k>."""
+    total_episodes: int | None = None
+    """Budget of every run in episodes (default: the control default)."""
+    budgets: Budgets = field(default_factory=dict)
+    """Per-task budgets that take precedence over --total-episodes, e.g. precision-cartpole=40000 hopper=20000."""
+    overrides: Overrides = field(default_factory=dict)
+    """Extra control settings for every run (ControlConfig fields), e.g. epochs=2 hidden-sizes=32,32
+    tensorboard=false; tuple values are separated by commas or spaces, booleans are true or false."""
+    workers: int | None = None
+    """Runs at a time (default: the number of CPU cores)."""
+    backend: Literal["local", "ray"] = "local"
+    """local: subprocesses of this process; ray: each run's subprocess is started by a Ray task."""
+    ray_address: str | None = None
+    """Ray cluster to use with --backend ray: an address, 'local' (start a fresh local instance with
+    --workers CPUs), or None (ray.init()'s default: RAY_ADDRESS or a running cluster, else a local one)."""
+    progress: bool = True
+    """Print a line as each run ends."""
+
+
+@dataclass
+class ReportConfig:
+    """Plots and tables from run folders (a sweep folder, or any folders with metrics.jsonl + config.json)."""
+
+    inputs: tyro.conf.Positional[tuple[str, ...]]
+    """Folders searched recursively for runs."""
+    out: str | None = None
+    """Output folder (default: <first input>/report)."""
+    smooth: int = 5
+    """Trailing moving-average window, in updates, applied to each run's success-rate curve."""
+    final_frac: float = 0.1
+    """'Final success' of a run: mean success_rate over this last fraction of its updates."""
+    thresholds: tuple[float, ...] = (0.5, 0.9)
+    """Success levels for 'episodes to reach' (first episode count where the smoothed curve is >= it)."""
+    calibration_bins: int = 10
+    """Equal-width bins on [0, 1] for the expected calibration error and the reliability diagram."""
+    grid_points: int = 200
+    """Points of the common x grid onto which each run is interpolated before averaging over seeds."""

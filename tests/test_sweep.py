@@ -1,0 +1,281 @@
+"""``sppo-rl sweep``: real control subprocesses, failures isolated, resume of only what is left, Ray."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sppo_rl.agents import ALGORITHMS
+from sppo_rl.control.config import ControlConfig
+from sppo_rl.envs import TASKS
+from sppo_rl.experiments.config import ReportConfig, SweepConfig
+from sppo_rl.experiments.report import run_report
+from sppo_rl.experiments.sweep import control_flags, parse_control, plan, run_job, sweep
+from sppo_rl.runtime import read_metrics
+
+QUICK = {
+    "epochs": "1",
+    "minibatches": "2",
+    "tensorboard": "false",
+    "eval-episodes": "0",
+    "init-from": "none",
+    "checkpoint-every": "1",
+}
+TIMING = {"wall_time_s", "sps", "update_sps", "collect_frac"}
+
+
+def _cfg(out: Path, **kw) -> SweepConfig:
+    base = dict(
+        algos=("ppo", "sppo"),
+        tasks=("short-cartpole",),
+        seeds=(0, 1),
+        total_episodes=128,
+        overrides=dict(QUICK),
+        workers=2,
+        out_dir=str(out),
+        progress=False,
+    )
+    base.update(kw)
+    return SweepConfig(**base)
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sppo_rl", "sweep", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _cli_args(out: Path, budget: int = 128, algos=("ppo", "sppo"), seeds=("0", "1")) -> list[str]:
+    overrides = [f"{k}={v}" for k, v in QUICK.items()]
+    return [
+        "--algos", *algos, "--tasks", "short-cartpole", "--seeds", *seeds, "--workers", "2",
+        "--total-episodes", str(budget), "--out-dir", str(out), "--no-progress", "--overrides", *overrides,
+    ]  # fmt: skip
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+def _line(stdout: str, algo: str, seed: int) -> str:
+    (line,) = [ln for ln in stdout.splitlines() if ln.split()[1:3] == [algo, str(seed)]]
+    return line
+
+
+def test_sweep_isolates_a_failure_then_finishes_only_what_is_left(tmp_path):
+    out = tmp_path / "sweep"
+    runs = {(a, s): out / "short-cartpole" / a / f"seed{s}" for a in ("ppo", "sppo") for s in (0, 1)}
+    # sppo seed 1 holds a corrupt checkpoint: its resume fails, the other three runs must not care
+    bad = runs["sppo", 1] / "checkpoints" / "ckpt-000000001"
+    bad.mkdir(parents=True)
+    (bad / "meta.json").write_text('{"step": 1, "metrics_bytes": 0}')
+    (bad / "state.pt").write_bytes(b"not a checkpoint")
+
+    proc = _cli(*_cli_args(out))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "1 of 4 runs did not finish" in proc.stderr and "Traceback" not in proc.stderr
+    assert "failed" in _line(proc.stdout, "sppo", 1) and str(runs["sppo", 1] / "log.txt") in proc.stdout
+    assert "--resume" in (runs["sppo", 1] / "log.txt").read_text()
+    for key in [("ppo", 0), ("ppo", 1), ("sppo", 0)]:
+        assert "done" in _line(proc.stdout, *key)
+        assert (runs[key] / "summary.json").is_file()
+        rows = read_metrics(runs[key] / "metrics.jsonl")
+        assert [r["update"] for r in rows] == [1, 2] and rows[-1]["episodes"] == 128
+        saved = json.loads((runs[key] / "config.json").read_text())
+        assert saved["epochs"] == 1 and saved["tensorboard"] is False and saved["seed"] == key[1]
+        assert "--no-progress" in (runs[key] / "log.txt").read_text()
+    assert (runs["sppo", 0] / "calibration.json").is_file()
+    manifest = json.loads((out / "sweep.json").read_text())
+    assert [j["name"] for j in manifest["jobs"]] == [
+        "short-cartpole/ppo/seed0",
+        "short-cartpole/sppo/seed0",
+        "short-cartpole/ppo/seed1",
+        "short-cartpole/sppo/seed1",
+    ]
+    assert [r["status"] for r in manifest["results"]] == ["done", "done", "done", "failed"]
+
+    # interrupted in four ways, then the same sweep again
+    a, b, c, d = runs["ppo", 0], runs["ppo", 1], runs["sppo", 0], runs["sppo", 1]
+    a_rows = read_metrics(a / "metrics.jsonl")
+    a_first = (a / "metrics.jsonl").read_text().splitlines()[0]
+    (a / "summary.json").unlink()  # killed between update 1's checkpoint and update 2's
+    shutil.rmtree(a / "checkpoints" / "ckpt-000000002")
+    (b / "summary.json").unlink()  # only checkpoints left, the last one from update 1
+    for p in [b / "metrics.jsonl", b / "config.json", b / "final.pt", b / "checkpoints" / "ckpt-000000002"]:
+        p.unlink() if p.is_file() else shutil.rmtree(p)
+    (c / "summary.json").unlink()  # killed before its first checkpoint, metrics torn
+    shutil.rmtree(c / "checkpoints")
+    (c / "metrics.jsonl").write_text(a_first + '\n{"update": 2, "epi')
+    shutil.rmtree(d / "checkpoints")  # the corrupt checkpoint is gone: a fresh start
+
+    results = sweep(_cfg(out))
+    assert [(r.status, r.mode) for r in results] == [
+        ("resumed", "resume"),
+        ("done", "overwrite"),
+        ("resumed", "resume"),
+        ("done", "fresh"),
+    ]
+    rows = read_metrics(a / "metrics.jsonl")
+    assert (a / "metrics.jsonl").read_text().splitlines()[0] == a_first  # kept byte for byte
+    assert _strip(rows) == _strip(a_rows)  # the resumed run is the uninterrupted one
+    assert (a / "log.txt").read_text().count("=== ") == 2
+    assert [r["update"] for r in read_metrics(b / "metrics.jsonl")] == [2]  # rows after the checkpoint
+    assert [r["update"] for r in read_metrics(c / "metrics.jsonl")] == [1, 2]
+    assert all((p / "summary.json").is_file() for p in runs.values())
+
+    mtimes = {k: (p / "metrics.jsonl").stat().st_mtime_ns for k, p in runs.items()}
+    assert [r.status for r in sweep(_cfg(out))] == ["skipped"] * 4
+    assert mtimes == {k: (p / "metrics.jsonl").stat().st_mtime_ns for k, p in runs.items()}
+
+    # the report reads the sweep folder
+    report = run_report(ReportConfig(inputs=(str(out),), smooth=1))
+    assert [(g["algo"], g["seeds"], g["finished"]) for g in report["groups"]] == [
+        ("ppo", 2, 2),
+        ("sppo", 2, 2),
+    ]
+    (cal,) = report["calibration"]
+    assert cal["algo"] == "sppo" and cal["runs"] == 2 and cal["start_states"] == 128
+    assert {"success_vs_episodes.png", "success_vs_wall_time.png", "calibration.png"} <= {
+        p.name for p in (out / "report").iterdir()
+    }
+
+
+@pytest.mark.slow  # about 15 s; the default suite simulates the interruptions instead
+def test_sigterm_stops_the_sweep_and_the_rerun_resumes(tmp_path):
+    out = tmp_path / "sweep"
+    args = _cli_args(out, budget=64 * 150, algos=("ppo",), seeds=("0",))
+    args[args.index("checkpoint-every=1")] = "checkpoint-every=5"
+    run = out / "short-cartpole" / "ppo" / "seed0"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sppo_rl", "sweep", *args], stdout=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 120
+    while not list((run / "checkpoints").glob("ckpt-*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    stdout, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "interrupted" in _line(stdout, "ppo", 0)
+    assert not (run / "summary.json").exists(), "the run finished before the signal; give it a bigger budget"
+    done = [r["update"] for r in read_metrics(run / "metrics.jsonl")]
+
+    again = _cli(*args)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resumed" in _line(again.stdout, "ppo", 0)
+    assert [r["update"] for r in read_metrics(run / "metrics.jsonl")] == list(range(1, 151))
+    assert len(done) < 150
+
+
+def test_a_run_held_by_another_process_is_busy_not_restarted(tmp_path):
+    (job,) = plan(_cfg(tmp_path, algos=("ppo",), seeds=(0,)))
+    Path(job.out_dir).mkdir(parents=True)
+    fd = os.open(Path(job.out_dir) / ".lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        result = run_job(job)
+    finally:
+        os.close(fd)
+    assert result.status == "busy" and not (Path(job.out_dir) / "log.txt").exists()
+
+
+def test_ray_backend_runs_the_jobs(tmp_path):
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        cfg = _cfg(tmp_path, algos=("sppo",), backend="ray")
+        assert [r.status for r in sweep(cfg)] == ["done", "done"]
+        for seed in (0, 1):
+            run = tmp_path / "short-cartpole" / "sppo" / f"seed{seed}"
+            assert json.loads((run / "summary.json").read_text())["episodes"] == 128
+        assert [r.status for r in sweep(cfg)] == ["skipped", "skipped"]
+        assert ray.is_initialized(), "the sweep must not shut down a Ray instance it did not start"
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.slow
+def test_ray_backend_from_the_command_line_with_its_own_local_instance(tmp_path):
+    proc = _cli(*_cli_args(tmp_path, algos=("ppo",)), "--backend", "ray", "--ray-address", "local")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert all((tmp_path / "short-cartpole" / "ppo" / f"seed{s}" / "summary.json").is_file() for s in (0, 1))
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(algos=("ppo", "bogus")), "unknown algorithm\\(s\\): bogus; valid: " + ", ".join(ALGORITHMS)),
+        (dict(tasks=("short-cartpole", "nope")), "unknown task\\(s\\): nope; valid: " + ", ".join(TASKS)),
+        (dict(budgets={"hopper": 100}), "--budgets names task\\(s\\) not in --tasks: hopper"),
+        (dict(overrides={"epoch": "1"}), "epoch: not a control setting; valid: .*hidden-sizes"),
+        (dict(overrides={"seed": "3"}), "seed: set by the sweep"),
+        (dict(overrides={"tensorboard": "maybe"}), "expected true or false"),
+        (dict(overrides={"epochs": "many"}), "control refuses"),
+        (dict(workers=0), "--workers"),
+        (dict(budgets={"short-cartpole": 0}), "budgets must be >= 1 episode: short-cartpole=0"),
+        (dict(seeds=()), "at least one"),
+    ],
+)
+def test_bad_settings_are_refused_before_any_run(tmp_path, kw, match):
+    with pytest.raises(ValueError, match=match):
+        sweep(_cfg(tmp_path / "sweep", **kw))
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_cli_refuses_unknown_names_clearly(tmp_path):
+    proc = _cli("--algos", "ppo", "bogus", "--tasks", "short-cartpole", "--out-dir", str(tmp_path / "s"))
+    assert proc.returncode == 2
+    assert "unknown algorithm(s): bogus; valid: ppo, sppo" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_folder_with_other_settings_is_refused(tmp_path):
+    run = tmp_path / "short-cartpole" / "ppo" / "seed0"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(
+        json.dumps({"algo": "ppo", "total_episodes": 64, "epochs": 1, "threads": 4})
+    )
+    with pytest.raises(ValueError, match="other settings \\(total_episodes: 64 there, 128 now\\)"):
+        plan(_cfg(tmp_path, seeds=(0,)))
+    plan(_cfg(tmp_path, seeds=(0,), total_episodes=64))  # threads is bookkeeping: no refusal
+
+
+def test_overrides_become_control_flags():
+    flags = control_flags(
+        {
+            "hidden-sizes": "32, 16",
+            "tensorboard": "false",
+            "clip_high": "None",
+            "extra": "k v",
+            "actor-lr": 1e-3,
+        }
+    )
+    assert flags[:4] == ["--hidden-sizes", "32", "16", "--no-tensorboard"]
+    cfg = parse_control(flags)
+    assert cfg == replace(
+        ControlConfig(),
+        hidden_sizes=(32, 16),
+        tensorboard=False,
+        clip_high=None,
+        extra={"k": "v"},
+        actor_lr=1e-3,
+    )
+
+
+def test_budgets_per_task_and_the_control_default(tmp_path):
+    jobs = plan(
+        _cfg(tmp_path, tasks=("short-cartpole", "cartpole"), algos=("ppo",), budgets={"cartpole": 640})
+    )
+    budget = {j.task: j.args[j.args.index("--total-episodes") + 1] for j in jobs}
+    assert budget == {"short-cartpole": "128", "cartpole": "640"}
+    (job,) = plan(_cfg(tmp_path, algos=("ppo",), seeds=(0,), total_episodes=None))
+    assert job.args[job.args.index("--total-episodes") + 1] == str(ControlConfig().total_episodes)
+    assert Path(job.out_dir) == tmp_path.resolve() / "short-cartpole" / "ppo" / "seed0"
