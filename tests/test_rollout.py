@@ -201,3 +201,16 @@ def test_cuda_sampler_and_trainer_agree(tiny):
         logp, _ = sequence_logprobs(model, a.input_ids, a.attention_mask, a.response_len, temperature=0.6)
     valid = a.response_mask.bool()
     torch.testing.assert_close(logp[valid], a.logprobs[valid], atol=1e-4, rtol=0)
+
+
+def test_per_prompt_seeds_make_samples_independent_of_the_batch_split(engine):
+    """Data-parallel ranks that split a batch draw what one process drawing it whole would."""
+    prompts = ["1+2=", "33+4=", "5+66=", "7+8=", "90+1="]
+    seeds = [11, 22, 33, 44, 55]
+    whole = engine.generate(prompts, n=3, temperature=1.0, max_new_tokens=8, seed=seeds)
+    parts = [engine.generate(prompts[a:b], n=3, temperature=1.0, max_new_tokens=8, seed=seeds[a:b]) for a, b in ((0, 2), (2, 5))]
+    assert whole.texts == parts[0].texts + parts[1].texts
+    other = engine.generate(prompts, n=3, temperature=1.0, max_new_tokens=8, seed=[s + 1 for s in seeds])
+    assert other.texts != whole.texts
+    with pytest.raises(ValueError, match="seeds for"):
+        engine.generate(prompts, seed=seeds[:2])

@@ -108,10 +108,14 @@ class LLMConfig:
     """Training dtype (bfloat16 on GPUs)."""
     rollout: Literal["hf", "vllm"] = "hf"
     """Rollout engine: Hugging Face generation, or in-process vLLM with weight sync after each update."""
+    vllm_max_model_len: int = 1024
+    """vLLM: longest prompt + response in tokens."""
     vllm_gpu_memory_utilization: float = 0.4
     """vLLM: fraction of accelerator memory for its weights and KV cache."""
     vllm_sleep: bool = False
     """vLLM: put the engine to sleep during training (frees its KV cache; where the platform supports it)."""
+    collective_timeout: float = 600.0
+    """Seconds any collective (and weight sync) may take before the run fails with an error instead of hanging."""
     gradient_checkpointing: bool = False
     """Activation checkpointing in actor and critic."""
     device: str = "auto"

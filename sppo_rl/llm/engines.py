@@ -1,24 +1,95 @@
-"""Training engines: one interface over plain torch and DeepSpeed ZeRO.
+"""Training engines: one interface over plain torch and DeepSpeed ZeRO, plus the process group.
 
-The trainer calls only these methods, so the same update code runs on one CPU process or on a
+The trainer calls only these methods, so the same update code runs in one CPU process or in a
 multi-GPU DeepSpeed job:
 
-- ``engine.module``: the model to call (``forward``);
+- ``engine.module``: what to call for a forward pass (the model, or DeepSpeed's wrapper of it);
 - ``engine.backward(loss)`` then ``engine.step() -> grad_norm`` (clip, optimizer step, zero grads);
-- ``engine.optimizer_state()`` / ``engine.load_optimizer_state(state)`` for checkpoints;
+- ``engine.save(folder)`` / ``engine.load(folder)``: resumable state (weights and optimizer; with
+  DeepSpeed every rank writes its own ZeRO shard, so all ranks call them);
 - ``engine.full_state_items()``: ``(name, full tensor)`` pairs one at a time (ZeRO-3 gathers each
-  parameter only while it is yielded), for saving and for pushing weights into a rollout engine;
+  parameter only while it is yielded), for pushing weights into a rollout engine and for exports;
 - ``engine.save_pretrained(folder)``: a Hugging Face folder of the full model, written by rank 0.
 """
 
 from __future__ import annotations
 
+import datetime
+import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
+
+from sppo_rl.runtime.checkpoint import torch_load, torch_save
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in the job (``world = 1`` without a launcher)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            torch.distributed.barrier()
+
+    def all_sum(self, values: list[float], device: torch.device | str = "cpu") -> list[float]:
+        """Elementwise sum of ``values`` over ranks (float64)."""
+        if self.world == 1:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        torch.distributed.all_reduce(t)
+        return t.tolist()
+
+    def gather_lists(self, items: list[Any]) -> list[Any]:
+        """The concatenation of every rank's ``items``, in rank order, on every rank."""
+        if self.world == 1:
+            return list(items)
+        boxes: list[Any] = [None] * self.world
+        torch.distributed.all_gather_object(boxes, items)
+        return [x for box in boxes for x in box]
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        if self.world == 1:
+            return obj
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def launcher_dist() -> Dist:
+    """Rank and world size from the launcher's environment (torchrun / deepspeed set RANK, WORLD_SIZE)."""
+    return Dist(
+        rank=int(os.environ.get("RANK", 0)),
+        world=int(os.environ.get("WORLD_SIZE", 1)),
+        local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+    )
+
+
+def init_process_group(timeout_s: float = 600.0) -> Dist:
+    """Join the job's process group (gloo on CPU, nccl on GPUs) when launched with several processes.
+
+    ``timeout_s`` bounds every collective: a rank that dies or hangs makes the others fail with an
+    error after that long instead of waiting forever.
+    """
+    d = launcher_dist()
+    if d.world > 1 and not torch.distributed.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if torch.cuda.is_available():
+            torch.cuda.set_device(d.local_rank)
+        torch.distributed.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return d
 
 
 class TrainEngine(Protocol):
@@ -28,11 +99,9 @@ class TrainEngine(Protocol):
 
     def step(self) -> float: ...
 
-    def zero_grad(self) -> None: ...
+    def save(self, folder: Path) -> None: ...
 
-    def optimizer_state(self) -> dict[str, Any]: ...
-
-    def load_optimizer_state(self, state: dict[str, Any]) -> None: ...
+    def load(self, folder: Path) -> None: ...
 
     def full_state_items(self) -> Iterator[tuple[str, Tensor]]: ...
 
@@ -43,7 +112,12 @@ class TorchEngine:
     """Plain PyTorch: AdamW over the module's trainable parameters, global-norm gradient clipping."""
 
     def __init__(
-        self, module: nn.Module, lr: float, weight_decay: float = 0.0, max_grad_norm: float | None = 1.0
+        self,
+        module: nn.Module,
+        lr: float,
+        weight_decay: float = 0.0,
+        max_grad_norm: float | None = 1.0,
+        **_: Any,
     ):
         self.module = module
         self.params = [p for p in module.parameters() if p.requires_grad]
@@ -53,32 +127,153 @@ class TorchEngine:
     def backward(self, loss: Tensor) -> None:
         loss.backward()
 
-    def grad_norm(self) -> float:
-        """Global gradient norm before clipping (clips in place when ``max_grad_norm`` is set)."""
+    def step(self) -> float:
+        """Clip to ``max_grad_norm``, step, zero. Returns the norm before clipping; a non-finite norm
+        skips the step (the trainer then stops the run)."""
         if self.max_grad_norm is None:
             norms = [p.grad.detach().norm() for p in self.params if p.grad is not None]
-            return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
-        return float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
-
-    def step(self) -> float:
-        """Clip, check, step, zero. A non-finite gradient norm skips the step and is returned as is."""
-        gn = self.grad_norm()
+            gn = float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+        else:
+            gn = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
         if torch.isfinite(torch.tensor(gn)):
             self.optimizer.step()
-        self.zero_grad()
+        self.optimizer.zero_grad(set_to_none=True)
         return gn
 
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
+    def save(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        torch_save(
+            {"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict()},
+            folder / "engine.pt",
+        )
 
-    def optimizer_state(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_optimizer_state(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state)
+    def load(self, folder: Path) -> None:
+        state = torch_load(folder / "engine.pt")
+        self.module.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
 
     def full_state_items(self) -> Iterator[tuple[str, Tensor]]:
         yield from self.module.state_dict().items()
 
     def save_pretrained(self, folder: str | Path, **kwargs: Any) -> None:
         self.module.save_pretrained(folder, **kwargs)
+
+
+def deepspeed_config(
+    zero_stage: int, max_grad_norm: float | None, offload: str, dtype: torch.dtype
+) -> dict[str, Any]:
+    """The DeepSpeed config this project uses: ZeRO ``zero_stage`` (2 or 3), clipping, optional CPU
+    offload of optimizer states (``"optimizer"``) or of optimizer states and parameters (``"all"``,
+    ZeRO-3 only), bf16 / fp16 mixed precision when the model's dtype asks for it."""
+    if zero_stage not in (2, 3):
+        raise ValueError(f"--zero-stage must be 2 or 3, got {zero_stage}")
+    if offload not in ("none", "optimizer", "all"):
+        raise ValueError(f"--offload must be none, optimizer or all, got {offload!r}")
+    if offload == "all" and zero_stage != 3:
+        raise ValueError("--offload all (parameters too) needs --zero-stage 3")
+    zero: dict[str, Any] = {"stage": zero_stage}
+    if offload in ("optimizer", "all"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    if offload == "all":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    cfg: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": dtype == torch.bfloat16},
+        "fp16": {"enabled": dtype == torch.float16},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if max_grad_norm is not None:
+        cfg["gradient_clipping"] = max_grad_norm
+    return cfg
+
+
+class DeepSpeedEngine:
+    """DeepSpeed ZeRO-2/3 around a module (data parallel over the launcher's ranks).
+
+    Gradients are averaged over ranks; the trainer scales each rank's loss so that the average equals
+    the loss of the whole batch (see ``LLMRun._scale``). With optimizer offload DeepSpeed's CPU Adam is
+    used (built on first use, into ``$TORCH_EXTENSIONS_DIR``); otherwise ``torch.optim.AdamW``.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        lr: float,
+        weight_decay: float = 0.0,
+        max_grad_norm: float | None = 1.0,
+        *,
+        zero_stage: int = 2,
+        offload: str = "none",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        import deepspeed
+
+        self.zero_stage = zero_stage
+        params = [p for p in module.parameters() if p.requires_grad]
+        if offload in ("optimizer", "all"):
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            optimizer = DeepSpeedCPUAdam(params, lr=lr, weight_decay=weight_decay, adamw_mode=True)
+        else:
+            optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        config = deepspeed_config(zero_stage, max_grad_norm, offload, dtype)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=module, optimizer=optimizer, config=config
+        )
+        self.module = self.engine
+
+    @property
+    def inner(self) -> nn.Module:
+        return self.engine.module
+
+    def backward(self, loss: Tensor) -> None:
+        self.engine.backward(loss)
+
+    def step(self) -> float:
+        self.engine.step()
+        gn = self.engine.get_global_grad_norm()
+        return float(gn) if gn is not None else 0.0
+
+    def save(self, folder: Path) -> None:
+        self.engine.save_checkpoint(str(folder), tag="ds", save_latest=False)
+
+    def load(self, folder: Path) -> None:
+        path, _ = self.engine.load_checkpoint(str(folder), tag="ds", load_module_strict=True)
+        if path is None:
+            raise RuntimeError(f"no DeepSpeed checkpoint in {folder}")
+
+    def full_state_items(self) -> Iterator[tuple[str, Tensor]]:
+        """Each parameter whole (gathered one at a time under ZeRO-3), then the persistent buffers
+        (the names of ``state_dict()``; non-persistent ones such as rotary tables are rebuilt by the
+        receiving model)."""
+        inner = self.inner
+        persistent = set(inner.state_dict().keys())
+        if self.zero_stage == 3:
+            from deepspeed.runtime.zero.partition_parameters import GatheredParameters
+
+            for name, p in inner.named_parameters():
+                with GatheredParameters([p], modifier_rank=None):
+                    yield name, p.data
+        else:
+            yield from ((n, p.data) for n, p in inner.named_parameters())
+        yield from ((n, b) for n, b in inner.named_buffers() if n in persistent)
+
+    def save_pretrained(self, folder: str | Path, **kwargs: Any) -> None:
+        """Gather the full weights to CPU and write a Hugging Face folder on rank 0 (all ranks call this)."""
+        state = {name: t.detach().to("cpu", copy=True) for name, t in self.full_state_items()}
+        if torch.distributed.get_rank() == 0:
+            self.inner.save_pretrained(folder, state_dict=state, **kwargs)
+
+
+def make_engine(kind: str, module: nn.Module, lr: float, **kwargs: Any) -> TorchEngine | DeepSpeedEngine:
+    if kind == "torch":
+        return TorchEngine(
+            module, lr, **{k: v for k, v in kwargs.items() if k in ("weight_decay", "max_grad_norm")}
+        )
+    if kind == "deepspeed":
+        return DeepSpeedEngine(module, lr, **kwargs)
+    raise ValueError(f"unknown engine {kind!r}; valid: torch, deepspeed")

@@ -249,13 +249,28 @@ class _ValueHeadModel(nn.Module):
         return cls(backbone, init_bias=init_bias, init_std=init_std)
 
     def save_pretrained(
-        self, folder: str | os.PathLike, tokenizer: PreTrainedTokenizerBase | None = None
+        self,
+        folder: str | os.PathLike,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        state_dict: dict[str, Tensor] | None = None,
     ) -> Path:
-        """Write the backbone (HF format), the head and its json marker (and ``tokenizer``) to ``folder``."""
+        """Write the backbone (HF format), the head and its json marker (and ``tokenizer``) to ``folder``.
+
+        ``state_dict`` (keys ``backbone.*`` and ``head.*``, e.g. gathered from ZeRO-3 shards) replaces
+        the module's own tensors.
+        """
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        self.backbone.save_pretrained(folder)
-        head = {"weight": self.head.weight.detach().cpu().contiguous(), "bias": self.head.bias.detach().cpu()}
+        if state_dict is None:
+            self.backbone.save_pretrained(folder)
+            weight, bias = self.head.weight, self.head.bias
+        else:
+            backbone = {
+                k.removeprefix("backbone."): v for k, v in state_dict.items() if k.startswith("backbone.")
+            }
+            self.backbone.save_pretrained(folder, state_dict=backbone)
+            weight, bias = state_dict["head.weight"], state_dict["head.bias"]
+        head = {"weight": weight.detach().cpu().contiguous(), "bias": bias.detach().cpu().contiguous()}
         save_file(head, str(folder / HEAD_WEIGHTS), metadata={"kind": self.kind})
         marker = {
             "kind": self.kind,

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
@@ -112,7 +113,7 @@ class RolloutEngine(Protocol):
         top_p: float = 1.0,
         max_new_tokens: int = 256,
         greedy: bool = False,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
     ) -> RolloutBatch:
         """Sample ``n`` responses per prompt (adjacent rows); see :class:`RolloutBatch`."""
         ...
@@ -224,7 +225,7 @@ class HFRolloutEngine:
         top_p: float = 1.0,
         max_new_tokens: int = 256,
         greedy: bool = False,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
     ) -> RolloutBatch:
         """Tokenize ``prompts`` and sample ``n`` responses for each; see :class:`RolloutBatch`."""
         encoded = self.tokenizer(list(prompts), add_special_tokens=self.add_special_tokens)["input_ids"]
@@ -252,12 +253,16 @@ class HFRolloutEngine:
         top_p: float = 1.0,
         max_new_tokens: int = 256,
         greedy: bool = False,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
     ) -> RolloutBatch:
         """Like :meth:`generate` on already tokenized, left-padded prompts ``[num_prompts, P]``.
 
         ``seed`` seeds a private ``torch.Generator`` on the model's device: the same seed, prompts and
         weights give the same samples on the same device. ``seed=None`` draws from torch's global RNG.
+        A sequence of one seed per prompt gives every row its own generator (sample ``k`` of prompt
+        ``i`` is seeded with :func:`row_seed` ``(seed[i], k)``), so a row's sample does not depend on
+        which other prompts share the batch: data-parallel ranks that split a batch draw exactly what
+        one process drawing the whole batch would.
         """
         if n < 1 or max_new_tokens < 1:
             raise ValueError(f"n and max_new_tokens must be >= 1, got n={n}, max_new_tokens={max_new_tokens}")
@@ -273,9 +278,19 @@ class HFRolloutEngine:
         prompt_index = torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(n)
         prompt_ids = prompt_ids.to(device)[prompt_index]
         prompt_mask = prompt_mask.to(device=device, dtype=torch.long)[prompt_index]
-        generator = None
+        generator: torch.Generator | list[torch.Generator] | None = None
         if seed is not None and not greedy:
-            generator = torch.Generator(device=device).manual_seed(int(seed))
+            if isinstance(seed, (int, np.integer)):
+                generator = torch.Generator(device=device).manual_seed(int(seed))
+            else:
+                seeds = [int(x) for x in seed]
+                if len(seeds) != prompt_ids.shape[0] // n:
+                    raise ValueError(f"got {len(seeds)} seeds for {prompt_ids.shape[0] // n} prompts")
+                generator = [
+                    torch.Generator(device=device).manual_seed(row_seed(seeds[i], k))
+                    for i in range(len(seeds))
+                    for k in range(n)
+                ]
 
         was_training = self.model.training
         self.model.eval()
@@ -324,7 +339,7 @@ class HFRolloutEngine:
         top_p: float,
         max_new_tokens: int,
         greedy: bool,
-        generator: torch.Generator | None,
+        generator: torch.Generator | list[torch.Generator] | None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         B, device = prompt_ids.shape[0], prompt_ids.device
         stops = torch.tensor(self.stop_token_ids, device=device)
@@ -349,7 +364,7 @@ class HFRolloutEngine:
                 if top_p < 1.0:
                     z = z.masked_fill(top_p_mask(z, top_p), float("-inf"))
                 log_q = torch.log_softmax(z, dim=-1)
-                token = torch.multinomial(log_q.exp(), 1, generator=generator).squeeze(-1)
+                token = _gumbel_argmax(log_q, generator)
                 sampled_lp = log_q.gather(-1, token[:, None]).squeeze(-1)
             token = torch.where(alive, token, self.pad_token_id)
             live = alive.to(logprobs.dtype)
@@ -366,6 +381,23 @@ class HFRolloutEngine:
             position = position + 1
         finished = ~alive
         return tokens[:, :steps], logprobs[:, :steps], sampling_logprobs[:, :steps], mask[:, :steps], finished
+
+
+def row_seed(prompt_seed: int, k: int) -> int:
+    """Seed of sample ``k`` of a prompt seeded ``prompt_seed`` (a fixed mix into 63 bits)."""
+    return (int(prompt_seed) * 1_000_003 + 7_919 * int(k) + 12_345) % (2**63 - 1)
+
+
+def _gumbel_argmax(log_q: Tensor, generator: torch.Generator | list[torch.Generator] | None) -> Tensor:
+    """A sample of ``softmax(log_q)`` per row: ``argmax(log_q + G)``, ``G`` standard Gumbel noise
+    ``-log(-log(u))`` (masked ``-inf`` entries are never chosen). A list of generators gives each row
+    its own noise stream."""
+    if isinstance(generator, list):
+        u = torch.stack([torch.rand(log_q.shape[-1], generator=g, device=log_q.device) for g in generator])
+    else:
+        u = torch.rand(log_q.shape, generator=generator, device=log_q.device)
+    gumbel = -torch.log(-torch.log(u.clamp_(min=1e-20, max=1.0 - 1e-7)))
+    return (log_q + gumbel).argmax(-1)
 
 
 def _cache_of(output: Any) -> Any:

@@ -91,30 +91,54 @@ class CheckpointManager:
         return ckpts[-1] if ckpts else None
 
     def save(self, step: int, write: Callable[[Path], None], meta: dict[str, Any] | None = None) -> Path:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        for stale in self.directory.glob(_TMP_PREFIX + "*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(dir=self.directory, prefix=_TMP_PREFIX))
+        """Publish a new checkpoint. In a multi-process job every rank calls this (collective):
+        rank 0 makes the temporary folder, every rank's ``write`` fills it (e.g. its ZeRO shard), and
+        rank 0 publishes it once all ranks are done."""
+        rank, world = _rank_world()
         final = self.directory / f"ckpt-{step:09d}"
+        tmp: Path | None = None
+        if rank == 0:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            for stale in self.directory.glob(_TMP_PREFIX + "*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            tmp = Path(tempfile.mkdtemp(dir=self.directory, prefix=_TMP_PREFIX))
+        if world > 1:
+            box = [str(tmp) if tmp else None]
+            torch.distributed.broadcast_object_list(box, src=0)
+            tmp = Path(box[0])
+        assert tmp is not None
         try:
             write(tmp)
-            with open(tmp / "meta.json", "w") as f:
-                json.dump({"step": step, **(meta or {})}, f, indent=1, default=str)
-            fsync_tree(tmp)
-            if final.exists():  # re-saving the same step (e.g. the final save after a periodic one)
-                old = self.directory / f"{_TMP_PREFIX}old-{step:09d}"
-                os.rename(final, old)
-                os.rename(tmp, final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.rename(tmp, final)
-            fsync_dir(self.directory)
+            if world > 1:
+                torch.distributed.barrier()
+            if rank == 0:
+                with open(tmp / "meta.json", "w") as f:
+                    json.dump({"step": step, **(meta or {})}, f, indent=1, default=str)
+                fsync_tree(tmp)
+                if final.exists():  # re-saving the same step (e.g. the final save after a periodic one)
+                    old = self.directory / f"{_TMP_PREFIX}old-{step:09d}"
+                    os.rename(final, old)
+                    os.rename(tmp, final)
+                    shutil.rmtree(old, ignore_errors=True)
+                else:
+                    os.rename(tmp, final)
+                fsync_dir(self.directory)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
             raise
-        for old in self.published()[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        if rank == 0:
+            for old in self.published()[: -self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        if world > 1:
+            torch.distributed.barrier()
         return final
+
+
+def _rank_world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
 
 
 def read_meta(ckpt: Path) -> dict[str, Any]:

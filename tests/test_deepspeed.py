@@ -1,0 +1,83 @@
+"""DeepSpeed ZeRO-2/3 with two CPU processes (gloo) trains exactly like one plain-torch process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("deepspeed")
+
+from safetensors.torch import load_file  # noqa: E402
+
+from sppo_rl.llm.trainer import TINY_CHARSET  # noqa: E402
+from sppo_rl.runtime import read_metrics  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+COMPARED = ("reward_mean", "response_length", "policy_loss", "critic_bce", "grad_norm", "critic_grad_norm",
+            "entropy", "val_accuracy", "v0_mean")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    from sppo_rl.llm.tiny import ensure_tiny_model
+
+    return ensure_tiny_model(tmp_path_factory.mktemp("cache"), TINY_CHARSET, hidden_size=32, layers=1, heads=2, kv_heads=1)
+
+
+def _args(tiny: Path, out: Path) -> list[str]:
+    return [
+        "llm", "--algo", "sppo", "--task", "arithmetic", "--steps", "2", "--seed", "0", "--model", str(tiny),
+        "--out-dir", str(out), "--prompts-per-step", "8", "--train-size", "64", "--val-size", "8",
+        "--max-new-tokens", "8", "--minibatches", "1", "--epochs", "2", "--eval-every", "2",
+        "--actor-lr", "1e-3", "--critic-lr", "1e-3", "--temperature", "2.0", "--no-progress", "--threads", "1",
+        "--no-tensorboard",
+    ]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / "build" / "torch_extensions"))
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _run(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=_env(), cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ref") / "run"
+    _run([sys.executable, "-m", "sppo_rl", *_args(tiny, out)])
+    return out
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_two_process_zero_matches_one_process(tiny, reference, tmp_path, stage):
+    out = tmp_path / "ds"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(29500 + stage)]
+    _run([*torchrun, "-m", "sppo_rl", *_args(tiny, out), "--engine", "deepspeed", "--zero-stage", str(stage)])
+    a, b = read_metrics(reference / "metrics.jsonl"), read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2]
+    assert b[-1].get("time_sync_s", 0) >= 0
+    assert 0.0 < a[1]["reward_mean"] < 1.0 or a[2]["policy_loss"] != 0.0, "the run should learn something"
+    for ra, rb in zip(a, b):
+        for key in COMPARED:
+            if key in ra:
+                assert rb[key] == pytest.approx(ra[key], rel=1e-4, abs=1e-5), (ra["step"], key, ra[key], rb[key])
+    wa = load_file(reference / "final" / "actor" / "model.safetensors")
+    wb = load_file(out / "final" / "actor" / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    diffs = {k: float((wa[k] - wb[k]).abs().max()) for k in wa}
+    assert max(diffs.values()) < 1e-5, sorted(diffs.items(), key=lambda kv: -kv[1])[:3]
+    init = load_file(tiny / "model.safetensors")
+    assert any(not torch.equal(init[k], wb[k]) for k in init), "training changed the weights"
+    ca = load_file(reference / "final" / "critic" / "value_head.safetensors")
+    cb = load_file(out / "final" / "critic" / "value_head.safetensors")
+    assert all(torch.allclose(ca[k], cb[k], atol=1e-5) for k in ca)
