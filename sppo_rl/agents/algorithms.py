@@ -62,6 +62,17 @@ ALGORITHMS: dict[str, Algorithm] = {
         Algorithm(
             "ppo-bce", "gae", "bce", 1, "ablation: step-level PPO whose per-step critic is trained with BCE"
         ),
+        Algorithm(
+            "bppo",
+            "grpo",
+            "none",
+            8,
+            "BPPO: GRPO advantages; once accurate, train only the shortest correct and incorrect prefixes",
+            selector="binary-prefix",
+        ),
+        Algorithm(
+            "lampo", "lampo", "none", 8, "LamPO: pairwise reward gaps weighted by the policy's confidence"
+        ),
     ]
 }
 
@@ -98,6 +109,23 @@ def check_setup(algo: Algorithm, group_size: int, batch_size: int, use_critic: b
         raise ValueError(f"{algo.name} needs a {req.critic}-level critic, but the critic is disabled")
     if req.critic_output == "logit" and algo.critic_loss != "bce":
         raise ValueError(f"{algo.name}'s estimator reads critic logits; its critic must be trained with BCE")
+
+
+def estimator_params(cfg: object) -> dict[str, object]:
+    """Estimator and selector parameters read from a run config (both worlds' configs name them alike):
+    ``gamma``, ``lam``, ``whiten``, ``std`` (from ``grpo_std``), ``bppo_prefix_ratio``,
+    ``bppo_accuracy_threshold``, ``lampo_temperature``. Fields a config lacks are left out, so the
+    functions' own defaults apply."""
+    names = {
+        "gamma": "gamma",
+        "lam": "lam",
+        "whiten": "whiten",
+        "std": "grpo_std",
+        "bppo_prefix_ratio": "bppo_prefix_ratio",
+        "bppo_accuracy_threshold": "bppo_accuracy_threshold",
+        "lampo_temperature": "lampo_temperature",
+    }
+    return {key: getattr(cfg, field) for key, field in names.items() if hasattr(cfg, field)}
 
 
 def critic_values(algo: Algorithm, critic_out: Tensor) -> Tensor:

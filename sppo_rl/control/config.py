@@ -14,7 +14,7 @@ class ControlConfig:
     """Stage 3 of the pipeline: RL on a sparse terminal-reward control task, from a warm start."""
 
     algo: str = "sppo"
-    """Algorithm: ppo, sppo, grpo, drgrpo, rloo, remax, reinforce, or the ablation ppo-bce."""
+    """Algorithm: ppo, sppo, grpo, drgrpo, rloo, remax, reinforce, bppo, lampo, or the ablation ppo-bce."""
     task: str = "precision-cartpole"
     """Task short name (precision-cartpole, mountaincar, hopper, lunarlander, pendulum, ...) or Gymnasium id."""
     seed: int = 0
@@ -59,6 +59,12 @@ class ControlConfig:
     """Std convention of GRPO's normalisation (sample = torch.std, as verl)."""
     ent_coef: float = 0.0
     """Entropy bonus coefficient."""
+    bppo_prefix_ratio: float = 0.4
+    """BPPO: fraction of each selected sequence's positions trained on (its prefix)."""
+    bppo_accuracy_threshold: float = 0.5
+    """BPPO: below this batch accuracy the full groups are trained on (GRPO); at or above it, the binary prefix pairs."""
+    lampo_temperature: float = 0.1
+    """LamPO: temperature of the confidence weighting of pairwise reward differences."""
     max_grad_norm: float = 0.5
     """Gradient clipping (global norm) for the actor and the critic separately."""
     dense: bool = False
@@ -124,13 +130,13 @@ class WarmstartConfig:
     """Expert episodes collected (sampled actions) for cloning; only successful ones are kept."""
     hidden_sizes: tuple[int, ...] = (64, 64)
     """Widths of the cloned policy (the one stage 3 trains)."""
-    bc_lr: float = 1e-3
+    bc_lr: float = 3e-4
     """Adam learning rate of behaviour cloning."""
     bc_batch: int = 256
     """Minibatch size (states) of behaviour cloning."""
     bc_max_steps: int = 20000
     """Upper bound on cloning gradient steps."""
-    check_every: int = 25
+    check_every: int = 5
     """Measure the clone's success every this many gradient steps."""
     target_success: float = 0.3
     """Stop cloning once the clone's sampled success rate reaches this (non-zero but imperfect)."""

@@ -36,7 +36,7 @@ from sppo_rl.agents import (
     get_algorithm,
     policy_loss,
 )
-from sppo_rl.agents.algorithms import Algorithm, critic_values
+from sppo_rl.agents.algorithms import Algorithm, critic_values, estimator_params
 from sppo_rl.control.config import ControlConfig
 from sppo_rl.control.networks import Actor, Critic
 from sppo_rl.control.rollout import Episodes, collect
@@ -306,7 +306,7 @@ class ControlRun:
         greedy_success = ep_all.success[n:] if r.greedy_per_update else None
         self.actor.norm.update(ep.obs[ep.mask > 0])
         batch = self._batch(ep, groups[:n], greedy_success)
-        compute_advantages(batch, algo, gamma=cfg.gamma, lam=cfg.lam, whiten=cfg.whiten, std=cfg.grpo_std)
+        compute_advantages(batch, algo, **estimator_params(cfg))
         check_finite(self.update_idx + 1, advantages=batch.advantages)
         stats = self._optimise(ep, batch)
         self.update_idx += 1
@@ -350,6 +350,7 @@ class ControlRun:
                 out["value_mean"] = float(pred[valid].mean())
         adv_zero = bool((batch.advantages == 0).all())
         out["actor_skipped"] = int(adv_zero)
+        out["loss_frac"] = float(batch.loss_mask.sum() / mask.sum().clamp(min=1))
         B = batch.batch_size
         mb_rows = torch.tensor_split(torch.arange(B), cfg.minibatches)
         self.actor.train()

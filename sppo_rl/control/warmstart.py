@@ -16,6 +16,7 @@ The output file (``{"arch", "actor", "meta"}``) is what ``sppo-rl control --init
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import sys
@@ -44,8 +45,8 @@ from sppo_rl.runtime.run import RunError, set_threads
 EXPERTS: dict[str, dict[str, Any]] = {
     "short-cartpole": dict(total_episodes=3000, episodes_per_update=32, actor_lr=1e-3),
     "precision-cartpole": dict(total_episodes=6000, episodes_per_update=32, actor_lr=1e-3),
-    "mountaincar": dict(total_episodes=1500, episodes_per_update=8, actor_lr=1e-3),
-    "pendulum": dict(total_episodes=1500, episodes_per_update=8, actor_lr=1e-3),
+    "mountaincar": dict(total_episodes=600, episodes_per_update=8, actor_lr=1e-3),
+    "pendulum": dict(total_episodes=400, episodes_per_update=8, actor_lr=1e-3),
     "lunarlander": dict(total_episodes=3000, episodes_per_update=16, actor_lr=3e-4),
     "hopper": dict(total_episodes=3000, episodes_per_update=8, actor_lr=3e-4),
 }
@@ -129,8 +130,19 @@ def clone(cfg: WarmstartConfig, task: str, expert: Actor) -> tuple[Actor, dict[s
     opt = torch.optim.Adam([p for p in student.parameters() if p.requires_grad], lr=cfg.bc_lr)
     bgen = torch.Generator().manual_seed(cfg.seed + 103)
     history: list[tuple[int, float]] = []
-    step, rate = 0, 0.0
-    while step < cfg.bc_max_steps:
+    snapshots: list[tuple[int, float, dict]] = []
+    step, loss = 0, torch.tensor(float("nan"))
+    while True:
+        rate = success_rate(student, task, cfg.eval_episodes, greedy=False)
+        history.append((step, rate))
+        snapshots.append((step, rate, copy.deepcopy(student.state_dict())))
+        if cfg.progress:
+            print(
+                f"[warmstart] bc step {step}: loss {loss.item():.4f}, sampled success {rate:.3f}",
+                file=sys.stderr,
+            )
+        if rate >= cfg.target_success or step >= cfg.bc_max_steps:
+            break
         for _ in range(cfg.check_every):
             idx = torch.randint(0, states.shape[0], (min(cfg.bc_batch, states.shape[0]),), generator=bgen)
             out = student(states[idx])
@@ -142,20 +154,21 @@ def clone(cfg: WarmstartConfig, task: str, expert: Actor) -> tuple[Actor, dict[s
             loss.backward()
             opt.step()
             step += 1
-        rate = success_rate(student, task, cfg.eval_episodes, greedy=False)
-        history.append((step, rate))
-        if cfg.progress:
-            print(
-                f"[warmstart] bc step {step}: loss {float(loss):.4f}, sampled success {rate:.3f}",
-                file=sys.stderr,
-            )
-        if rate >= cfg.target_success:
-            break
+    # of the checked snapshots that succeed sometimes but not always, the one closest to the target
+    imperfect = [s for s in snapshots if 0.0 < s[1] < 1.0]
+    if not imperfect:
+        raise RunError(
+            f"behaviour cloning on {task} never gave a success rate strictly between 0 and 1 "
+            f"(checks: {history}); try a smaller --check-every or --bc-lr"
+        )
+    chosen = min(imperfect, key=lambda s: (abs(s[1] - cfg.target_success), s[0]))
+    student.load_state_dict(chosen[2])
     info = {
         "demo_episodes": cfg.demo_episodes,
         "demo_successes": int(ok.sum()),
         "demo_states": int(states.shape[0]),
-        "bc_steps": step,
+        "bc_steps": chosen[0],
+        "bc_check_success": chosen[1],
         "bc_history": history,
     }
     return student, info

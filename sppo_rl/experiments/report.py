@@ -46,8 +46,10 @@ PALETTE = {
     "remax": "#8c564b",
     "reinforce": "#e377c2",
     "ppo-bce": "#ff7f0e",
+    "bppo": "#17becf",
+    "lampo": "#7f7f7f",
 }
-EXTRA = ["#17becf", "#7f7f7f", "#393b79", "#637939", "#8c6d31", "#843c39"]
+EXTRA = ["#393b79", "#637939", "#8c6d31", "#843c39"]
 X_AXES = {"episodes": "episodes", "wall_time_s": "wall-clock seconds (training)"}
 
 

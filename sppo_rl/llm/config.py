@@ -11,7 +11,7 @@ class LLMConfig:
     """RL with verifiable rewards on a causal LM: SPPO (prompt-only critic) and every baseline."""
 
     algo: str = "sppo"
-    """Algorithm: ppo, sppo, grpo, drgrpo, rloo, remax, reinforce (or the ablation ppo-bce)."""
+    """Algorithm: ppo, sppo, grpo, drgrpo, rloo, remax, reinforce, bppo, lampo (or the ablation ppo-bce)."""
     task: str = "arithmetic"
     """'arithmetic' (synthetic, generated from --data-seed) or a local jsonl/parquet file of problems."""
     val_data: str | None = None
@@ -86,6 +86,12 @@ class LLMConfig:
     """Where the KL penalty goes: subtracted from token rewards, or added to the actor loss."""
     ent_coef: float = 0.0
     """Entropy bonus."""
+    bppo_prefix_ratio: float = 0.4
+    """BPPO: fraction of each selected sequence's positions trained on (its prefix)."""
+    bppo_accuracy_threshold: float = 0.5
+    """BPPO: below this batch accuracy the full groups are trained on (GRPO); at or above it, the binary prefix pairs."""
+    lampo_temperature: float = 0.1
+    """LamPO: temperature of the confidence weighting of pairwise reward differences."""
     max_grad_norm: float = 1.0
     """Gradient clipping of actor and critic."""
     critic_warmup: int = 0

@@ -45,7 +45,7 @@ from sppo_rl.agents import (
     policy_loss,
     terminal_rewards,
 )
-from sppo_rl.agents.algorithms import critic_values
+from sppo_rl.agents.algorithms import critic_values, estimator_params
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.data import Example, load_examples, render_prompt
 from sppo_rl.llm.engines import init_process_group, launcher_dist, make_engine
@@ -457,9 +457,7 @@ class LLMRun:
             values=values,
             baseline_rewards=baseline.to(self.device) if baseline is not None else None,
         )
-        compute_advantages(
-            batch, algo, gamma=cfg.gamma, lam=cfg.lam, std=cfg.grpo_std, **self._variant_params()
-        )
+        compute_advantages(batch, algo, **estimator_params(cfg))
         check_finite(self.step_idx + 1, advantages=batch.advantages)
         stats = self._optimise(rb, batch, ref_logp)
         t_sync = self.sync_rollout()
@@ -512,10 +510,6 @@ class LLMRun:
         row.update(stats)
         return row
 
-    def _variant_params(self) -> dict[str, Any]:
-        """Parameters of the estimators and selectors beyond the classic ones (BPPO, LamPO)."""
-        return {}
-
     def _scale(self, m: Tensor) -> float:
         """Factor on this rank's minibatch loss so that DeepSpeed's average over ranks equals the loss of
         the union of the ranks' minibatches: ``local_units * world / global_units``, the units being
@@ -553,7 +547,10 @@ class LLMRun:
                 out["explained_variance"] = explained_variance(
                     critic_values(algo, batch.values), batch.returns, mask
                 )
-        (nonzero,) = self.dist.all_sum([float((batch.advantages != 0).sum())], self.device)
+        nonzero, kept, valid = self.dist.all_sum(
+            [float((batch.advantages != 0).sum()), float(batch.loss_mask.sum()), float(mask.sum())], self.device
+        )
+        out["loss_frac"] = kept / max(valid, 1.0)
         train_actor = self.step_idx >= cfg.critic_warmup and nonzero > 0
         out["actor_skipped"] = int(not train_actor)
         stats: dict[str, list[float]] = {}
