@@ -37,12 +37,13 @@ def _lazy(module: str, function: str) -> Callable[[object], object]:
 
 
 def _commands() -> dict[str, tuple[type, Callable[[object], object]]]:
-    from sppo_rl.control.config import ControlConfig, DemoConfig, WarmstartConfig
+    from sppo_rl.control.config import ControlConfig, WarmstartConfig
+    from sppo_rl.demo import DemoConfig
     from sppo_rl.experiments.config import ReportConfig, SweepConfig
     from sppo_rl.llm.config import LLMConfig
 
     return {
-        "demo": (DemoConfig, _lazy("sppo_rl.control.demo", "run_demo")),
+        "demo": (DemoConfig, _lazy("sppo_rl.demo", "run_demo")),
         "control": (ControlConfig, _lazy("sppo_rl.control.trainer", "run_control")),
         "warmstart": (WarmstartConfig, _lazy("sppo_rl.control.warmstart", "run_warmstart")),
         "sweep": (SweepConfig, _lazy("sppo_rl.experiments.sweep", "run_sweep")),

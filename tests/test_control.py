@@ -152,12 +152,19 @@ def test_metrics_rows_and_run_folder(tmp_path):
     assert list((out / "tb").glob("events.*")) and list((out / "checkpoints").glob("ckpt-*"))
     cal = json.loads((out / "calibration.json").read_text())
     assert len(cal["predicted"]) == len(cal["empirical"]) == 64
+    trace = np.load(out / "critic_trace.npz")
+    assert str(trace["kind"]) == "sequence" and trace["v0"].shape == trace["success"].shape == (64,)
 
 
 def test_ppo_logs_explained_variance(tmp_path):
     run_control(_cfg(tmp_path, algo="ppo", total_episodes=128))
     row = read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]
     assert "explained_variance" in row and "value_loss" in row
+    trace = np.load(tmp_path / "run" / "critic_trace.npz")
+    assert str(trace["kind"]) == "step"
+    L = trace["lengths"]
+    assert trace["values"].shape == (64, int(L.max()))
+    assert all((trace["values"][b, L[b]:] == 0).all() for b in range(64))
 
 
 def test_same_seed_same_metrics_and_different_seed_differs(tmp_path):

@@ -66,6 +66,11 @@ def test_every_algorithm_trains_and_leaves_a_loadable_actor(tmp_path, tiny, algo
     assert (out / "final" / "actor" / "tokenizer.json").exists()
     if algo in ("sppo", "ppo", "ppo-bce"):
         assert (out / "final" / "critic" / "value_head.safetensors").exists()
+        import numpy as np
+
+        trace = np.load(out / "critic_trace.npz")
+        assert str(trace["kind"]) == ("sequence" if algo == "sppo" else "step")
+        assert len(trace["success"]) == 8 * 2  # val prompts x eval samples
 
 
 def test_group_rows_and_greedy_baseline(tmp_path, tiny):

@@ -150,21 +150,3 @@ class WarmstartConfig:
     """Show progress bars."""
     extra: dict[str, str] = field(default_factory=dict)
     """Free-form tags stored in the file's metadata."""
-
-
-@dataclass
-class DemoConfig:
-    """A short PPO-vs-SPPO comparison on a sparse terminal-reward control task."""
-
-    task: str = "precision-cartpole"
-    """Task short name."""
-    algos: tuple[str, ...] = ("ppo", "sppo")
-    """Algorithms to compare."""
-    total_episodes: int = 3072
-    """Episodes per algorithm."""
-    seed: int = 0
-    """Seed shared by the runs."""
-    out_dir: str = "runs/demo"
-    """Each algorithm's run goes to <out_dir>/<algo>."""
-    progress: bool = True
-    """Show progress bars."""

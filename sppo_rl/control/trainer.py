@@ -466,6 +466,32 @@ class ControlRun:
         emp = ep.success.view(contexts, samples).mean(1)
         return {"predicted": pred.tolist(), "empirical": emp.tolist(), "samples": [samples] * contexts}
 
+    @torch.no_grad()
+    def critic_trace(self, episodes: int = 64) -> dict[str, np.ndarray] | None:
+        """What the critic says along ``episodes`` sampled episodes from fixed start states, for the
+        tail-effect diagnostic: a step critic's ``V(s_t)`` (in reward units) for every step, or a
+        sequence critic's ``V(s_0)``, with each episode's length and outcome (None without a critic)."""
+        from sppo_rl.envs import make_episode_env
+
+        if self.critic is None:
+            return None
+        env = make_episode_env(self.spec.name, num_envs=episodes, dense=self.cfg.dense)
+        seeds = EVAL_SEED_BASE + 20_000 + np.arange(episodes)
+        ep = collect(env, self.actor, seeds, self.resolved.horizon, None, torch.Generator().manual_seed(4242))
+        env.close()
+        out = {
+            "lengths": ep.lengths.numpy(),
+            "success": ep.success.numpy(),
+            "horizon": np.array(self.resolved.horizon),
+        }
+        if self.algo.requires.critic == "sequence":
+            out["kind"] = np.array("sequence")
+            out["v0"] = torch.sigmoid(self.critic(ep.obs[:, 0])).numpy()
+        else:
+            out["kind"] = np.array("step")
+            out["values"] = (critic_values(self.algo, self.critic(ep.obs)) * ep.mask).numpy()
+        return out
+
     # ------------------------------------------------------------------------------------- loop
 
     def run(self) -> dict[str, Any]:
@@ -523,6 +549,9 @@ class ControlRun:
         cal = self.calibration()
         if cal is not None:
             atomic_write_text(self.out / "calibration.json", json.dumps(cal) + "\n")
+        trace = self.critic_trace()
+        if trace is not None:
+            np.savez_compressed(self.out / "critic_trace.npz", **trace)
         save_actor_file(self.out / "final.pt", self.actor, {"summary": summary, "config": asdict(cfg)})
         atomic_write_text(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")
         self.logger.close()

@@ -548,7 +548,8 @@ class LLMRun:
                     critic_values(algo, batch.values), batch.returns, mask
                 )
         nonzero, kept, valid = self.dist.all_sum(
-            [float((batch.advantages != 0).sum()), float(batch.loss_mask.sum()), float(mask.sum())], self.device
+            [float((batch.advantages != 0).sum()), float(batch.loss_mask.sum()), float(mask.sum())],
+            self.device,
         )
         out["loss_frac"] = kept / max(valid, 1.0)
         train_actor = self.step_idx >= cfg.critic_warmup and nonzero > 0
@@ -689,6 +690,50 @@ class LLMRun:
                 out["val_critic_spearman"] = float(spearmanr(pred_all, emp)[0])
         return out
 
+    @torch.no_grad()
+    def critic_trace(self) -> dict[str, np.ndarray] | None:
+        """What the critic says on sampled validation responses (tail-effect diagnostic): a token
+        critic's ``V(s_t)`` for every response token (``[N, T]``, with lengths), or a sequence critic's
+        ``V(s_p)`` per response, with each response's outcome. All ranks call this (ZeRO-3)."""
+        if self.critic_engine is None or not self.val_set:
+            return None
+        cfg, critic = self.cfg, self.critic_engine.module
+        mine = list(range(self.dist.rank, len(self.val_set), self.dist.world))
+        rows: list[tuple[list[float], float]] = []
+        if mine:
+            prompts = [render_prompt(self.val_set[i], self.tokenizer) for i in mine]
+            rb = self.rollout.generate(
+                prompts,
+                n=cfg.eval_samples,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                max_new_tokens=cfg.max_new_tokens,
+                seed=self._seeds(-2, mine),
+            ).to(self.device)
+            R, _ = self._score(rb.texts, [self.val_set[mine[int(i)]].answer for i in rb.prompt_index])
+            if self.algo.requires.critic == "sequence":
+                v = torch.sigmoid(critic(rb.prompt_ids, rb.prompt_mask).float())[:, None]
+                lengths = torch.ones(len(R), dtype=torch.long)
+            else:
+                v = critic_values(self.algo, critic(rb.input_ids, rb.attention_mask, rb.response_len).float())
+                lengths = rb.response_mask.sum(-1).cpu()
+            rows = [(v[b, : int(lengths[b])].cpu().tolist(), float(R[b])) for b in range(len(R))]
+        rows = self.dist.gather_lists(rows)
+        T = max(len(v) for v, _ in rows)
+        values = np.zeros((len(rows), T), dtype=np.float32)
+        for b, (v, _) in enumerate(rows):
+            values[b, : len(v)] = v
+        out = {
+            "lengths": np.array([len(v) for v, _ in rows]),
+            "success": np.array([r for _, r in rows], dtype=np.float32),
+            "horizon": np.array(cfg.max_new_tokens),
+        }
+        if self.algo.requires.critic == "sequence":
+            out["kind"], out["v0"] = np.array("sequence"), values[:, 0]
+        else:
+            out["kind"], out["values"] = np.array("step"), values
+        return out
+
     # ------------------------------------------------------------------------------------- loop
 
     def run(self) -> dict[str, Any]:
@@ -738,6 +783,9 @@ class LLMRun:
             if bar is not None:
                 bar.close()
         self.export(self.out / "final")
+        trace = self.critic_trace()
+        if trace is not None and self.dist.main:
+            np.savez_compressed(self.out / "critic_trace.npz", **trace)
         summary = None
         if self.dist.main:
             from sppo_rl.runtime.logging import read_metrics

