@@ -53,16 +53,66 @@ def _commands() -> dict[str, tuple[type, Callable[[object], object]]]:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    commands = _commands()
-    cfg = tyro.extras.subcommand_cli_from_dict(
-        {name: cls for name, (cls, _) in commands.items()},
-        prog="sppo-rl",
-        description="Sequence-level PPO and its baselines for RL with verifiable rewards.",
-        args=sys.argv[1:] if argv is None else argv,
-    )
+def load_recipe(cls: type, path: str) -> object:
+    """A config whose defaults come from a JSON recipe file (``{field: value}``); unknown fields are refused."""
+    import dataclasses
+    import json
+    from pathlib import Path
+
     from sppo_rl.runtime.run import RunError
 
+    file = Path(path)
+    if not file.is_file():
+        builtin = Path(__file__).parent / "recipes" / (path if path.endswith(".json") else f"{path}.json")
+        if not builtin.is_file():
+            raise RunError(f"--recipe {path}: no such file (built-in recipes: {', '.join(recipe_names())})")
+        file = builtin
+    try:
+        values = json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise RunError(f"{file}:{e.lineno}: not valid JSON ({e.msg})") from None
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields) - {"_comment"})
+    if unknown:
+        raise RunError(f"{file}: unknown field(s) {', '.join(unknown)} for {cls.__name__}")
+    values.pop("_comment", None)
+    for name, value in values.items():
+        if isinstance(value, list):
+            values[name] = tuple(value)
+    return cls(**values)
+
+
+def recipe_names() -> list[str]:
+    from pathlib import Path
+
+    return sorted(p.stem for p in (Path(__file__).parent / "recipes").glob("*.json"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    from sppo_rl.runtime.run import RunError
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    commands = _commands()
+    if "--recipe" in args and args and args[0] in commands:
+        # `sppo-rl llm --recipe FILE [flags]`: the recipe gives the defaults, the flags override them
+        i = args.index("--recipe")
+        if i + 1 >= len(args):
+            print("sppo-rl: error: --recipe needs a file", file=sys.stderr)
+            sys.exit(2)
+        cls, run = commands[args[0]]
+        try:
+            default = load_recipe(cls, args[i + 1])
+        except RunError as e:
+            print(f"sppo-rl: error: {e}", file=sys.stderr)
+            sys.exit(2)
+        cfg = tyro.cli(cls, default=default, args=args[1:i] + args[i + 2 :], prog=f"sppo-rl {args[0]}")
+    else:
+        cfg = tyro.extras.subcommand_cli_from_dict(
+            {name: cls for name, (cls, _) in commands.items()},
+            prog="sppo-rl",
+            description="Sequence-level PPO and its baselines for RL with verifiable rewards.",
+            args=args,
+        )
     for cls, run in commands.values():
         if type(cfg) is cls:
             try:

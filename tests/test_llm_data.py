@@ -10,12 +10,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from paths import FIXTURES  # noqa: E402
+from paths import MATH_DATA as DATA  # noqa: E402
 
 from sppo_rl.llm.data import DataError, Example, detect_format, load_examples, render_prompt
 from sppo_rl.llm.tasks import LEVELS, capacity, charset, make_arithmetic, reference_response
 from sppo_rl.llm.verify import verify_integer, verify_math
 
-DATA = Path("/work/shared/data/math")
 ROWS = {
     "dapo-math-17k_dedup.parquet": 17_398,
     "math__aime_repeated_8x_240.parquet": 240,
@@ -50,6 +51,13 @@ def test_reads_the_paper_files(name, rows):
     first = pq.read_table(DATA / name).slice(0, 1).to_pylist()[0]
     assert examples[0].answer == first["reward_model"]["ground_truth"].strip()
     assert examples[0].source == first["data_source"]
+
+
+@pytest.mark.parametrize("name", ROWS)
+def test_reads_the_shipped_subsets(name):
+    examples = load_examples(FIXTURES / name)
+    assert len(examples) == 24
+    assert all(isinstance(e.prompt, list) and e.answer for e in examples)
 
 
 @needs_data

@@ -19,7 +19,9 @@ from sppo_rl.llm.verify import verify_integer
 
 REPO = Path(__file__).resolve().parents[1]
 FNS = REPO / "tests" / "fixtures" / "math" / "reward_fns.py"
-MATH500 = Path("/work/shared/data/math/math__math_500.parquet")
+from paths import MATH_DATA  # noqa: E402
+
+MATH500 = MATH_DATA / "math__math_500.parquet"
 
 
 def _alive(pid: int) -> bool:

@@ -11,10 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from paths import FIXTURES  # noqa: E402
+from paths import MATH_DATA as DATA  # noqa: E402
 
 from sppo_rl.llm.verify import extract_boxed, too_costly, verify_integer, verify_math
 
-DATA = Path("/work/shared/data/math")
 FILES = [
     "dapo-math-17k_dedup.parquet",
     "math__aime2025_2025.parquet",
@@ -172,8 +173,8 @@ def test_non_string_inputs_score_zero(bad):
 # ------------------------------------------------------------------------------------ paper data
 
 
-def _truths(name: str, sample: int | None = None) -> list[str]:
-    rows = pq.read_table(DATA / name, columns=["reward_model"]).column("reward_model").to_pylist()
+def _truths(name: str, sample: int | None = None, root: Path = DATA) -> list[str]:
+    rows = pq.read_table(root / name, columns=["reward_model"]).column("reward_model").to_pylist()
     truths = [r["ground_truth"] for r in rows]
     if sample is not None and len(truths) > sample:
         step = len(truths) / sample
@@ -233,6 +234,12 @@ def _check_rates(name: str, rates: dict[str, float]) -> None:
 def test_paper_data_accepted_and_perturbations_rejected(name):
     sample = 400 if name.startswith("dapo") else None  # the full 17k rows: test_full_dapo_file (slow)
     _check_rates(name, _rates(_truths(name, sample)))
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_shipped_subsets_accepted_and_perturbations_rejected(name):
+    """The 24-row subsets shipped in tests/fixtures run everywhere, with or without the full files."""
+    _check_rates(name, _rates(_truths(name, root=FIXTURES)))
 
 
 @needs_data
