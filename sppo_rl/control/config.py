@@ -134,10 +134,12 @@ class WarmstartConfig:
     """Adam learning rate of behaviour cloning."""
     bc_batch: int = 256
     """Minibatch size (states) of behaviour cloning."""
-    bc_max_steps: int = 20000
+    bc_max_steps: int = 5000
     """Upper bound on cloning gradient steps."""
     check_every: int = 5
-    """Measure the clone's success every this many gradient steps."""
+    """Measure the clone's success every this many gradient steps at first (later every 25 % more steps)."""
+    check_episodes: int = 64
+    """Episodes (fixed start states) per success check during cloning."""
     target_success: float = 0.3
     """Stop cloning once the clone's sampled success rate reaches this (non-zero but imperfect)."""
     eval_episodes: int = 128
