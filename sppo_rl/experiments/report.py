@@ -14,9 +14,13 @@ its rows so far are used. Runs are grouped by (task, algorithm); the seeds of a 
 - Calibration: sppo runs' ``calibration.json`` (predicted ``sigmoid V(s_0)`` against the empirical success
   of ``samples`` episodes per start state), pooled over the seeds of a group: Pearson, Spearman, ECE
   (``--calibration-bins`` equal-width bins, weighted by episodes), Brier score against the episode outcomes.
+- Tail effect: every run folder with a ``critic_trace.npz`` (control or LLM runs, grouped by the task and
+  algorithm of their ``config.json``): critic values against the relative position t/(T-1) for successful and
+  failed sequences, their gap, and the sequence critic's V(s_0) by outcome (see :mod:`tail`). A folder of
+  LLM runs only (no ``success_rate`` rows) gets this section alone.
 
 Outputs in ``--out``: ``success_vs_episodes.png``, ``success_vs_wall_time.png``, ``calibration.png``,
-``report.md`` (also printed) and ``report.json`` (every number).
+``tail_effect.png``, ``report.md`` (also printed) and ``report.json`` (every number).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from sppo_rl.experiments import stats
+from sppo_rl.experiments import stats, tail
 from sppo_rl.experiments.config import ReportConfig
 from sppo_rl.experiments.sweep import BOOKKEEPING
 from sppo_rl.runtime.logging import read_metrics
@@ -207,6 +211,21 @@ def calibration_numbers(runs: list[Run], bins: int) -> dict[str, Any]:
     }
 
 
+def tail_effect(runs: list[Run]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The tail-effect diagnostic of every run that left a ``critic_trace.npz``, seeds of a (task, algo)
+    pooled (see :mod:`sppo_rl.experiments.tail`); also the traces that could not be read, with why."""
+    traced, skipped = [], []
+    for r in runs:
+        path = r.path / tail.TRACE_FILE
+        if not path.is_file():
+            continue
+        try:
+            traced.append((r.task, r.algo, tail.load_trace(path)))
+        except ValueError as e:
+            skipped.append(str(e))
+    return tail.diagnose(traced), skipped
+
+
 # ------------------------------------------------------------------------------------- figures
 
 
@@ -290,12 +309,17 @@ def markdown(report: dict[str, Any], cfg: ReportConfig) -> str:
         "# Report",
         "",
         f"{len(runs)} runs ({unfinished} unfinished) from {', '.join(cfg.inputs)}.",
-        "",
-        "| task | algo | seeds | final success | "
-        + " | ".join(f"episodes to {t}" for t in ts)
-        + " | wall s | steps/s |",
-        "|---|---|---:|---:|" + "---:|" * len(ts) + "---:|---:|",
     ]
+    if report["groups"]:
+        lines += [
+            "",
+            "| task | algo | seeds | final success | "
+            + " | ".join(f"episodes to {t}" for t in ts)
+            + " | wall s | steps/s |",
+            "|---|---|---:|---:|" + "---:|" * len(ts) + "---:|---:|",
+        ]
+    else:
+        lines += ["", "No run with success_rate rows (e.g. LLM runs only): no curves and no table."]
     for g in report["groups"]:
         seeds = str(g["seeds"]) + (
             f" ({g['seeds'] - g['finished']} unfinished)" if g["finished"] < g["seeds"] else ""
@@ -317,12 +341,13 @@ def markdown(report: dict[str, Any], cfg: ReportConfig) -> str:
             lines.append(
                 f"\nNote: the {g['task']} / {g['algo']} runs differ in {', '.join(g['differs_in'])}."
             )
-    lines += [
-        "",
-        "![success vs episodes](success_vs_episodes.png)",
-        "",
-        "![success vs wall-clock](success_vs_wall_time.png)",
-    ]
+    if report["groups"]:
+        lines += [
+            "",
+            "![success vs episodes](success_vs_episodes.png)",
+            "",
+            "![success vs wall-clock](success_vs_wall_time.png)",
+        ]
     if report["calibration"]:
         lines += [
             "",
@@ -337,6 +362,8 @@ def markdown(report: dict[str, Any], cfg: ReportConfig) -> str:
                 f"{_num(c['spearman'], '.3f')} | {c['ece']:.4f} | {c['brier']:.4f} | {c['mse']:.4f} |"
             )
         lines += ["", "![reliability diagram](calibration.png)"]
+    if report.get("tail_effect") or report.get("tail_effect_skipped"):
+        lines += [""] + tail.markdown(report["tail_effect"], report.get("tail_effect_skipped", []))
     lines += ["", "## Definitions", ""] + [f"- **{k}**: {v}" for k, v in report["definitions"].items()]
     return "\n".join(lines) + "\n"
 
@@ -379,8 +406,12 @@ def run_report(cfg: ReportConfig) -> dict[str, Any]:
     out = Path(cfg.out) if cfg.out else Path(cfg.inputs[0]) / "report"
     runs = find_runs(cfg.inputs, skip=out.resolve())
     with_rows = [r for r in runs if r.rows]
-    if not with_rows:
-        raise RunError(f"no run with metrics (metrics.jsonl + config.json) under {', '.join(cfg.inputs)}")
+    tails, tails_skipped = tail_effect(runs)
+    if not with_rows and not tails:
+        raise RunError(
+            f"no run with metrics (metrics.jsonl + config.json with success_rate rows) or a "
+            f"{tail.TRACE_FILE} under {', '.join(cfg.inputs)}"
+        )
     out.mkdir(parents=True, exist_ok=True)
     tasks = sorted({r.task for r in with_rows})
     algos = algo_order({r.algo for r in with_rows})
@@ -399,7 +430,7 @@ def run_report(cfg: ReportConfig) -> dict[str, Any]:
                 cal[task, algo] = calibration_numbers(calibrated, cfg.calibration_bins)
     note = f"mean over seeds, 95% t-interval\neach run smoothed: trailing mean over {cfg.smooth} updates"
     figures = []
-    for xkey in X_AXES:
+    for xkey in X_AXES if with_rows else ():
         name = f"success_vs_{xkey.removesuffix('_s')}.png"
         plot_curves(curves, tasks, algos, xkey, out / name, note)
         figures.append(name)
@@ -408,9 +439,12 @@ def run_report(cfg: ReportConfig) -> dict[str, Any]:
             cal, sorted({t for t, _ in cal}), algos, out / "calibration.png", cfg.calibration_bins
         )
         figures.append("calibration.png")
+    if tails:
+        tail.plot(tails, out / tail.FIGURE, colours({e["algo"] for e in tails}))
+        figures.append(tail.FIGURE)
     report = {
         "config": asdict(cfg),
-        "definitions": definitions(cfg),
+        "definitions": {**(definitions(cfg) if with_rows else {}), **(tail.definitions() if tails else {})},
         "runs": per_run
         + [
             {
@@ -427,6 +461,8 @@ def run_report(cfg: ReportConfig) -> dict[str, Any]:
         "groups": groups,
         "calibration": list(cal.values()),
         "curves": [{"task": t, "algo": a, **{x: c[x] for x in X_AXES}} for (t, a), c in curves.items()],
+        "tail_effect": tails,
+        "tail_effect_skipped": tails_skipped,
         "figures": figures,
     }
     text = markdown(report, cfg)

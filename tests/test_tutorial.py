@@ -1,0 +1,130 @@
+"""``docs/tutorial.md`` runs: its Python blocks are executed in order, in one namespace, in a fresh
+working folder, and the numbers the text quotes are checked against what they print and compute."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+TUTORIAL = Path(__file__).resolve().parent.parent / "docs" / "tutorial.md"
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+
+
+def blocks(language: str) -> list[str]:
+    return [body for lang, body in FENCE.findall(TUTORIAL.read_text()) if lang == language]
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory) -> tuple[dict, list[str]]:
+    """Run every ```python block in order; return the shared namespace and each block's output."""
+    import os
+
+    work = tmp_path_factory.mktemp("tutorial")
+    cwd = os.getcwd()
+    os.chdir(work)
+    namespace: dict = {"__name__": "tutorial"}
+    outputs = []
+    try:
+        for i, code in enumerate(blocks("python")):
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf):
+                try:
+                    exec(compile(code, f"{TUTORIAL.name}, python block {i + 1}", "exec"), namespace)
+                except Exception as e:
+                    raise AssertionError(f"python block {i + 1} of the tutorial failed: {e!r}\n{code}") from e
+            outputs.append(buf.getvalue())
+    finally:
+        os.chdir(cwd)
+    namespace["__work__"] = work
+    return namespace, outputs
+
+
+def test_the_tutorial_has_its_sections_and_every_block_prints(executed):
+    _, outputs = executed
+    assert len(outputs) == len(blocks("python")) == 7
+    assert all(out.strip() for out in outputs), "every block shows a result"
+
+
+def test_advantages_of_the_tiny_batch(executed):
+    ns, outputs = executed
+    import torch
+
+    mask = ns["mask"]
+    want_gae = torch.tensor([[0.5, 0.3, 0.1], [0.5, 0.2, 0.0], [-0.5, -0.3, -0.1], [-0.5, 0.0, 0.0]])
+    assert torch.allclose(ns["adv_gae"], want_gae, atol=1e-6)
+    s = math.sqrt(1 / 3)  # sample std of [1, 1, 0, 0]
+    assert torch.allclose(ns["adv_grpo"], torch.tensor([0.5, 0.5, -0.5, -0.5])[:, None] / (s + 1e-6) * mask)
+    assert torch.allclose(ns["adv_grpo"][0, 0], torch.tensor(0.866), atol=1e-3)
+    assert torch.allclose(ns["adv_grpo_pop"], torch.tensor([1.0, 1.0, -1.0, -1.0])[:, None] * mask, atol=1e-5)
+    assert torch.allclose(ns["adv_sppo"], torch.tensor([0.35, 0.35, -0.65, -0.65])[:, None] * mask, atol=1e-6)
+    assert (ns["adv_sppo"][mask == 0] == 0).all() and (ns["adv_gae"][mask == 0] == 0).all()
+    assert "0.8660" in outputs[0] and "0.3500" in outputs[0] and "-0.6500" in outputs[0]
+    # GRPO = SPPO's advantage over sqrt(p (1 - p)) for binary rewards
+    assert "p = 0.65" in outputs[1]
+    assert "right +0.7338, wrong -1.3628" in outputs[1]
+    assert "right +0.3500, wrong -0.6500" in outputs[1]
+
+
+def test_the_clipped_loss_worked_example(executed):
+    ns, outputs = executed
+    assert ns["objective"] == pytest.approx(0.3558, abs=1e-4)
+    assert ns["objective"] == pytest.approx((0.385 + 0.42 + 0.2625) / 3, abs=1e-6)
+    assert "token-mean objective 0.3558, clipfrac 0.333" in outputs[2]
+    assert "[[0.3850, 0.4200, 0.2625]]" in outputs[2]
+    assert "[[-0.7150, -0.8775, -0.5200]]" in outputs[2]
+    assert "token-mean objective -0.7042" in outputs[2]
+    assert ns["bce_right"] == pytest.approx(-math.log(0.65), abs=1e-6) == pytest.approx(0.4308, abs=1e-4)
+    assert ns["bce_wrong"] == pytest.approx(-math.log(0.35), abs=1e-6)
+    assert "R = 1 -> 0.4308" in outputs[2]
+
+
+def test_the_control_runs(executed):
+    ns, outputs = executed
+    rows = ns["control_rows"]
+    assert set(rows) == {"ppo", "grpo", "sppo"}
+    for algo, r in rows.items():
+        assert [x["episodes"] for x in r] == [64 * i for i in range(1, 7)], algo
+        assert all(0.0 <= x["success_rate"] <= 1.0 for x in r)
+    assert 0.0 < rows["sppo"][-1]["v0_mean"] < 1.0
+    assert "success rate per update" in outputs[3] and "SPPO's last update" in outputs[3]
+
+
+def test_the_llm_run(executed):
+    ns, outputs = executed
+    rows = ns["llm_rows"]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert ns["llm_summary"]["steps"] == 3 and ns["llm_summary"]["algo"] == "sppo"
+    rewards = [r["reward_mean"] for r in rows[1:]]
+    assert any(0.0 < x < 1.0 for x in rewards), "the digit reward must give both outcomes"
+    assert (ns["__work__"] / "tutorial_runs" / "llm" / "sppo" / "final" / "actor" / "config.json").is_file()
+    assert outputs[4].count("step ") == 3
+
+
+def test_the_tail_effect(executed):
+    ns, outputs = executed
+    t = ns["ppo_tail"]
+    assert t["successes"] > 0 and t["failures"] > 0
+    assert len(t["bins"]["gap"]) == 20
+    # what the text says the run shows: no separation at the start, clear separation at the end
+    assert t["auc_first"] < 0.7 < t["auc_last"]
+    assert t["tail_share"] > 0.15
+    assert 0.0 <= ns["sppo_tail"]["auc_v0"] <= 1.0
+    assert "tail share" in outputs[5] and "SPPO V(s_0)" in outputs[5]
+    png = ns["__work__"] / "tutorial_runs" / "report" / "tail_effect.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "('ppo', 'step')" in outputs[6] and "('sppo', 'sequence')" in outputs[6]
+
+
+def test_shell_lines_name_real_subcommands():
+    from sppo_rl.cli import _commands
+
+    lines = [line for body in blocks("bash") for line in body.splitlines() if line.startswith("sppo-rl ")]
+    inline = re.findall(r"`(sppo-rl [a-z]+)[^`]*`", TUTORIAL.read_text())
+    assert lines and inline
+    for cmd in lines + inline:
+        assert cmd.split()[1] in _commands(), cmd
