@@ -165,6 +165,7 @@ def test_bad_arguments_are_refused(engine):
         engine.generate_from_ids(ids, (ids != 0).long())
 
 
+@pytest.mark.slow
 def test_throughput_batch64_16_tokens(tiny, capsys):
     """Generated tokens/s on 2 CPU threads (batch 64, 16 new tokens, no early stop); printed, not asserted."""
     threads = torch.get_num_threads()

@@ -187,6 +187,7 @@ def test_a_run_held_by_another_process_is_busy_not_restarted(tmp_path):
     assert result.status == "busy" and not (Path(job.out_dir) / "log.txt").exists()
 
 
+@pytest.mark.slow
 def test_ray_backend_runs_the_jobs(tmp_path):
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, include_dashboard=False)
