@@ -605,3 +605,18 @@ def test_stable_baselines3_ppo_runs(name):
     model = sb3.PPO("MlpPolicy", env, n_steps=64, batch_size=32, n_epochs=1, device="cpu", seed=0)
     model.learn(total_timesteps=128)
     env.close()
+
+
+def test_hopper_dense_shaping_caps_the_speed_bonus():
+    """Dense Hopper: healthy bonus + min(forward velocity, 1 m/s) - control cost, whatever the speed."""
+    env = gym.make("sppo_rl/SparseHopper-v0", dense=True)
+    env.reset(seed=0)
+    base = env.unwrapped.base
+    qpos, qvel = base.data.qpos.copy(), base.data.qvel.copy()
+    qvel[0] = 6.0  # shoot the torso forward
+    base.set_state(qpos, qvel)
+    x0 = float(base.data.qpos[0])
+    _, reward, _, _, _ = env.step(np.zeros(3, dtype=np.float32))
+    velocity = (float(base.data.qpos[0]) - x0) / base.dt
+    assert velocity > 2.0
+    assert reward == pytest.approx(1.0 + 1.0, abs=1e-6)  # healthy + capped velocity, zero control cost

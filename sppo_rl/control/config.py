@@ -138,6 +138,8 @@ class WarmstartConfig:
     """Upper bound on cloning gradient steps."""
     check_every: int = 5
     """Measure the clone's success every this many gradient steps at first (later every 25 % more steps)."""
+    check_growth: float = 1.25
+    """Later checks come when the step count has grown by this factor (1.0: every --check-every steps)."""
     check_episodes: int = 64
     """Episodes (fixed start states) per success check during cloning."""
     target_success: float = 0.3

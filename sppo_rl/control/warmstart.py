@@ -48,7 +48,7 @@ EXPERTS: dict[str, dict[str, Any]] = {
     "mountaincar": dict(total_episodes=600, episodes_per_update=8, actor_lr=1e-3),
     "pendulum": dict(total_episodes=400, episodes_per_update=8, actor_lr=1e-3),
     "lunarlander": dict(total_episodes=3000, episodes_per_update=16, actor_lr=3e-4),
-    "hopper": dict(total_episodes=3000, episodes_per_update=8, actor_lr=3e-4),
+    "hopper": dict(total_episodes=4000, episodes_per_update=8, actor_lr=3e-4),
 }
 
 
@@ -143,8 +143,8 @@ def clone(cfg: WarmstartConfig, task: str, expert: Actor) -> tuple[Actor, dict[s
             )
         if rate >= cfg.target_success or step >= cfg.bc_max_steps:
             break
-        # checks every `check_every` steps at first, then at steps growing by 25 % (cloning moves fast early)
-        for _ in range(max(cfg.check_every, step // 4)):
+        # checks every `check_every` steps at first, then at steps growing geometrically (cloning moves fast early)
+        for _ in range(max(cfg.check_every, int(step * (cfg.check_growth - 1.0)))):
             idx = torch.randint(0, states.shape[0], (min(cfg.bc_batch, states.shape[0]),), generator=bgen)
             out = student(states[idx])
             if spec.discrete:

@@ -4,7 +4,10 @@ Success: the robot stays healthy (as the v5 task defines it: torso height and an
 finite and bounded) for all ``H`` steps and its torso ends beyond ``x > 1.0`` m. Becoming unhealthy is
 an early failure. The torso's ``x`` (``qpos[0]``, excluded from the v5 observation) is appended before
 the time left so the success test is a function of the observation. Shaping (``dense=True``): the v5
-reward itself (forward velocity + healthy bonus - control cost).
+reward with its forward-velocity term capped at ``SPEED_CAP`` = 1 m/s (healthy bonus + min(v, 1) -
+control cost). The success test needs survival for the whole horizon and only 1 m of progress, and the
+uncapped v5 reward teaches experts that run fast and fall before step 1000; with the cap, speed beyond
+a walking pace earns nothing and staying healthy dominates.
 
 MuJoCo is imported only when an environment is built.
 """
@@ -19,6 +22,7 @@ import gymnasium as gym
 from sppo_rl.envs.core import EpisodeEnv, EpisodeSyncVectorEnv
 
 GOAL_X = 1.0
+SPEED_CAP = 1.0
 
 
 class LocomotionEpisodeEnv(EpisodeEnv):
@@ -37,8 +41,13 @@ class LocomotionEpisodeEnv(EpisodeEnv):
     def _success(self, obs):
         return bool(self.base.data.qpos[0] > self.goal_x)
 
+    def _before_step(self):
+        return float(self.base.data.qpos[0])
+
     def _shaping(self, before, action, obs, base_reward, failed, ended):
-        return base_reward
+        velocity = (float(self.base.data.qpos[0]) - before) / self.base.dt
+        weight = getattr(self.base, "_forward_reward_weight", 1.0)
+        return base_reward - weight * velocity + min(velocity, SPEED_CAP)
 
     def _extra_features(self, obs):
         return (self.base.data.qpos[0],)
