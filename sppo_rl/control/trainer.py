@@ -43,12 +43,11 @@ from sppo_rl.control.rollout import Episodes, collect
 from sppo_rl.runtime import (
     CheckpointManager,
     Preemption,
-    RunLogger,
     check_finite,
     prepare_run_dir,
-    save_config,
 )
-from sppo_rl.runtime.checkpoint import atomic_write_text, read_meta, torch_load, torch_save
+from sppo_rl.runtime.checkpoint import atomic_write_text, torch_load, torch_save
+from sppo_rl.runtime.logging import start_logging
 from sppo_rl.runtime.run import RunError, exit_preempted, set_threads
 
 WARMSTART_DIR = Path(__file__).resolve().parent.parent / "assets" / "warmstart"
@@ -200,24 +199,10 @@ class ControlRun:
         self.elapsed = 0.0
         self.ckpts = CheckpointManager(self.out / "checkpoints", keep=cfg.keep_checkpoints)
 
-        resume_pos = resume_step = None
-        if cfg.resume:
-            ckpt = self.ckpts.latest()
-            assert ckpt is not None  # prepare_run_dir checked
+        ckpt = self.ckpts.latest() if cfg.resume else None  # prepare_run_dir checked there is one
+        if ckpt is not None:
             self.load_state(torch_load(ckpt / "state.pt"))
-            meta = read_meta(ckpt)
-            resume_pos, resume_step = meta["metrics_bytes"], meta["step"]
-        save_config(self.out, {**asdict(cfg), "resolved": asdict(self.resolved)})
-        self.logger = RunLogger(
-            self.out,
-            {**asdict(cfg), "resolved": asdict(self.resolved)},
-            tensorboard=cfg.tensorboard,
-            wandb=cfg.wandb,
-            wandb_project=cfg.wandb_project,
-            wandb_mode=cfg.wandb_mode,
-            resume_position=resume_pos,
-            resume_step=resume_step,
-        )
+        self.logger = start_logging(self.out, cfg, asdict(self.resolved), ckpt)
 
     # ------------------------------------------------------------------------------------- state
 

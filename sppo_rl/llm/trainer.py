@@ -25,7 +25,6 @@ import random
 import resource
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +64,9 @@ from sppo_rl.runtime import (
     RunLogger,
     check_finite,
     prepare_run_dir,
-    save_config,
 )
 from sppo_rl.runtime.checkpoint import atomic_write_text, read_meta, torch_load, torch_save
+from sppo_rl.runtime.logging import start_logging
 from sppo_rl.runtime.run import RunError, exit_preempted
 
 TINY_CHARSET = "".join(
@@ -254,13 +253,9 @@ class LLMRun:
         self.elapsed = 0.0
         self.generated_tokens = 0
         self.ckpts = CheckpointManager(self.out / "checkpoints", keep=cfg.keep_checkpoints)
-        resume_pos = resume_step = None
-        if cfg.resume:
-            ckpt = self.ckpts.latest()
-            assert ckpt is not None
+        ckpt = self.ckpts.latest() if cfg.resume else None
+        if ckpt is not None:
             self.load_checkpoint(ckpt)
-            meta = read_meta(ckpt)
-            resume_pos, resume_step = meta["metrics_bytes"], meta["step"]
         self.resolved = {
             "group_size": G,
             "rows_per_step": cfg.prompts_per_step * G,
@@ -275,17 +270,7 @@ class LLMRun:
         }
         self.logger: RunLogger | _NullLogger = _NullLogger()
         if self.dist.main:
-            save_config(self.out, {**asdict(cfg), "resolved": self.resolved})
-            self.logger = RunLogger(
-                self.out,
-                {**asdict(cfg), "resolved": self.resolved},
-                tensorboard=cfg.tensorboard,
-                wandb=cfg.wandb,
-                wandb_project=cfg.wandb_project,
-                wandb_mode=cfg.wandb_mode,
-                resume_position=resume_pos,
-                resume_step=resume_step,
-            )
+            self.logger = start_logging(self.out, cfg, self.resolved, ckpt)
 
     def _main_first(self, fn: Any) -> Any:
         """Run ``fn`` on rank 0, then hand its result (or its error) to every rank."""

@@ -149,3 +149,27 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
     return rows
+
+
+def start_logging(
+    out_dir: str | Path, cfg: Any, resolved: dict[str, Any], resume_from: Path | None
+) -> RunLogger:
+    """Write ``config.json`` (the config plus its ``resolved`` settings) and open the run's metrics log,
+    continuing after the checkpoint ``resume_from`` when resuming. ``cfg`` carries the logging fields
+    every run config has (``tensorboard``, ``wandb``, ``wandb_project``, ``wandb_mode``)."""
+    from sppo_rl.runtime.checkpoint import read_meta
+    from sppo_rl.runtime.run import config_dict, save_config
+
+    record = {**config_dict(cfg), "resolved": resolved}
+    save_config(out_dir, record)
+    meta = read_meta(resume_from) if resume_from is not None else None
+    return RunLogger(
+        out_dir,
+        record,
+        tensorboard=cfg.tensorboard,
+        wandb=cfg.wandb,
+        wandb_project=cfg.wandb_project,
+        wandb_mode=cfg.wandb_mode,
+        resume_position=meta["metrics_bytes"] if meta else None,
+        resume_step=meta["step"] if meta else None,
+    )
