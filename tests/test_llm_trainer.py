@@ -16,14 +16,24 @@ from sppo_rl.llm.trainer import TINY_CHARSET, LLMRun, run_llm
 from sppo_rl.runtime import RunError, read_metrics
 
 ALGOS = ["ppo", "sppo", "grpo", "drgrpo", "rloo", "remax", "reinforce", "ppo-bce"]
-TIMING = {"wall_time_s", "step_time_s", "time_gen_s", "time_score_s", "time_train_s", "gen_tokens_per_s", "peak_memory_mb"}
+TIMING = {
+    "wall_time_s",
+    "step_time_s",
+    "time_gen_s",
+    "time_score_s",
+    "time_train_s",
+    "gen_tokens_per_s",
+    "peak_memory_mb",
+}
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
     from sppo_rl.llm.tiny import ensure_tiny_model
 
-    return ensure_tiny_model(tmp_path_factory.mktemp("cache"), TINY_CHARSET, hidden_size=32, layers=1, heads=2, kv_heads=1)
+    return ensure_tiny_model(
+        tmp_path_factory.mktemp("cache"), TINY_CHARSET, hidden_size=32, layers=1, heads=2, kv_heads=1
+    )
 
 
 def _cfg(tmp_path: Path, model: Path | None, **kw) -> LLMConfig:
@@ -54,9 +64,23 @@ def test_every_algorithm_trains_and_leaves_a_loadable_actor(tmp_path, tiny, algo
     out = tmp_path / "run"
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2]
-    for key in ("reward_mean", "response_length", "clipfrac", "approx_kl", "entropy", "gen_tokens_per_s",
-                "time_gen_s", "time_score_s", "time_train_s", "val_accuracy", "pass_at_k", "verifier_errors"):
-        assert key in rows[-1] or (key in ("clipfrac", "approx_kl", "entropy") and rows[-1]["actor_skipped"]), key
+    for key in (
+        "reward_mean",
+        "response_length",
+        "clipfrac",
+        "approx_kl",
+        "entropy",
+        "gen_tokens_per_s",
+        "time_gen_s",
+        "time_score_s",
+        "time_train_s",
+        "val_accuracy",
+        "pass_at_k",
+        "verifier_errors",
+    ):
+        assert key in rows[-1] or (
+            key in ("clipfrac", "approx_kl", "entropy") and rows[-1]["actor_skipped"]
+        ), key
     assert rows[-1]["rollout_logp_diff"] < 1e-4, "trainer log-probs must equal the sampler's"
     assert summary["steps"] == 2
     from transformers import AutoModelForCausalLM
@@ -108,7 +132,9 @@ def test_resume_matches_uninterrupted_within_tolerance(tmp_path, tiny):
 
 def test_reward_function_that_raises_or_hangs_is_counted_and_the_run_goes_on(tmp_path, tiny):
     fn = Path(__file__).parent / "fixtures" / "faulty_reward.py"
-    cfg = _cfg(tmp_path, tiny, algo="grpo", group_size=2, reward_fn=f"{fn}:flaky", reward_timeout=0.5, eval_every=0)
+    cfg = _cfg(
+        tmp_path, tiny, algo="grpo", group_size=2, reward_fn=f"{fn}:flaky", reward_timeout=0.5, eval_every=0
+    )
     summary = run_llm(cfg)
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert summary["steps"] == 2
@@ -125,6 +151,8 @@ def test_reward_function_that_raises_or_hangs_is_counted_and_the_run_goes_on(tmp
         (dict(task="nope"), "unknown task"),
         (dict(task="/no/such/file.jsonl"), "No such file|not found|does not exist"),
         (dict(reward_fn="/no/such.py:f"), "no such|not found|does not exist"),
+        (dict(algo="sppo", critic_model="none"), "needs a sequence-level critic"),
+        (dict(algo="ppo", critic_model="none"), "needs a step-level critic"),
     ],
 )
 def test_bad_settings_are_refused(tmp_path, tiny, kw, match):
@@ -155,7 +183,10 @@ def test_embedded_default_builds_and_warm_starts_once(tmp_path):
     cfg = _cfg(tmp_path, None, algo="sppo", steps=1, sft_steps=4, sft_target=0.99)
     s1 = run_llm(cfg)
     assert s1["warmstart"]["steps"] == 4
-    assert len(list((tmp_path / "cache").glob("tiny-*"))) == 1 and len(list((tmp_path / "cache").glob("sft-*"))) == 1
+    assert (
+        len(list((tmp_path / "cache").glob("tiny-*"))) == 1
+        and len(list((tmp_path / "cache").glob("sft-*"))) == 1
+    )
     s2 = run_llm(replace(cfg, overwrite=True))  # reuses both cached folders
     assert s2["warmstart"] == s1["warmstart"]
 
@@ -163,10 +194,38 @@ def test_embedded_default_builds_and_warm_starts_once(tmp_path):
 def test_cli_llm_two_steps(tmp_path, tiny):
     out = tmp_path / "cli"
     proc = subprocess.run(
-        [sys.executable, "-m", "sppo_rl", "llm", "--algo", "sppo", "--task", "arithmetic", "--steps", "2",
-         "--seed", "0", "--out-dir", str(out), "--model", str(tiny), "--prompts-per-step", "4",
-         "--train-size", "64", "--val-size", "8", "--max-new-tokens", "8", "--no-progress", "--threads", "1"],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "sppo_rl",
+            "llm",
+            "--algo",
+            "sppo",
+            "--task",
+            "arithmetic",
+            "--steps",
+            "2",
+            "--seed",
+            "0",
+            "--out-dir",
+            str(out),
+            "--model",
+            str(tiny),
+            "--prompts-per-step",
+            "4",
+            "--train-size",
+            "64",
+            "--val-size",
+            "8",
+            "--max-new-tokens",
+            "8",
+            "--no-progress",
+            "--threads",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (out / "metrics.jsonl").exists() and (out / "final" / "actor" / "config.json").exists()

@@ -39,7 +39,8 @@ class LLMConfig:
     model: str | None = None
     """Actor: a local Hugging Face causal-LM folder. Default: the embedded tiny Qwen2 model, warm-started on the task."""
     critic_model: str | None = None
-    """Critic backbone folder (may be smaller than the actor; its tokenizer must equal the actor's). Default: the actor's."""
+    """Critic backbone folder (may be smaller than the actor; its tokenizer must equal the actor's). Default: the actor's;
+    'none' switches the critic off (refused for algorithms that need one)."""
     sft_steps: int = 1500
     """Embedded default only: most supervised warm-start steps on the task (the LLM twin of behaviour cloning)."""
     sft_lr: float = 1e-3

@@ -166,7 +166,7 @@ class LLMRun:
         self.algo = get_algorithm(cfg.algo)
         req = self.algo.requires
         G = cfg.group_size if cfg.group_size is not None else (self.algo.group_size if req.groups else 1)
-        check_setup(self.algo, G, cfg.prompts_per_step * G)
+        check_setup(self.algo, G, cfg.prompts_per_step * G, use_critic=cfg.critic_model != "none")
         self.group_size = G
         if cfg.steps < 1 or cfg.prompts_per_step < 1:
             raise RunError("--steps and --prompts-per-step must be >= 1")
