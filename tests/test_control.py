@@ -288,3 +288,13 @@ def test_warmstart_pipeline_gives_imperfect_start(tmp_path):
         )
     )
     assert summary["episodes"] == 128
+
+
+def test_first_ratio_is_exactly_one_with_moving_observation_statistics(tmp_path):
+    """Random init normalises observations with running statistics; the update must recompute the
+    log-probs on the inputs they were sampled with, so before any step the PPO ratio is exactly 1."""
+    run = ControlRun(_cfg(tmp_path, algo="reinforce", total_episodes=128, epochs=1, minibatches=1, actor_lr=1e-12))
+    run.update()
+    row = run.update()
+    assert row["ratio_min"] == pytest.approx(1.0, abs=1e-5) and row["ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    assert not bool(run.actor.norm.frozen) and float(run.actor.norm.count) > 1

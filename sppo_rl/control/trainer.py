@@ -289,11 +289,13 @@ class ControlRun:
         n = r.episodes_per_update
         ep = ep_all.rows(torch.arange(n))
         greedy_success = ep_all.success[n:] if r.greedy_per_update else None
-        self.actor.norm.update(ep.obs[ep.mask > 0])
         batch = self._batch(ep, groups[:n], greedy_success)
         compute_advantages(batch, algo, **estimator_params(cfg))
         check_finite(self.update_idx + 1, advantages=batch.advantages)
         stats = self._optimise(ep, batch)
+        # observation statistics move only after the update, so that within it the log-probs are
+        # recomputed on exactly the inputs they were sampled on (the first ratio is exactly 1)
+        self.actor.norm.update(ep.obs[ep.mask > 0])
         self.update_idx += 1
         self.episodes += n
         self.env_steps += ep_all.env_steps
