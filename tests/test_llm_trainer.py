@@ -229,3 +229,10 @@ def test_cli_llm_two_steps(tmp_path, tiny):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (out / "metrics.jsonl").exists() and (out / "final" / "actor" / "config.json").exists()
+
+
+def test_time_budget_stops_the_run(tmp_path, tiny):
+    summary = run_llm(_cfg(tmp_path, tiny, algo="sppo", steps=10_000, max_seconds=0.5, eval_every=1000))
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert 1 <= summary["steps"] < 10_000
+    assert rows[-1]["wall_time_s"] >= 0.5 and "val_accuracy" in rows[-1]  # the last update is validated

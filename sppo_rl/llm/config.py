@@ -32,6 +32,8 @@ class LLMConfig:
     """Seed of sampling, data order and model init."""
     steps: int = 60
     """RL updates."""
+    max_seconds: float | None = None
+    """Also stop once this many seconds of training have passed (a wall-clock budget; None: no limit)."""
     prompts_per_step: int = 32
     """Prompts per update; each gets --group-size samples (SPPO/PPO: 1)."""
     group_size: int | None = None

@@ -743,9 +743,13 @@ class LLMRun:
                 if self.step_idx == 0:
                     first = self.evaluate()
                     self.logger.log({"step": 0, "wall_time_s": 0.0, "generated_tokens": 0, **first}, step=0)
-                while self.step_idx < cfg.steps:
+                last = self.step_idx >= cfg.steps
+                while not last:
                     row = self.update()
-                    if cfg.eval_every and (self.step_idx % cfg.eval_every == 0 or self.step_idx == cfg.steps):
+                    # the last update: the step budget, or the time budget (rank 0's clock decides)
+                    out_of_time = cfg.max_seconds is not None and self.elapsed >= cfg.max_seconds
+                    last = self.step_idx >= cfg.steps or bool(self.dist.broadcast(out_of_time))
+                    if cfg.eval_every and (self.step_idx % cfg.eval_every == 0 or last):
                         row.update(self.evaluate())
                     self.logger.log(row, step=self.step_idx)
                     if bar is not None:
@@ -766,7 +770,7 @@ class LLMRun:
                             pre.requested or "SIGTERM",
                             f"sppo-rl llm --out-dir {self.out} --resume ...",
                         )
-                    if self.step_idx % cfg.checkpoint_every == 0 or self.step_idx == cfg.steps:
+                    if self.step_idx % cfg.checkpoint_every == 0 or last:
                         self.save_checkpoint()
         finally:
             if bar is not None:
