@@ -7,7 +7,8 @@ Every run is its own ``sppo-rl llm`` process (so peak memory is per run) writing
 ``<out>/compare.json`` and ``<out>/compare.png`` (validation accuracy against optimizer steps,
 generated tokens and wall-clock seconds).
 
-    python scripts/compare_llm.py --out runs/compare_llm --steps 150
+    python scripts/compare_llm.py --out runs/compare_llm --steps 150       # the same number of updates
+    python scripts/compare_llm.py --out runs/compare_llm --seconds 180     # the same wall-clock budget
 
 "Time to GRPO's best": the first wall-clock second (and generated token count) at which a run's
 validation accuracy reaches the best accuracy GRPO reached in its whole run, the paper's "5.9x"
@@ -66,7 +67,10 @@ def first_reach(rows: list[dict], target: float, key: str) -> float | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/compare_llm")
-    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--steps", type=int, default=150, help="updates per run (without --seconds)")
+    ap.add_argument(
+        "--seconds", type=float, default=None, help="equal wall-clock budget per run instead of equal updates"
+    )
     ap.add_argument("--prompts-per-step", type=int, default=32)
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)

@@ -90,6 +90,10 @@ class ControlConfig:
     """Every this many updates, measure the greedy policy's success on --eval-episodes fixed start states (0: off)."""
     eval_episodes: int = 64
     """Start states of the greedy evaluation."""
+    calibration_contexts: int = 64
+    """SPPO's calibration.json: fixed start states whose V(s_0) is compared with their empirical success."""
+    calibration_samples: int = 16
+    """SPPO's calibration.json: episodes per start state for the empirical success."""
     threads: int = 1
     """torch threads (1 is fastest for small MLPs)."""
     progress: bool = True

@@ -533,7 +533,7 @@ class ControlRun:
         }
         if cfg.eval_episodes:
             summary["final_eval_success_rate"] = self.evaluate(cfg.eval_episodes)
-        cal = self.calibration()
+        cal = self.calibration(cfg.calibration_contexts, cfg.calibration_samples)
         if cal is not None:
             atomic_write_text(self.out / "calibration.json", json.dumps(cal) + "\n")
         trace = self.critic_trace()
