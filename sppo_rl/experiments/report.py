@@ -159,8 +159,9 @@ def curve(runs: list[Run], xkey: str, cfg: ReportConfig) -> dict[str, list[float
 
 
 def differing_settings(runs: list[Run]) -> list[str]:
-    """Config keys (seeds and bookkeeping aside) whose values differ between the runs of one group."""
-    keys = set().union(*(r.config for r in runs)) - BOOKKEEPING - {"seed", "extra"}
+    """Config keys (seeds and bookkeeping aside) whose values differ between the runs of one group; a key
+    that only some runs' configs have (a setting added by a later version) is left out."""
+    keys = set.intersection(*(set(r.config) for r in runs)) - BOOKKEEPING - {"seed", "extra"}
     return sorted(k for k in keys if len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1)
 
 

@@ -55,6 +55,10 @@ BOOKKEEPING = {
     "wandb",
     "wandb_mode",
     "wandb_project",
+    # evaluations after training (own environments and generators): they do not change a run's metrics
+    "eval_episodes",
+    "calibration_contexts",
+    "calibration_samples",
 }
 FINISHED = ("done", "resumed", "skipped")
 LOCK = ".lock"
