@@ -164,7 +164,7 @@ def test_ppo_logs_explained_variance(tmp_path):
     assert str(trace["kind"]) == "step"
     L = trace["lengths"]
     assert trace["values"].shape == (64, int(L.max()))
-    assert all((trace["values"][b, L[b]:] == 0).all() for b in range(64))
+    assert all((trace["values"][b, L[b] :] == 0).all() for b in range(64))
 
 
 def test_same_seed_same_metrics_and_different_seed_differs(tmp_path):
@@ -293,8 +293,12 @@ def test_warmstart_pipeline_gives_imperfect_start(tmp_path):
 def test_first_ratio_is_exactly_one_with_moving_observation_statistics(tmp_path):
     """Random init normalises observations with running statistics; the update must recompute the
     log-probs on the inputs they were sampled with, so before any step the PPO ratio is exactly 1."""
-    run = ControlRun(_cfg(tmp_path, algo="reinforce", total_episodes=128, epochs=1, minibatches=1, actor_lr=1e-12))
+    run = ControlRun(
+        _cfg(tmp_path, algo="reinforce", total_episodes=128, epochs=1, minibatches=1, actor_lr=1e-12)
+    )
     run.update()
     row = run.update()
-    assert row["ratio_min"] == pytest.approx(1.0, abs=1e-5) and row["ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    assert row["ratio_min"] == pytest.approx(1.0, abs=1e-5) and row["ratio_max"] == pytest.approx(
+        1.0, abs=1e-5
+    )
     assert not bool(run.actor.norm.frozen) and float(run.actor.norm.count) > 1

@@ -18,23 +18,66 @@ from sppo_rl.llm.trainer import TINY_CHARSET  # noqa: E402
 from sppo_rl.runtime import read_metrics  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-COMPARED = ("reward_mean", "response_length", "policy_loss", "critic_bce", "grad_norm", "critic_grad_norm",
-            "entropy", "val_accuracy", "v0_mean")
+COMPARED = (
+    "reward_mean",
+    "response_length",
+    "policy_loss",
+    "critic_bce",
+    "grad_norm",
+    "critic_grad_norm",
+    "entropy",
+    "val_accuracy",
+    "v0_mean",
+)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
     from sppo_rl.llm.tiny import ensure_tiny_model
 
-    return ensure_tiny_model(tmp_path_factory.mktemp("cache"), TINY_CHARSET, hidden_size=32, layers=1, heads=2, kv_heads=1)
+    return ensure_tiny_model(
+        tmp_path_factory.mktemp("cache"), TINY_CHARSET, hidden_size=32, layers=1, heads=2, kv_heads=1
+    )
 
 
 def _args(tiny: Path, out: Path) -> list[str]:
     return [
-        "llm", "--algo", "sppo", "--task", "arithmetic", "--steps", "2", "--seed", "0", "--model", str(tiny),
-        "--out-dir", str(out), "--prompts-per-step", "8", "--train-size", "64", "--val-size", "8",
-        "--max-new-tokens", "8", "--minibatches", "1", "--epochs", "2", "--eval-every", "2",
-        "--actor-lr", "1e-3", "--critic-lr", "1e-3", "--temperature", "2.0", "--no-progress", "--threads", "1",
+        "llm",
+        "--algo",
+        "sppo",
+        "--task",
+        "arithmetic",
+        "--steps",
+        "2",
+        "--seed",
+        "0",
+        "--model",
+        str(tiny),
+        "--out-dir",
+        str(out),
+        "--prompts-per-step",
+        "8",
+        "--train-size",
+        "64",
+        "--val-size",
+        "8",
+        "--max-new-tokens",
+        "8",
+        "--minibatches",
+        "1",
+        "--epochs",
+        "2",
+        "--eval-every",
+        "2",
+        "--actor-lr",
+        "1e-3",
+        "--critic-lr",
+        "1e-3",
+        "--temperature",
+        "2.0",
+        "--no-progress",
+        "--threads",
+        "1",
         "--no-tensorboard",
     ]
 
@@ -61,7 +104,15 @@ def reference(tiny, tmp_path_factory) -> Path:
 @pytest.mark.parametrize("stage", [2, 3])
 def test_two_process_zero_matches_one_process(tiny, reference, tmp_path, stage):
     out = tmp_path / "ds"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(29500 + stage)]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(29500 + stage),
+    ]
     _run([*torchrun, "-m", "sppo_rl", *_args(tiny, out), "--engine", "deepspeed", "--zero-stage", str(stage)])
     a, b = read_metrics(reference / "metrics.jsonl"), read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2]
@@ -70,7 +121,12 @@ def test_two_process_zero_matches_one_process(tiny, reference, tmp_path, stage):
     for ra, rb in zip(a, b):
         for key in COMPARED:
             if key in ra:
-                assert rb[key] == pytest.approx(ra[key], rel=1e-4, abs=1e-5), (ra["step"], key, ra[key], rb[key])
+                assert rb[key] == pytest.approx(ra[key], rel=1e-4, abs=1e-5), (
+                    ra["step"],
+                    key,
+                    ra[key],
+                    rb[key],
+                )
     wa = load_file(reference / "final" / "actor" / "model.safetensors")
     wb = load_file(out / "final" / "actor" / "model.safetensors")
     assert wa.keys() == wb.keys()

@@ -18,10 +18,20 @@ from sppo_rl.runtime import RunError, read_metrics
 
 def test_every_recipe_is_a_valid_config():
     names = recipe_names()
-    assert {"sppo-1.5b-deepscaler", "grpo-1.5b-deepscaler", "sppo-7b-dapo", "sppo-7b-dapo-1.5b-critic"} <= set(names)
+    assert {
+        "sppo-1.5b-deepscaler",
+        "grpo-1.5b-deepscaler",
+        "sppo-7b-dapo",
+        "sppo-7b-dapo-1.5b-critic",
+    } <= set(names)
     for name in names:
         cfg = load_recipe(LLMConfig, name)
-        assert cfg.engine == "deepspeed" and cfg.rollout == "vllm" and cfg.temperature == 0.6 and cfg.kl_coef in (0, 0.001)
+        assert (
+            cfg.engine == "deepspeed"
+            and cfg.rollout == "vllm"
+            and cfg.temperature == 0.6
+            and cfg.kl_coef in (0, 0.001)
+        )
     assert load_recipe(LLMConfig, "sppo-7b-dapo-1.5b-critic").critic_model.endswith("1.5B")
     assert load_recipe(LLMConfig, "grpo-7b-dapo").group_size == 8
 
@@ -31,7 +41,7 @@ def test_bad_recipes_are_refused(tmp_path):
     bad.write_text(json.dumps({"algo": "sppo", "lerning_rate": 1}))
     with pytest.raises(RunError, match="unknown field.*lerning_rate"):
         load_recipe(LLMConfig, str(bad))
-    bad.write_text("{\n  \"algo\": \n}")
+    bad.write_text('{\n  "algo": \n}')
     with pytest.raises(RunError, match=r"bad.json:3: not valid JSON"):
         load_recipe(LLMConfig, str(bad))
     with pytest.raises(RunError, match="built-in recipes: .*sppo-7b-dapo"):
@@ -46,11 +56,44 @@ def test_recipe_runs_on_cpu_with_overrides(tmp_path):
     data = FIXTURES / "dapo-math-17k_dedup.parquet"
     val = FIXTURES / "math__math_500.parquet"
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "sppo_rl", "llm", "--recipe", "sppo-7b-dapo", "--model", str(tiny),
-           "--task", str(data), "--val-data", str(val), "--val-size", "4", "--eval-samples", "1",
-           "--engine", "torch", "--rollout", "hf", "--dtype", "float32", "--no-gradient-checkpointing",
-           "--steps", "1", "--prompts-per-step", "2", "--minibatches", "1", "--max-new-tokens", "8",
-           "--threads", "1", "--no-progress", "--out-dir", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sppo_rl",
+        "llm",
+        "--recipe",
+        "sppo-7b-dapo",
+        "--model",
+        str(tiny),
+        "--task",
+        str(data),
+        "--val-data",
+        str(val),
+        "--val-size",
+        "4",
+        "--eval-samples",
+        "1",
+        "--engine",
+        "torch",
+        "--rollout",
+        "hf",
+        "--dtype",
+        "float32",
+        "--no-gradient-checkpointing",
+        "--steps",
+        "1",
+        "--prompts-per-step",
+        "2",
+        "--minibatches",
+        "1",
+        "--max-new-tokens",
+        "8",
+        "--threads",
+        "1",
+        "--no-progress",
+        "--out-dir",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     cfg = json.loads((out / "config.json").read_text())

@@ -15,14 +15,41 @@ from sppo_rl.llm.trainer import TINY_CHARSET
 from sppo_rl.runtime import read_metrics
 
 CONTROL_TIMING = {"wall_time_s", "sps", "update_sps", "collect_frac"}
-LLM_TIMING = {"wall_time_s", "step_time_s", "time_gen_s", "time_score_s", "time_train_s", "time_sync_s",
-              "gen_tokens_per_s", "peak_memory_mb"}
+LLM_TIMING = {
+    "wall_time_s",
+    "step_time_s",
+    "time_gen_s",
+    "time_score_s",
+    "time_train_s",
+    "time_sync_s",
+    "gen_tokens_per_s",
+    "peak_memory_mb",
+}
 
 
 def _control_args(out: Path, episodes: int) -> list[str]:
-    return [sys.executable, "-m", "sppo_rl", "control", "--algo", "sppo", "--task", "short-cartpole",
-            "--total-episodes", str(episodes), "--init-from", "none", "--checkpoint-every", "1000",
-            "--eval-episodes", "0", "--no-progress", "--no-tensorboard", "--out-dir", str(out)]
+    return [
+        sys.executable,
+        "-m",
+        "sppo_rl",
+        "control",
+        "--algo",
+        "sppo",
+        "--task",
+        "short-cartpole",
+        "--total-episodes",
+        str(episodes),
+        "--init-from",
+        "none",
+        "--checkpoint-every",
+        "1000",
+        "--eval-episodes",
+        "0",
+        "--no-progress",
+        "--no-tensorboard",
+        "--out-dir",
+        str(out),
+    ]
 
 
 def _interrupt_after(cmd: list[str], metrics: Path, rows: int, sig: int) -> subprocess.CompletedProcess:
@@ -68,14 +95,42 @@ def test_control_preempted_then_resumed_equals_uninterrupted(tmp_path, sig):
 def tiny(tmp_path_factory) -> Path:
     from sppo_rl.llm.tiny import ensure_tiny_model
 
-    return ensure_tiny_model(tmp_path_factory.mktemp("cache"), TINY_CHARSET, hidden_size=32, layers=1, heads=2, kv_heads=1)
+    return ensure_tiny_model(
+        tmp_path_factory.mktemp("cache"), TINY_CHARSET, hidden_size=32, layers=1, heads=2, kv_heads=1
+    )
 
 
 def _llm_args(tiny: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "sppo_rl", "llm", "--algo", "sppo", "--model", str(tiny), "--steps", "40",
-            "--prompts-per-step", "4", "--train-size", "64", "--val-size", "8", "--max-new-tokens", "8",
-            "--eval-every", "10", "--checkpoint-every", "1000", "--no-progress", "--no-tensorboard", "--threads", "1",
-            "--out-dir", str(out)]
+    return [
+        sys.executable,
+        "-m",
+        "sppo_rl",
+        "llm",
+        "--algo",
+        "sppo",
+        "--model",
+        str(tiny),
+        "--steps",
+        "40",
+        "--prompts-per-step",
+        "4",
+        "--train-size",
+        "64",
+        "--val-size",
+        "8",
+        "--max-new-tokens",
+        "8",
+        "--eval-every",
+        "10",
+        "--checkpoint-every",
+        "1000",
+        "--no-progress",
+        "--no-tensorboard",
+        "--threads",
+        "1",
+        "--out-dir",
+        str(out),
+    ]
 
 
 def test_llm_preempted_then_resumed_matches_within_tolerance(tmp_path, tiny):

@@ -209,7 +209,10 @@ def test_per_prompt_seeds_make_samples_independent_of_the_batch_split(engine):
     prompts = ["1+2=", "33+4=", "5+66=", "7+8=", "90+1="]
     seeds = [11, 22, 33, 44, 55]
     whole = engine.generate(prompts, n=3, temperature=1.0, max_new_tokens=8, seed=seeds)
-    parts = [engine.generate(prompts[a:b], n=3, temperature=1.0, max_new_tokens=8, seed=seeds[a:b]) for a, b in ((0, 2), (2, 5))]
+    parts = [
+        engine.generate(prompts[a:b], n=3, temperature=1.0, max_new_tokens=8, seed=seeds[a:b])
+        for a, b in ((0, 2), (2, 5))
+    ]
     assert whole.texts == parts[0].texts + parts[1].texts
     other = engine.generate(prompts, n=3, temperature=1.0, max_new_tokens=8, seed=[s + 1 for s in seeds])
     assert other.texts != whole.texts
