@@ -1,6 +1,7 @@
 """The paper's LLM comparison at small scale: SPPO (N=1), GRPO (N=8), RLOO, ReMax and PPO on the tiny
 arithmetic task, all from the same warm start, the same prompts per update and the same number of
-updates; plus SPPO with a critic smaller than the actor.
+updates; plus SPPO with a critic smaller than the actor, and the two group variants BPPO and LamPO
+(N=8, like GRPO).
 
 Every run is its own ``sppo-rl llm`` process (so peak memory is per run) writing to
 ``<out>/<name>/``; the script then reads the metrics back and writes ``<out>/compare.md``,
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -36,6 +38,8 @@ RUNS = [
     ("remax", ["--algo", "remax"]),
     ("ppo", ["--algo", "ppo"]),
     ("sppo-small-critic", ["--algo", "sppo", "--critic-model", "{small}"]),
+    ("bppo", ["--algo", "bppo", "--group-size", "8"]),
+    ("lampo", ["--algo", "lampo", "--group-size", "8"]),
 ]
 
 
@@ -57,6 +61,33 @@ def _numel(shape: list[int]) -> int:
     return out
 
 
+def finished_with(run_dir: Path, flags: list[str]) -> bool:
+    """True when ``run_dir`` holds a finished run (``summary.json``) whose saved config agrees with every
+    flag of ``flags``: ``--group-size 8`` <-> ``group_size == 8``, ``--no-tensorboard`` <->
+    ``tensorboard is False``, a bare ``--overwrite`` <-> ``overwrite is True``."""
+    if not (run_dir / "summary.json").is_file() or not (run_dir / "config.json").is_file():
+        return False
+    config = json.loads((run_dir / "config.json").read_text())
+    i = 0
+    while i < len(flags):
+        flag = flags[i]
+        if not flag.startswith("--"):
+            return False
+        key = flag[2:].replace("-", "_")
+        if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
+            if str(config.get(key)) != flags[i + 1]:
+                return False
+            i += 2
+            continue
+        if key.startswith("no_") and key[3:] in config:
+            if config[key[3:]] is not False:
+                return False
+        elif config.get(key) is not True:
+            return False
+        i += 1
+    return True
+
+
 def first_reach(rows: list[dict], target: float, key: str) -> float | None:
     for r in rows:
         if r.get("val_accuracy") is not None and r["val_accuracy"] >= target - 1e-12:
@@ -75,6 +106,16 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", nargs="*", help="run only these names")
+    ap.add_argument(
+        "--llm-args",
+        default="",
+        help='more `sppo-rl llm` flags for every run, one string (e.g. "--model /path --max-new-tokens 8")',
+    )
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep a run whose folder already holds a finished run with the same settings instead of rerunning it",
+    )
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -107,16 +148,20 @@ def main() -> None:
             str(args.eval_every),
             "--seed",
             str(args.seed),
+            *shlex.split(args.llm_args),
             "--out-dir",
             str(run_dir),
             "--no-progress",
             "--overwrite",
         ]
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-        if proc.returncode != 0:
-            print(proc.stderr[-3000:], file=sys.stderr)
-            raise SystemExit(f"{name} failed ({proc.returncode})")
+        if args.reuse and finished_with(run_dir, cmd[cmd.index("llm") + 1 : cmd.index("--out-dir")]):
+            print(f"{name}: reusing the finished run in {run_dir}", file=sys.stderr)
+        else:
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+            if proc.returncode != 0:
+                print(proc.stderr[-3000:], file=sys.stderr)
+                raise SystemExit(f"{name} failed ({proc.returncode})")
         summary = json.loads((run_dir / "summary.json").read_text())
         config = json.loads((run_dir / "config.json").read_text())["resolved"]
         rows = [
