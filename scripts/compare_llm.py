@@ -239,7 +239,7 @@ def plot(results: dict[str, dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4), sharey=True)
+    fig, axes = plt.subplots(1, 3, figsize=(16.5, 4), sharey=True)
     for name, r in results.items():
         rows = [row for row in r["rows"] if row.get("val_accuracy") is not None]
         y = [row["val_accuracy"] for row in rows]
@@ -249,9 +249,10 @@ def plot(results: dict[str, dict], path: Path) -> None:
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("validation accuracy (mean@k)")
-    axes[0].legend()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right")
     fig.suptitle("tiny Qwen2 on arithmetic, same warm start")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.9, 1))
     fig.savefig(path, dpi=110)
 
 
