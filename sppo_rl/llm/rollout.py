@@ -151,6 +151,27 @@ def left_pad(
     return ids.to(device), mask.to(device)
 
 
+def encode_prompts(
+    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], add_special_tokens: bool
+) -> list[list[int]]:
+    """Token ids of each prompt (no padding); raises ``ValueError`` if a prompt has no token."""
+    encoded = tokenizer(list(prompts), add_special_tokens=add_special_tokens)["input_ids"]
+    if any(len(ids) == 0 for ids in encoded):
+        raise ValueError("every prompt must have at least one token")
+    return encoded
+
+
+def check_sampling(n: int, temperature: float, top_p: float, max_new_tokens: int) -> None:
+    """The arguments every engine's ``generate`` shares: ``n, max_new_tokens >= 1``,
+    ``temperature > 0`` and ``0 < top_p <= 1``; ``ValueError`` naming the bad one otherwise."""
+    if n < 1 or max_new_tokens < 1:
+        raise ValueError(f"n and max_new_tokens must be >= 1, got n={n}, max_new_tokens={max_new_tokens}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive (use greedy=True for argmax), got {temperature}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+
 class HFRolloutEngine:
     """Batched sampling from a Hugging Face causal LM with a KV cache.
 
@@ -228,9 +249,7 @@ class HFRolloutEngine:
         seed: int | Sequence[int] | None = None,
     ) -> RolloutBatch:
         """Tokenize ``prompts`` and sample ``n`` responses for each; see :class:`RolloutBatch`."""
-        encoded = self.tokenizer(list(prompts), add_special_tokens=self.add_special_tokens)["input_ids"]
-        if any(len(ids) == 0 for ids in encoded):
-            raise ValueError("every prompt must have at least one token")
+        encoded = encode_prompts(self.tokenizer, prompts, self.add_special_tokens)
         prompt_ids, prompt_mask = left_pad(encoded, self.pad_token_id, self.device)
         return self.generate_from_ids(
             prompt_ids,
@@ -264,12 +283,7 @@ class HFRolloutEngine:
         which other prompts share the batch: data-parallel ranks that split a batch draw exactly what
         one process drawing the whole batch would.
         """
-        if n < 1 or max_new_tokens < 1:
-            raise ValueError(f"n and max_new_tokens must be >= 1, got n={n}, max_new_tokens={max_new_tokens}")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be positive (use greedy=True for argmax), got {temperature}")
-        if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        check_sampling(n, temperature, top_p, max_new_tokens)
         if prompt_mask.shape[1] == 0 or not bool((prompt_mask[:, -1] != 0).all()):
             raise ValueError(
                 "prompts must be left-padded and non-empty: the last column must be a real token"

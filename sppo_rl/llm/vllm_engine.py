@@ -94,7 +94,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from sppo_rl.llm.models import sequence_logprobs
-from sppo_rl.llm.rollout import RolloutBatch, left_pad
+from sppo_rl.llm.rollout import RolloutBatch, check_sampling, encode_prompts, left_pad
 
 logger = logging.getLogger(__name__)
 
@@ -552,11 +552,8 @@ class VLLMRolloutEngine:
         identical. Tensors are on the CPU. Raises :class:`EngineTimeoutError` after
         ``generate_timeout_s``.
         """
-        encoded = self.tokenizer(list(prompts), add_special_tokens=self.add_special_tokens)["input_ids"]
-        if any(len(ids) == 0 for ids in encoded):
-            raise ValueError("every prompt must have at least one token")
         return self.generate_from_token_ids(
-            encoded,
+            encode_prompts(self.tokenizer, prompts, self.add_special_tokens),
             n=n,
             temperature=temperature,
             top_p=top_p,
@@ -579,12 +576,7 @@ class VLLMRolloutEngine:
         """Like :meth:`generate` on already tokenized prompts (lists of ids, no padding)."""
         from vllm import SamplingParams
 
-        if n < 1 or max_new_tokens < 1:
-            raise ValueError(f"n and max_new_tokens must be >= 1, got n={n}, max_new_tokens={max_new_tokens}")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be positive (use greedy=True for argmax), got {temperature}")
-        if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        check_sampling(n, temperature, top_p, max_new_tokens)
         prompts = [[int(t) for t in ids] for ids in prompt_token_ids]
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("give at least one prompt, each with at least one token")
