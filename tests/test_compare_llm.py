@@ -11,19 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sppo_rl.llm.trainer import TINY_CHARSET
-
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "compare_llm.py"
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    from sppo_rl.llm.tiny import ensure_tiny_model
-
-    return ensure_tiny_model(
-        tmp_path_factory.mktemp("cache"), TINY_CHARSET, hidden_size=32, layers=1, heads=2, kv_heads=1
-    )
 
 
 def _compare(out: Path, tiny: Path, cache: Path, steps: int, *names: str) -> subprocess.CompletedProcess:

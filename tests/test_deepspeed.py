@@ -14,7 +14,6 @@ pytest.importorskip("deepspeed")
 
 from safetensors.torch import load_file  # noqa: E402
 
-from sppo_rl.llm.trainer import TINY_CHARSET  # noqa: E402
 from sppo_rl.runtime import read_metrics  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,15 +28,6 @@ COMPARED = (
     "val_accuracy",
     "v0_mean",
 )
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    from sppo_rl.llm.tiny import ensure_tiny_model
-
-    return ensure_tiny_model(
-        tmp_path_factory.mktemp("cache"), TINY_CHARSET, hidden_size=32, layers=1, heads=2, kv_heads=1
-    )
 
 
 def _args(tiny: Path, out: Path) -> list[str]:

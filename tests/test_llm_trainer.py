@@ -27,15 +27,6 @@ TIMING = {
 }
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    from sppo_rl.llm.tiny import ensure_tiny_model
-
-    return ensure_tiny_model(
-        tmp_path_factory.mktemp("cache"), TINY_CHARSET, hidden_size=32, layers=1, heads=2, kv_heads=1
-    )
-
-
 def _cfg(tmp_path: Path, model: Path | None, **kw) -> LLMConfig:
     base = dict(
         task="arithmetic",

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from sppo_rl.llm.trainer import TINY_CHARSET
 from sppo_rl.runtime import read_metrics
 
 CONTROL_TIMING = {"wall_time_s", "sps", "update_sps", "collect_frac"}
@@ -89,15 +88,6 @@ def test_control_preempted_then_resumed_equals_uninterrupted(tmp_path, sig):
     a, b = read_metrics(full / "metrics.jsonl"), read_metrics(part / "metrics.jsonl")
     assert [r["update"] for r in b] == list(range(1, 21)), "every update once, in order"
     assert _strip(a, CONTROL_TIMING) == _strip(b, CONTROL_TIMING)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    from sppo_rl.llm.tiny import ensure_tiny_model
-
-    return ensure_tiny_model(
-        tmp_path_factory.mktemp("cache"), TINY_CHARSET, hidden_size=32, layers=1, heads=2, kv_heads=1
-    )
 
 
 def _llm_args(tiny: Path, out: Path) -> list[str]:

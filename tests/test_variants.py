@@ -6,7 +6,6 @@ import math
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -475,16 +474,6 @@ def test_each_variant_solves_the_easy_sparse_control_task(tmp_path, algo):
     assert last >= 0.9, (algo, [round(r["success_rate"], 2) for r in rows])
     assert summary["final_eval_success_rate"] >= 0.9
     assert time.perf_counter() - t0 < 60
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    from sppo_rl.llm.tiny import ensure_tiny_model
-    from sppo_rl.llm.trainer import TINY_CHARSET
-
-    return ensure_tiny_model(
-        tmp_path_factory.mktemp("cache"), TINY_CHARSET, hidden_size=32, layers=1, heads=2, kv_heads=1
-    )
 
 
 @pytest.mark.parametrize("algo", ["bppo", "lampo"])
