@@ -184,7 +184,8 @@ GOAL_X = 0.45
 
 
 class _MountainCarShaping:
-    """Success ``x >= 0.45`` (decided at once); shaping ``Phi(s') - Phi(s)`` with the car's energy.
+    """What both MountainCar tasks share: the reset, success ``x >= 0.45`` (decided at once), and shaping
+    ``Phi(s') - Phi(s)`` with the car's energy.
 
     ``Phi = (v^2 / 2 + g/3 (1 + sin 3x)) / E_goal`` with ``g = 0.0025`` (the gravity term of both
     MountainCar tasks: ``dv = ... - g cos 3x``, whose potential is ``g/3 sin 3x``) and ``E_goal`` the
@@ -197,6 +198,11 @@ class _MountainCarShaping:
     def potential(self, states: np.ndarray) -> np.ndarray:
         x, v = states[:, 0], states[:, 1]
         return (0.5 * np.square(v) + self.G / 3.0 * (1.0 + np.sin(3.0 * x))) / self.E_GOAL
+
+    def initial_state(self, rng, options):
+        """Both MountainCar resets: ``x ~ U(-0.6, -0.4)`` (or the ``options`` bounds), ``v = 0``."""
+        low, high = cc_utils.maybe_parse_reset_bounds(options, -0.6, -0.4)
+        return np.array([rng.uniform(low=low, high=high), 0])
 
     def decided(self, states):
         return states[:, 0] >= GOAL_X
@@ -216,10 +222,6 @@ class SparseMountainCarTask(_MountainCarShaping, ClassicTask):
     state_dim = 2
     base_class = MountainCarEnv
     render_fps = 30
-
-    def initial_state(self, rng, options):
-        low, high = cc_utils.maybe_parse_reset_bounds(options, -0.6, -0.4)
-        return np.array([rng.uniform(low=low, high=high), 0])
 
     def step(self, states, actions, t):
         p = self.ref
@@ -247,10 +249,6 @@ class SparseMountainCarContinuousTask(_MountainCarShaping, ClassicTask):
     state_dim = 2
     base_class = Continuous_MountainCarEnv
     render_fps = 30
-
-    def initial_state(self, rng, options):
-        low, high = cc_utils.maybe_parse_reset_bounds(options, -0.6, -0.4)
-        return np.array([rng.uniform(low=low, high=high), 0])
 
     def step(self, states, actions, t):
         p = self.ref
