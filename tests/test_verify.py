@@ -340,6 +340,30 @@ def test_deadline_ends_slow_symbolic_work():
     assert time.perf_counter() - t0 < 1.5
 
 
+def test_deadline_fires_again_when_its_first_alarm_is_swallowed():
+    """An exception raised in a gc callback or ``__del__`` is dropped by Python; the deadline must
+    not depend on its first alarm landing elsewhere."""
+    import signal
+
+    from sppo_rl.llm.verify import _Deadline, _deadline
+
+    def busy(until: float) -> None:
+        while time.perf_counter() < until:
+            pass
+
+    t0 = time.perf_counter()
+    with pytest.raises(_Deadline):
+        with _deadline(0.1):
+            try:
+                busy(t0 + 5.0)
+            except _Deadline:
+                pass  # swallowed, as Python does inside a gc callback
+            busy(t0 + 5.0)
+    assert time.perf_counter() - t0 < 1.0
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL
+
+
 def test_deadline_keeps_an_existing_alarm_and_handler():
     import signal
 

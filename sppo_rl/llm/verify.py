@@ -314,6 +314,9 @@ def too_costly(answer: str) -> bool:
 
 # ------------------------------------------------------------------------------------- deadline
 
+_REALARM_S = 0.05
+"""Seconds between repeated alarms once a deadline has passed (see :func:`_deadline`)."""
+
 
 @contextmanager
 def _deadline(seconds: float | None) -> Iterator[None]:
@@ -321,6 +324,12 @@ def _deadline(seconds: float | None) -> Iterator[None]:
 
     A no-op off the main thread, where ``seconds`` is ``None`` or non-positive, or when another
     ``ITIMER_REAL`` timer is already pending (its owner's deadline is left untouched).
+
+    After the first alarm the timer repeats every :data:`_REALARM_S`: Python drops an exception raised
+    while a garbage-collector callback, ``__del__`` or weakref callback runs ("Exception ignored
+    in ..."), so a single alarm landing there would let the work run on unbounded. On the way out the
+    handler is switched off before the timer is disarmed and the old handler put back, and that
+    cleanup is retried if an alarm interrupts it.
     """
     usable = (
         seconds is not None
@@ -333,18 +342,25 @@ def _deadline(seconds: float | None) -> Iterator[None]:
         yield
         return
 
+    done = False
+
     def _on_alarm(signum: int, frame: Any) -> None:
-        raise _Deadline
+        if not done:
+            raise _Deadline
 
     old = signal.signal(signal.SIGALRM, _on_alarm)
     try:
-        signal.setitimer(signal.ITIMER_REAL, seconds)
+        signal.setitimer(signal.ITIMER_REAL, seconds, _REALARM_S)
         yield
     finally:
-        try:
-            signal.setitimer(signal.ITIMER_REAL, 0.0)
-        finally:
-            signal.signal(signal.SIGALRM, old)
+        while True:
+            try:
+                done = True
+                signal.setitimer(signal.ITIMER_REAL, 0.0)
+                signal.signal(signal.SIGALRM, old)
+                break
+            except _Deadline:  # an alarm before ``done`` was set: the cleanup is idempotent, redo it
+                continue
 
 
 # ----------------------------------------------------------------------------------- verifiers
