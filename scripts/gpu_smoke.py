@@ -37,6 +37,12 @@ def main() -> None:
     ap.add_argument("--data", default=str(FIXTURES / "dapo-math-17k_dedup.parquet"))
     ap.add_argument("--val-data", default=str(FIXTURES / "math__math_500.parquet"))
     ap.add_argument("--out", default="runs/gpu_smoke")
+    ap.add_argument(
+        "--max-tokens-per-micro-batch",
+        type=int,
+        default=8192,
+        help="token budget of each forward/backward pass (fits a 0.5B-7B model with checkpointing; README memory table)",
+    )
     args = ap.parse_args()
 
     import torch
@@ -89,7 +95,9 @@ def main() -> None:
         "--zero-stage",
         "3",
         "--rollout",
-        "vllm",
+        "vllm"
+        if args.gpus == 1
+        else "hf",  # vLLM beside several training ranks is refused (README, At scale)
         "--dtype",
         "bfloat16",
         "--temperature",
@@ -103,6 +111,8 @@ def main() -> None:
         "--vllm-max-model-len",
         str(args.max_new_tokens + 1024),
         "--gradient-checkpointing",
+        "--max-tokens-per-micro-batch",
+        str(args.max_tokens_per_micro_batch),
         "--minibatches",
         "2",
         "--no-progress",

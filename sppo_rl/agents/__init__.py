@@ -15,8 +15,10 @@ from sppo_rl.agents.algorithms import (
     get_algorithm,
 )
 from sppo_rl.agents.batch import SequenceBatch, lengths_to_mask, pad_sequences, terminal_rewards
+from sppo_rl.agents.learner import LOCAL, LearnerConfig, TorchEngine, forward_rows, micro_batches, ppo_update
 from sppo_rl.agents.losses import (
     agg_loss,
+    agg_units,
     bce_value_loss,
     clipped_value_loss,
     entropy_from_logits,
@@ -28,10 +30,14 @@ from sppo_rl.agents.losses import (
 __all__ = [
     "ALGORITHMS",
     "ESTIMATORS",
+    "LOCAL",
+    "LearnerConfig",
+    "TorchEngine",
     "Algorithm",
     "Requirements",
     "SequenceBatch",
     "agg_loss",
+    "agg_units",
     "bce_value_loss",
     "check_setup",
     "clipped_value_loss",
@@ -39,12 +45,15 @@ __all__ = [
     "critic_loss",
     "entropy_from_logits",
     "explained_variance",
+    "forward_rows",
     "get_algorithm",
     "get_estimator",
     "kl_penalty",
     "lengths_to_mask",
+    "micro_batches",
     "pad_sequences",
     "policy_loss",
+    "ppo_update",
     "register_estimator",
     "terminal_rewards",
 ]

@@ -85,6 +85,20 @@ def get_algorithm(name: str) -> Algorithm:
         raise ValueError(f"unknown algorithm {name!r}; valid: {', '.join(ALGORITHMS)}") from None
 
 
+def default_group_size(algo: Algorithm, rows: int | None = None) -> int:
+    """``N`` when a run does not set ``--group-size``: 1 for a method without groups, else the
+    algorithm's own; when the rows per update are fixed (``rows``: the control world's episodes per
+    update), the largest ``N`` up to it that divides ``rows`` and leaves at least two contexts."""
+    if not algo.requires.groups:
+        return 1
+    if rows is None:
+        return algo.group_size
+    for g in range(min(algo.group_size, rows // 2), 1, -1):
+        if rows % g == 0:
+            return g
+    return 2
+
+
 def check_setup(algo: Algorithm, group_size: int, batch_size: int, use_critic: bool = True) -> None:
     """Refuse contradictory settings with one clear message.
 
@@ -136,6 +150,12 @@ def critic_values(algo: Algorithm, critic_out: Tensor) -> Tensor:
     return critic_out
 
 
+def value_units(algo: Algorithm, critic_out: Tensor) -> Tensor:
+    """Critic output in reward units: ``sigmoid(logit)`` for a BCE-trained (success) critic, the value
+    itself for an MSE-trained one (diagnostics: critic traces, calibration)."""
+    return torch.sigmoid(critic_out) if algo.critic_loss == "bce" else critic_out
+
+
 @torch.no_grad()
 def compute_advantages(batch: SequenceBatch, algo: Algorithm, **params: object) -> SequenceBatch:
     """Fill ``batch.advantages``, ``batch.returns`` and ``batch.loss_mask``.
@@ -163,6 +183,10 @@ def compute_advantages(batch: SequenceBatch, algo: Algorithm, **params: object) 
     if req.logprobs:
         kwargs["logp_old"] = batch.logp_old
     batch.advantages, batch.returns = est(**kwargs)
+    if algo.critic_loss == "bce" and req.critic == "sequence":
+        # the success critic's target is the outcome itself, even when a KL penalty sits in the reward
+        # (R - KL is no probability: as a BCE target it makes the loss unbounded below)
+        batch.returns = batch.rewards.to(batch.mask.dtype).clone()
     batch.loss_mask = batch.mask
     if algo.selector is not None:
         from sppo_rl.agents.selection import get_selector

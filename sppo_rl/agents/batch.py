@@ -20,13 +20,16 @@ class SequenceBatch:
 
     Attributes:
         mask: ``[B, T]`` float, 1.0 on valid positions, 0.0 on padding (right padding).
-        logp_old: ``[B, T]`` log-probability of each taken action under the sampling policy.
+        logp_old: ``[B, T]`` log-probability of each taken action under the policy before the update,
+            or None: the learner's single on-policy pass fills it (see
+            :func:`~sppo_rl.agents.learner.ppo_update`).
         rewards: ``[B]`` outcome reward of each sequence (``R``; binary in RLVR).
         group_ids: ``[B]`` long; sequences sharing a context (same prompt / same reset seed) share an id.
         values: ``[B, T]`` per-position critic outputs, or ``[B]`` per-sequence critic outputs, or None.
         baseline_rewards: ``[B]`` reward of the greedy rollout of the same context (ReMax), or None.
         token_rewards: ``[B, T]`` reward per position; by default the outcome sits on the last valid
             position. KL-in-reward penalties are added here.
+        ref_logp: ``[B, T]`` log-probs under the reference policy, for a KL term in the loss, or None.
         advantages: ``[B, T]``, filled by an estimator.
         returns: critic targets, ``[B, T]`` or ``[B]``, filled by an estimator.
         loss_mask: ``[B, T]`` positions the policy loss is taken over: ``mask`` itself, or the subset
@@ -34,7 +37,7 @@ class SequenceBatch:
     """
 
     mask: Tensor
-    logp_old: Tensor
+    logp_old: Tensor | None
     rewards: Tensor
     group_ids: Tensor | None = None
     values: Tensor | None = None
@@ -43,12 +46,13 @@ class SequenceBatch:
     advantages: Tensor | None = None
     returns: Tensor | None = None
     loss_mask: Tensor | None = None
+    ref_logp: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.mask.dim() != 2:
             raise ValueError(f"mask must be [B, T], got shape {tuple(self.mask.shape)}")
-        self.mask = self.mask.to(self.logp_old.dtype)
-        if self.logp_old.shape != self.mask.shape:
+        self.mask = self.mask.to(self.logp_old.dtype if self.logp_old is not None else torch.float32)
+        if self.logp_old is not None and self.logp_old.shape != self.mask.shape:
             raise ValueError(f"logp_old {tuple(self.logp_old.shape)} != mask {tuple(self.mask.shape)}")
         if self.rewards.shape != (self.mask.shape[0],):
             raise ValueError(f"rewards must be [B]={self.mask.shape[0]}, got {tuple(self.rewards.shape)}")

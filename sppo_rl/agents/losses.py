@@ -45,6 +45,21 @@ def agg_loss(
     raise ValueError(f"unknown aggregation mode {mode!r}; valid: {', '.join(AGG_MODES)}")
 
 
+def agg_units(mask: Tensor, mode: AggMode = "token-mean") -> float:
+    """How much of :func:`agg_loss`'s denominator rows ``mask`` make up: valid positions
+    (``token-mean``), rows with a valid position (``seq-mean-token-mean``) or rows
+    (``seq-mean-token-sum-norm``). A batch split into parts ``k`` has
+    ``agg_loss(whole) = sum_k agg_loss(part_k) * units(part_k) / units(whole)``: the weight of a
+    micro-batch, or of a data-parallel rank, in the whole batch's loss."""
+    if mode == "token-mean":
+        return float(mask.sum())
+    if mode == "seq-mean-token-mean":
+        return float((mask.sum(-1) > 0).sum())
+    if mode == "seq-mean-token-sum-norm":
+        return float(mask.shape[0])
+    raise ValueError(f"unknown aggregation mode {mode!r}; valid: {', '.join(AGG_MODES)}")
+
+
 def policy_loss(
     logp: Tensor,
     logp_old: Tensor,

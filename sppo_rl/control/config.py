@@ -8,24 +8,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from sppo_rl.config import RunConfig
+
 
 @dataclass
-class ControlConfig:
+class ControlConfig(RunConfig):
     """Stage 3 of the pipeline: RL on a sparse terminal-reward control task, from a warm start."""
 
-    algo: str = "sppo"
-    """Algorithm: ppo, sppo, grpo, drgrpo, rloo, remax, reinforce, bppo, lampo, or the ablation ppo-bce."""
     task: str = "precision-cartpole"
     """Task short name (precision-cartpole, mountaincar, hopper, lunarlander, pendulum, ...) or Gymnasium id."""
-    seed: int = 0
-    """Seed of everything: start states, action sampling, minibatch order, network init."""
     total_episodes: int = 4096
     """Training budget in episodes (sampled episodes; ReMax's greedy episodes are counted in env_steps only)."""
     episodes_per_update: int | None = None
     """Episodes per update; default: the task's (SPEC: 64 CartPole, 16 LunarLander/Pendulum, 8 MountainCar/Hopper)."""
-    group_size: int | None = None
-    """Episodes per start state (group methods: N reset with the same seed). Default: the algorithm's, capped so
-    that at least two start states make an update; 1 for non-group methods."""
     hidden_sizes: tuple[int, ...] = (64, 64)
     """Hidden layer widths of the actor and the critic (used when not initialising from a checkpoint)."""
     activation: Literal["tanh", "relu"] = "tanh"
@@ -38,31 +33,8 @@ class ControlConfig:
     """PPO epochs over each batch."""
     minibatches: int = 4
     """Minibatches per epoch (episodes are split evenly; a minibatch never splits an episode)."""
-    clip: float = 0.2
-    """PPO clip range epsilon (both sides)."""
-    clip_high: float | None = None
-    """Upper clip range if different from --clip (asymmetric clipping)."""
-    dual_clip: float | None = None
-    """Dual-clip constant c > 1 for negative advantages (off by default)."""
-    value_clip: float | None = None
-    """Clip range of the step critic's clipped MSE (None: plain MSE)."""
-    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
-    """Loss aggregation over steps: token-mean (every step equal), seq-mean-token-mean (every episode equal),
-    seq-mean-token-sum-norm (sum over steps / horizon)."""
-    gamma: float = 1.0
-    """Discount of the step critic / GAE (1: the outcome is what counts)."""
     lam: float = 0.95
     """GAE lambda (ppo)."""
-    whiten: bool = False
-    """Standardise GAE advantages over the batch (ppo)."""
-    grpo_std: Literal["population", "sample"] = "sample"
-    """Std convention of GRPO's normalisation (sample = torch.std, as verl)."""
-    ent_coef: float = 0.0
-    """Entropy bonus coefficient."""
-    bppo_prefix_ratio: float = 0.4
-    """BPPO: fraction of each selected sequence's positions trained on (its prefix)."""
-    bppo_accuracy_threshold: float = 0.5
-    """BPPO: below this batch accuracy the full groups are trained on (GRPO); at or above it, the binary prefix pairs."""
     lampo_temperature: float = 0.1
     """LamPO: temperature of the confidence weighting of pairwise reward differences."""
     max_grad_norm: float = 0.5
@@ -78,10 +50,6 @@ class ControlConfig:
     """Initial log-std of the Gaussian policy (continuous actions, random init only)."""
     out_dir: str = "runs/control"
     """Run folder: config.json, metrics.jsonl, tb/, checkpoints/, final.pt."""
-    resume: bool = False
-    """Continue the run in --out-dir from its latest checkpoint (metrics continue exactly)."""
-    overwrite: bool = False
-    """Start over in an --out-dir that already holds a run (its metrics and checkpoints are deleted)."""
     checkpoint_every: int = 10
     """Save a checkpoint every this many updates (and always at the end and on SIGTERM / Ctrl-C)."""
     keep_checkpoints: int = 3
@@ -94,20 +62,6 @@ class ControlConfig:
     """SPPO's calibration.json: fixed start states whose V(s_0) is compared with their empirical success."""
     calibration_samples: int = 16
     """SPPO's calibration.json: episodes per start state for the empirical success."""
-    threads: int = 1
-    """torch threads (1 is fastest for small MLPs)."""
-    progress: bool = True
-    """Show a progress bar."""
-    tensorboard: bool = True
-    """Write TensorBoard events to out_dir/tb."""
-    wandb: bool = False
-    """Also log to Weights & Biases."""
-    wandb_mode: Literal["offline", "online"] = "offline"
-    """wandb mode (offline by default: nothing leaves the machine)."""
-    wandb_project: str = "sppo_rl"
-    """wandb project name."""
-    extra: dict[str, str] = field(default_factory=dict)
-    """Free-form tags stored with the config (e.g. sweep coordinates)."""
 
 
 @dataclass

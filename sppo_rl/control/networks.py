@@ -150,5 +150,24 @@ class Critic(nn.Module):
         return self.body(self.norm(obs))[..., 0]
 
 
+class StepCritic(Critic):
+    """PPO's critic: ``values(obs [B, T, D]) -> V(s_t)`` ``[B, T]``, one value per step."""
+
+    def values(self, obs: Tensor) -> Tensor:
+        return self(obs)
+
+
+class StartStateCritic(Critic):
+    """SPPO's critic: ``values(obs [B, T, D]) -> V(s_0)`` ``[B]``, one success logit per episode read
+    from its start state only."""
+
+    def values(self, obs: Tensor) -> Tensor:
+        return self(obs[:, 0])
+
+
+CRITICS: dict[str, type[Critic]] = {"step": StepCritic, "sequence": StartStateCritic}
+"""The critic class for each :attr:`~sppo_rl.agents.advantages.Requirements.critic` kind."""
+
+
 def to_tensor(x: np.ndarray) -> Tensor:
     return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))

@@ -27,41 +27,32 @@ import torch
 from torch import Tensor
 
 from sppo_rl.agents import (
+    LearnerConfig,
     SequenceBatch,
-    agg_loss,
+    TorchEngine,
     check_setup,
     compute_advantages,
-    critic_loss,
-    explained_variance,
+    forward_rows,
     get_algorithm,
-    policy_loss,
+    ppo_update,
 )
-from sppo_rl.agents.algorithms import Algorithm, critic_values, estimator_params
+from sppo_rl.agents.algorithms import default_group_size, estimator_params, value_units
 from sppo_rl.control.config import ControlConfig
-from sppo_rl.control.networks import Actor, Critic
+from sppo_rl.control.networks import CRITICS, Actor
 from sppo_rl.control.rollout import Episodes, collect
 from sppo_rl.runtime import (
     CheckpointManager,
-    Preemption,
     check_finite,
     prepare_run_dir,
 )
 from sppo_rl.runtime.checkpoint import atomic_write_text, torch_load, torch_save
 from sppo_rl.runtime.logging import start_logging
-from sppo_rl.runtime.run import RunError, exit_preempted, set_threads
+from sppo_rl.runtime.loop import Schedule, progress_bar, run_loop
+from sppo_rl.runtime.run import RunError, set_threads
+from sppo_rl.runtime.trace import TRACE_FILE, write_trace
 
 WARMSTART_DIR = Path(__file__).resolve().parent.parent / "assets" / "warmstart"
 EVAL_SEED_BASE = 2_000_000_000  # evaluation start states: seeds EVAL_SEED_BASE + i, never drawn for training
-
-
-def default_group_size(algo: Algorithm, episodes: int) -> int:
-    """The algorithm's N, reduced to the largest divisor of ``episodes`` that leaves >= 2 start states."""
-    if not algo.requires.groups:
-        return 1
-    for g in range(min(algo.group_size, episodes // 2), 1, -1):
-        if episodes % g == 0:
-            return g
-    return 2
 
 
 @dataclass
@@ -175,7 +166,9 @@ class ControlRun:
                 self.actor.norm.frozen.fill_(True)
         self.critic = None
         if req.critic != "none":
-            self.critic = Critic(self.spec.obs_dim, cfg.hidden_sizes, cfg.activation, norm=self.actor.norm)
+            self.critic = CRITICS[req.critic](
+                self.spec.obs_dim, cfg.hidden_sizes, cfg.activation, norm=self.actor.norm
+            )
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr, eps=1e-5)
         self.critic_opt = (
             torch.optim.Adam(
@@ -203,6 +196,19 @@ class ControlRun:
         if ckpt is not None:
             self.load_state(torch_load(ckpt / "state.pt"))
         self.logger = start_logging(self.out, cfg, asdict(self.resolved), ckpt)
+
+    @property
+    def learner_cfg(self) -> LearnerConfig:
+        cfg = self.cfg
+        return LearnerConfig.from_run(cfg, self.resolved.horizon)
+
+    @property
+    def actor_engine(self) -> TorchEngine:
+        return TorchEngine(self.actor, self.actor_opt, self.cfg.max_grad_norm)
+
+    @property
+    def critic_engine(self) -> TorchEngine | None:
+        return TorchEngine(self.critic, self.critic_opt, self.cfg.max_grad_norm) if self.critic else None
 
     # ------------------------------------------------------------------------------------- state
 
@@ -272,12 +278,23 @@ class ControlRun:
             baseline_rewards=greedy_success[torch.from_numpy(groups)] if greedy_success is not None else None,
         )
         if self.critic is not None:
-            with torch.no_grad():
-                if self.algo.requires.critic == "sequence":
-                    batch.values = self.critic(ep.obs[:, 0])
-                else:
-                    batch.values = self.critic(ep.obs) * mask
+            batch.values = forward_rows(self._critic_fn(ep), batch.lengths, batch.lengths, self.learner_cfg)
         return batch
+
+    def _actor_fn(self, ep: Episodes):
+        """``(rows, T) -> (logp, entropy)`` of the taken actions, computed on valid steps only."""
+
+        def fn(rows: Tensor, T: int) -> tuple[Tensor, Tensor]:
+            valid = ep.mask[rows, :T] > 0
+            logp_v, ent_v = self.actor.logp_entropy(ep.obs[rows, :T][valid], ep.actions[rows, :T][valid])
+            zeros = torch.zeros(valid.shape, dtype=logp_v.dtype)
+            return zeros.masked_scatter(valid, logp_v), zeros.masked_scatter(valid, ent_v)
+
+        return fn
+
+    def _critic_fn(self, ep: Episodes):
+        """``(rows, T) -> values``: the critic on the episodes' observations (its own kind decides which)."""
+        return lambda rows, T: self.critic.values(ep.obs[rows, :T])
 
     def update(self) -> dict[str, Any]:
         cfg, algo, r = self.cfg, self.algo, self.resolved
@@ -319,112 +336,26 @@ class ControlRun:
         return row
 
     def _optimise(self, ep: Episodes, batch: SequenceBatch) -> dict[str, Any]:
-        cfg, algo = self.cfg, self.algo
-        mask = batch.mask
-        valid = mask > 0
-        stats: dict[str, list[float]] = {}
-        out: dict[str, Any] = {}
-        seq_critic = algo.requires.critic == "sequence"
-        if self.critic is not None:
-            pred = critic_values(algo, batch.values)
-            if seq_critic:
-                p = torch.sigmoid(batch.values)
-                out["v0_mean"] = float(p.mean())
-                out["v0_brier"] = float(((p - batch.rewards) ** 2).mean())
-                out["v0_gap"] = float(p.mean() - batch.rewards.mean())
-            else:
-                out["explained_variance"] = explained_variance(pred, batch.returns, mask)
-                out["value_mean"] = float(pred[valid].mean())
-        adv_zero = bool((batch.advantages == 0).all())
-        out["actor_skipped"] = int(adv_zero)
-        out["loss_frac"] = float(batch.loss_mask.sum() / mask.sum().clamp(min=1))
-        B = batch.batch_size
-        mb_rows = torch.tensor_split(torch.arange(B), cfg.minibatches)
         self.actor.train()
-        for _epoch in range(cfg.epochs):
-            perm = torch.randperm(B, generator=self.perm_gen)
-            for rows_idx in mb_rows:
-                rows = perm[rows_idx]
-                m_valid = valid[rows]
-                m_mask = mask[rows]
-                obs_v = ep.obs[rows][m_valid]
-                losses: dict[str, Tensor] = {}
-                if not adv_zero:
-                    logp_v, ent_v = self.actor.logp_entropy(obs_v, ep.actions[rows][m_valid])
-                    logp = torch.zeros_like(m_mask)
-                    logp = logp.masked_scatter(m_valid, logp_v)
-                    ent = torch.zeros_like(m_mask).masked_scatter(m_valid, ent_v)
-                    pl, pm = policy_loss(
-                        logp,
-                        batch.logp_old[rows],
-                        batch.advantages[rows],
-                        batch.loss_mask[rows],
-                        clip_low=cfg.clip,
-                        clip_high=cfg.clip if cfg.clip_high is None else cfg.clip_high,
-                        dual_clip=cfg.dual_clip,
-                        agg=cfg.agg,
-                        length_budget=self.resolved.horizon,
-                    )
-                    entropy = agg_loss(ent, batch.loss_mask[rows], cfg.agg, self.resolved.horizon)
-                    losses["policy_loss"] = pl
-                    losses["actor"] = pl - cfg.ent_coef * entropy
-                    for k, v in pm.items():
-                        stats.setdefault(k, []).append(v)
-                    stats.setdefault("policy_loss", []).append(float(pl.detach()))
-                    stats.setdefault("entropy", []).append(float(entropy.detach()))
-                if self.critic is not None:
-                    if seq_critic:
-                        pred = self.critic(ep.obs[rows, 0])
-                        vl = critic_loss(algo, pred, batch.returns[rows], m_mask)
-                    else:
-                        v_v = self.critic(obs_v)
-                        pred = torch.zeros_like(m_mask).masked_scatter(m_valid, v_v)
-                        vl = critic_loss(
-                            algo,
-                            pred,
-                            batch.returns[rows],
-                            m_mask,
-                            old_pred=batch.values[rows],
-                            clip=cfg.value_clip,
-                        )
-                    losses["critic"] = vl
-                    stats.setdefault("critic_bce" if algo.critic_loss == "bce" else "value_loss", []).append(
-                        float(vl.detach())
-                    )
-                check_finite(self.update_idx + 1, **losses)
-                total = sum(v for k, v in losses.items() if k in ("actor", "critic"))
-                if not isinstance(total, Tensor):
-                    continue
-                self.actor_opt.zero_grad(set_to_none=True)
-                if self.critic_opt is not None:
-                    self.critic_opt.zero_grad(set_to_none=True)
-                total.backward()
-                if "actor" in losses:
-                    gn = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), cfg.max_grad_norm)
-                    check_finite(self.update_idx + 1, actor_grad_norm=gn)
-                    stats.setdefault("grad_norm", []).append(float(gn))
-                if self.critic is not None:
-                    cgn = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.max_grad_norm)
-                    check_finite(self.update_idx + 1, critic_grad_norm=cgn)
-                    stats.setdefault("critic_grad_norm", []).append(float(cgn))
-                if "actor" in losses:
-                    self.actor_opt.step()
-                if self.critic_opt is not None:
-                    self.critic_opt.step()
+        stats = ppo_update(
+            batch,
+            self.algo,
+            self.learner_cfg,
+            self._actor_fn(ep),
+            self.actor_engine,
+            self._critic_fn(ep) if self.critic is not None else None,
+            self.critic_engine,
+            generator=self.perm_gen,
+            guard=lambda **q: check_finite(self.update_idx + 1, **q),
+        )
         self.actor.eval()
-        for k, vals in stats.items():
-            if k == "ratio_min":
-                out[k] = min(vals)
-            elif k == "ratio_max":
-                out[k] = max(vals)
-            else:
-                out[k] = float(np.mean(vals))
-        return out
+        stats["actor_skipped"] = int(stats["actor_skipped"])
+        return stats
 
     # ------------------------------------------------------------------------------------- evaluation
 
     @torch.no_grad()
-    def evaluate(self, episodes: int, greedy: bool = True) -> float:
+    def success_rate(self, episodes: int, greedy: bool = True) -> float:
         """Success rate on fixed start states (seeds ``EVAL_SEED_BASE + i``), greedy by default."""
         from sppo_rl.envs import make_episode_env
 
@@ -438,88 +369,54 @@ class ControlRun:
 
     @torch.no_grad()
     def calibration(self, contexts: int = 64, samples: int = 16) -> dict[str, list[float]] | None:
-        """Start-state critic's ``sigmoid V(s_0)`` against the empirical success of ``samples`` episodes
-        from each of ``contexts`` fixed start states (None without a sequence critic)."""
-        from sppo_rl.envs import make_episode_env
-
-        if self.critic is None or self.algo.requires.critic != "sequence":
-            return None
-        env = make_episode_env(self.spec.name, num_envs=contexts * samples, dense=self.cfg.dense)
-        seeds = np.repeat(EVAL_SEED_BASE + 10_000 + np.arange(contexts), samples)
-        gen = torch.Generator().manual_seed(54321)
-        ep = collect(env, self.actor, seeds, self.resolved.horizon, None, gen)
-        env.close()
-        pred = torch.sigmoid(self.critic(ep.obs[::samples, 0]))
-        emp = ep.success.view(contexts, samples).mean(1)
-        return {"predicted": pred.tolist(), "empirical": emp.tolist(), "samples": [samples] * contexts}
-
-    @torch.no_grad()
-    def critic_trace(self, episodes: int = 64) -> dict[str, np.ndarray] | None:
-        """What the critic says along ``episodes`` sampled episodes from fixed start states, for the
-        tail-effect diagnostic: a step critic's ``V(s_t)`` (in reward units) for every step, or a
-        sequence critic's ``V(s_0)``, with each episode's length and outcome (None without a critic)."""
+        """A per-episode critic's ``sigmoid V(s_0)`` against the empirical success of ``samples``
+        episodes from each of ``contexts`` fixed start states (None without one)."""
         from sppo_rl.envs import make_episode_env
 
         if self.critic is None:
             return None
+        env = make_episode_env(self.spec.name, num_envs=contexts * samples, dense=self.cfg.dense)
+        seeds = np.repeat(EVAL_SEED_BASE + 10_000 + np.arange(contexts), samples)
+        ep = collect(
+            env, self.actor, seeds, self.resolved.horizon, None, torch.Generator().manual_seed(54321)
+        )
+        env.close()
+        pred = value_units(self.algo, self.critic.values(ep.obs[::samples]))
+        if pred.dim() != 1:
+            return None
+        emp = ep.success.view(contexts, samples).mean(1)
+        return {"predicted": pred.tolist(), "empirical": emp.tolist(), "samples": [samples] * contexts}
+
+    @torch.no_grad()
+    def critic_trace(self, path: Path, episodes: int = 64) -> None:
+        """Write what the critic says along ``episodes`` sampled episodes from fixed start states
+        (:mod:`sppo_rl.runtime.trace`; nothing without a critic)."""
+        from sppo_rl.envs import make_episode_env
+
+        if self.critic is None:
+            return
         env = make_episode_env(self.spec.name, num_envs=episodes, dense=self.cfg.dense)
         seeds = EVAL_SEED_BASE + 20_000 + np.arange(episodes)
         ep = collect(env, self.actor, seeds, self.resolved.horizon, None, torch.Generator().manual_seed(4242))
         env.close()
-        out = {
-            "lengths": ep.lengths.numpy(),
-            "success": ep.success.numpy(),
-            "horizon": np.array(self.resolved.horizon),
-        }
-        if self.algo.requires.critic == "sequence":
-            out["kind"] = np.array("sequence")
-            out["v0"] = torch.sigmoid(self.critic(ep.obs[:, 0])).numpy()
-        else:
-            out["kind"] = np.array("step")
-            out["values"] = (critic_values(self.algo, self.critic(ep.obs)) * ep.mask).numpy()
-        return out
+        v = value_units(self.algo, self.critic.values(ep.obs))
+        write_trace(path, v.numpy(), ep.lengths.numpy(), ep.success.numpy(), self.resolved.horizon)
 
     # ------------------------------------------------------------------------------------- loop
 
-    def run(self) -> dict[str, Any]:
-        cfg = self.cfg
-        total_updates = math.ceil(cfg.total_episodes / self.resolved.episodes_per_update)
-        bar = None
-        if cfg.progress:
-            from tqdm.auto import tqdm
+    @property
+    def updates(self) -> int:
+        return self.update_idx
 
-            bar = tqdm(
-                total=total_updates * self.resolved.episodes_per_update,
-                initial=self.episodes,
-                unit="ep",
-                desc=f"{self.algo.name}/{self.spec.name}",
-                dynamic_ncols=True,
-            )
-        recent: list[float] = []
-        try:
-            with Preemption() as pre:
-                while self.update_idx < total_updates:
-                    row = self.update()
-                    if cfg.eval_every and self.update_idx % cfg.eval_every == 0:
-                        row["eval_success_rate"] = self.evaluate(cfg.eval_episodes)
-                    self.logger.log(row, step=self.episodes)
-                    recent = (recent + [row["success_rate"]])[-10:]
-                    if bar is not None:
-                        bar.update(self.resolved.episodes_per_update)
-                        bar.set_postfix(success=f"{row['success_rate']:.2f}", sps=f"{row['sps']:.0f}")
-                    if pre.requested:
-                        self.save_checkpoint()
-                        self.logger.close()
-                        if bar is not None:
-                            bar.close()
-                        exit_preempted(
-                            self.out, pre.requested, f"sppo-rl control --out-dir {self.out} --resume"
-                        )
-                    if self.update_idx % cfg.checkpoint_every == 0 or self.update_idx == total_updates:
-                        self.save_checkpoint()
-        finally:
-            if bar is not None:
-                bar.close()
+    def evaluate(self) -> dict[str, Any]:
+        """The periodic evaluation: greedy success on ``eval_episodes`` fixed start states."""
+        return {"eval_success_rate": self.success_rate(self.cfg.eval_episodes)}
+
+    def finish(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """Exports (final actor, calibration, critic trace) and the summary, computed from every row of
+        ``metrics.jsonl`` (so a resumed run summarises the whole run)."""
+        cfg = self.cfg
+        recent = [r["success_rate"] for r in rows[-10:] if r.get("success_rate") is not None]
         summary = {
             "algo": self.algo.name,
             "task": self.spec.name,
@@ -529,21 +426,34 @@ class ControlRun:
             "env_steps": self.env_steps,
             "wall_time_s": self.elapsed,
             "sps": self.env_steps / max(self.elapsed, 1e-9),
-            "final_success_rate": float(np.mean(recent)) if recent else float("nan"),
+            "final_success_rate": float(np.mean(recent)) if recent else None,
         }
         if cfg.eval_episodes:
-            summary["final_eval_success_rate"] = self.evaluate(cfg.eval_episodes)
+            summary["final_eval_success_rate"] = self.success_rate(cfg.eval_episodes)
         cal = self.calibration(cfg.calibration_contexts, cfg.calibration_samples)
         if cal is not None:
             atomic_write_text(self.out / "calibration.json", json.dumps(cal) + "\n")
-        trace = self.critic_trace()
-        if trace is not None:
-            np.savez_compressed(self.out / "critic_trace.npz", **trace)
+        self.critic_trace(self.out / TRACE_FILE)
         save_actor_file(self.out / "final.pt", self.actor, {"summary": summary, "config": asdict(cfg)})
-        atomic_write_text(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")
+        return summary
+
+    def close(self) -> None:
         self.logger.close()
         self.env.close()
-        return summary
+
+    def run(self) -> dict[str, Any]:
+        cfg, E = self.cfg, self.resolved.episodes_per_update
+        total = math.ceil(cfg.total_episodes / E)
+        bar = progress_bar(cfg.progress, total, self.update_idx, f"{self.algo.name}/{self.spec.name}")
+        return run_loop(
+            self,
+            Schedule(
+                total, cfg.eval_every, cfg.checkpoint_every, cfg.max_seconds, log_step=lambda r: r["episodes"]
+            ),
+            resume_hint=f"sppo-rl control --out-dir {self.out} --resume",
+            bar=bar,
+            postfix=lambda r: {"success": f"{r['success_rate']:.2f}", "sps": f"{r['sps']:.0f}"},
+        )
 
 
 def run_control(cfg: ControlConfig) -> dict[str, Any]:

@@ -5,12 +5,8 @@ tends to separate successful from failed sequences only near their END; in the m
 same for both, so ``A_t = R - V(s_t)`` carries no more information there than a constant baseline would
 (the "tail effect", Figure 1 of the SPPO paper). SPPO's critic reads the context only, ``V(s_0)``.
 
-Every run with a critic leaves ``critic_trace.npz`` (control and LLM runs alike):
-
-- ``kind``: ``"step"`` or ``"sequence"``; ``lengths`` ``[N]``; ``success`` ``[N]`` (the outcome ``R``;
-  ``R > 0.5`` counts as success); ``horizon``;
-- step critics: ``values`` ``[N, T]``, ``V(s_t)`` in reward units (a BCE-trained critic's ``sigmoid``),
-  zero-padded past each length; sequence critics: ``v0`` ``[N]``, ``sigmoid V(s_0)``.
+Every run with a critic leaves ``critic_trace.npz`` (control and LLM runs alike; its schema is declared
+once, in :mod:`sppo_rl.runtime.trace`).
 
 Definitions (``B`` bins, default 20; tail fraction ``f``, default 0.1):
 
@@ -39,62 +35,18 @@ Definitions (``B`` bins, default 20; tail fraction ``f``, default 0.1):
 from __future__ import annotations
 
 import math
-import zipfile
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from scipy import stats as sps
 
+from sppo_rl.runtime.trace import TRACE_FILE, Trace, load_trace  # noqa: F401  (the schema lives there)
+
 TAIL_BINS = 20
 TAIL_FRAC = 0.1
-TRACE_FILE = "critic_trace.npz"
 FIGURE = "tail_effect.png"
-
-
-@dataclass
-class Trace:
-    """One ``critic_trace.npz`` (see the module docstring)."""
-
-    kind: str
-    lengths: np.ndarray  # [N] int
-    success: np.ndarray  # [N] bool
-    horizon: int
-    values: np.ndarray | None = None  # [N, T] float, step critics
-    v0: np.ndarray | None = None  # [N] float, sequence critics
-
-
-def load_trace(path: str | Path) -> Trace:
-    """Read and check a ``critic_trace.npz``; ``ValueError`` says what is wrong with a malformed one."""
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            data = {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # a missing, torn or foreign file
-        raise ValueError(f"{path}: not a readable npz file ({e})") from None
-    missing = {"kind", "lengths", "success"} - set(data)
-    if missing:
-        raise ValueError(f"{path}: missing {', '.join(sorted(missing))}")
-    kind = str(data["kind"])
-    lengths = np.asarray(data["lengths"]).astype(int).ravel()
-    success = np.asarray(data["success"], dtype=float).ravel() > 0.5
-    if len(lengths) != len(success):
-        raise ValueError(f"{path}: {len(lengths)} lengths but {len(success)} outcomes")
-    horizon = int(data["horizon"]) if "horizon" in data else int(lengths.max(initial=0))
-    if kind == "step":
-        values = np.asarray(data.get("values"), dtype=float)
-        if values.ndim != 2 or values.shape[0] != len(lengths) or (lengths > values.shape[1]).any():
-            raise ValueError(f"{path}: step trace needs values [N, T] with T >= every length")
-        if values.shape[1] == 0:
-            raise ValueError(f"{path}: step trace without a single position")
-        return Trace(kind, lengths, success, horizon, values=values)
-    if kind == "sequence":
-        v0 = np.asarray(data.get("v0"), dtype=float).ravel()
-        if v0.shape != lengths.shape:
-            raise ValueError(f"{path}: sequence trace needs v0 [N]")
-        return Trace(kind, lengths, success, horizon, v0=v0)
-    raise ValueError(f"{path}: unknown kind {kind!r} (step or sequence)")
 
 
 def concat(traces: list[Trace]) -> Trace:

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
+
+from sppo_rl.config import RunConfig
 
 
 @dataclass
-class LLMConfig:
+class LLMConfig(RunConfig):
     """RL with verifiable rewards on a causal LM: SPPO (prompt-only critic) and every baseline."""
 
-    algo: str = "sppo"
-    """Algorithm: ppo, sppo, grpo, drgrpo, rloo, remax, reinforce, bppo, lampo (or the ablation ppo-bce)."""
     task: str = "arithmetic"
     """'arithmetic' (synthetic, generated from --data-seed) or a local jsonl/parquet file of problems."""
     val_data: str | None = None
@@ -28,16 +28,10 @@ class LLMConfig:
     """Validation problems (arithmetic: generated; files: the first N rows)."""
     data_seed: int = 1234
     """Seed of the generated arithmetic splits."""
-    seed: int = 0
-    """Seed of sampling, data order and model init."""
     steps: int = 60
     """RL updates."""
-    max_seconds: float | None = None
-    """Also stop once this many seconds of training have passed (a wall-clock budget; None: no limit)."""
     prompts_per_step: int = 32
     """Prompts per update; each gets --group-size samples (SPPO/PPO: 1)."""
-    group_size: int | None = None
-    """Samples per prompt (default: the algorithm's: GRPO 8, RLOO 5, others 1)."""
     model: str | None = None
     """Actor: a local Hugging Face causal-LM folder. Default: the embedded tiny Qwen2 model, warm-started on the task."""
     critic_model: str | None = None
@@ -67,32 +61,14 @@ class LLMConfig:
     """PPO epochs per batch (the paper: 1)."""
     minibatches: int = 2
     """Minibatches per epoch (rows split evenly; samples of a prompt may land in different minibatches)."""
-    clip: float = 0.2
-    """PPO clip range (both sides)."""
-    clip_high: float | None = None
-    """Upper clip range if different (asymmetric clipping)."""
-    dual_clip: float | None = None
-    """Dual-clip constant for negative advantages (off by default)."""
-    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
-    """Loss aggregation over tokens (token-mean = verl's default and the paper's)."""
-    gamma: float = 1.0
-    """GAE discount (ppo)."""
     lam: float = 1.0
     """GAE lambda (ppo)."""
-    grpo_std: Literal["population", "sample"] = "sample"
-    """GRPO std convention."""
     kl_coef: float = 0.0
     """KL-to-reference coefficient (0: off, as in the paper's SPPO/GRPO/PPO runs)."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """KL estimator."""
     kl_in: Literal["reward", "loss"] = "loss"
     """Where the KL penalty goes: subtracted from token rewards, or added to the actor loss."""
-    ent_coef: float = 0.0
-    """Entropy bonus."""
-    bppo_prefix_ratio: float = 0.4
-    """BPPO: fraction of each selected sequence's positions trained on (its prefix)."""
-    bppo_accuracy_threshold: float = 0.5
-    """BPPO: below this batch accuracy the full groups are trained on (GRPO); at or above it, the binary prefix pairs."""
     lampo_temperature: float = 1.0
     """LamPO: temperature of the confidence weighting of pairwise reward differences. 1.0 here (0.1 in
     the control world): on the tiny arithmetic task 0.1 keeps almost only the misordered pairs, which
@@ -131,27 +107,9 @@ class LLMConfig:
     """Activation checkpointing in actor and critic."""
     device: str = "auto"
     """'auto' (cuda if available), 'cpu' or 'cuda'."""
-    threads: int = 1
-    """torch threads on CPU (1 is fastest for the tiny model, and robust when other jobs share the cores)."""
     out_dir: str = "runs/llm"
     """Run folder: config.json, metrics.jsonl, tb/, checkpoints/, final/actor."""
-    resume: bool = False
-    """Continue the run in --out-dir from its latest checkpoint."""
-    overwrite: bool = False
-    """Start over in an --out-dir that already holds a run."""
     checkpoint_every: int = 20
     """Save a checkpoint every this many updates (and at the end and on SIGTERM / Ctrl-C)."""
     keep_checkpoints: int = 2
     """How many checkpoints to keep."""
-    progress: bool = True
-    """Show a progress bar."""
-    tensorboard: bool = True
-    """Write TensorBoard events."""
-    wandb: bool = False
-    """Also log to Weights & Biases."""
-    wandb_mode: Literal["offline", "online"] = "offline"
-    """wandb mode."""
-    wandb_project: str = "sppo_rl"
-    """wandb project name."""
-    extra: dict[str, str] = field(default_factory=dict)
-    """Free-form tags stored with the config."""

@@ -4,7 +4,8 @@ The trainer calls only these methods, so the same update code runs in one CPU pr
 multi-GPU DeepSpeed job:
 
 - ``engine.module``: what to call for a forward pass (the model, or DeepSpeed's wrapper of it);
-- ``engine.backward(loss)`` then ``engine.step() -> grad_norm`` (clip, optimizer step, zero grads);
+- ``engine.boundary(last)`` before each micro-batch, ``engine.backward(loss)`` for each, then
+  ``engine.step() -> grad_norm`` once per minibatch (clip, optimizer step, zero grads);
 - ``engine.save(folder)`` / ``engine.load(folder)``: resumable state (weights and optimizer; with
   DeepSpeed every rank writes its own ZeRO shard, so all ranks call them);
 - ``engine.full_state_items()``: ``(name, full tensor)`` pairs one at a time (ZeRO-3 gathers each
@@ -24,6 +25,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from sppo_rl.agents.learner import TorchEngine as CoreTorchEngine
 from sppo_rl.runtime.checkpoint import torch_load, torch_save
 
 
@@ -58,6 +60,24 @@ class Dist:
         boxes: list[Any] = [None] * self.world
         torch.distributed.all_gather_object(boxes, items)
         return [x for box in boxes for x in box]
+
+    def all_max(self, values: list[float], device: torch.device | str = "cpu") -> list[float]:
+        """Elementwise maximum of ``values`` over ranks."""
+        if self.world == 1:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return t.tolist()
+
+    def on(self, device: torch.device | str) -> Any:
+        """A :class:`sppo_rl.agents.learner.Reducer` whose reductions run on ``device`` (nccl needs GPU tensors)."""
+        from types import SimpleNamespace
+
+        return SimpleNamespace(
+            world=self.world,
+            all_sum=lambda v: self.all_sum(v, device),
+            all_max=lambda v: self.all_max(v, device),
+        )
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank."""
@@ -95,6 +115,8 @@ def init_process_group(timeout_s: float = 600.0) -> Dist:
 class TrainEngine(Protocol):
     module: nn.Module
 
+    def boundary(self, last: bool) -> None: ...
+
     def backward(self, loss: Tensor) -> None: ...
 
     def step(self) -> float: ...
@@ -108,8 +130,9 @@ class TrainEngine(Protocol):
     def save_pretrained(self, folder: str | Path, **kwargs: Any) -> None: ...
 
 
-class TorchEngine:
-    """Plain PyTorch: AdamW over the module's trainable parameters, global-norm gradient clipping."""
+class TorchEngine(CoreTorchEngine):
+    """Plain PyTorch: AdamW over the module's trainable parameters, global-norm gradient clipping
+    (:class:`sppo_rl.agents.learner.TorchEngine`), plus resumable state and exports."""
 
     def __init__(
         self,
@@ -119,26 +142,9 @@ class TorchEngine:
         max_grad_norm: float | None = 1.0,
         **_: Any,
     ):
-        self.module = module
-        self.params = [p for p in module.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999))
-        self.max_grad_norm = max_grad_norm
-
-    def backward(self, loss: Tensor) -> None:
-        loss.backward()
-
-    def step(self) -> float:
-        """Clip to ``max_grad_norm``, step, zero. Returns the norm before clipping; a non-finite norm
-        skips the step (the trainer then stops the run)."""
-        if self.max_grad_norm is None:
-            norms = [p.grad.detach().norm() for p in self.params if p.grad is not None]
-            gn = float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
-        else:
-            gn = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
-        if torch.isfinite(torch.tensor(gn)):
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return gn
+        params = [p for p in module.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999))
+        super().__init__(module, optimizer, max_grad_norm)
 
     def save(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -194,8 +200,8 @@ def deepspeed_config(
 class DeepSpeedEngine:
     """DeepSpeed ZeRO-2/3 around a module (data parallel over the launcher's ranks).
 
-    Gradients are averaged over ranks; the trainer scales each rank's loss so that the average equals
-    the loss of the whole batch (see ``LLMRun._scale``). With optimizer offload DeepSpeed's CPU Adam is
+    Gradients are averaged over ranks; the learner weighs each rank's loss so that the average equals
+    the loss of the whole batch (:mod:`sppo_rl.agents.learner`). With optimizer offload DeepSpeed's CPU Adam is
     used (built on first use, into ``$TORCH_EXTENSIONS_DIR``); otherwise ``torch.optim.AdamW``.
     """
 
@@ -229,6 +235,11 @@ class DeepSpeedEngine:
     @property
     def inner(self) -> nn.Module:
         return self.engine.module
+
+    def boundary(self, last: bool) -> None:
+        """Before each micro-batch: only the last one's backward reduces the gradients over ranks, and
+        ``step`` then steps once per minibatch."""
+        self.engine.set_gradient_accumulation_boundary(last)
 
     def backward(self, loss: Tensor) -> None:
         self.engine.backward(loss)

@@ -331,7 +331,9 @@ class _ValueHeadModel(nn.Module):
 class SequenceCritic(_ValueHeadModel):
     """SPPO's critic ``V(s_p)``: one success logit per prompt, read at the last prompt token.
 
-    ``forward(prompt_ids, prompt_mask) -> logits [B]`` with ``sigmoid(logits) = P(R = 1 | prompt)``.
+    ``forward(input_ids, attention_mask, response_len=0) -> logits [B]`` with
+    ``sigmoid(logits) = P(R = 1 | prompt)``, on prompts or on ``[prompt | response]`` rows whose last
+    ``response_len`` columns (the response) it drops: the same call as :class:`TokenCritic`'s.
     Prompts must be left-padded, so column ``-1`` holds every row's last prompt token; the backbone is
     causal, so that hidden state summarises the whole prompt and nothing else. Trained with
     BCE-with-logits against ``R`` (:func:`sppo_rl.agents.bce_value_loss`).
@@ -339,15 +341,13 @@ class SequenceCritic(_ValueHeadModel):
 
     kind: ClassVar[str] = "sequence"
 
-    def forward(self, prompt_ids: Tensor, prompt_mask: Tensor) -> Tensor:
-        if not bool((prompt_mask[:, -1] != 0).all()):
-            raise ValueError("prompts must be left-padded: the last column must be a real token in every row")
-        return self._head(self._hidden(prompt_ids, prompt_mask)[:, -1])
-
-    def logits_from_sequences(self, input_ids: Tensor, attention_mask: Tensor, response_len: int) -> Tensor:
-        """``forward`` on the prompt slice of ``[prompt | response]`` rows; the response is dropped."""
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, response_len: int = 0) -> Tensor:
         T = int(response_len)
-        return self(input_ids[:, :-T], attention_mask[:, :-T]) if T > 0 else self(input_ids, attention_mask)
+        if T > 0:
+            input_ids, attention_mask = input_ids[:, :-T], attention_mask[:, :-T]
+        if not bool((attention_mask[:, -1] != 0).all()):
+            raise ValueError("prompts must be left-padded: the last column must be a real token in every row")
+        return self._head(self._hidden(input_ids, attention_mask)[:, -1])
 
 
 class TokenCritic(_ValueHeadModel):
@@ -366,6 +366,10 @@ class TokenCritic(_ValueHeadModel):
             raise ValueError(f"response_len must be in [1, {input_ids.shape[1] - 1}], got {T}")
         hidden = self._hidden(input_ids, attention_mask)
         return self._head(hidden[:, -(T + 1) : -1])
+
+
+CRITICS: dict[str, type[_ValueHeadModel]] = {"step": TokenCritic, "sequence": SequenceCritic}
+"""The critic class for each :attr:`~sppo_rl.agents.advantages.Requirements.critic` kind."""
 
 
 def _hidden_size(config: Any) -> int:

@@ -19,7 +19,6 @@ The trainer reads ``algo.requires`` and ``algo.critic_loss``; it never tests the
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import resource
@@ -33,22 +32,22 @@ import torch
 from torch import Tensor
 
 from sppo_rl.agents import (
+    LearnerConfig,
     SequenceBatch,
-    agg_loss,
     check_setup,
     compute_advantages,
-    critic_loss,
-    explained_variance,
+    forward_rows,
     get_algorithm,
     kl_penalty,
-    policy_loss,
+    ppo_update,
     terminal_rewards,
 )
-from sppo_rl.agents.algorithms import critic_values, estimator_params
+from sppo_rl.agents.algorithms import default_group_size, estimator_params, value_units
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.data import Example, load_examples, render_prompt
 from sppo_rl.llm.engines import init_process_group, launcher_dist, make_engine
 from sppo_rl.llm.models import (
+    CRITICS,
     SequenceCritic,
     TokenCritic,
     check_same_tokenizer,
@@ -60,14 +59,15 @@ from sppo_rl.llm.rollout import HFRolloutEngine, RolloutBatch
 from sppo_rl.llm.tiny import load_tokenizer
 from sppo_rl.runtime import (
     CheckpointManager,
-    Preemption,
     RunLogger,
     check_finite,
     prepare_run_dir,
 )
-from sppo_rl.runtime.checkpoint import atomic_write_text, read_meta, torch_load, torch_save
+from sppo_rl.runtime.checkpoint import read_meta, torch_load, torch_save
 from sppo_rl.runtime.logging import start_logging
-from sppo_rl.runtime.run import RunError, exit_preempted
+from sppo_rl.runtime.loop import Schedule, progress_bar, run_loop
+from sppo_rl.runtime.run import RunError
+from sppo_rl.runtime.trace import TRACE_FILE, write_trace
 
 TINY_CHARSET = "".join(
     chr(c) for c in range(32, 127)
@@ -165,7 +165,7 @@ class LLMRun:
         self.cfg = cfg
         self.algo = get_algorithm(cfg.algo)
         req = self.algo.requires
-        G = cfg.group_size if cfg.group_size is not None else (self.algo.group_size if req.groups else 1)
+        G = cfg.group_size if cfg.group_size is not None else default_group_size(self.algo)
         check_setup(self.algo, G, cfg.prompts_per_step * G, use_critic=cfg.critic_model != "none")
         self.group_size = G
         if cfg.steps < 1 or cfg.prompts_per_step < 1:
@@ -174,6 +174,12 @@ class LLMRun:
         if self.dist.world > 1 and cfg.engine != "deepspeed":
             raise RunError(
                 f"{self.dist.world} processes were launched; multi-process training needs --engine deepspeed"
+            )
+        if self.dist.world > 1 and cfg.rollout == "vllm":
+            raise RunError(
+                f"--rollout vllm with {self.dist.world} training processes is not supported yet: each rank's "
+                "in-process engine would start its own one-process group (not vLLM's external launcher); "
+                "use --rollout hf, or one process"
             )
         if cfg.prompts_per_step % self.dist.world:
             raise RunError(
@@ -230,7 +236,7 @@ class LLMRun:
             critic_path = Path(cfg.critic_model) if cfg.critic_model else actor_path
             if cfg.critic_model:
                 check_same_tokenizer(self.tokenizer, load_tokenizer(critic_path))
-            cls = SequenceCritic if req.critic == "sequence" else TokenCritic
+            cls = CRITICS[req.critic]
             self.critic = cls.from_backbone(critic_path, dtype=dtype, device=self.device)
             if cfg.gradient_checkpointing:
                 self.critic.gradient_checkpointing_enable()
@@ -414,28 +420,33 @@ class LLMRun:
         t_score = time.perf_counter() - t0 - t_gen
 
         rb = rb.to(self.device)
-        ids, attn, T = rb.input_ids, rb.attention_mask, rb.response_len
         mask = rb.response_mask.float()
-        actor = self.actor_engine.module
-        critic = self.critic_engine.module if self.critic_engine is not None else None
+        lengths, cost = rb.response_lengths.cpu(), (rb.prompt_mask.sum(-1) + rb.response_lengths).cpu()
+        lcfg, red = self.learner_cfg, self.dist.on(self.device)
+        # one on-policy pass (1 epoch, 1 minibatch) needs no separate old-log-prob forward: the learner
+        # takes logp.detach() of its training pass, unless the estimator or a KL reward needs it first
+        kl_reward = self.ref is not None and cfg.kl_in == "reward"
+        fused = cfg.epochs * cfg.minibatches == 1 and not req.logprobs and not kl_reward
         with torch.no_grad():
-            actor.eval()
-            logp_old, _ = sequence_logprobs(actor, ids, attn, T, cfg.temperature)
-            logp_old = logp_old * mask
+            self.actor_engine.module.eval()
+            logp_old = (
+                None
+                if fused
+                else forward_rows(self._rows(rb, self.actor_engine.module, True), lengths, cost, lcfg, red)
+            )
             ref_logp = (
-                sequence_logprobs(self.ref, ids, attn, T, cfg.temperature)[0] * mask if self.ref else None
+                forward_rows(self._rows(rb, self.ref, True), lengths, cost, lcfg, red) if self.ref else None
             )
             values = None
-            if critic is not None:
-                critic.eval()
-                if req.critic == "sequence":
-                    values = critic(rb.prompt_ids, rb.prompt_mask).float()
-                else:
-                    values = critic(ids, attn, T).float() * mask
+            if self.critic_engine is not None:
+                self.critic_engine.module.eval()
+                values = forward_rows(
+                    self._rows(rb, self.critic_engine.module, False), lengths, cost, lcfg, red
+                ).float()
         R = R.to(self.device)
         token_rewards = terminal_rewards(R, mask)
-        kl_tok = kl_penalty(logp_old, ref_logp, cfg.kl_estimator) * mask if ref_logp is not None else None
-        if kl_tok is not None and cfg.kl_in == "reward":
+        kl_tok = kl_penalty(logp_old, ref_logp, cfg.kl_estimator) * mask if kl_reward else None
+        if kl_tok is not None:
             token_rewards = token_rewards - cfg.kl_coef * kl_tok
         batch = SequenceBatch(
             mask=mask,
@@ -445,10 +456,14 @@ class LLMRun:
             group_ids=rb.prompt_index,
             values=values,
             baseline_rewards=baseline.to(self.device) if baseline is not None else None,
+            ref_logp=ref_logp if cfg.kl_in == "loss" else None,
         )
         compute_advantages(batch, algo, **estimator_params(cfg))
         check_finite(self.step_idx + 1, advantages=batch.advantages)
-        stats = self._optimise(rb, batch, ref_logp)
+        stats = self._optimise(rb, batch, cost)
+        logp_old = batch.logp_old  # filled by the training pass when fused (None if the actor was skipped)
+        if kl_tok is None and ref_logp is not None and logp_old is not None:
+            kl_tok = kl_penalty(logp_old, ref_logp, cfg.kl_estimator) * mask
         t_sync = self.sync_rollout()
         t_train = time.perf_counter() - t0 - t_gen - t_score
 
@@ -467,7 +482,7 @@ class LLMRun:
                 float((~rb.finished).sum()),
                 float(errors),
                 float(baseline.sum()) if baseline is not None else 0.0,
-                float(((rb.logprobs - logp_old).abs() * mask).sum()),
+                float(((rb.logprobs - logp_old).abs() * mask).sum()) if logp_old is not None else 0.0,
                 float(kl_tok.sum()) if kl_tok is not None else 0.0,
             ],
             self.device,
@@ -499,123 +514,41 @@ class LLMRun:
         row.update(stats)
         return row
 
-    def _scale(self, m: Tensor) -> float:
-        """Factor on this rank's minibatch loss so that DeepSpeed's average over ranks equals the loss of
-        the union of the ranks' minibatches: ``local_units * world / global_units``, the units being
-        valid tokens (token-mean) or sequences (the per-sequence aggregations). 1 in one process."""
-        if self.dist.world == 1:
-            return 1.0
-        local = float(m.sum()) if self.cfg.agg == "token-mean" else float((m.sum(-1) > 0).sum())
-        (total,) = self.dist.all_sum([local], self.device)
-        return local * self.dist.world / max(total, 1.0)
+    @property
+    def learner_cfg(self) -> LearnerConfig:
+        cfg = self.cfg
+        return LearnerConfig.from_run(
+            cfg, cfg.max_new_tokens, kl_coef=cfg.kl_coef if cfg.kl_in == "loss" else 0.0
+        )
 
-    def _optimise(self, rb: RolloutBatch, batch: SequenceBatch, ref_logp: Tensor | None) -> dict[str, Any]:
-        cfg, algo = self.cfg, self.algo
-        req = algo.requires
-        ids, attn, T = rb.input_ids, rb.attention_mask, rb.response_len
-        mask = batch.mask
+    def _rows(self, rb: RolloutBatch, model: Any, policy: bool) -> Any:
+        return rollout_rows(rb, model, policy, self.cfg.temperature, self.device)
+
+    def _optimise(self, rb: RolloutBatch, batch: SequenceBatch, cost: Tensor) -> dict[str, Any]:
+        cfg = self.cfg
         actor = self.actor_engine.module
         critic = self.critic_engine.module if self.critic_engine is not None else None
-        out: dict[str, Any] = {}
-        if critic is not None:
-            if req.critic == "sequence":
-                p = torch.sigmoid(batch.values)
-                n, sp, sb, sr = self.dist.all_sum(
-                    [
-                        float(p.numel()),
-                        float(p.sum()),
-                        float(((p - batch.rewards) ** 2).sum()),
-                        float(batch.rewards.sum()),
-                    ],
-                    self.device,
-                )
-                out["v0_mean"] = sp / n
-                out["v0_brier"] = sb / n
-                out["v0_gap"] = (sp - sr) / n
-            else:
-                out["explained_variance"] = explained_variance(
-                    critic_values(algo, batch.values), batch.returns, mask
-                )
-        nonzero, kept, valid = self.dist.all_sum(
-            [float((batch.advantages != 0).sum()), float(batch.loss_mask.sum()), float(mask.sum())],
-            self.device,
-        )
-        out["loss_frac"] = kept / max(valid, 1.0)
-        train_actor = self.step_idx >= cfg.critic_warmup and nonzero > 0
-        out["actor_skipped"] = int(not train_actor)
-        stats: dict[str, list[float]] = {}
-        B = batch.batch_size
-        gen = torch.Generator().manual_seed(cfg.seed * 7919 + self.step_idx)
         actor.train()
         if critic is not None:
             critic.train()
-        for _epoch in range(cfg.epochs):
-            perm = torch.randperm(B, generator=gen)
-            for rows in torch.tensor_split(perm, cfg.minibatches):
-                rows = rows.to(self.device)
-                m = mask[rows]
-                lm = batch.loss_mask[rows]
-                if train_actor:
-                    logp, ent = sequence_logprobs(actor, ids[rows], attn[rows], T, cfg.temperature)
-                    pl, pm = policy_loss(
-                        logp,
-                        batch.logp_old[rows],
-                        batch.advantages[rows],
-                        lm,
-                        clip_low=cfg.clip,
-                        clip_high=cfg.clip if cfg.clip_high is None else cfg.clip_high,
-                        dual_clip=cfg.dual_clip,
-                        agg=cfg.agg,
-                        length_budget=cfg.max_new_tokens,
-                    )
-                    entropy = agg_loss(ent, lm, cfg.agg, cfg.max_new_tokens)
-                    loss = pl - cfg.ent_coef * entropy
-                    if ref_logp is not None and cfg.kl_in == "loss":
-                        kl = agg_loss(
-                            kl_penalty(logp, ref_logp[rows], cfg.kl_estimator),
-                            lm,
-                            cfg.agg,
-                            cfg.max_new_tokens,
-                        )
-                        loss = loss + cfg.kl_coef * kl
-                        stats.setdefault("kl_loss", []).append(float(kl.detach()))
-                    check_finite(self.step_idx + 1, policy_loss=loss)
-                    scale = self._scale(lm)
-                    self.actor_engine.backward(loss * scale)
-                    gn = self.actor_engine.step()
-                    check_finite(self.step_idx + 1, actor_grad_norm=gn)
-                    for k, v in pm.items():
-                        stats.setdefault(k, []).append(v)
-                    stats.setdefault("policy_loss", []).append(float(pl.detach()) * scale)
-                    stats.setdefault("entropy", []).append(float(entropy.detach()) * scale)
-                    stats.setdefault("grad_norm", []).append(gn)
-                if critic is not None:
-                    if req.critic == "sequence":
-                        pred = critic(rb.prompt_ids[rows], rb.prompt_mask[rows]).float()
-                    else:
-                        pred = critic(ids[rows], attn[rows], T).float() * m
-                    vl = critic_loss(
-                        algo, pred, batch.returns[rows], m, old_pred=batch.values[rows], clip=None
-                    )
-                    check_finite(self.step_idx + 1, critic_loss=vl)
-                    scale = self._scale(m) if pred.dim() == 2 else self._scale(torch.ones(len(rows), 1))
-                    self.critic_engine.backward(vl * scale)
-                    cgn = self.critic_engine.step()
-                    check_finite(self.step_idx + 1, critic_grad_norm=cgn)
-                    stats.setdefault("critic_bce" if algo.critic_loss == "bce" else "value_loss", []).append(
-                        float(vl.detach()) * scale
-                    )
-                    stats.setdefault("critic_grad_norm", []).append(cgn)
+        out = ppo_update(
+            batch,
+            self.algo,
+            self.learner_cfg,
+            self._rows(rb, actor, True),
+            self.actor_engine,
+            self._rows(rb, critic, False) if critic is not None else None,
+            self.critic_engine,
+            train_actor=self.step_idx >= cfg.critic_warmup,
+            generator=torch.Generator().manual_seed(cfg.seed * 7919 + self.step_idx),
+            cost=cost,
+            dist=self.dist.on(self.device),
+            guard=lambda **q: check_finite(self.step_idx + 1, **q),
+        )
         actor.eval()
         if critic is not None:
             critic.eval()
-        # losses were scaled per rank so that their mean over ranks is the whole batch's; other
-        # statistics are averaged over ranks; the ratio extremes are this rank's
-        keys = sorted(k for k in stats if k not in ("ratio_min", "ratio_max"))
-        means = self.dist.all_sum([float(np.mean(stats[k])) for k in keys], self.device)
-        out.update({k: v / self.dist.world for k, v in zip(keys, means)})
-        if "ratio_min" in stats:
-            out["ratio_min"], out["ratio_max"] = min(stats["ratio_min"]), max(stats["ratio_max"])
+        out["actor_skipped"] = int(out["actor_skipped"])
         return out
 
     # ------------------------------------------------------------------------------------- evaluation
@@ -662,13 +595,16 @@ class LLMRun:
             "val_k": k,
             "val_verifier_errors": int(tot[3]),
         }
-        if self.algo.requires.critic == "sequence" and mine:
-            pred = torch.sigmoid(self.critic_engine.module(rb.prompt_ids[::k], rb.prompt_mask[::k]).float())
-            pairs = list(zip(pred.cpu().tolist(), per_prompt.mean(1).tolist()))
-        else:
-            pairs = []
-        if self.algo.requires.critic == "sequence":
-            pairs = self.dist.gather_lists(pairs)
+        pairs: list[tuple[float, float]] = []
+        if self.critic_engine is not None and mine:
+            # a per-prompt critic's P(R = 1 | prompt) against the prompt's mean@k (calibration)
+            first = torch.arange(0, len(rb.texts), k)
+            v = self._rows(rb.to(self.device), self.critic_engine.module, False)(first, rb.response_len)
+            if v.dim() == 1:
+                pred = value_units(self.algo, v.float())
+                pairs = list(zip(pred.cpu().tolist(), per_prompt.mean(1).tolist()))
+        pairs = self.dist.gather_lists(pairs) if self.critic_engine is not None else []
+        if pairs:
             pred_all = np.array([p for p, _ in pairs])
             emp = np.array([e for _, e in pairs])
             out["val_critic_brier"] = float(np.mean((pred_all - emp) ** 2))
@@ -680,15 +616,16 @@ class LLMRun:
         return out
 
     @torch.no_grad()
-    def critic_trace(self) -> dict[str, np.ndarray] | None:
-        """What the critic says on sampled validation responses (tail-effect diagnostic): a token
-        critic's ``V(s_t)`` for every response token (``[N, T]``, with lengths), or a sequence critic's
-        ``V(s_p)`` per response, with each response's outcome. All ranks call this (ZeRO-3)."""
+    def critic_trace(self, path: Path) -> None:
+        """Write what the critic says on sampled validation responses (:mod:`sppo_rl.runtime.trace`),
+        with each response's length and outcome (nothing without a critic). All ranks call this
+        (ZeRO-3); rank 0 writes."""
         if self.critic_engine is None or not self.val_set:
-            return None
+            return
         cfg, critic = self.cfg, self.critic_engine.module
         mine = list(range(self.dist.rank, len(self.val_set), self.dist.world))
-        rows: list[tuple[list[float], float]] = []
+        rows: list[tuple[list[float], int, float]] = []
+        seq = False
         if mine:
             prompts = [render_prompt(self.val_set[i], self.tokenizer) for i in mine]
             rb = self.rollout.generate(
@@ -700,109 +637,84 @@ class LLMRun:
                 seed=self._seeds(-2, mine),
             ).to(self.device)
             R, _ = self._score(rb.texts, [self.val_set[mine[int(i)]].answer for i in rb.prompt_index])
-            if self.algo.requires.critic == "sequence":
-                v = torch.sigmoid(critic(rb.prompt_ids, rb.prompt_mask).float())[:, None]
-                lengths = torch.ones(len(R), dtype=torch.long)
-            else:
-                v = critic_values(self.algo, critic(rb.input_ids, rb.attention_mask, rb.response_len).float())
-                lengths = rb.response_mask.sum(-1).cpu()
-            rows = [(v[b, : int(lengths[b])].cpu().tolist(), float(R[b])) for b in range(len(R))]
+            lengths = rb.response_lengths.cpu()
+            cost = (rb.prompt_mask.sum(-1) + rb.response_lengths).cpu()
+            red = self.dist.on(self.device)
+            out = forward_rows(self._rows(rb, critic, False), lengths, cost, self.learner_cfg, red)
+            v = value_units(self.algo, out.float()).cpu()  # [n] per response, or [n, T] per token
+            for b in range(len(R)):
+                n = int(lengths[b])
+                rows.append((v[b : b + 1].tolist() if v.dim() == 1 else v[b, :n].tolist(), n, float(R[b])))
+            seq = v.dim() == 1
+        (seq,) = self.dist.all_max([float(seq) if mine else 0.0], self.device)
         rows = self.dist.gather_lists(rows)
-        T = max(len(v) for v, _ in rows)
-        values = np.zeros((len(rows), T), dtype=np.float32)
-        for b, (v, _) in enumerate(rows):
+        if not self.dist.main:
+            return
+        width = max(len(v) for v, _, _ in rows)
+        values = np.zeros((len(rows), width), dtype=np.float32)
+        for b, (v, _, _) in enumerate(rows):
             values[b, : len(v)] = v
-        out = {
-            "lengths": np.array([len(v) for v, _ in rows]),
-            "success": np.array([r for _, r in rows], dtype=np.float32),
-            "horizon": np.array(cfg.max_new_tokens),
-        }
-        if self.algo.requires.critic == "sequence":
-            out["kind"], out["v0"] = np.array("sequence"), values[:, 0]
-        else:
-            out["kind"], out["values"] = np.array("step"), values
-        return out
+        lengths_all = np.array([n for _, n, _ in rows])
+        success = np.array([r for _, _, r in rows], dtype=np.float32)
+        write_trace(path, values[:, 0] if seq else values, lengths_all, success, cfg.max_new_tokens)
 
     # ------------------------------------------------------------------------------------- loop
 
+    @property
+    def updates(self) -> int:
+        return self.step_idx
+
+    def finish(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """Exports (``final/``, the critic trace; all ranks) and, on rank 0, the summary from every row
+        of ``metrics.jsonl``."""
+        self.export(self.out / "final")
+        self.critic_trace(self.out / TRACE_FILE)
+        evals = [r for r in rows if r.get("val_accuracy") is not None]
+        return {
+            "algo": self.algo.name,
+            "seed": self.cfg.seed,
+            "steps": self.step_idx,
+            "group_size": self.group_size,
+            "ranks": self.dist.world,
+            "wall_time_s": self.elapsed,
+            "generated_tokens": self.generated_tokens,
+            "start_val_accuracy": evals[0]["val_accuracy"] if evals else None,
+            "final_val_accuracy": evals[-1]["val_accuracy"] if evals else None,
+            "best_val_accuracy": max(r["val_accuracy"] for r in evals) if evals else None,
+            "peak_memory_mb": peak_memory_mb(self.device),
+            "warmstart": self.warmstart,
+        }
+
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
-        bar = None
-        if cfg.progress and self.dist.main:
-            from tqdm.auto import tqdm
 
-            bar = tqdm(
-                total=cfg.steps,
-                initial=self.step_idx,
-                unit="step",
-                desc=f"{self.algo.name}/llm",
-                dynamic_ncols=True,
-            )
-        try:
-            with Preemption() as pre:
-                if self.step_idx == 0:
-                    first = self.evaluate()
-                    self.logger.log({"step": 0, "wall_time_s": 0.0, "generated_tokens": 0, **first}, step=0)
-                last = self.step_idx >= cfg.steps
-                while not last:
-                    row = self.update()
-                    # the last update: the step budget, or the time budget (rank 0's clock decides)
-                    out_of_time = cfg.max_seconds is not None and self.elapsed >= cfg.max_seconds
-                    last = self.step_idx >= cfg.steps or bool(self.dist.broadcast(out_of_time))
-                    if cfg.eval_every and (self.step_idx % cfg.eval_every == 0 or last):
-                        row.update(self.evaluate())
-                    self.logger.log(row, step=self.step_idx)
-                    if bar is not None:
-                        bar.update(1)
-                        post = {
-                            "reward": f"{row['reward_mean']:.2f}",
-                            "tok/s": f"{row['gen_tokens_per_s']:.0f}",
-                        }
-                        if "val_accuracy" in row:
-                            post["val"] = f"{row['val_accuracy']:.2f}"
-                        bar.set_postfix(post)
-                    (stop,) = self.dist.all_sum([1.0 if pre.requested else 0.0], self.device)
-                    if stop:
-                        self.save_checkpoint()
-                        self.close()
-                        exit_preempted(
-                            self.out,
-                            pre.requested or "SIGTERM",
-                            f"sppo-rl llm --out-dir {self.out} --resume ...",
-                        )
-                    if self.step_idx % cfg.checkpoint_every == 0 or last:
-                        self.save_checkpoint()
-        finally:
-            if bar is not None:
-                bar.close()
-        self.export(self.out / "final")
-        trace = self.critic_trace()
-        if trace is not None and self.dist.main:
-            np.savez_compressed(self.out / "critic_trace.npz", **trace)
-        summary = None
-        if self.dist.main:
-            from sppo_rl.runtime.logging import read_metrics
+        def postfix(row: dict[str, Any]) -> dict[str, str]:
+            post = {"reward": f"{row['reward_mean']:.2f}", "tok/s": f"{row['gen_tokens_per_s']:.0f}"}
+            if "val_accuracy" in row:
+                post["val"] = f"{row['val_accuracy']:.2f}"
+            return post
 
-            rows = read_metrics(self.out / "metrics.jsonl")
-            evals = [r for r in rows if r.get("val_accuracy") is not None]
-            summary = {
-                "algo": self.algo.name,
-                "seed": cfg.seed,
-                "steps": self.step_idx,
-                "group_size": self.group_size,
-                "ranks": self.dist.world,
-                "wall_time_s": self.elapsed,
-                "generated_tokens": self.generated_tokens,
-                "start_val_accuracy": evals[0]["val_accuracy"] if evals else None,
-                "final_val_accuracy": evals[-1]["val_accuracy"] if evals else None,
-                "best_val_accuracy": max(r["val_accuracy"] for r in evals) if evals else None,
-                "peak_memory_mb": peak_memory_mb(self.device),
-                "warmstart": self.warmstart,
-            }
-            atomic_write_text(self.out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
-        summary = self.dist.broadcast(summary)
-        self.close()
-        return summary
+        schedule = Schedule(
+            cfg.steps,
+            cfg.eval_every,
+            cfg.checkpoint_every,
+            cfg.max_seconds,
+            eval_first={"step": 0, "wall_time_s": 0.0, "generated_tokens": 0},
+            eval_last=True,
+            log_step=lambda r: r["step"],
+        )
+        summary = run_loop(
+            self,
+            schedule,
+            resume_hint=f"sppo-rl llm --out-dir {self.out} --resume ...",
+            bar=progress_bar(
+                cfg.progress and self.dist.main, cfg.steps, self.step_idx, f"{self.algo.name}/llm"
+            ),
+            postfix=postfix,
+            agree=lambda flag: bool(self.dist.all_max([float(flag)], self.device)[0]),
+            main=self.dist.main,
+        )
+        return self.dist.broadcast(summary if self.dist.main else None)
 
     def export(self, folder: Path) -> None:
         """``folder/actor`` (a transformers folder with its tokenizer) and ``folder/critic``; all ranks
@@ -819,6 +731,23 @@ class LLMRun:
     def close(self) -> None:
         self.logger.close()
         self.scorer.close()
+
+
+def rollout_rows(rb: RolloutBatch, model: Any, policy: bool, temperature: float, device: Any) -> Any:
+    """The learner's world callable over rows of ``rb``: ``(rows, T) ->`` a policy's ``(logp, entropy)``
+    (actor or reference; ``policy=True``) or a critic's values (either kind: one call signature), on
+    those rows cut to their own columns: the prompt's leading all-padding columns and the response
+    past ``T`` are dropped, so a micro-batch costs what its own longest row costs."""
+
+    def fn(rows: Tensor, T: int) -> Any:
+        rows = rows.to(device)
+        pm = rb.prompt_mask[rows]
+        first = int(pm.any(0).float().argmax())
+        ids = torch.cat([rb.prompt_ids[rows, first:], rb.response_ids[rows, :T]], 1)
+        attn = torch.cat([pm[:, first:], rb.response_mask[rows, :T]], 1)
+        return sequence_logprobs(model, ids, attn, T, temperature) if policy else model(ids, attn, T)
+
+    return fn
 
 
 def _single_process_group(timeout_s: float) -> None:

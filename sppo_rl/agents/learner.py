@@ -1,0 +1,318 @@
+"""The PPO learner: one update of actor and critic on a :class:`SequenceBatch`, for both worlds.
+
+A world supplies two callables over rows of its own rollout data and two training engines:
+
+- ``actor(rows, T) -> (logp, entropy)``, both ``[len(rows), T]``: the current policy's log-prob of
+  each taken action (token or step) and its entropy, on those rows cut to their first ``T`` positions;
+- ``critic(rows, T) -> values``: ``[len(rows), T]`` for a per-position critic or ``[len(rows)]`` for
+  a per-sequence one (logits or values, as the algorithm's critic loss wants): one call signature for
+  both kinds, so no world branches on the critic's kind;
+- engines with ``boundary(last)`` (called before each micro-batch: is it the last before ``step``?),
+  ``backward(loss)`` and ``step() -> grad_norm`` (clip, optimizer step, zero the gradients).
+
+Every pass runs in micro-batches (:func:`micro_batches`), each cut to its own longest row, and the
+gradients of a minibatch accumulate over them. Each micro-batch's loss is weighted by its share of
+the aggregation's units (:func:`~sppo_rl.agents.losses.agg_units`) in the whole minibatch over every
+data-parallel rank, times the number of ranks (engines average gradients over ranks), so that the
+loss, the gradient and the weights after the update equal those of one unsplit batch in one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from sppo_rl.agents.algorithms import Algorithm, critic_loss, critic_values
+from sppo_rl.agents.batch import SequenceBatch
+from sppo_rl.agents.losses import AggMode, agg_loss, agg_units, explained_variance, kl_penalty, policy_loss
+
+RowsFn = Callable[[Tensor, int], object]
+
+
+class Reducer(Protocol):
+    """Data-parallel reductions over ranks (:data:`LOCAL` in one process)."""
+
+    world: int
+
+    def all_sum(self, values: list[float]) -> list[float]: ...
+
+    def all_max(self, values: list[float]) -> list[float]: ...
+
+
+class Engine(Protocol):
+    def boundary(self, last: bool) -> None: ...
+
+    def backward(self, loss: Tensor) -> None: ...
+
+    def step(self) -> float: ...
+
+
+class _Local:
+    world = 1
+
+    def all_sum(self, values: list[float]) -> list[float]:
+        return list(values)
+
+    all_max = all_sum
+
+
+LOCAL: Reducer = _Local()
+
+
+class TorchEngine:
+    """Plain PyTorch around ``optimizer``: gradients accumulate over ``backward`` calls; ``step`` clips
+    their global norm to ``max_grad_norm`` (None: measures it only), steps when it is finite, zeroes
+    them and returns the norm before clipping."""
+
+    def __init__(
+        self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float | None
+    ):
+        self.module, self.optimizer, self.max_grad_norm = module, optimizer, max_grad_norm
+        self.params = [p for g in optimizer.param_groups for p in g["params"]]
+
+    def boundary(self, last: bool) -> None:
+        pass
+
+    def backward(self, loss: Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> float:
+        if self.max_grad_norm is not None:
+            gn = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
+        else:
+            grads = [p.grad.detach().norm() for p in self.params if p.grad is not None]
+            gn = float(torch.linalg.vector_norm(torch.stack(grads))) if grads else 0.0
+        if torch.isfinite(torch.tensor(gn)):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return gn
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """The update's settings (both worlds' configs fill it; see their ``--help`` for each flag).
+
+    ``length_budget`` is ``L`` of ``seq-mean-token-sum-norm`` (the horizon or ``max_new_tokens``):
+    fixed, so cutting a micro-batch short never changes it. ``kl_coef > 0`` with ``batch.ref_logp``
+    adds ``kl_coef * agg(k(logp, ref_logp))`` to the actor's loss.
+    """
+
+    epochs: int = 1
+    minibatches: int = 1
+    clip: float = 0.2
+    clip_high: float | None = None
+    dual_clip: float | None = None
+    agg: AggMode = "token-mean"
+    length_budget: int | None = None
+    ent_coef: float = 0.0
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    value_clip: float | None = None
+    micro_batch_size: int | None = None
+    max_tokens_per_micro_batch: int | None = None
+
+    @classmethod
+    def from_run(cls, run_cfg: object, length_budget: int, **overrides: object) -> LearnerConfig:
+        """The fields a world's run config names alike (``epochs``, ``clip``, ``agg``, ...), then
+        ``overrides``; fields the run config lacks keep their defaults."""
+        names = [f.name for f in fields(cls) if hasattr(run_cfg, f.name)]
+        kw = {n: getattr(run_cfg, n) for n in names}
+        return cls(**{**kw, "length_budget": length_budget, **overrides})
+
+
+def micro_batches(
+    rows: Tensor, cost: Tensor, max_rows: int | None, max_tokens: int | None, count: int | None = None
+) -> list[Tensor]:
+    """Split ``rows`` into micro-batches: longest first, a micro-batch takes the next row while it keeps
+    at most ``max_rows`` rows and a padded size ``rows x longest cost`` of at most ``max_tokens`` (a row
+    alone always fits). ``count`` (>= the packing's own) splits the largest micro-batches further, so
+    that every data-parallel rank runs the same number of passes."""
+    order = rows[torch.argsort(cost[rows], descending=True, stable=True)]
+    out: list[list[int]] = []
+    for r in order.tolist():
+        cur = out[-1] if out else None
+        if cur is not None:
+            n, width = len(cur) + 1, float(cost[cur[0]])
+            if (max_rows is None or n <= max_rows) and (max_tokens is None or n * width <= max_tokens):
+                cur.append(r)
+                continue
+        out.append([r])
+    while count is not None and len(out) < count:
+        i = max(range(len(out)), key=lambda j: len(out[j]))
+        if len(out[i]) < 2:
+            raise ValueError(f"cannot split {len(rows)} rows into {count} micro-batches")
+        half = len(out[i]) // 2
+        out[i : i + 1] = [out[i][:half], out[i][half:]]
+    return [torch.tensor(m, dtype=torch.long) for m in out]
+
+
+def plan(rows: Tensor, cost: Tensor, cfg: LearnerConfig, dist: Reducer) -> list[Tensor]:
+    """:func:`micro_batches` with the same number of micro-batches on every rank."""
+    mbs = micro_batches(rows, cost, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
+    (count,) = dist.all_max([float(len(mbs))])
+    if int(count) == len(mbs):
+        return mbs
+    return micro_batches(rows, cost, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch, int(count))
+
+
+@torch.no_grad()
+def forward_rows(
+    fn: RowsFn, lengths: Tensor, cost: Tensor, cfg: LearnerConfig, dist: Reducer = LOCAL
+) -> Tensor:
+    """``fn(rows, T)`` over all rows in micro-batches, reassembled as ``[B, max(lengths)]`` (or ``[B]``)
+    with zeros past each row's end: the old log-probs, the reference's and the critic's values."""
+    B, T = len(lengths), max(int(lengths.max()), 1) if len(lengths) else 1
+    out: Tensor | None = None
+    for rows in plan(torch.arange(B), cost, cfg, dist):
+        t = max(int(lengths[rows].max()), 1)
+        part = fn(rows, t)
+        part = part[0] if isinstance(part, tuple) else part
+        if out is None:
+            out = part.new_zeros((B, T) if part.dim() == 2 else (B,))
+        if part.dim() == 2:
+            inside = torch.arange(t, device=part.device) < lengths[rows, None].to(part.device)
+            out[rows.to(out.device), :t] = torch.where(inside, part, torch.zeros_like(part))
+        else:
+            out[rows.to(out.device)] = part
+    assert out is not None
+    return out
+
+
+def _cut(batch: SequenceBatch, rows: Tensor, T: int) -> SequenceBatch:
+    """Rows ``rows`` of ``batch``, every ``[B, T']`` field cut to its first ``T`` positions."""
+    b = batch.index(rows.to(batch.mask.device))
+    cut = {k: v[:, :T] for k, v in vars(b).items() if isinstance(v, Tensor) and v.dim() == 2}
+    return replace(b, **cut) if cut else b
+
+
+def critic_stats(batch: SequenceBatch, algo: Algorithm, dist: Reducer = LOCAL) -> dict[str, float]:
+    """Before the update: a sequence critic's ``sigmoid V(s_0)`` mean, Brier score and gap to the
+    outcome mean; a step critic's explained variance of the returns (this rank's)."""
+    if batch.values is None:
+        return {}
+    if batch.values.dim() == 1:
+        p = torch.sigmoid(batch.values.float())
+        n, sp, sb, sr = dist.all_sum(
+            [p.numel(), float(p.sum()), float(((p - batch.rewards) ** 2).sum()), float(batch.rewards.sum())]
+        )
+        return {"v0_mean": sp / n, "v0_brier": sb / n, "v0_gap": (sp - sr) / n}
+    pred = critic_values(algo, batch.values)
+    return {"explained_variance": explained_variance(pred, batch.returns, batch.mask)}
+
+
+def ppo_update(
+    batch: SequenceBatch,
+    algo: Algorithm,
+    cfg: LearnerConfig,
+    actor: RowsFn,
+    actor_engine: Engine,
+    critic: RowsFn | None = None,
+    critic_engine: Engine | None = None,
+    *,
+    train_actor: bool = True,
+    generator: torch.Generator | None = None,
+    cost: Tensor | None = None,
+    dist: Reducer = LOCAL,
+    guard: Callable[..., None] = lambda **_: None,
+) -> dict[str, float]:
+    """``cfg.epochs`` passes over ``cfg.minibatches`` random minibatches of rows; one optimizer step
+    per minibatch and engine. The actor is left alone (``actor_skipped``) when ``train_actor`` is
+    false or every advantage on every rank is 0. ``batch.logp_old = None`` (one epoch, one minibatch
+    only) takes ``logp.detach()`` of the training pass itself (ratio exactly 1) and fills it in.
+    ``cost`` ``[B]``: each row's tokens for the micro-batch budget (default: its length). ``guard``
+    receives every loss and gradient norm by name (the world stops the run on a non-finite one).
+    Returns the mean over minibatches of each statistic (losses: their mean over ranks)."""
+    B, lengths = batch.batch_size, batch.lengths.cpu()
+    cost = lengths if cost is None else cost.cpu()
+    if batch.logp_old is None and cfg.epochs * cfg.minibatches > 1:
+        raise ValueError("logp_old may be left out only for one epoch of one minibatch")
+    nonzero, kept, valid = dist.all_sum(
+        [float((batch.advantages != 0).sum()), float(batch.loss_mask.sum()), float(batch.mask.sum())]
+    )
+    train_actor = train_actor and nonzero > 0
+    fill_old = batch.logp_old is None
+    if fill_old:
+        batch.logp_old = torch.zeros_like(batch.mask)
+    out = {"actor_skipped": float(not train_actor), "loss_frac": kept / max(valid, 1.0)}
+    out.update(critic_stats(batch, algo, dist))
+    sums: dict[str, float] = {}
+    extremes: dict[str, float] = {}
+    L = cfg.length_budget
+
+    def add(key: str, value: float) -> None:
+        sums[key] = sums.get(key, 0.0) + value
+
+    for _ in range(cfg.epochs):
+        for mb in torch.tensor_split(torch.randperm(B, generator=generator), cfg.minibatches):
+            mb_batch = batch.index(mb.to(batch.mask.device))
+            a_tot, c_tot, n_tot = dist.all_sum(
+                [
+                    agg_units(mb_batch.loss_mask, cfg.agg),
+                    _critic_units(mb_batch),
+                    float(mb_batch.loss_mask.sum()),
+                ]
+            )
+            mbs = plan(mb, cost, cfg, dist)
+            for i, rows in enumerate(mbs):
+                T = max(int(lengths[rows].max()), 1)
+                b = _cut(batch, rows, T)
+                if train_actor:
+                    actor_engine.boundary(i == len(mbs) - 1)
+                    logp, ent = actor(rows, T)
+                    if fill_old:
+                        b.logp_old = logp.detach() * b.mask
+                        batch.logp_old[rows.to(batch.mask.device), :T] = b.logp_old
+                    pl, pm = policy_loss(
+                        logp, b.logp_old, b.advantages, b.loss_mask, cfg.clip,
+                        cfg.clip if cfg.clip_high is None else cfg.clip_high, cfg.dual_clip, cfg.agg, L,
+                    )  # fmt: skip
+                    entropy = agg_loss(ent, b.loss_mask, cfg.agg, L)
+                    loss = pl - cfg.ent_coef * entropy
+                    w = agg_units(b.loss_mask, cfg.agg) * dist.world / max(a_tot, 1.0)
+                    if cfg.kl_coef > 0 and b.ref_logp is not None:
+                        kl = agg_loss(kl_penalty(logp, b.ref_logp, cfg.kl_estimator), b.loss_mask, cfg.agg, L)
+                        loss = loss + cfg.kl_coef * kl
+                        add("kl_loss", float(kl.detach()) * w)
+                    guard(policy_loss=loss)
+                    actor_engine.backward(loss * w)
+                    w_tok = float(b.loss_mask.sum()) * dist.world / max(n_tot, 1.0)  # pm are token means
+                    for k, v in pm.items():
+                        if k in ("ratio_min", "ratio_max"):
+                            extremes[k] = (min if k == "ratio_min" else max)(extremes.get(k, v), v)
+                        else:
+                            add(k, v * w_tok)
+                    add("policy_loss", float(pl.detach()) * w)
+                    add("entropy", float(entropy.detach()) * w)
+                if critic is not None and critic_engine is not None:
+                    critic_engine.boundary(i == len(mbs) - 1)
+                    pred = critic(rows, T).float()
+                    pred = pred * b.mask if pred.dim() == 2 else pred
+                    vl = critic_loss(algo, pred, b.returns, b.mask, old_pred=b.values, clip=cfg.value_clip)
+                    w = _critic_units(b) * dist.world / max(c_tot, 1.0)
+                    guard(critic_loss=vl)
+                    critic_engine.backward(vl * w)
+                    add("critic_bce" if algo.critic_loss == "bce" else "value_loss", float(vl.detach()) * w)
+            if train_actor:
+                gn = actor_engine.step()
+                guard(actor_grad_norm=gn)
+                add("grad_norm", gn)
+            if critic is not None and critic_engine is not None:
+                cgn = critic_engine.step()
+                guard(critic_grad_norm=cgn)
+                add("critic_grad_norm", cgn)
+    steps = cfg.epochs * cfg.minibatches
+    keys = sorted(sums)
+    for k, v in zip(keys, dist.all_sum([sums[k] / steps for k in keys])):
+        out[k] = v / dist.world
+    return {**out, **extremes}
+
+
+def _critic_units(b: SequenceBatch) -> float:
+    """A per-position critic loss is a token mean over ``mask``; a per-sequence one a mean over rows."""
+    if b.returns is None or b.values is None:
+        return 0.0
+    return float(b.mask.sum()) if b.returns.dim() == 2 else float(b.batch_size)

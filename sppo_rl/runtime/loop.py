@@ -1,0 +1,135 @@
+"""The one run loop of both worlds: updates, evaluation and checkpoint cadence, time budget,
+preemption, progress bar and ``summary.json``.
+
+A world's run object supplies what differs (:class:`Run`); the loop owns the order in which things
+happen, so both worlds stop, save, resume and summarise alike.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from sppo_rl.runtime.checkpoint import atomic_write_text
+from sppo_rl.runtime.logging import read_metrics
+from sppo_rl.runtime.run import Preemption, exit_preempted
+
+
+class Run(Protocol):
+    out: Path
+    logger: Any
+    elapsed: float
+
+    @property
+    def updates(self) -> int: ...  # updates done so far (restored on resume)
+
+    def update(self) -> dict[str, Any]: ...  # one update; its metrics row
+
+    def evaluate(self) -> dict[str, Any]: ...  # periodic evaluation metrics ({} if none)
+
+    def save_checkpoint(self) -> Path: ...
+
+    def finish(self, rows: list[dict[str, Any]]) -> dict[str, Any]: ...  # exports; the summary
+
+    def close(self) -> None: ...  # the logger and the run's workers
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """``total_updates``; ``eval_every`` (0: never; also after the last update when ``eval_last``);
+    ``eval_first``: a row before the first update (these fields plus the evaluation; None: none);
+    ``checkpoint_every`` (and always after the last update); ``max_seconds``: the last update is the
+    first to end past it (None: no time budget); ``log_step``: a row's step on the logs' x-axis."""
+
+    total_updates: int
+    eval_every: int = 0
+    checkpoint_every: int = 10
+    max_seconds: float | None = None
+    eval_first: dict[str, Any] | None = None
+    eval_last: bool = False
+    log_step: Callable[[dict[str, Any]], int] = lambda row: int(row.get("update", row.get("step", 0)))
+
+
+def run_loop(
+    run: Run,
+    schedule: Schedule,
+    *,
+    resume_hint: str,
+    bar: Any = None,
+    postfix: Callable[[dict[str, Any]], dict[str, str]] = lambda row: {},
+    agree: Callable[[bool], bool] = lambda flag: flag,
+    main: bool = True,
+) -> dict[str, Any]:
+    """Train until the schedule ends, then ``run.finish(rows of metrics.jsonl)``; rank 0 writes the
+    summary it returns to ``summary.json``. ``agree(flag)`` is True on every rank when any rank's flag
+    is (data parallel: the time budget and a preemption signal stop all ranks together). On SIGTERM /
+    SIGINT the update in flight finishes, a checkpoint is saved and the process exits (128 + signal)."""
+    done = run.updates >= schedule.total_updates or (
+        schedule.max_seconds is not None and run.elapsed >= schedule.max_seconds
+    )
+    if done and (run.out / "summary.json").is_file():  # a finished run, resumed: nothing to do
+        if main:
+            print(f"[sppo-rl] {run.out} is finished ({run.updates} updates); nothing to resume", file=sys.stderr)
+        run.close()
+        if bar is not None:
+            bar.close()
+        return json.loads((run.out / "summary.json").read_text())
+    try:
+        with Preemption() as pre:
+            if schedule.eval_first is not None and run.updates == 0:
+                run.logger.log({**schedule.eval_first, **run.evaluate()}, step=0)
+            last = done
+            while not last:
+                row = run.update()
+                out_of_time = schedule.max_seconds is not None and run.elapsed >= schedule.max_seconds
+                last = run.updates >= schedule.total_updates or agree(out_of_time)
+                every = schedule.eval_every
+                if every and (run.updates % every == 0 or (last and schedule.eval_last)):
+                    row.update(run.evaluate())
+                run.logger.log(row, step=schedule.log_step(row))
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(postfix(row))
+                if agree(pre.requested is not None):
+                    run.save_checkpoint()
+                    run.close()
+                    if bar is not None:
+                        bar.close()
+                    exit_preempted(run.out, pre.requested or "SIGTERM", resume_hint)
+                if run.updates % schedule.checkpoint_every == 0 or last:
+                    run.save_checkpoint()
+    finally:
+        if bar is not None:
+            bar.close()
+    rows = read_metrics(run.out / "metrics.jsonl") if main else []
+    summary = run.finish(rows)
+    run.close()
+    if main:
+        text = json.dumps(_finite(summary), indent=2, default=str, allow_nan=False)
+        atomic_write_text(run.out / "summary.json", text + "\n")
+    return summary
+
+
+def _finite(obj: Any) -> Any:
+    """Non-finite floats become null (``summary.json`` stays valid JSON)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def progress_bar(enabled: bool, total: int, initial: int, desc: str, unit: str = "update") -> Any:
+    """A tqdm bar over updates on stderr, or None."""
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, unit=unit, desc=desc, dynamic_ncols=True, file=sys.stderr)

@@ -1,0 +1,66 @@
+"""The one run loop: summaries from the whole metrics log, a finished run's resume, time budgets."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from sppo_rl.control.config import ControlConfig
+from sppo_rl.control.trainer import run_control
+from sppo_rl.runtime import read_metrics
+
+
+def _cfg(tmp_path: Path, **kw) -> ControlConfig:
+    base = dict(
+        task="short-cartpole",
+        algo="grpo",
+        total_episodes=64 * 12,
+        init_from="none",
+        out_dir=str(tmp_path / "run"),
+        progress=False,
+        tensorboard=False,
+        eval_episodes=0,
+        checkpoint_every=4,
+    )
+    base.update(kw)
+    return ControlConfig(**base)
+
+
+def test_kill_before_the_summary_then_resume_summarises_the_whole_run(tmp_path):
+    """The run ends, but the process dies before summary.json: resuming writes the summary of every
+    row of metrics.jsonl (valid JSON), not of the rows after the resume (there are none)."""
+    cfg = _cfg(tmp_path)
+    first = run_control(cfg)
+    out = Path(cfg.out_dir)
+    (out / "summary.json").unlink()
+    (out / "final.pt").unlink()
+    again = run_control(replace(cfg, resume=True))
+    rows = read_metrics(out / "metrics.jsonl")
+    assert len(rows) == 12, "no update ran twice"
+    expected = float(np.mean([r["success_rate"] for r in rows[-10:]]))
+    text = (out / "summary.json").read_text()
+    assert "NaN" not in text
+    assert json.loads(text)["final_success_rate"] == again["final_success_rate"] == expected
+    assert first["final_success_rate"] == expected
+    assert (out / "final.pt").exists()
+
+
+def test_resume_of_a_finished_run_changes_nothing_and_says_so(tmp_path, capsys):
+    cfg = _cfg(tmp_path)
+    run_control(cfg)
+    out = Path(cfg.out_dir)
+    before = {p.name: p.read_bytes() for p in (out / "metrics.jsonl", out / "summary.json", out / "final.pt")}
+    summary = run_control(replace(cfg, resume=True))
+    assert "is finished (12 updates); nothing to resume" in capsys.readouterr().err
+    after = {p.name: p.read_bytes() for p in (out / "metrics.jsonl", out / "summary.json", out / "final.pt")}
+    assert before == after
+    assert summary == json.loads(before["summary.json"])
+
+
+def test_time_budget_stops_the_control_run_early(tmp_path):
+    summary = run_control(_cfg(tmp_path, max_seconds=1e-9))
+    assert summary["updates"] == 1, "the first update to end past the budget is the last"
+    assert len(read_metrics(Path(tmp_path / "run" / "metrics.jsonl"))) == 1
