@@ -587,12 +587,72 @@ def test_episode_env_clips_continuous_actions():
 def test_make_vec_vector_entry_point(name):
     spec = TASKS[name]
     env = gym.make_vec(spec.env_id, num_envs=4, vectorization_mode="vector_entry_point", dense=True)
-    assert env.metadata["autoreset_mode"] == AutoresetMode.DISABLED and env.num_envs == 4 and env.dense
+    assert env.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP and env.num_envs == 4 and env.dense
+    assert isinstance(env, spec.load(vector=True)) and env.spec.id == spec.env_id
     obs, _ = env.reset(seed=[0, 0, 1, 1])
     assert obs.shape == (4, spec.obs_dim)
     obs, rew, term, trunc, info = env.step(env.action_space.sample())
     assert obs.shape == (4, spec.obs_dim) and rew.shape == (4,) and "success" in info
     env.close()
+    # the episode mode of make_episode_env, on request
+    episode = gym.make_vec(spec.env_id, num_envs=2, autoreset_mode=AutoresetMode.DISABLED)
+    assert type(episode) is type(make_episode_env(name)) is spec.load(vector=True)
+    assert episode.metadata["autoreset_mode"] == AutoresetMode.DISABLED
+    with pytest.raises(ValueError, match="autoreset_mode"):
+        gym.make_vec(spec.env_id, num_envs=2, autoreset_mode=AutoresetMode.SAME_STEP)
+
+
+def test_make_episode_env_keeps_episode_mode():
+    """The trainers' env: autoreset disabled, ended sub-envs frozen (not the make_vec default)."""
+    for name in ("short-cartpole", "hopper"):
+        env = make_episode_env(name, num_envs=2)
+        assert type(env) is TASKS[name].load(vector=True)
+        assert env.metadata["autoreset_mode"] == AutoresetMode.DISABLED
+
+
+def _run_make_vec(spec: TaskSpec, mode: str | None, actions: np.ndarray):
+    kwargs = {} if mode is None else {"vectorization_mode": mode}
+    env = gym.make_vec(spec.env_id, num_envs=2, dense=True, **kwargs)
+    assert env.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
+    obs, _ = env.reset(seed=[5, 6])
+    steps = [(obs, np.zeros(2), np.zeros(2, bool), np.zeros(2, bool), None)]
+    for a in actions:
+        obs, rew, term, trunc, info = env.step(a)
+        assert obs.shape == (2, spec.obs_dim) and not trunc.any()
+        steps.append((obs, rew, term, trunc, info))
+    env.close()
+    return steps
+
+
+@pytest.mark.parametrize("name,steps", [("short-cartpole", 100), ("hopper", 300), ("lunarlander", 400)])
+def test_make_vec_autoresets_like_gymnasium(name, steps):
+    """``gym.make_vec`` on a project id: Gymnasium's default next-step autoreset, the same trajectories
+    as ``SyncVectorEnv`` over the single envs, and no frozen sub-env after an episode ends."""
+    spec = TASKS[name]
+    actions = random_actions(spec, steps, np.random.default_rng(1), batch=2)
+    reference = _run_make_vec(spec, "sync", actions)  # Gymnasium's own autoreset over gym.make envs
+    for mode in (None, "vector_entry_point"):  # None: make_vec's default for an id with a vector entry point
+        run = _run_make_vec(spec, mode, actions)
+        for (obs, rew, term, trunc, _), (r_obs, r_rew, r_term, r_trunc, _) in zip(run, reference):
+            np.testing.assert_array_equal(obs, r_obs)
+            np.testing.assert_array_equal(rew, r_rew)
+            np.testing.assert_array_equal(term, r_term)
+            np.testing.assert_array_equal(trunc, r_trunc)
+        resets = np.zeros(2, dtype=int)
+        for k in range(1, len(run) - 2):
+            obs, rew, term, _, info = run[k]
+            for i in np.flatnonzero(term):
+                # the step after an end starts a new episode: fresh clock, reward 0, not terminated
+                nxt, nxt_rew, nxt_term, _, nxt_info = run[k + 1]
+                assert not nxt_term[i] and nxt_rew[i] == 0.0 and nxt[i, -1] == 1.0
+                assert nxt_info["length"][i] == 0 and not nxt_info["success"][i] and not nxt_info["ended"][i]
+                assert not np.array_equal(nxt[i], obs[i])
+                # and it runs: the next observation moves on, the (dense) reward is back
+                after, after_rew, _, _, after_info = run[k + 2]
+                assert after_info["length"][i] == 1 and after[i, -1] < 1.0
+                assert not np.array_equal(after[i], nxt[i]) and after_rew[i] != 0.0
+                resets[i] += 1
+        assert (resets >= 1).all(), f"every sub-env should end and restart within {steps} steps: {resets}"
 
 
 @pytest.mark.parametrize("name", ALL)

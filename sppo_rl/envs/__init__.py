@@ -6,7 +6,11 @@ every task and :data:`TASKS` for the table (horizons, success tests, shapings).
 
 - ``gymnasium.make("sppo_rl/SparseHopper-v0", dense=False)``: one episode (the base Gymnasium dynamics);
 - ``make_episode_env("hopper", num_envs=N)``: ``N`` episodes in lock step, autoreset disabled, ended
-  ones frozen; batched NumPy dynamics for the classic-control tasks.
+  ones frozen; batched NumPy dynamics for the classic-control tasks. The trainers use this;
+- ``gymnasium.make_vec("sppo_rl/SparseHopper-v0", num_envs=N)``: the same batched env with Gymnasium's
+  standard autoreset (``AutoresetMode.NEXT_STEP``: an ended sub-env starts a new episode at the next
+  step), for code written against Gymnasium's vector API; ``autoreset_mode=AutoresetMode.DISABLED``
+  gives the episode mode of ``make_episode_env``.
 
 Importing this package registers the Gymnasium ids; it loads neither MuJoCo nor Box2D.
 """

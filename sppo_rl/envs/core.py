@@ -19,11 +19,15 @@ Vector forms (``make_episode_env``) run ``N`` such episodes in lock step with au
 ended sub-environment is frozen (not simulated any more; it returns its last observation, reward 0
 and ``terminated=True``) until ``reset`` revives it. Their ``info`` holds ``[N]`` arrays: ``success``
 and ``failed`` (the outcome of every ended sub-env, False while running), ``ended`` (True only on the
-step where the sub-env ended) and ``length`` (steps taken so far).
+step where the sub-env ended) and ``length`` (steps taken so far). ``gymnasium.make_vec(id)`` gives the
+same batched dynamics with Gymnasium's default autoreset instead (:class:`NextStepAutoreset`: an ended
+sub-env starts a new episode at the next step), or this episode mode with
+``autoreset_mode=AutoresetMode.DISABLED`` (see :func:`make_vector_env`).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -305,3 +309,75 @@ class EpisodeSyncVectorEnv(EpisodeVectorEnv):
     def close_extras(self, **kwargs: Any) -> None:
         for env in self.envs:
             env.close()
+
+
+class NextStepAutoreset:
+    """Gymnasium's default autoreset (``AutoresetMode.NEXT_STEP``) over an episode vector env.
+
+    Mixed in before an :class:`EpisodeVectorEnv` class by :func:`autoreset_class`; what
+    ``gymnasium.make_vec(id, num_envs=N)`` builds by default. A sub-env that ends at one ``step`` (its
+    outcome in ``rewards`` and ``info["success"]``, ``terminated=True``, as in episode mode) is reset by
+    the next ``step``, which ignores its action and returns the first observation of its new episode
+    with reward 0 and ``terminated = truncated = False``; ``info`` then reads ``length`` 0 and
+    ``success`` / ``failed`` False for it. A new episode continues the sub-env's random stream (a
+    ``reset`` without seed), as ``SyncVectorEnv`` does over the single envs, so both give the same
+    trajectories. ``reset`` is the episode env's (seeds, ``options["reset_mask"]``).
+
+    The sub-envs that ended at the previous step are exactly those the episode env holds frozen, so
+    the mixin keeps no state of its own; the episode env's ``step`` and ``reset`` run unchanged.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.NEXT_STEP, "render_modes": []}
+    autoreset_mode: ClassVar[AutoresetMode] = AutoresetMode.NEXT_STEP
+
+    def step(self, actions: Any):
+        pending = self._done.copy()  # ended at the previous step (frozen): reset now, not stepped
+        obs, rewards, terminated, truncated, info = super().step(actions)
+        if pending.any():
+            obs, _ = super().reset(options={"reset_mask": pending})  # no seed: the stream continues
+            rewards[pending] = 0.0
+            terminated[pending] = False
+            truncated[pending] = False
+            info = self._info(info["ended"])
+        return obs, rewards, terminated, truncated, info
+
+
+@functools.cache
+def autoreset_class(cls: type[EpisodeVectorEnv]) -> type[EpisodeVectorEnv]:
+    """``cls`` with :class:`NextStepAutoreset` mixed in (one class per ``cls``, made on first use)."""
+    if not (isinstance(cls, type) and issubclass(cls, EpisodeVectorEnv)):
+        raise TypeError(f"expected an EpisodeVectorEnv subclass, got {cls!r}")
+    return type(
+        f"Autoreset{cls.__name__}",
+        (NextStepAutoreset, cls),
+        {
+            "__module__": __name__,
+            "__doc__": f"{cls.__name__} with Gymnasium's next-step autoreset.\n\n"
+            + (NextStepAutoreset.__doc__ or ""),
+        },
+    )
+
+
+def make_vector_env(
+    cls: type[EpisodeVectorEnv],
+    num_envs: int = 1,
+    *,
+    autoreset_mode: AutoresetMode | str | None = None,
+    **kwargs: Any,
+) -> VectorEnv:
+    """``num_envs`` sub-envs of the episode vector env class ``cls`` under ``autoreset_mode``.
+
+    ``None`` or ``NEXT_STEP`` (Gymnasium's default): :func:`autoreset_class` of ``cls``.
+    ``DISABLED``: ``cls`` itself, the episode mode of ``make_episode_env`` (ended sub-envs frozen until
+    ``reset``). ``SAME_STEP`` is not offered here; ``gymnasium.make_vec(id, vectorization_mode="sync",
+    vector_kwargs={"autoreset_mode": ...})`` gives it over the single envs. ``kwargs`` go to ``cls``.
+    """
+    mode = AutoresetMode.NEXT_STEP if autoreset_mode is None else AutoresetMode(autoreset_mode)
+    if mode == AutoresetMode.DISABLED:
+        return cls(num_envs=num_envs, **kwargs)
+    if mode == AutoresetMode.NEXT_STEP:
+        return autoreset_class(cls)(num_envs=num_envs, **kwargs)
+    raise ValueError(
+        f"autoreset_mode {mode} is not supported by the batched envs (NextStep or Disabled); use "
+        'gymnasium.make_vec(id, vectorization_mode="sync", vector_kwargs={"autoreset_mode": ...})'
+    )

@@ -7,6 +7,7 @@ stays fast; MuJoCo and Box2D are loaded only when such an environment is built.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -33,7 +34,9 @@ class TaskSpec:
         shaping: the dense shaping added with ``dense=True``, one line.
         base_id: the Gymnasium task whose dynamics and reset distribution are used.
         appended: the observation features appended to the base task's (always ending in the time left).
-        entry_point, vector_entry_point: ``module:Class`` of the single and the batched environment.
+        entry_point, vector_entry_point: ``module:Class`` of the single and the batched environment
+            (the latter in episode mode, as ``make_episode_env`` builds it; Gymnasium's ``make_vec``
+            goes through :func:`register_tasks`'s entry point, which adds the standard autoreset).
     """
 
     name: str
@@ -266,9 +269,42 @@ def get_task(name: str | TaskSpec) -> TaskSpec:
     return spec
 
 
+def _vector_creator(spec: TaskSpec) -> Callable[..., Any]:
+    """The ``vector_entry_point`` registered for ``spec``: ``gymnasium.make_vec`` calls it."""
+
+    def create(num_envs: int = 1, autoreset_mode: Any = None, **kwargs: Any) -> Any:
+        from sppo_rl.envs.core import make_vector_env
+
+        return make_vector_env(spec.load(vector=True), num_envs, autoreset_mode=autoreset_mode, **kwargs)
+
+    create.__name__ = create.__qualname__ = vector_creator_name(spec)
+    create.__module__ = __name__
+    create.__doc__ = (
+        f"``{spec.env_id}`` batched: :class:`{spec.vector_entry_point.replace(':', '.')}` with "
+        "Gymnasium's next-step autoreset, or episode mode with ``autoreset_mode=AutoresetMode.DISABLED`` "
+        "(:func:`sppo_rl.envs.core.make_vector_env`)."
+    )
+    return create
+
+
+def vector_creator_name(spec: TaskSpec) -> str:
+    """Name in this module of the function behind ``spec``'s registered Gymnasium vector entry point."""
+    return "make_vec_" + spec.name.replace("-", "_")
+
+
+# One module-level function per task, so each Gymnasium vector entry point is a plain string.
+for _spec in _SPECS:
+    globals()[vector_creator_name(_spec)] = _vector_creator(_spec)
+del _spec
+
+
 def register_tasks() -> None:
     """Register every task with Gymnasium (idempotent); called when ``sppo_rl.envs`` is imported.
 
+    ``entry_point`` is the single episode env (``gymnasium.make``). The ``vector_entry_point`` (what
+    ``gymnasium.make_vec`` uses by default) gives the batched env with Gymnasium's standard next-step
+    autoreset; pass ``autoreset_mode=AutoresetMode.DISABLED`` for the episode mode of
+    ``make_episode_env`` (ended sub-envs frozen), which is what :attr:`TaskSpec.vector_entry_point` names.
     No ``max_episode_steps`` is registered: the environments end themselves at ``H`` with
     ``terminated=True`` (a TimeLimit would also set ``truncated``).
     """
@@ -280,6 +316,6 @@ def register_tasks() -> None:
         gymnasium.register(
             id=spec.env_id,
             entry_point=spec.entry_point,
-            vector_entry_point=spec.vector_entry_point,
+            vector_entry_point=f"{__name__}:{vector_creator_name(spec)}",
             nondeterministic=False,
         )
