@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import shutil
 import tempfile
@@ -154,5 +155,27 @@ def torch_save(obj: Any, path: Path) -> None:
         os.fsync(f.fileno())
 
 
+class UnsafeCheckpointError(pickle.UnpicklingError):
+    """A file :func:`torch_load` refused: it holds objects other than tensors and plain data."""
+
+
 def torch_load(path: Path) -> Any:
-    return torch.load(path, map_location="cpu", weights_only=False)
+    """Read a file written by :func:`torch_save` (a checkpoint's state, an engine's, an actor file).
+
+    Always ``torch.load(..., weights_only=True)``: only tensors, ``torch.Size`` / dtypes, and plain
+    Python data (dicts, lists, tuples, sets, strings, bytes, numbers, bools, None, ordered dicts) are
+    rebuilt, which is all the project saves (RNG states as tuples / dicts of ints or as byte tensors).
+    Unpickling runs no code from the file, so a file from elsewhere (``--init-from``, a copied run)
+    cannot execute anything; one that needs any other object raises :class:`UnsafeCheckpointError`,
+    naming the file and the object.
+    """
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        detail = str(exc).strip().splitlines()
+        reason = next((line for line in detail if "GLOBAL" in line or "Unsupported" in line), None)
+        raise UnsafeCheckpointError(
+            f"refusing to load {path}: it holds objects other than tensors and plain Python data "
+            f"(torch.load with weights_only=True; only files the project writes, or other trusted "
+            f"tensor files, load): {reason or (detail[0] if detail else type(exc).__name__)}"
+        ) from exc
