@@ -64,3 +64,44 @@ def test_time_budget_stops_the_control_run_early(tmp_path):
     summary = run_control(_cfg(tmp_path, max_seconds=1e-9))
     assert summary["updates"] == 1, "the first update to end past the budget is the last"
     assert len(read_metrics(Path(tmp_path / "run" / "metrics.jsonl"))) == 1
+
+
+def _control_cmd(out: Path) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "sppo_rl", "control", "--task", "short-cartpole", "--algo", "grpo"] + [
+        "--total-episodes", "256", "--init-from", "none", "--no-progress", "--no-tensorboard",
+        "--eval-episodes", "0", "--out-dir", str(out),
+    ]  # fmt: skip
+
+
+def test_a_second_run_on_a_busy_folder_is_refused_and_writes_nothing(tmp_path):
+    import fcntl
+    import os
+    import subprocess
+
+    out = tmp_path / "run"
+    out.mkdir()
+    fd = os.open(out / ".run.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another run holds the folder
+    try:
+        proc = subprocess.run(_control_cmd(out), capture_output=True, text=True, timeout=300)
+    finally:
+        os.close(fd)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "is in use by another run" in proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == [".run.lock"], "nothing written"
+
+
+def test_two_runs_started_together_in_one_new_folder_never_mix(tmp_path):
+    import subprocess
+
+    out = tmp_path / "run"
+    procs = [subprocess.Popen(_control_cmd(out), stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(p.wait(300), p.stderr.read()) for p in procs]
+    codes = sorted(rc for rc, _ in results)
+    assert codes == [0, 2], results
+    refused = next(err for rc, err in results if rc == 2)
+    assert "in use by another run" in refused or "already holds a run" in refused
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["update"] for r in rows] == [1, 2, 3, 4], "one run's rows, once each"

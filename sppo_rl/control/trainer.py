@@ -48,7 +48,7 @@ from sppo_rl.runtime import (
 from sppo_rl.runtime.checkpoint import atomic_write_text, torch_load, torch_save
 from sppo_rl.runtime.logging import start_logging
 from sppo_rl.runtime.loop import Schedule, progress_bar, run_loop
-from sppo_rl.runtime.run import RunError, set_threads
+from sppo_rl.runtime.run import RunError, set_threads, unlock_run_dir
 from sppo_rl.runtime.trace import TRACE_FILE, write_trace
 
 WARMSTART_DIR = Path(__file__).resolve().parent.parent / "assets" / "warmstart"
@@ -440,6 +440,7 @@ class ControlRun:
     def close(self) -> None:
         self.logger.close()
         self.env.close()
+        unlock_run_dir(self.out)
 
     def run(self) -> dict[str, Any]:
         cfg, E = self.cfg, self.resolved.episodes_per_update

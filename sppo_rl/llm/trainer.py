@@ -66,7 +66,7 @@ from sppo_rl.runtime import (
 from sppo_rl.runtime.checkpoint import read_meta, torch_load, torch_save
 from sppo_rl.runtime.logging import start_logging
 from sppo_rl.runtime.loop import Schedule, progress_bar, run_loop
-from sppo_rl.runtime.run import RunError
+from sppo_rl.runtime.run import RunError, unlock_run_dir
 from sppo_rl.runtime.trace import TRACE_FILE, write_trace
 
 TINY_CHARSET = "".join(
@@ -731,6 +731,7 @@ class LLMRun:
     def close(self) -> None:
         self.logger.close()
         self.scorer.close()
+        unlock_run_dir(self.out)
 
 
 def rollout_rows(rb: RolloutBatch, model: Any, policy: bool, temperature: float, device: Any) -> Any:

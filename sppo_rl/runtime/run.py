@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import random
@@ -26,9 +27,39 @@ class NonFiniteError(RunError):
     """A loss or gradient became NaN/Inf. Nothing from the bad step was written."""
 
 
+RUN_LOCK = ".run.lock"
+_HELD: dict[Path, int] = {}  # run folders this process holds, and the lock's descriptor
+
+
+def lock_run_dir(out: Path) -> None:
+    """Take an exclusive ``flock`` on ``out/.run.lock`` for as long as this process lives (or until
+    :func:`unlock_run_dir`): a second process on the same folder is refused in one line. Taking it
+    again in the same process is a no-op. (A sweep's own ``.lock`` is another file.)"""
+    key = out.resolve()
+    if key in _HELD:
+        return
+    fd = os.open(out / RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RunError(
+            f"{out} is in use by another run (it holds {out / RUN_LOCK}); wait for it to end or choose "
+            "another --out-dir"
+        ) from None
+    _HELD[key] = fd
+
+
+def unlock_run_dir(out: Path) -> None:
+    fd = _HELD.pop(Path(out).resolve(), None)
+    if fd is not None:
+        os.close(fd)
+
+
 def prepare_run_dir(out_dir: str | Path, *, resume: bool, overwrite: bool = False) -> Path:
     """Create/check the run folder before any work is done.
 
+    - the folder is locked for this run (:func:`lock_run_dir`): two runs never share it;
     - the folder must be writable (checked by writing a probe file);
     - a folder that already holds a run (``metrics.jsonl`` or ``checkpoints/``) is refused unless
       ``resume`` (continue it) or ``overwrite`` (start over) is given, so no earlier result is lost by
@@ -42,6 +73,7 @@ def prepare_run_dir(out_dir: str | Path, *, resume: bool, overwrite: bool = Fals
         probe.unlink()
     except OSError as e:
         raise RunError(f"output folder {out} is not writable: {e.strerror or e}") from None
+    lock_run_dir(out)
     has_run = (out / "metrics.jsonl").exists() or (out / "checkpoints").exists()
     if resume:
         if not (out / "checkpoints").is_dir() or not any((out / "checkpoints").glob("ckpt-*")):
