@@ -82,6 +82,26 @@ def load_recipe(cls: type, path: str) -> object:
     return cls(**values)
 
 
+def resume_defaults(cls: type, args: list[str]) -> object | None:
+    """The config saved in the ``--out-dir`` named by ``args`` (or the default one), as defaults for a
+    resumed run; None when there is none (the trainer then says there is nothing to resume)."""
+    import dataclasses
+
+    from sppo_rl.runtime.run import saved_config
+
+    out = next((a.split("=", 1)[1] for a in args if a.startswith("--out-dir=")), None)
+    if out is None and "--out-dir" in args and args.index("--out-dir") + 1 < len(args):
+        out = args[args.index("--out-dir") + 1]
+    if out is None:
+        out = next(f.default for f in dataclasses.fields(cls) if f.name == "out_dir")
+    saved = saved_config(out)
+    if saved is None:
+        return None
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in names}
+    return cls(**values)
+
+
 def recipe_names() -> list[str]:
     from pathlib import Path
 
@@ -106,6 +126,15 @@ def main(argv: list[str] | None = None) -> None:
             print(f"sppo-rl: error: {e}", file=sys.stderr)
             sys.exit(2)
         cfg = tyro.cli(cls, default=default, args=args[1:i] + args[i + 2 :], prog=f"sppo-rl {args[0]}")
+    elif "--resume" in args and args and args[0] in ("control", "llm"):
+        # `sppo-rl control --out-dir R --resume`: the run's saved config gives the defaults, flags override
+        cls, _ = commands[args[0]]
+        try:
+            default = resume_defaults(cls, args[1:])
+        except RunError as e:
+            print(f"sppo-rl: error: {e}", file=sys.stderr)
+            sys.exit(2)
+        cfg = tyro.cli(cls, default=default, args=args[1:], prog=f"sppo-rl {args[0]}")
     else:
         cfg = tyro.extras.subcommand_cli_from_dict(
             {name: cls for name, (cls, _) in commands.items()},

@@ -105,3 +105,43 @@ def test_two_runs_started_together_in_one_new_folder_never_mix(tmp_path):
     assert "in use by another run" in refused or "already holds a run" in refused
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["update"] for r in rows] == [1, 2, 3, 4], "one run's rows, once each"
+
+
+def test_resume_takes_the_saved_config_and_refuses_another_run(tmp_path, capsys):
+    """`--out-dir R --resume` alone continues R as it was (here short-cartpole, seed 5), a larger budget
+    is allowed, and a changed algorithm, task or seed is refused in one line that names the fields."""
+    import pytest
+
+    from sppo_rl.cli import main
+    from sppo_rl.runtime import RunError
+
+    out = tmp_path / "run"
+    common = ["--init-from", "none", "--no-progress", "--no-tensorboard", "--eval-episodes", "0"]
+    main(["control", "--task", "short-cartpole", "--algo", "grpo", "--seed", "5", "--total-episodes", "128",
+          "--out-dir", str(out), *common])  # fmt: skip
+    (out / "summary.json").unlink()  # as if stopped before its end
+    before = (out / "metrics.jsonl").read_bytes(), (out / "config.json").read_bytes()
+    for flags, named in [
+        (["--algo", "ppo"], "algo 'grpo' -> 'ppo'"),
+        (["--seed", "0", "--task", "pendulum"], "task"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            main(["control", "--out-dir", str(out), "--resume", *flags])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and named in err, err
+    assert ((out / "metrics.jsonl").read_bytes(), (out / "config.json").read_bytes()) == before, (
+        "nothing touched"
+    )
+    main(["control", "--out-dir", str(out), "--resume", "--total-episodes", "256"])
+    saved = json.loads((out / "config.json").read_text())
+    assert (saved["task"], saved["seed"], saved["algo"], saved["total_episodes"]) == (
+        "short-cartpole",
+        5,
+        "grpo",
+        256,
+    )
+    assert [r["update"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4]
+    with pytest.raises(RunError, match="seed 5 -> 1"):  # the Python API is held to the same rule
+        saved.pop("resolved")
+        run_control(ControlConfig(**{**saved, "seed": 1, "resume": True, "progress": False}))

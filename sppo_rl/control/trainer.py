@@ -48,7 +48,7 @@ from sppo_rl.runtime import (
 from sppo_rl.runtime.checkpoint import atomic_write_text, torch_load, torch_save
 from sppo_rl.runtime.logging import start_logging
 from sppo_rl.runtime.loop import Schedule, progress_bar, run_loop
-from sppo_rl.runtime.run import RunError, set_threads, unlock_run_dir
+from sppo_rl.runtime.run import RunError, check_resume, set_threads, unlock_run_dir
 from sppo_rl.runtime.trace import TRACE_FILE, write_trace
 
 WARMSTART_DIR = Path(__file__).resolve().parent.parent / "assets" / "warmstart"
@@ -142,6 +142,8 @@ class ControlRun:
             init_from=str(init_path) if init_path else "none",
         )
         self.out = prepare_run_dir(cfg.out_dir, resume=cfg.resume, overwrite=cfg.overwrite)
+        if cfg.resume:
+            check_resume(self.out, cfg)
         set_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
 

@@ -66,7 +66,7 @@ from sppo_rl.runtime import (
 from sppo_rl.runtime.checkpoint import read_meta, torch_load, torch_save
 from sppo_rl.runtime.logging import start_logging
 from sppo_rl.runtime.loop import Schedule, progress_bar, run_loop
-from sppo_rl.runtime.run import RunError, unlock_run_dir
+from sppo_rl.runtime.run import RunError, check_resume, unlock_run_dir
 from sppo_rl.runtime.trace import TRACE_FILE, write_trace
 
 TINY_CHARSET = "".join(
@@ -198,9 +198,13 @@ class LLMRun:
             self.dist = init_process_group(cfg.collective_timeout)
             if not torch.distributed.is_initialized():  # one process: a process group of one
                 _single_process_group(cfg.collective_timeout)
-        self.out = self._main_first(
-            lambda: prepare_run_dir(cfg.out_dir, resume=cfg.resume, overwrite=cfg.overwrite)
-        )
+        def prepare() -> Path:
+            out = prepare_run_dir(cfg.out_dir, resume=cfg.resume, overwrite=cfg.overwrite)
+            if cfg.resume:
+                check_resume(out, cfg)
+            return out
+
+        self.out = self._main_first(prepare)
         if cfg.device == "auto":
             self.device = torch.device(f"cuda:{self.dist.local_rank}" if torch.cuda.is_available() else "cpu")
         else:

@@ -95,6 +95,49 @@ def prepare_run_dir(out_dir: str | Path, *, resume: bool, overwrite: bool = Fals
     return out
 
 
+RESUMABLE = frozenset(
+    {
+        "resume", "overwrite", "out_dir", "total_episodes", "steps", "max_seconds", "progress", "tensorboard",
+        "wandb", "wandb_mode", "wandb_project", "checkpoint_every", "keep_checkpoints", "eval_every",
+        "eval_episodes", "calibration_contexts", "calibration_samples", "threads", "extra", "cache_dir",
+        "reward_timeout", "collective_timeout",
+    }
+)  # fmt: skip
+"""Settings a resumed run may change (budgets, cadence, logging, resources); any other change would
+continue one run as another."""
+
+
+def saved_config(out_dir: str | Path) -> dict[str, Any] | None:
+    """The config a run saved in ``out_dir/config.json`` (without its ``resolved`` part), or None."""
+    path = Path(out_dir) / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RunError(f"{path}: not a readable config ({e})") from None
+    if not isinstance(saved, dict):
+        raise RunError(f"{path}: not a config object")
+    saved.pop("resolved", None)
+    return saved
+
+
+def check_resume(out_dir: str | Path, cfg: Any) -> None:
+    """Refuse to resume the run in ``out_dir`` with settings that would make it another run: every
+    field outside :data:`RESUMABLE` must equal the saved one; the refusal names the fields."""
+    saved = saved_config(out_dir)
+    if saved is None:
+        return
+    now = json.loads(json.dumps(config_dict(cfg), default=str))
+    changed = [k for k in now if k not in RESUMABLE and k in saved and saved[k] != now[k]]
+    if changed:
+        diffs = ", ".join(f"{k} {saved[k]!r} -> {now[k]!r}" for k in changed)
+        raise RunError(
+            f"--resume of {out_dir} with other settings than the run's own ({diffs}); resume with the same "
+            "ones (flags left out are taken from its config.json) or start another --out-dir"
+        )
+
+
 def config_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)
 
