@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from paths import FIXTURES  # noqa: E402
 from paths import MATH_DATA as DATA  # noqa: E402
 
-from sppo_rl.llm.verify import extract_boxed, too_costly, verify_integer, verify_math
+from sppo_rl.llm.verify import _well_formed, extract_boxed, too_costly, verify_integer, verify_math
 
 FILES = [
     "dapo-math-17k_dedup.parquet",
@@ -151,6 +151,84 @@ def test_different_answers_rejected(pred, truth):
     assert verify_math(f"\\boxed{{{pred}}}", truth) == 0.0
 
 
+# --------------------------------------------------------------------------- junk after the answer
+
+# (reference, the reference with junk appended, the same answer written another way). The parser reads
+# juxtaposition as multiplication, so each junk form is the reference times 1: a policy that learned to
+# append a digit was paid for it.
+NEAR_MISSES = [
+    (r"11\sqrt2", r"11\sqrt21", r"\sqrt{242}"),  # \sqrt21 is \sqrt{2} 1: 11 * sqrt(2) * 1
+    ("6+9i", "6+9i1", "9i+6"),
+    (r"12\pi", r"12\pi1", r"\pi \cdot 12"),
+    (r"2 \pi / \omega", r"2 \pi / \omega1", r"\frac{2\pi}{\omega}"),
+    ("SRMC=LRMC", "SRMC=LRMC1", "LRMC = SRMC"),
+]
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+@pytest.mark.parametrize("truth, junk, correct", NEAR_MISSES)
+def test_a_digit_appended_to_the_answer_scores_zero(truth, junk, correct, fast_path):
+    assert verify_math(f"\\boxed{{{junk}}}", truth, fast_path=fast_path) == 0.0
+    assert verify_math(f"\\boxed{{{truth}}}", truth, fast_path=fast_path) == 1.0
+    assert verify_math(f"\\boxed{{{correct}}}", truth, fast_path=fast_path) == 1.0
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+@pytest.mark.parametrize(
+    "junk, truth",
+    [
+        (r"\frac{1}{2})", r"\frac{1}{2}"),  # math_verify falls back on reading a part: 1/2
+        (r"\frac{1}{2}1", "0.5"),
+        (r"\frac{1}{2}{1}", "0.5"),  # a number in invisible braces
+        ("x^2 1", "x^2"),
+        (r"\infty1", r"\infty"),
+        (r"5\%1", r"5\%"),
+        ("47 1", "48"),  # read as the mixed number 47 + 1/1, as 2\frac{1}{2} is 2.5
+        (r"90^\circ1", "91"),  # the same after the degree sign is dropped
+        ("52_81", "52_8"),  # base 81 does not exist; math_verify alone drops the subscript
+        (r"5\text{ cm}{1}", "5"),  # math_verify drops a unit and, with it, all up to the last "}"
+        (r"2\text{ m}+3\text{ m}", "2"),
+        (r"5.4 \text{ cents}{1}", r"5.4 \text{ cents}"),
+    ],
+)
+def test_other_junk_scores_zero(junk, truth, fast_path):
+    assert verify_math(f"\\boxed{{{junk}}}", truth, fast_path=fast_path) == 0.0
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        r"2\frac{1}{2}",  # a mixed number: the integer comes first
+        r"3\sqrt{2}\pi",
+        r"2^{2} \cdot 3",  # an explicit product may end with a number
+        r"1.5\times10^{-3}",
+        r"\frac{1}2",
+        r"5\text{ cm}^2",
+        r"864 \mbox{ inches}^2",
+        r"\log_2 8",
+        "1011_{2}",
+        r"x \in (2,\infty)",
+        r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}",
+    ],
+)
+def test_well_formed_answers_are_not_junk(answer):
+    assert _well_formed(answer)
+    assert verify_math(f"\\boxed{{{answer}}}", answer, fast_path=False) == 1.0
+
+
+def test_a_digit_that_keeps_the_value_is_not_junk():
+    """Rejection is by form, not by text: a well-formed answer with the reference's value is right."""
+    assert verify_math(r"\boxed{0 \cdot 51}", r"0 \cdot 5") == 1.0
+    assert verify_math(r"\boxed{1^{21}}", "1^{2}") == 1.0
+
+
+def test_an_answer_that_does_not_parse_matches_by_text_only():
+    """Minerva writes a few references in Python (``-1./3``): they match themselves, nothing else."""
+    assert verify_math(r"\boxed{-1./3}", "-1./3", fast_path=False) == 1.0
+    assert verify_math(r"\boxed{-1./31}", "-1./3", fast_path=False) == 0.0
+    assert verify_math(r"\boxed{-1./3}", "-1/3", fast_path=False) == 0.0
+
+
 def test_numerals_in_other_bases_compare_by_value():
     assert verify_math(r"\boxed{1011_2}", "11_{10}") == 1.0
     assert verify_math(r"\boxed{4343_6}", "4343_6") == 1.0
@@ -246,6 +324,60 @@ def test_shipped_subsets_accepted_and_perturbations_rejected(name):
 @pytest.mark.slow
 def test_full_dapo_file():
     _check_rates(FILES[0], _rates(_truths(FILES[0])))
+
+
+JUNK = ["1", " 1", "{1}", ")"]
+"""Appended to a reference, each makes a different answer or a malformed one. ``)`` unbalances it
+(math_verify alone then reads a part of it). A digit appended to a trailing number changes it (``2`` ->
+``21``, ``1.5`` -> ``1.51``, ``x^2`` -> ``x^21``, ``1.3e-27`` -> ``1.3e-271``); anywhere else it is
+juxtaposed, which the grammar reads as a product (``\\pi1``) or a mixed number (``47 1``) and the
+verifier refuses. A reference the junk could leave equal in value (``0 \\cdot 5`` -> ``0 \\cdot 51``,
+``1^{2}`` -> ``1^{21}``) would need an exemption here: none of the paper's six files has one (checked
+over all rows by test_full_files_reject_junk)."""
+
+MALFORMED_REFERENCES = {"np.arcsin(10/13)", "-1./3", "-3./2"}
+"""Minerva references written in Python rather than LaTeX: they match by their text only."""
+
+
+def _junk_report(truths: list[str]) -> dict[str, list]:
+    """Over the balanced references: those that do not parse as a whole, those a response holding
+    exactly the reference fails (symbolic path), and the (reference, junk) pairs that were paid."""
+    usable = [t for t in truths if _balanced(t)]
+    malformed = [t for t in usable if not _well_formed(t)]
+    return {
+        "malformed": malformed,
+        "self_rejected": [
+            t
+            for t in usable
+            if t not in malformed and verify_math(f"\\boxed{{{t}}}", t, fast_path=False) != 1
+        ],
+        "junk_paid": [(t, j) for t in usable for j in JUNK if verify_math(f"\\boxed{{{t}{j}}}", t) != 0],
+    }
+
+
+def _check_junk(truths: list[str]) -> None:
+    report = _junk_report(truths)
+    assert set(report["malformed"]) <= MALFORMED_REFERENCES
+    assert report["self_rejected"] == []
+    assert report["junk_paid"] == []
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_shipped_subsets_reject_junk(name):
+    _check_junk(_truths(name, root=FIXTURES))
+
+
+@needs_data
+@pytest.mark.parametrize("name", FILES)
+def test_paper_data_rejects_junk(name):
+    _check_junk(_truths(name, 200))
+
+
+@needs_data
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FILES)
+def test_full_files_reject_junk(name):
+    _check_junk(_truths(name))
 
 
 @needs_data

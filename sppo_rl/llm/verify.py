@@ -12,6 +12,10 @@ Work is bounded on any input:
   ``9^{9^{9}}``, nested powers whose exponents multiply past :data:`MAX_POWER_DIGITS` digits,
   factorials and binomials of large arguments), and deeply nested ones; such an answer can still
   match a reference by exact text;
+- a response's answer must parse as a whole into one expression (:func:`_well_formed`), so trailing
+  junk scores 0 whether math_verify would skip it by reading a part of the answer (``\\frac{1}{2})``
+  as ``1/2``) or the grammar would multiply it in (``11\\sqrt21`` as ``11\\sqrt{2} \\cdot 1``,
+  ``6+9i1``, ``SRMC=LRMC1``; ``47 1`` as the mixed number ``48``);
 - the symbolic comparison runs under a wall-clock deadline (``SIGALRM`` via ``setitimer``) when called
   on the main thread. On other threads signals are unavailable and only the caps above bound the work:
   run scoring in :class:`sppo_rl.llm.reward.RewardScorer`, whose worker process is killed on a hang.
@@ -29,6 +33,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from decimal import Context, Decimal
 from functools import lru_cache
 from typing import Any
@@ -70,6 +75,13 @@ _DIGITS = re.compile(r"\d+")  # any script's digits: a conservative count of lit
 _SPACING = re.compile(r"\\[,;:! ]|\\(?:left|right|displaystyle|textstyle)\b|\s+")
 _BIG_OPS = re.compile(r"\\(?:binom|dbinom|tbinom|choose|Gamma|prod|sum)(?![a-zA-Z])|(?<!\\)!")
 _TOKEN = re.compile(r"[\d.]+|\\[a-zA-Z]+|.", re.DOTALL)
+# A factor that is only a number literal, possibly in invisible braces: 1, {1}, 0.5, 2e3, 52_8
+_BARE_NUMBER = re.compile(r"\{*(?:[0-9][0-9.,]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?(?:_\{?[0-9A-Za-z]+\}?)?\}*")
+# What math_verify's normalisation strips as a trailing unit (latex2sympy2_extended's
+# unit_superscript_regex): from the first \text{ or \mbox{ whose lazy match can reach the end.
+_UNIT_TAIL = re.compile(r"(\\(?:text|mbox){.*?})(\^\d|\{\^\d\})?$")
+# ... and what it should strip: one text group, optionally squared/cubed (\text{ cm}^2, \mbox{m}^{-1})
+_ONE_UNIT = re.compile(r"\\(?:text|mbox)\{[^{}]*\}\s*(?:\^\s*(?:-?\d|\{\s*-?\d+\s*\})|\{\^\d\})?")
 
 
 class _Deadline(BaseException):
@@ -385,6 +397,75 @@ def _latex_config() -> list[Any]:
     return [LatexExtractionConfig(boxed_match_priority=0)]
 
 
+class _Malformed(Exception):
+    """A syntax error in :func:`_well_formed`'s parse."""
+
+
+def _raise_on_syntax_error() -> Any:
+    from antlr4.error.ErrorListener import ErrorListener
+
+    class _Raise(ErrorListener):
+        def syntaxError(self, recognizer: Any, symbol: Any, line: int, column: int, msg: str, e: Any) -> None:
+            raise _Malformed(f"column {column}: {msg}")
+
+    return _Raise()
+
+
+def _well_formed(pred: str) -> bool:
+    """Whether the whole of a response's boxed answer is one expression, with no junk appended.
+
+    The answer is normalised as math_verify normalises a boxed answer and parsed with latex2sympy's
+    grammar, which must reach the end of the text without a syntax error. math_verify alone does not
+    require this: when the whole answer fails to parse it reads a part of it instead (``\\frac{1}{2})``
+    scores as ``1/2``).
+
+    The grammar also reads juxtaposition as multiplication, so a digit appended to an answer is
+    multiplied in (``11\\sqrt21`` is ``11\\sqrt{2} \\cdot 1``, ``12\\pi1`` is ``12\\pi \\cdot 1``, ``6+9i1``
+    is ``6 + 9i \\cdot 1``) or, after an integer, added as a mixed number (``47 1`` is 48, as
+    ``2\\frac{1}{2}`` is 2.5). Written mathematics puts a numeric factor first, so a number literal
+    (bare or in braces, ``{1}``) juxtaposed after another factor is refused, as is a number with a
+    subscript that is not a valid base (``52_81``). ``2\\sqrt{2}``, ``2\\frac{1}{2}``, ``x^2 \\cdot 3`` and
+    ``3 \\times 10^{5}`` are well formed.
+
+    Units are kept for this parse (``5\\text{ cm}`` reads as a product with a symbol), because the
+    normalisation that drops a trailing unit drops everything from the first ``\\text{`` to the final
+    ``}``: ``5\\text{ cm}{1}`` and ``2\\text{ m}+3\\text{ m}`` are refused, ``5\\text{ cm}^2`` is not.
+    Runs under the caller's deadline (:func:`_symbolic_equal`).
+    """
+    from antlr4 import CommonTokenStream, InputStream
+    from latex2sympy2_extended.antlr_parser import PSLexer, PSParser
+    from latex2sympy2_extended.math_normalization import normalize_latex
+
+    config = replace(_latex_config()[0].normalization_config, boxed="last", units=False)
+    latex = normalize_latex(f"\\boxed{{{_sci_to_latex(pred)}}}", config)
+    unit = _UNIT_TAIL.search(latex)
+    if unit and latex[: unit.start()].strip() and not _ONE_UNIT.fullmatch(unit.group(0)):
+        return False
+    lexer = PSLexer(InputStream(latex))
+    lexer.removeErrorListeners()
+    lexer.addErrorListener(_raise_on_syntax_error())
+    parser = PSParser(CommonTokenStream(lexer))
+    parser.removeErrorListeners()
+    parser.addErrorListener(_raise_on_syntax_error())
+    try:
+        tree = parser.math()
+    except _Malformed:
+        return False
+    factors = (PSParser.PostfixContext, PSParser.Postfix_nofuncContext)
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (PSParser.UnaryContext, PSParser.Unary_nofuncContext)):
+            juxtaposed = [c for c in node.getChildren() if isinstance(c, factors)]
+            if any(_BARE_NUMBER.fullmatch(f.getText()) for f in juxtaposed[1:]):
+                return False
+        elif isinstance(node, PSParser.Number_subexprContext) and node.subexpr() is not None:
+            if _as_base_numeral(node.getText()) is None:
+                return False
+        stack.extend(node.getChildren() if hasattr(node, "getChildren") else ())
+    return True
+
+
 @lru_cache(maxsize=8192)
 def _parse_gold(gold: str) -> tuple[Any, ...]:
     """Reference answers repeat across samples of a prompt; parse each once (no timeout: trusted)."""
@@ -422,7 +503,16 @@ def _symbolic_equal(pred: str, gold: str, gold_number: Decimal | None = None) ->
     gold_parsed = _parse_gold(gold)
     if not gold_parsed:
         return False
-    pred_parsed = parse(f"\\boxed{{{_sci_to_latex(pred)}}}", _latex_config(), parsing_timeout=None)
+    if not _well_formed(pred):
+        # As math_verify's string fallback: an answer that does not parse matches by its text only.
+        return _normalise(pred) == _normalise(gold) != ""
+    # first_match: only the whole box is read; math_verify would otherwise fall back on a part of it
+    pred_parsed = parse(
+        f"\\boxed{{{_sci_to_latex(pred)}}}",
+        _latex_config(),
+        extraction_mode="first_match",
+        parsing_timeout=None,
+    )
     if not pred_parsed:
         return False
     rounding = _float_rounding(gold_number)
@@ -441,10 +531,12 @@ def verify_math(
     Steps: extract the boxed answer (:func:`extract_boxed`; none -> 0). With ``fast_path``: equal
     normalised text is accepted; two plain numbers (``27`` / ``27.0``, ``1.3e-5`` /
     ``1.3\\times10^{-5}``) are decided exactly, and two numerals with a base subscript (``52_8``) by
-    value. Otherwise answers that :func:`too_costly` flags score 0, and the rest are parsed with
-    ``math_verify`` (LaTeX only) and compared symbolically and numerically under a ``timeout_s``
-    deadline. ``\\frac{1}{2}``, ``\\dfrac12``, ``0.5`` and ``1/2`` are equal; so are ``2\\sqrt{2}``
-    and ``\\sqrt{8}``, and the same set or interval written differently.
+    value. Otherwise answers that :func:`too_costly` flags score 0; an answer that does not parse
+    as a whole into one expression, junk appended included (:func:`_well_formed`: ``12\\pi1``,
+    ``\\frac{1}{2})``), matches by equal normalised text only; the rest are parsed with ``math_verify``
+    (LaTeX only) and compared symbolically and numerically under a ``timeout_s`` deadline, which
+    also bounds the well-formedness parse. ``\\frac{1}{2}``, ``\\dfrac12``, ``0.5`` and ``1/2`` are
+    equal; so are ``2\\sqrt{2}`` and ``\\sqrt{8}``, and the same set or interval written differently.
 
     ``fast_path=False`` forces the symbolic comparison (tests, benchmarks). Never raises on its
     inputs: any error, refusal or deadline scores 0.0. (A missing ``math_verify`` install raises
