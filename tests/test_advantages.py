@@ -125,11 +125,11 @@ def test_grpo_population_vs_sample_std():
     gid = torch.zeros(4, dtype=torch.long)
     pop, _ = ESTIMATORS["grpo"](token_rewards=tr, mask=mask, group_ids=gid, std="population", eps=0.0)
     smp, _ = ESTIMATORS["grpo"](token_rewards=tr, mask=mask, group_ids=gid, std="sample", eps=0.0)
+    # mean 0.5; population std sqrt(4 * 0.25 / 4) = 0.5: A = +-0.5 / 0.5 = +-1
     assert pop[:, 0].tolist() == pytest.approx([1, 1, -1, -1])
-    s = 1 / math.sqrt(4 / 3)  # sample std of [1,1,0,0] is sqrt(1/3); 0.5 / sqrt(1/3) = 0.866
-    assert smp[:, 0].tolist() == pytest.approx([s, s, -s, -s])
-    assert s == pytest.approx(0.866, abs=1e-3)
-    assert torch.all(pop[mask == 0] == 0)
+    # sample std sqrt(4 * 0.25 / 3) = sqrt(1/3) = 0.577350: A = +-0.5 / 0.577350 = +-0.866025
+    assert smp[:, 0].tolist() == pytest.approx([0.866025, 0.866025, -0.866025, -0.866025], abs=1e-6)
+    assert torch.all(pop[mask == 0] == 0) and torch.all(smp[mask == 0] == 0)
 
 
 @pytest.mark.parametrize("G,k", [(8, 1), (8, 3), (8, 7), (5, 2), (16, 4)])

@@ -20,6 +20,20 @@ from sppo_rl.agents import (
 from sppo_rl.agents.batch import lengths_to_mask
 
 
+def _per_token_objectives(ratios: torch.Tensor, adv: float) -> list[float]:
+    """Each position's objective ``-l_t`` as the library computes it (clip range 0.8..1.2): the
+    token-mean loss over a mask that keeps that position alone."""
+    logp, logp_old = torch.log(ratios), torch.zeros_like(ratios)
+    A = torch.full_like(ratios, adv)
+    out = []
+    for t in range(ratios.shape[1]):
+        only_t = torch.zeros_like(ratios)
+        only_t[0, t] = 1.0
+        loss, _ = policy_loss(logp, logp_old, A, only_t, clip_low=0.2, clip_high=0.2)
+        out.append(-float(loss))
+    return out
+
+
 def test_worked_example_token_mean():
     ratios = torch.tensor([[1.10, 1.35, 0.75]])
     logp_old = torch.zeros(1, 3)
@@ -27,15 +41,33 @@ def test_worked_example_token_mean():
     adv = torch.full((1, 3), 0.35)
     mask = torch.ones(1, 3)
     loss, m = policy_loss(logp, logp_old, adv, mask, clip_low=0.2, clip_high=0.2)
-    per_token = torch.minimum(ratios * 0.35, ratios.clamp(0.8, 1.2) * 0.35)
-    assert per_token[0].tolist() == pytest.approx([0.385, 0.42, 0.2625])
-    assert float(loss) == pytest.approx(-0.3558, abs=1e-4)
-    assert float(loss) == pytest.approx(-(0.385 + 0.42 + 0.2625) / 3)
+    # objective min(r * A, clip(r, 0.8, 1.2) * A) with A = 0.35:
+    #   r = 1.10 (inside the range): min(1.10 * 0.35 = 0.385,  0.385)            = 0.385
+    #   r = 1.35 (above it):         min(1.35 * 0.35 = 0.4725, 1.2 * 0.35 = 0.42) = 0.42   (clipped)
+    #   r = 0.75 (below it):         min(0.75 * 0.35 = 0.2625, 0.8 * 0.35 = 0.28) = 0.2625 (A > 0: unclipped)
+    assert _per_token_objectives(ratios, 0.35) == pytest.approx([0.385, 0.42, 0.2625])
+    # loss = -(0.385 + 0.42 + 0.2625) / 3 = -1.0675 / 3 = -0.355833
+    assert float(loss) == pytest.approx(-0.355833, abs=1e-6)
     assert m["clipfrac"] == pytest.approx(1 / 3)
     assert m["ratio_min"] == pytest.approx(0.75) and m["ratio_max"] == pytest.approx(1.35)
-    k1 = float(-torch.log(ratios).mean())
-    k3 = float((ratios - 1 - torch.log(ratios)).mean())
-    assert m["approx_kl"] == pytest.approx(k1) and m["approx_kl_k3"] == pytest.approx(k3)
+    # ln 1.10 = 0.095310, ln 1.35 = 0.300105, ln 0.75 = -0.287682
+    # k1 = mean(-ln r) = -(0.095310 + 0.300105 - 0.287682) / 3 = -0.107733 / 3 = -0.035911
+    # k3 = mean(r - 1 - ln r) = (0.004690 + 0.049895 + 0.037682) / 3 = 0.092267 / 3 = 0.030756
+    assert m["approx_kl"] == pytest.approx(-0.035911, abs=1e-6)
+    assert m["approx_kl_k3"] == pytest.approx(0.030756, abs=1e-6)
+
+
+def test_worked_example_negative_advantage():
+    ratios = torch.tensor([[1.10, 1.35, 0.75]])
+    # A = -0.65: min(r * A, clip(r, 0.8, 1.2) * A)
+    #   r = 1.10: min(1.10 * -0.65 = -0.715,  -0.715)              = -0.715
+    #   r = 1.35: min(1.35 * -0.65 = -0.8775, 1.2 * -0.65 = -0.78) = -0.8775 (A < 0: not clipped)
+    #   r = 0.75: min(0.75 * -0.65 = -0.4875, 0.8 * -0.65 = -0.52) = -0.52   (clipped)
+    assert _per_token_objectives(ratios, -0.65) == pytest.approx([-0.715, -0.8775, -0.52])
+    loss, m = policy_loss(torch.log(ratios), torch.zeros(1, 3), torch.full((1, 3), -0.65), torch.ones(1, 3))
+    # loss = (0.715 + 0.8775 + 0.52) / 3 = 2.1125 / 3 = 0.704167
+    assert float(loss) == pytest.approx(0.704167, abs=1e-6)
+    assert m["clipfrac"] == pytest.approx(1 / 3)
 
 
 def test_critic_bce_worked_example():
@@ -69,8 +101,9 @@ def test_loss_ignores_padding_and_gradient_matches():
     adv = torch.tensor([[1.0, 2.0, 99.0], [3.0, 99.0, 99.0]]) * mask
     loss, _ = policy_loss(logp, torch.zeros(2, 3), adv, mask)
     loss.backward()
-    # at ratio 1, d(-ratio*A)/dlogp = -A, token-mean over 3 valid positions
-    torch.testing.assert_close(logp.grad, -adv / 3)
+    # at ratio 1, d(-ratio*A)/dlogp = -A, token-mean over the 3 valid positions: -A / 3; padding: 0
+    expected = torch.tensor([[-1 / 3, -2 / 3, 0.0], [-3 / 3, 0.0, 0.0]])
+    torch.testing.assert_close(logp.grad, expected)
 
 
 def test_aggregation_modes():
@@ -99,18 +132,22 @@ def test_clipped_value_loss():
 def test_kl_estimators():
     logp = torch.log(torch.tensor([0.5, 0.2]))
     ref = torch.log(torch.tensor([0.25, 0.4]))
-    d = ref - logp
-    torch.testing.assert_close(kl_penalty(logp, ref, "k1"), logp - ref)
-    torch.testing.assert_close(kl_penalty(logp, ref, "k2"), 0.5 * d**2)
-    torch.testing.assert_close(kl_penalty(logp, ref, "k3"), torch.exp(d) - d - 1)
+    # log-ratio logp - ref: ln(0.5 / 0.25) = ln 2 = 0.693147, ln(0.2 / 0.4) = -ln 2; d = ref - logp
+    # k1 = logp - ref                         = [0.693147, -0.693147]
+    # k2 = 0.5 d^2 = 0.5 * 0.480453           = [0.240227, 0.240227]
+    # k3 = e^d - d - 1: 0.5 + 0.693147 - 1   = 0.193147;  2 - 0.693147 - 1 = 0.306853
+    assert kl_penalty(logp, ref, "k1").tolist() == pytest.approx([0.693147, -0.693147], abs=1e-6)
+    assert kl_penalty(logp, ref, "k2").tolist() == pytest.approx([0.240227, 0.240227], abs=1e-6)
+    assert kl_penalty(logp, ref, "k3").tolist() == pytest.approx([0.193147, 0.306853], abs=1e-6)
     assert torch.all(kl_penalty(logp, ref, "k3") >= 0)
     assert torch.all(kl_penalty(logp, logp, "k3") == 0)
     # k1 and k3 are unbiased for KL(p || q): check on a categorical by exact expectation
     p = torch.tensor([0.5, 0.3, 0.2])
     q = torch.tensor([0.2, 0.5, 0.3])
-    kl = float((p * (p / q).log()).sum())
+    # KL(p || q) = 0.5 ln 2.5 + 0.3 ln 0.6 + 0.2 ln(2/3) = 0.458145 - 0.153248 - 0.081093 = 0.223805
+    kl = 0.223805
     for est in ("k1", "k3"):
-        assert float((p * kl_penalty(p.log(), q.log(), est)).sum()) == pytest.approx(kl)
+        assert float((p * kl_penalty(p.log(), q.log(), est)).sum()) == pytest.approx(kl, abs=1e-6)
     with pytest.raises(ValueError):
         kl_penalty(logp, ref, "k4")  # type: ignore[arg-type]
 

@@ -121,10 +121,25 @@ def test_logger_resume_keeps_earlier_rows_and_drops_redone_ones(tmp_path):
     assert rows[1]["x"] is None and rows[2]["x"] == 3.5
 
 
+def _tb_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar in the TensorBoard event files of ``log_dir``: tag -> [(step, value), ...]."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
 def test_logger_writes_tensorboard(tmp_path):
     with RunLogger(tmp_path, tensorboard=True) as log:
-        log.log({"success_rate": 0.5, "policy_loss": -0.1, "tag": "a"}, step=7)
-    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+        log.log({"success_rate": 0.5, "policy_loss": -0.1, "tag": "a", "nan": float("nan")}, step=7)
+        log.log({"success_rate": 0.75, "policy_loss": -0.2, "done": True}, step=8)
+    scalars = _tb_scalars(tmp_path / "tb")
+    # numbers only (no strings, booleans or non-finite values), under CleanRL-style tags
+    assert set(scalars) == {"charts/success_rate", "losses/policy_loss"}
+    assert scalars["charts/success_rate"] == [(7, 0.5), (8, 0.75)]
+    assert [s for s, _ in scalars["losses/policy_loss"]] == [7, 8]
+    assert [v for _, v in scalars["losses/policy_loss"]] == pytest.approx([-0.1, -0.2])  # float32
 
 
 def test_prepare_run_dir_refuses_to_clobber(tmp_path):

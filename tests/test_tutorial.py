@@ -89,8 +89,17 @@ def test_the_control_runs(executed):
     assert set(rows) == {"ppo", "grpo", "sppo"}
     for algo, r in rows.items():
         assert [x["episodes"] for x in r] == [64 * i for i in range(1, 7)], algo
-        assert all(0.0 <= x["success_rate"] <= 1.0 for x in r)
-    assert 0.0 < rows["sppo"][-1]["v0_mean"] < 1.0
+        # "All three learn within a few hundred episodes": from about the random policy's one in ten
+        # (0.09 at the first update on this seed) to 0.6-0.7 at the sixth (64 episodes each)
+        assert r[0]["success_rate"] <= 0.25, algo
+        assert r[-1]["success_rate"] >= r[0]["success_rate"] + 0.3, algo
+    # SPPO's critic tracks the success rate: it starts at sigmoid(0) = 0.5 whatever the success rate
+    # (0.09), falls towards the low rate (0.08 at the third update), and rises with it to end close to
+    # it (0.52 against 0.66); an untrained critic would stay at 0.5
+    v0 = [x["v0_mean"] for x in rows["sppo"]]
+    assert abs(v0[0] - 0.5) < 0.05
+    assert min(v0) < 0.3 and v0[-1] > min(v0) + 0.2
+    assert abs(v0[-1] - rows["sppo"][-1]["success_rate"]) < 0.25
     assert "success rate per update" in outputs[3] and "SPPO's last update" in outputs[3]
 
 
@@ -113,7 +122,13 @@ def test_the_tail_effect(executed):
     # what the text says the run shows: no separation at the start, clear separation at the end
     assert t["auc_first"] < 0.7 < t["auc_last"]
     assert t["tail_share"] > 0.15
-    assert 0.0 <= ns["sppo_tail"]["auc_v0"] <= 1.0
+    # SPPO's V(s_0) does not separate the outcomes (the text: no better than chance) but says about
+    # the policy's success rate, a little behind it (0.657 and 0.654 against 48 successes in 64)
+    s = ns["sppo_tail"]
+    assert s["sequences"] == s["successes"] + s["failures"] == 64 and s["successes"] * s["failures"] > 0
+    assert abs(s["v0_success_mean"] - s["v0_failure_mean"]) < 0.05
+    assert abs(s["auc_v0"] - 0.5) < 0.25
+    assert abs(s["v0_success_mean"] - s["successes"] / s["sequences"]) < 0.2
     assert "tail share" in outputs[5] and "SPPO V(s_0)" in outputs[5]
     png = ns["__work__"] / "tutorial_runs" / "report" / "tail_effect.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
