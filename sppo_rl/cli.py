@@ -25,6 +25,15 @@ def _run_info(_: Info) -> None:
     for a in ALGORITHMS.values():
         print(f"  {a.name:10s} {a.summary}")
     print("estimators:", ", ".join(ESTIMATORS))
+    try:
+        from sppo_rl.envs.tasks import TASKS
+    except ImportError:  # pragma: no cover - without the control extra
+        TASKS = {}
+    print("control tasks (sppo-rl control --task NAME):")
+    for t in TASKS.values():
+        print(f"  {t.name:24s} horizon {t.horizon:5d}  success: {t.success}")
+    print("llm tasks (sppo-rl llm --task ...): arithmetic (generated), or a local .jsonl / .json / .parquet file")
+    print("llm recipes (sppo-rl llm --recipe NAME):", ", ".join(recipe_names()))
 
 
 def _lazy(module: str, function: str) -> Callable[[object], object]:
@@ -54,9 +63,11 @@ def _commands() -> dict[str, tuple[type, Callable[[object], object]]]:
 
 
 def load_recipe(cls: type, path: str) -> object:
-    """A config whose defaults come from a JSON recipe file (``{field: value}``); unknown fields are refused."""
+    """A config whose defaults come from a JSON recipe file (``{field: value}``); unknown fields, and values
+    of the wrong type or out of range, are refused naming the file and the line."""
     import dataclasses
     import json
+    import re
     from pathlib import Path
 
     from sppo_rl.runtime.run import RunError
@@ -68,9 +79,18 @@ def load_recipe(cls: type, path: str) -> object:
             raise RunError(f"--recipe {path}: no such file (built-in recipes: {', '.join(recipe_names())})")
         file = builtin
     try:
-        values = json.loads(file.read_text())
+        text = file.read_text(encoding="utf-8")
+        values = json.loads(text)
     except json.JSONDecodeError as e:
         raise RunError(f"{file}:{e.lineno}: not valid JSON ({e.msg})") from None
+    except UnicodeDecodeError as e:
+        raise RunError(f"{file}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
+    except RecursionError:
+        raise RunError(f"{file}: JSON nested too deeply") from None
+    except OSError as e:
+        raise RunError(f"--recipe {file}: cannot read it ({e.strerror or e})") from None
+    if not isinstance(values, dict):
+        raise RunError(f"{file}: a recipe is a JSON object {{field: value}}, got {type(values).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(fields) - {"_comment"})
     if unknown:
@@ -79,7 +99,15 @@ def load_recipe(cls: type, path: str) -> object:
     for name, value in values.items():
         if isinstance(value, list):
             values[name] = tuple(value)
-    return cls(**values)
+    cfg = cls(**values)
+    if hasattr(cfg, "field_problems"):
+        lines = text.splitlines()
+        for name, message in cfg.field_problems():
+            if name in values:
+                key = re.compile(rf'"{re.escape(name)}"\s*:')
+                line = next((i for i, t in enumerate(lines, 1) if key.search(t)), None)
+                raise RunError(f"{file}{f':{line}' if line else ''}: {name} {message}")
+    return cfg
 
 
 def resume_defaults(cls: type, args: list[str]) -> object | None:
@@ -145,6 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     for cls, run in commands.values():
         if type(cfg) is cls:
             try:
+                if hasattr(cfg, "validate"):
+                    cfg.validate()  # every setting's type and range, before any work
                 run(cfg)
             except (RunError, ValueError) as e:
                 print(f"sppo-rl: error: {e}", file=sys.stderr)

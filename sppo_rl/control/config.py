@@ -5,10 +5,11 @@ Import-light on purpose (no torch / Gymnasium), so ``sppo-rl --help`` is quick.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from sppo_rl.config import RunConfig
+from sppo_rl.config import Check, RunConfig, ge, gt, optional
 
 
 @dataclass
@@ -20,7 +21,8 @@ class ControlConfig(RunConfig):
     total_episodes: int = 4096
     """Training budget in episodes (sampled episodes; ReMax's greedy episodes are counted in env_steps only)."""
     episodes_per_update: int | None = None
-    """Episodes per update; default: the task's (SPEC: 64 CartPole, 16 LunarLander/Pendulum, 8 MountainCar/Hopper)."""
+    """Episodes per update; default: the task's (64 CartPole, 16 LunarLander and Pendulum, 8 MountainCar and Hopper,
+    as the SPPO paper's control study)."""
     hidden_sizes: tuple[int, ...] = (64, 64)
     """Hidden layer widths of the actor and the critic (used when not initialising from a checkpoint)."""
     activation: Literal["tanh", "relu"] = "tanh"
@@ -62,6 +64,18 @@ class ControlConfig(RunConfig):
     """SPPO's calibration.json: fixed start states whose V(s_0) is compared with their empirical success."""
     calibration_samples: int = 16
     """SPPO's calibration.json: episodes per start state for the empirical success."""
+
+    def checks(self) -> list[Check]:
+        return super().checks() + [
+            ("total_episodes", ge(1), ">= 1"),
+            ("episodes_per_update", optional(ge(1)), ">= 1, or None for the task's default"),
+            ("hidden_sizes", lambda v: all(ge(1)(w) for w in v), "layer widths >= 1"),
+            ("log_std_init", gt(-math.inf), "a finite number"),
+            ("eval_episodes", ge(0), ">= 0"),
+            ("eval_episodes", lambda v: v >= 1 or self.eval_every == 0, ">= 1 when --eval-every is on"),
+            ("calibration_contexts", ge(1), ">= 1"),
+            ("calibration_samples", ge(1), ">= 1"),
+        ]
 
 
 @dataclass

@@ -47,7 +47,7 @@ from sppo_rl.runtime import (
 )
 from sppo_rl.runtime.checkpoint import atomic_write_text, torch_load, torch_save
 from sppo_rl.runtime.logging import start_logging
-from sppo_rl.runtime.loop import Schedule, progress_bar, run_loop
+from sppo_rl.runtime.loop import Schedule, announce, progress_bar, run_loop
 from sppo_rl.runtime.run import RunError, check_resume, set_threads, unlock_run_dir
 from sppo_rl.runtime.trace import TRACE_FILE, write_trace
 
@@ -194,9 +194,8 @@ class ControlRun:
         self.elapsed = 0.0
         self.ckpts = CheckpointManager(self.out / "checkpoints", keep=cfg.keep_checkpoints)
 
-        ckpt = self.ckpts.latest() if cfg.resume else None  # prepare_run_dir checked there is one
-        if ckpt is not None:
-            self.load_state(torch_load(ckpt / "state.pt"))
+        # the newest intact checkpoint (damaged ones are skipped with a warning; none intact: refused)
+        ckpt = self.ckpts.resume(lambda c: self.load_state(torch_load(c / "state.pt"))) if cfg.resume else None
         self.logger = start_logging(self.out, cfg, asdict(self.resolved), ckpt)
 
     @property
@@ -460,5 +459,14 @@ class ControlRun:
 
 
 def run_control(cfg: ControlConfig) -> dict[str, Any]:
-    """Entry point of ``sppo-rl control``."""
-    return ControlRun(cfg).run()
+    """Entry point of ``sppo-rl control``; ends with the headline numbers and where to look next."""
+    run = ControlRun(cfg)
+    s = run.run()
+    fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
+    headline = (
+        f"{s['algo']} on {s['task']}, seed {s['seed']}: success {fmt(s['final_success_rate'])} (last 10 updates)"
+        + (f", greedy {fmt(s['final_eval_success_rate'])}" if "final_eval_success_rate" in s else "")
+        + f"; {s['updates']} updates, {s['episodes']} episodes in {s['wall_time_s']:.1f} s of training"
+    )
+    announce(run.out, headline, cfg.tensorboard)
+    return s

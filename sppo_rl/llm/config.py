@@ -5,12 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from sppo_rl.config import RunConfig
+from sppo_rl.config import Check, RunConfig, ge, gt, optional, within
 
 
 @dataclass
 class LLMConfig(RunConfig):
-    """RL with verifiable rewards on a causal LM: SPPO (prompt-only critic) and every baseline."""
+    """RL with verifiable rewards on a causal LM: SPPO (prompt-only critic) and every baseline.
+
+    A paper recipe sets the defaults of every flag: `sppo-rl llm --recipe NAME|FILE.json [flags]` (flags
+    after it override; `sppo-rl info` lists the built-in recipes)."""
 
     task: str = "arithmetic"
     """'arithmetic' (synthetic, generated from --data-seed) or a local jsonl/parquet file of problems."""
@@ -113,3 +116,27 @@ class LLMConfig(RunConfig):
     """Save a checkpoint every this many updates (and at the end and on SIGTERM / Ctrl-C)."""
     keep_checkpoints: int = 2
     """How many checkpoints to keep."""
+
+    def checks(self) -> list[Check]:
+        return super().checks() + [
+            ("level", lambda v: len(v) >= 1, "a non-empty list of levels"),
+            ("train_size", ge(1), ">= 1"),
+            ("val_size", ge(0), ">= 0"),
+            ("steps", ge(1), ">= 1"),
+            ("prompts_per_step", ge(1), ">= 1"),
+            ("sft_steps", ge(0), ">= 0"),
+            ("sft_lr", gt(0), "> 0"),
+            ("sft_target", within(0, 1), "in [0, 1]"),
+            ("temperature", gt(0), "> 0"),
+            ("top_p", within(0, 1, open_lo=True), "in (0, 1]"),
+            ("max_new_tokens", ge(1), ">= 1"),
+            ("weight_decay", ge(0), ">= 0"),
+            ("kl_coef", ge(0), ">= 0"),
+            ("critic_warmup", ge(0), ">= 0"),
+            ("reward_timeout", gt(0), "> 0 seconds"),
+            ("eval_samples", ge(1), ">= 1"),
+            ("zero_stage", lambda v: v in (2, 3), "2 or 3"),
+            ("vllm_max_model_len", optional(ge(1)), ">= 1, or None for the model's own limit"),
+            ("vllm_gpu_memory_utilization", within(0, 1, open_lo=True), "in (0, 1]"),
+            ("collective_timeout", gt(0), "> 0 seconds"),
+        ]

@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import random
 import resource
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -64,8 +63,8 @@ from sppo_rl.runtime import (
     prepare_run_dir,
 )
 from sppo_rl.runtime.checkpoint import read_meta, torch_load, torch_save
-from sppo_rl.runtime.logging import start_logging
-from sppo_rl.runtime.loop import Schedule, progress_bar, run_loop
+from sppo_rl.runtime.logging import check_metrics_length, start_logging
+from sppo_rl.runtime.loop import Schedule, announce, progress_bar, run_loop
 from sppo_rl.runtime.run import RunError, check_resume, unlock_run_dir
 from sppo_rl.runtime.trace import TRACE_FILE, write_trace
 
@@ -152,6 +151,14 @@ class _NullLogger:
         pass
 
 
+def quiet_transformers() -> None:
+    """No weight-loading or shard-writing bars from transformers (the run has its own progress bar);
+    its warnings and errors still show."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 class LLMRun:
     """State and loop of one LLM run. ``run()`` trains for ``steps`` updates and returns the summary.
 
@@ -162,6 +169,7 @@ class LLMRun:
     """
 
     def __init__(self, cfg: LLMConfig) -> None:
+        quiet_transformers()
         self.cfg = cfg
         self.algo = get_algorithm(cfg.algo)
         req = self.algo.requires
@@ -198,6 +206,7 @@ class LLMRun:
             self.dist = init_process_group(cfg.collective_timeout)
             if not torch.distributed.is_initialized():  # one process: a process group of one
                 _single_process_group(cfg.collective_timeout)
+
         def prepare() -> Path:
             out = prepare_run_dir(cfg.out_dir, resume=cfg.resume, overwrite=cfg.overwrite)
             if cfg.resume:
@@ -263,9 +272,15 @@ class LLMRun:
         self.elapsed = 0.0
         self.generated_tokens = 0
         self.ckpts = CheckpointManager(self.out / "checkpoints", keep=cfg.keep_checkpoints)
-        ckpt = self.ckpts.latest() if cfg.resume else None
-        if ckpt is not None:
-            self.load_checkpoint(ckpt)
+        ckpt = None
+        if cfg.resume:  # the newest intact checkpoint (damaged ones skipped with a warning; none: refused)
+            if self.dist.world == 1:
+                ckpt = self.ckpts.resume(self.load_checkpoint)
+            else:  # rank 0 verifies and picks it; every rank loads it
+                ckpt = self._main_first(self.ckpts.resume)
+                self.load_checkpoint(ckpt)
+                metrics_bytes = read_meta(ckpt)["metrics_bytes"]
+                self._main_first(lambda: check_metrics_length(self.out / "metrics.jsonl", metrics_bytes))
         self.resolved = {
             "group_size": G,
             "rows_per_step": cfg.prompts_per_step * G,
@@ -773,12 +788,14 @@ def _single_process_group(timeout_s: float) -> None:
 
 
 def run_llm(cfg: LLMConfig) -> dict[str, Any]:
-    """Entry point of ``sppo-rl llm``."""
-    summary = LLMRun(cfg).run()
-    if summary.get("final_val_accuracy") is not None:
-        print(
-            f"[sppo-rl] {summary['algo']}: val accuracy {summary['start_val_accuracy']:.3f} -> "
-            f"{summary['final_val_accuracy']:.3f} in {summary['steps']} steps, {summary['wall_time_s']:.0f} s",
-            file=sys.stderr,
-        )
-    return summary
+    """Entry point of ``sppo-rl llm``; ends with the headline numbers and where to look next."""
+    run = LLMRun(cfg)
+    s = run.run()
+    fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
+    headline = (
+        f"{s['algo']}, seed {s['seed']}: val accuracy {fmt(s.get('start_val_accuracy'))} -> "
+        f"{fmt(s.get('final_val_accuracy'))} (best {fmt(s.get('best_val_accuracy'))}); {s['steps']} updates, "
+        f"{s['generated_tokens']} generated tokens in {s['wall_time_s']:.1f} s of training"
+    )
+    announce(run.out, headline, cfg.tensorboard, main=run.dist.main)
+    return s

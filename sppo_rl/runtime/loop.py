@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,7 +75,9 @@ def run_loop(
     )
     if done and (run.out / "summary.json").is_file():  # a finished run, resumed: nothing to do
         if main:
-            print(f"[sppo-rl] {run.out} is finished ({run.updates} updates); nothing to resume", file=sys.stderr)
+            print(
+                f"[sppo-rl] {run.out} is finished ({run.updates} updates); nothing to resume", file=sys.stderr
+            )
         run.close()
         if bar is not None:
             bar.close()
@@ -113,6 +116,24 @@ def run_loop(
         text = json.dumps(_finite(summary), indent=2, default=str, allow_nan=False)
         atomic_write_text(run.out / "summary.json", text + "\n")
     return summary
+
+
+STARTED = time.monotonic()  # when this process imported the run plumbing: about when the command started
+
+
+def announce(out: Path, headline: str, tensorboard: bool, main: bool = True) -> None:
+    """The end of a command on stderr: the headline numbers, the run folder, the command's wall time
+    and the commands that look further (a report, TensorBoard)."""
+    if not main:
+        return
+    lines = [
+        f"[sppo-rl] done: {headline}",
+        f"[sppo-rl] run folder: {out} (summary.json, metrics.jsonl, config.json)",
+        f"[sppo-rl] wall time of the command: {time.monotonic() - STARTED:.1f} s",
+        f"[sppo-rl] next: sppo-rl report {out}"
+        + (f"    tensorboard --logdir {out / 'tb'}" if tensorboard else ""),
+    ]
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def _finite(obj: Any) -> Any:
