@@ -145,30 +145,8 @@ def group_stats(scores: Tensor, group_ids: Tensor) -> GroupStats:
 # estimators
 
 
-@register_estimator("gae", Requirements(critic="step"))
-@torch.no_grad()
-def gae(
-    *,
-    token_rewards: Tensor,
-    mask: Tensor,
-    values: Tensor,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    whiten: bool = False,
-    **_: object,
-) -> tuple[Tensor, Tensor]:
-    """Generalised advantage estimation over each sequence, computed backwards.
-
-    ``delta_t = r_t + gamma * V(s_{t+1}) - V(s_t)``, ``A_t = delta_t + gamma * lam * A_{t+1}``, with
-    ``V`` and ``A`` past the last valid position taken as 0 (the sequence is finished: its outcome is
-    decided, so nothing is bootstrapped). Padding positions carry the running values through unchanged,
-    so right padding never breaks the recursion. ``returns = A + V`` (before whitening).
-    With a terminal-only reward and ``gamma = lam = 1``: ``A_t = R - V(s_t)``.
-    ``whiten`` standardises ``A`` over valid positions (masked mean, unbiased masked variance).
-    """
-    if values is None or values.shape != mask.shape:
-        raise ValueError(f"gae needs per-position values of shape {tuple(mask.shape)}")
-    mask = mask.to(values.dtype)
+def _gae_recursion(token_rewards: Tensor, mask: Tensor, values: Tensor, gamma: float, lam: Tensor) -> Tensor:
+    """``A_t = delta_t + gamma lam_b A_{t+1}`` backwards over each row (``lam`` ``[B]``), 0 past the end."""
     B, T = mask.shape
     adv = torch.zeros_like(values)
     next_value = torch.zeros(B, dtype=values.dtype, device=values.device)
@@ -180,8 +158,55 @@ def gae(
         next_adv = m * a + (1 - m) * next_adv
         next_value = m * values[:, t] + (1 - m) * next_value
         adv[:, t] = next_adv
-    adv = adv * mask
-    returns = (adv + values) * mask
+    return adv * mask
+
+
+@register_estimator("gae", Requirements(critic="step"))
+@torch.no_grad()
+def gae(
+    *,
+    token_rewards: Tensor,
+    mask: Tensor,
+    values: Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    whiten: bool = False,
+    lam_critic: float | None = None,
+    lam_alpha: float | None = None,
+    **_: object,
+) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation over each sequence, computed backwards.
+
+    ``delta_t = r_t + gamma * V(s_{t+1}) - V(s_t)``, ``A_t = delta_t + gamma * lam * A_{t+1}``, with
+    ``V`` and ``A`` past the last valid position taken as 0 (the sequence is finished: its outcome is
+    decided, so nothing is bootstrapped). Padding positions carry the running values through unchanged,
+    so right padding never breaks the recursion. ``returns = A + V`` (before whitening).
+    With a terminal-only reward and ``gamma = lam = 1``: ``A_t = R - V(s_t)``.
+    ``whiten`` standardises ``A`` over valid positions (masked mean, unbiased masked variance).
+
+    VC-PPO / VAPO's decoupling: ``lam`` is the actor's; the critic's targets use ``lam_critic``
+    (``returns = A(lam_critic) + V``; VC-PPO: 1.0, unbiased for a terminal reward). ``lam_alpha = a``
+    makes the actor's lambda length-adaptive (VAPO): ``lam_b = 1 - 1 / (a * l_b)`` for a sequence of
+    ``l_b`` positions (clamped to ``[0, 1]``), so the bias-variance trade-off is the same per sequence
+    whatever its length.
+    """
+    if values is None or values.shape != mask.shape:
+        raise ValueError(f"gae needs per-position values of shape {tuple(mask.shape)}")
+    mask = mask.to(values.dtype)
+    lengths = mask.sum(-1)
+    if lam_alpha is not None:
+        if lam_alpha <= 0:
+            raise ValueError(f"lam_alpha must be positive, got {lam_alpha}")
+        lam_actor = (1.0 - 1.0 / (lam_alpha * lengths.clamp(min=1))).clamp(0.0, 1.0)
+    else:
+        lam_actor = torch.full_like(lengths, lam)
+    adv = _gae_recursion(token_rewards, mask, values, gamma, lam_actor)
+    adv_critic = (
+        adv
+        if lam_critic is None
+        else _gae_recursion(token_rewards, mask, values, gamma, torch.full_like(lengths, lam_critic))
+    )
+    returns = (adv_critic + values) * mask
     if whiten:
         adv = masked_whiten(adv, mask)
     return adv, returns
@@ -211,13 +236,17 @@ def grpo(
     group_ids: Tensor,
     std: Literal["population", "sample"] = "sample",
     eps: float = 1e-6,
+    std_threshold: float = 0.05,
     **_: object,
 ) -> tuple[Tensor, Tensor]:
     """Group-relative advantage ``A_i = (R_i - mean_g) / (std_g + eps)``, broadcast to the sequence.
 
     ``std="sample"`` divides the squared deviations by ``G - 1`` (``torch.std``, what verl does);
-    ``std="population"`` by ``G``. A group whose rewards are all equal (a singleton included) gets
-    exactly 0: there is nothing to compare, and dividing rounding noise by ``eps`` would amplify it.
+    ``std="population"`` by ``G``. A group whose rewards are all equal (a singleton included), or whose
+    std is at most ``std_threshold``, gets exactly 0: there is nothing to compare, and dividing noise
+    (rounding, or a KL penalty in the reward of an all-correct group) by a tiny std would amplify it.
+    With binary outcomes a mixed group of ``G`` has a sample std of at least ``1/sqrt(G)`` (0.125 for
+    ``G = 64``), so the default 0.05 only ever zeroes groups whose outcomes are all equal.
     Example ``R = [1, 1, 0, 0]``: population -> ``[1, 1, -1, -1]``, sample -> ``~[.866, .866, -.866, -.866]``.
     """
     if std not in ("population", "sample"):
@@ -226,7 +255,8 @@ def grpo(
     g = group_stats(R, group_ids)
     denom = g.count if std == "population" else (g.count - 1).clamp(min=1)
     sd = torch.sqrt(g.centered_sq / denom)
-    a = torch.where(g.degenerate, torch.zeros_like(sd), (R.double() - g.mean) / (sd + eps))
+    flat = g.degenerate | (sd <= std_threshold)
+    a = torch.where(flat, torch.zeros_like(sd), (R.double() - g.mean) / (sd + eps))
     return broadcast(a.to(R.dtype), mask), R
 
 
@@ -277,3 +307,34 @@ def reinforce(
     if subtract_mean and bool((R == R[0]).all()):
         a = torch.zeros_like(R)
     return broadcast(a, mask), R
+
+
+@register_estimator("reinforce++", Requirements())
+@torch.no_grad()
+def reinforce_pp(
+    *, token_rewards: Tensor, mask: Tensor, gamma: float = 1.0, **_: object
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE++ (Hu et al. 2025): the return-to-go ``G_t = sum_{s >= t} gamma^(s-t) r_s`` (the outcome
+    plus any per-token KL penalty), standardised over the whole batch's valid positions:
+    ``A = (G - mean) / std``. No critic, no groups: the batch is the baseline."""
+    mask = mask.to(token_rewards.dtype)
+    G = _gae_recursion(token_rewards, mask, torch.zeros_like(token_rewards), gamma, torch.ones(mask.shape[0]))
+    return masked_whiten(G, mask) if float(G[mask > 0].std()) > 0 else torch.zeros_like(G), sequence_scores(
+        token_rewards, mask
+    )
+
+
+@register_estimator("reinforce++-baseline", Requirements(groups=True))
+@torch.no_grad()
+def reinforce_pp_baseline(
+    *, token_rewards: Tensor, mask: Tensor, group_ids: Tensor, **_: object
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE++ with a group baseline: ``A_i = R_i - mean_g``, then divided by the std of those
+    centred values over the whole batch's valid positions (not per group: a group's own tiny std never
+    inflates its advantages). Equal-reward groups get 0."""
+    R = sequence_scores(token_rewards, mask)
+    g = group_stats(R, group_ids)
+    a = broadcast(torch.where(g.degenerate, torch.zeros_like(g.mean), R.double() - g.mean).to(R.dtype), mask)
+    m = mask > 0
+    sd = a[m].std() if int(m.sum()) > 1 else torch.tensor(0.0)
+    return (a / (sd + 1e-8) if float(sd) > 0 else a) * mask, R

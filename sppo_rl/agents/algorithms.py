@@ -7,7 +7,7 @@ then calls :func:`compute_advantages` and :func:`critic_loss`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -33,6 +33,8 @@ class Algorithm:
         summary: one line for ``--help`` and the README.
         selector: key in :data:`sppo_rl.agents.selection.SELECTORS` choosing which positions the
             policy loss is taken over (None: every valid position).
+        defaults: the update settings the method is defined with (``agg``, ``ratio_level``,
+            ``policy_loss``), used where a run leaves them unset (None).
     """
 
     name: str
@@ -41,6 +43,7 @@ class Algorithm:
     group_size: int
     summary: str
     selector: str | None = None
+    defaults: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def requires(self) -> Requirements:
@@ -55,7 +58,48 @@ ALGORITHMS: dict[str, Algorithm] = {
             "sppo", "sppo", "bce", 1, "sequence-level PPO: critic on the context only, A = R - V(s_0), BCE"
         ),
         Algorithm("grpo", "grpo", "none", 8, "GRPO: group-normalised outcome, no critic"),
-        Algorithm("drgrpo", "drgrpo", "none", 8, "Dr. GRPO: group-centred outcome, no std division"),
+        Algorithm(
+            "drgrpo",
+            "drgrpo",
+            "none",
+            8,
+            "Dr. GRPO: group-centred outcome, no std division, sum over tokens / a fixed length",
+            defaults={"agg": "seq-mean-token-sum-norm"},
+        ),
+        Algorithm(
+            "gspo",
+            "grpo",
+            "none",
+            8,
+            "GSPO: GRPO advantages, one importance ratio per sequence (geometric mean), clipped per sequence",
+            defaults={"ratio_level": "sequence", "agg": "seq-mean-token-mean"},
+        ),
+        Algorithm(
+            "sppo-seq",
+            "sppo",
+            "bce",
+            1,
+            "SPPO with GSPO's sequence ratio: a fully sequence-level bandit PPO",
+            defaults={"ratio_level": "sequence", "agg": "seq-mean-token-mean"},
+        ),
+        Algorithm(
+            "cispo",
+            "grpo",
+            "none",
+            8,
+            "CISPO: GRPO advantages, REINFORCE weighted by a clipped stop-gradient importance ratio",
+            defaults={"policy_loss": "cispo"},
+        ),
+        Algorithm(
+            "reinforce++", "reinforce++", "none", 1, "REINFORCE++: return-to-go standardised over the batch"
+        ),
+        Algorithm(
+            "reinforce++-baseline",
+            "reinforce++-baseline",
+            "none",
+            8,
+            "REINFORCE++ with a group-mean baseline, standardised by the batch's std",
+        ),
         Algorithm("rloo", "rloo", "none", 5, "RLOO: leave-one-out group baseline"),
         Algorithm("remax", "remax", "none", 1, "ReMax: baseline = outcome of one greedy rollout"),
         Algorithm("reinforce", "reinforce", "none", 1, "REINFORCE: A = R"),
@@ -128,7 +172,8 @@ def check_setup(algo: Algorithm, group_size: int, batch_size: int, use_critic: b
 def estimator_params(cfg: object) -> dict[str, object]:
     """Estimator and selector parameters read from a run config (both worlds' configs name them alike):
     ``gamma``, ``lam``, ``whiten``, ``std`` (from ``grpo_std``), ``bppo_prefix_ratio``,
-    ``bppo_accuracy_threshold``, ``lampo_temperature``. Fields a config lacks are left out, so the
+    ``bppo_accuracy_threshold``, ``lampo_temperature``, ``lam_critic``, ``lam_alpha``, ``std_threshold``
+    (from ``group_std_threshold``). Fields a config lacks are left out, so the
     functions' own defaults apply."""
     names = {
         "gamma": "gamma",
@@ -138,6 +183,9 @@ def estimator_params(cfg: object) -> dict[str, object]:
         "bppo_prefix_ratio": "bppo_prefix_ratio",
         "bppo_accuracy_threshold": "bppo_accuracy_threshold",
         "lampo_temperature": "lampo_temperature",
+        "lam_critic": "lam_critic",
+        "lam_alpha": "lam_alpha",
+        "std_threshold": "group_std_threshold",
     }
     return {key: getattr(cfg, field) for key, field in names.items() if hasattr(cfg, field)}
 

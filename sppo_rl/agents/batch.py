@@ -30,6 +30,8 @@ class SequenceBatch:
         token_rewards: ``[B, T]`` reward per position; by default the outcome sits on the last valid
             position. KL-in-reward penalties are added here.
         ref_logp: ``[B, T]`` log-probs under the reference policy, for a KL term in the loss, or None.
+        logp_rollout: ``[B, T]`` the sampler's own log-probs ``mu`` (e.g. vLLM's), for truncated
+            importance sampling and the mismatch statistics, or None.
         advantages: ``[B, T]``, filled by an estimator.
         returns: critic targets, ``[B, T]`` or ``[B]``, filled by an estimator.
         loss_mask: ``[B, T]`` positions the policy loss is taken over: ``mask`` itself, or the subset
@@ -47,6 +49,7 @@ class SequenceBatch:
     returns: Tensor | None = None
     loss_mask: Tensor | None = None
     ref_logp: Tensor | None = None
+    logp_rollout: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.mask.dim() != 2:

@@ -28,7 +28,16 @@ from torch import Tensor
 
 from sppo_rl.agents.algorithms import Algorithm, critic_loss, critic_values
 from sppo_rl.agents.batch import SequenceBatch
-from sppo_rl.agents.losses import AggMode, agg_loss, agg_units, explained_variance, kl_penalty, policy_loss
+from sppo_rl.agents.losses import (
+    AggMode,
+    LossMode,
+    RatioLevel,
+    agg_loss,
+    agg_units,
+    explained_variance,
+    kl_penalty,
+    policy_loss,
+)
 
 RowsFn = Callable[[Tensor, int], object]
 
@@ -98,7 +107,11 @@ class LearnerConfig:
 
     ``length_budget`` is ``L`` of ``seq-mean-token-sum-norm`` (the horizon or ``max_new_tokens``):
     fixed, so cutting a micro-batch short never changes it. ``kl_coef > 0`` with ``batch.ref_logp``
-    adds ``kl_coef * agg(k(logp, ref_logp))`` to the actor's loss.
+    adds ``kl_coef * agg(k(logp, ref_logp))`` to the actor's loss. ``ratio_level`` and ``policy_loss``
+    choose the surrogate (:func:`~sppo_rl.agents.losses.policy_loss`: GSPO's sequence ratio, CISPO).
+    ``tis_cap = C`` with ``batch.logp_rollout`` (the sampler's own log-probs ``mu``) weighs each
+    position's loss by ``min(pi_old / mu, C)``: truncated importance sampling against a rollout engine
+    whose numbers differ from the trainer's (vLLM's kernels, another precision).
     """
 
     epochs: int = 1
@@ -114,14 +127,26 @@ class LearnerConfig:
     value_clip: float | None = None
     micro_batch_size: int | None = None
     max_tokens_per_micro_batch: int | None = None
+    ratio_level: RatioLevel = "token"
+    policy_loss: LossMode = "ppo"
+    tis_cap: float | None = None
 
     @classmethod
-    def from_run(cls, run_cfg: object, length_budget: int, **overrides: object) -> LearnerConfig:
-        """The fields a world's run config names alike (``epochs``, ``clip``, ``agg``, ...), then
-        ``overrides``; fields the run config lacks keep their defaults."""
-        names = [f.name for f in fields(cls) if hasattr(run_cfg, f.name)]
-        kw = {n: getattr(run_cfg, n) for n in names}
+    def from_run(
+        cls, run_cfg: object, length_budget: int, defaults: dict | None = None, **overrides: object
+    ) -> LearnerConfig:
+        """The fields a world's run config names alike (``epochs``, ``clip``, ``agg``, ...); where the
+        run leaves one of ``defaults``' fields None (an algorithm's own defaults, e.g. Dr. GRPO's
+        aggregation), that default; then ``overrides``. Fields the run config lacks keep their defaults."""
+        kw = {f.name: getattr(run_cfg, f.name) for f in fields(cls) if hasattr(run_cfg, f.name)}
+        for name, value in (defaults or {}).items():
+            if kw.get(name) is None:
+                kw[name] = value
+        kw = {k: v for k, v in kw.items() if v is not None or k not in _NOT_NONE}
         return cls(**{**kw, "length_budget": length_budget, **overrides})
+
+
+_NOT_NONE = {"agg", "ratio_level", "policy_loss"}  # None in a run config means "the algorithm's default"
 
 
 def micro_batches(
@@ -204,6 +229,63 @@ def critic_stats(batch: SequenceBatch, algo: Algorithm, dist: Reducer = LOCAL) -
     return {"explained_variance": explained_variance(pred, batch.returns, batch.mask)}
 
 
+def rollout_mismatch(batch: SequenceBatch, dist: Reducer = LOCAL) -> dict[str, float]:
+    """How far the sampler's log-probs ``mu`` are from the trainer's ``pi_old`` on the same tokens:
+    ``rollout_mismatch_mean`` / ``_max`` of ``|log pi_old - log mu|`` over valid positions."""
+    if batch.logp_rollout is None or batch.logp_old is None:
+        return {}
+    d = ((batch.logp_old - batch.logp_rollout).abs() * batch.mask).float()
+    total, n = dist.all_sum([float(d.sum()), float(batch.mask.sum())])
+    (mx,) = dist.all_max([float(d.max()) if d.numel() else 0.0])
+    return {"rollout_mismatch_mean": total / max(n, 1.0), "rollout_mismatch_max": mx}
+
+
+def group_stats_summary(batch: SequenceBatch, dist: Reducer = LOCAL) -> dict[str, float]:
+    """Group hygiene (groups of two or more sequences): fractions of all-correct, all-wrong and mixed
+    groups (outcome ``R > 0.5`` is correct) and of zero-variance groups; the norms of the raw centred
+    outcomes ``R - mean_g`` and of the advantages the estimator gave (per sequence, at its first
+    position); the mean length of sequences with a positive and with a negative advantage."""
+    if batch.group_ids is None or batch.advantages is None:
+        return {}
+    _, inv, counts = torch.unique(batch.group_ids.cpu(), return_inverse=True, return_counts=True)
+    if int(counts.max()) < 2:
+        return {}
+    R = batch.rewards.detach().double().cpu()
+    G = len(counts)
+    hits = torch.zeros(G, dtype=torch.float64).scatter_add_(0, inv, (R > 0.5).double())
+    mean = torch.zeros(G, dtype=torch.float64).scatter_add_(0, inv, R) / counts
+    spread = torch.zeros(G, dtype=torch.float64).scatter_add_(0, inv, (R - mean[inv]) ** 2)
+    multi = counts >= 2
+    a = batch.advantages[:, 0].detach().double().cpu()
+    lengths = batch.lengths.double().cpu()
+    pos, neg = a > 0, a < 0
+    sums = dist.all_sum(
+        [
+            float(multi.sum()),
+            float((multi & (hits == counts)).sum()),
+            float((multi & (hits == 0)).sum()),
+            float((multi & (spread == 0)).sum()),
+            float(((R - mean[inv]) ** 2).sum()),
+            float((a**2).sum()),
+            float(lengths[pos].sum()),
+            float(pos.sum()),
+            float(lengths[neg].sum()),
+            float(neg.sum()),
+        ]
+    )
+    n = max(sums[0], 1.0)
+    return {
+        "groups_all_correct": sums[1] / n,
+        "groups_all_wrong": sums[2] / n,
+        "groups_mixed": (sums[0] - sums[1] - sums[2]) / n,
+        "groups_zero_variance": sums[3] / n,
+        "adv_norm_raw": sums[4] ** 0.5,
+        "adv_norm": sums[5] ** 0.5,
+        "length_adv_pos": sums[6] / max(sums[7], 1.0),
+        "length_adv_neg": sums[8] / max(sums[9], 1.0),
+    }
+
+
 def ppo_update(
     batch: SequenceBatch,
     algo: Algorithm,
@@ -239,6 +321,7 @@ def ppo_update(
         batch.logp_old = torch.zeros_like(batch.mask)
     out = {"actor_skipped": float(not train_actor), "loss_frac": kept / max(valid, 1.0)}
     out.update(critic_stats(batch, algo, dist))
+    out.update(group_stats_summary(batch, dist))
     sums: dict[str, float] = {}
     extremes: dict[str, float] = {}
     L = cfg.length_budget
@@ -266,9 +349,13 @@ def ppo_update(
                     if fill_old:
                         b.logp_old = logp.detach() * b.mask
                         batch.logp_old[rows.to(batch.mask.device), :T] = b.logp_old
+                    tis = None
+                    if cfg.tis_cap is not None and b.logp_rollout is not None:
+                        tis = torch.exp((b.logp_old - b.logp_rollout).clamp(max=20.0)).clamp(max=cfg.tis_cap)
                     pl, pm = policy_loss(
                         logp, b.logp_old, b.advantages, b.loss_mask, cfg.clip,
                         cfg.clip if cfg.clip_high is None else cfg.clip_high, cfg.dual_clip, cfg.agg, L,
+                        cfg.ratio_level, cfg.policy_loss, tis,
                     )  # fmt: skip
                     entropy = agg_loss(ent, b.loss_mask, cfg.agg, L)
                     loss = pl - cfg.ent_coef * entropy
@@ -304,6 +391,9 @@ def ppo_update(
                 cgn = critic_engine.step()
                 guard(critic_grad_norm=cgn)
                 add("critic_grad_norm", cgn)
+    if fill_old and not train_actor:
+        batch.logp_old = None  # no training pass ran: nothing to take them from
+    out.update(rollout_mismatch(batch, dist))
     steps = cfg.epochs * cfg.minibatches
     keys = sorted(sums)
     for k, v in zip(keys, dist.all_sum([sums[k] / steps for k in keys])):

@@ -15,6 +15,8 @@ from torch import Tensor
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KLEstimator = Literal["k1", "k2", "k3"]
+RatioLevel = Literal["token", "sequence"]
+LossMode = Literal["ppo", "cispo"]
 
 
 def agg_loss(
@@ -70,39 +72,67 @@ def policy_loss(
     dual_clip: float | None = None,
     agg: AggMode = "token-mean",
     length_budget: int | None = None,
+    ratio_level: RatioLevel = "token",
+    mode: LossMode = "ppo",
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """PPO clipped surrogate.
+    """PPO clipped surrogate, or CISPO's clipped importance-weighted REINFORCE.
 
-    ``ratio = exp(logp - logp_old)``; per position
-    ``l = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)``. With ``dual_clip = c > 1``,
-    positions with ``A < 0`` are further bounded: ``l = min(l, -c * A)`` (verl uses ``c = 3``).
+    ``ratio = exp(logp - logp_old)`` per position (``ratio_level="token"``), or GSPO's sequence ratio
+    (``"sequence"``): ``s_b = exp(mean_t (logp - logp_old))`` over the sequence's positions in
+    ``mask`` (the geometric mean of its token ratios), the same on each of them, so one sequence is
+    clipped as a whole. ``mode="ppo"``: ``l = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)``;
+    with ``dual_clip = c > 1``, positions with ``A < 0`` are further bounded: ``l = min(l, -c * A)``
+    (verl uses ``c = 3``). ``mode="cispo"`` (MiniMax-M1): ``l = -sg(clip(ratio, 1 - clip_low, 1 + clip_high))
+    * A * logp``: the clipped weight carries no gradient, so no position's gradient is ever dropped.
+    ``weights`` (no gradient; e.g. truncated importance weights ``min(pi_old / mu, C)`` against the
+    sampler's own log-probs ``mu``) multiply each position's loss.
     Returns ``(agg_loss(l), metrics)``; metrics: ``clipfrac`` (fraction of valid positions where the
-    clipped term is the active one), ``approx_kl`` (k1: ``mean(logp_old - logp)``), ``approx_kl_k3``
-    (``mean((ratio - 1) - log ratio)``), ``ratio_min``, ``ratio_max``, ``dual_clipfrac``.
+    clipped term is the active one; for CISPO where the weight is clipped), ``approx_kl`` (k1:
+    ``mean(logp_old - logp)``), ``approx_kl_k3`` (``mean((r - 1) - log r)``, token ratios),
+    ``ratio_min``, ``ratio_max``, ``dual_clipfrac``.
     """
     mask = mask.to(logp.dtype)
-    log_ratio = (logp - logp_old).clamp(-20.0, 20.0)
+    token_log_ratio = (logp - logp_old).clamp(-20.0, 20.0)
+    if ratio_level == "sequence":
+        n_b = mask.sum(-1, keepdim=True).clamp(min=1)
+        log_ratio = ((token_log_ratio * mask).sum(-1, keepdim=True) / n_b).expand_as(logp)
+    elif ratio_level == "token":
+        log_ratio = token_log_ratio
+    else:
+        raise ValueError(f"ratio_level must be token or sequence, got {ratio_level!r}")
     ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    per_pos = torch.maximum(unclipped, clipped)
-    dual_active = torch.zeros_like(per_pos, dtype=torch.bool)
-    if dual_clip is not None:
-        if dual_clip <= 1.0:
-            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
-        bound = -advantages * dual_clip
-        dual_active = (advantages < 0) & (per_pos > bound)
-        per_pos = torch.where(advantages < 0, torch.minimum(per_pos, bound), per_pos)
+    clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    dual_active = torch.zeros_like(ratio, dtype=torch.bool)
+    if mode == "cispo":
+        per_pos = -clipped_ratio.detach() * advantages * logp
+        clip_active = clipped_ratio != ratio
+    elif mode == "ppo":
+        unclipped = -advantages * ratio
+        clipped = -advantages * clipped_ratio
+        per_pos = torch.maximum(unclipped, clipped)
+        clip_active = clipped > unclipped
+        if dual_clip is not None:
+            if dual_clip <= 1.0:
+                raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+            bound = -advantages * dual_clip
+            dual_active = (advantages < 0) & (per_pos > bound)
+            per_pos = torch.where(advantages < 0, torch.minimum(per_pos, bound), per_pos)
+    else:
+        raise ValueError(f"policy loss mode must be ppo or cispo, got {mode!r}")
+    if weights is not None:
+        per_pos = per_pos * weights.detach()
     loss = agg_loss(per_pos, mask, agg, length_budget)
     with torch.no_grad():
         n = mask.sum().clamp(min=1)
         valid = mask > 0
         any_valid = bool(valid.any())
+        tok_ratio = torch.exp(token_log_ratio)
         metrics = {
-            "clipfrac": float(((clipped > unclipped).to(mask.dtype) * mask).sum() / n),
+            "clipfrac": float((clip_active.to(mask.dtype) * mask).sum() / n),
             "dual_clipfrac": float((dual_active.to(mask.dtype) * mask).sum() / n),
-            "approx_kl": float((-log_ratio * mask).sum() / n),
-            "approx_kl_k3": float((((ratio - 1) - log_ratio) * mask).sum() / n),
+            "approx_kl": float((-token_log_ratio * mask).sum() / n),
+            "approx_kl_k3": float((((tok_ratio - 1) - token_log_ratio) * mask).sum() / n),
             "ratio_min": float(ratio[valid].min()) if any_valid else 1.0,
             "ratio_max": float(ratio[valid].max()) if any_valid else 1.0,
         }
@@ -145,10 +175,21 @@ def bce_value_loss(
 
 
 def kl_penalty(logp: Tensor, logp_ref: Tensor, estimator: KLEstimator = "k3") -> Tensor:
-    """Per-position estimate of ``KL(pi || pi_ref)`` from samples of ``pi``.
+    """Per-position estimate of ``KL(pi || pi_ref)`` from samples of ``pi`` (on-policy).
 
-    With ``d = logp_ref - logp``: ``k1 = -d``; ``k2 = d^2 / 2``; ``k3 = exp(d) - d - 1`` (unbiased,
-    non-negative, low variance). ``d`` is clamped to ``[-20, 20]`` for ``k3``.
+    With ``d = logp_ref - logp``: ``k1 = -d``; ``k2 = d^2 / 2``; ``k3 = exp(d) - d - 1`` (``d`` clamped
+    to ``[-20, 20]``). As values, on samples of ``pi``: ``k1`` and ``k3`` are unbiased estimates of
+    ``KL(pi || pi_ref)`` (``k3`` also non-negative, low variance); ``k2`` is biased. Off-policy (samples
+    of another policy) none of them is unbiased without an importance weight.
+
+    As a loss term (differentiated through ``logp``, samples held fixed), the expected on-policy
+    gradients differ (``tests/test_methods.py`` checks them exactly on a categorical policy):
+
+    - ``k1``: ``E_pi[grad log pi] = 0``: no expected gradient at all (it regularises only as a reward);
+    - ``k2``: ``E_pi[(log pi - log ref) grad log pi] = grad KL(pi || pi_ref)``;
+    - ``k3``: ``E_pi[(1 - ref / pi) grad log pi] = grad KL(pi_ref || pi)``, the reverse KL.
+
+    The default, ``k3`` in the loss, is verl's (``low_var_kl``) and GRPO's.
     """
     d = logp_ref - logp
     if estimator == "k1":

@@ -1,0 +1,181 @@
+"""The methods beside SPPO, each pinned by numbers worked by hand from its paper's formula."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sppo_rl.agents import LearnerConfig, SequenceBatch, get_algorithm, get_estimator, kl_penalty, policy_loss
+from sppo_rl.agents.batch import terminal_rewards
+from sppo_rl.agents.learner import group_stats_summary, rollout_mismatch
+
+
+def test_gspo_sequence_ratio_is_the_geometric_mean_clipped_per_sequence():
+    # sequence 1: log ratios (0.1, 0.3, -0.1) -> mean 0.1 -> s = e^0.1 = 1.105171 (inside 1 +- 0.2)
+    # sequence 2: log ratios (0.5, 0.5)       -> s = e^0.5 = 1.648721 -> clipped to 1.2 (A = 1 > 0)
+    logp_old = torch.zeros(2, 3)
+    logp = torch.tensor([[0.1, 0.3, -0.1], [0.5, 0.5, 0.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1, 1], [1, 1, 0]])
+    adv = mask.clone()
+    loss, m = policy_loss(logp, logp_old, adv, mask, agg="seq-mean-token-mean", ratio_level="sequence")
+    # seq-mean of per-sequence objectives: (-1.105171 + -1.2) / 2 = -1.1525855
+    assert float(loss) == pytest.approx(-1.1525855, abs=1e-6)
+    assert m["ratio_max"] == pytest.approx(1.648721, abs=1e-5) and m["clipfrac"] == pytest.approx(2 / 5)
+    loss.backward()
+    # d/dlogp_t of -(1/2) * e^{mean} over sequence 1: -(1/2) * 1.105171 / 3 = -0.1841952; sequence 2 is clipped: 0
+    expected = torch.tensor([[-0.1841952] * 3, [0.0, 0.0, 0.0]])
+    assert torch.allclose(logp.grad, expected, atol=1e-6)
+    # token level on the same numbers differs: 0.3 and 0.5 exceed log(1.2) = 0.182 and are clipped one by one
+    _, mt = policy_loss(logp.detach(), logp_old, adv, mask, agg="seq-mean-token-mean")
+    assert mt["clipfrac"] == pytest.approx(3 / 5)
+
+
+def test_cispo_keeps_the_gradient_of_clipped_tokens_with_a_clipped_weight():
+    # r = e^0.5 = 1.6487 with A = +1 -> weight clip(r, 0.8, 1.2) = 1.2: d loss / d logp = -1.2 * 1 / 2 (token mean)
+    # r = e^-0.6931 = 0.5 with A = -1 -> weight 0.8: d loss / d logp = -0.8 * -1 / 2 = +0.4
+    logp = torch.tensor([[0.5, math.log(0.5)]], requires_grad=True)
+    adv = torch.tensor([[1.0, -1.0]])
+    mask = torch.ones(1, 2)
+    loss, m = policy_loss(logp, torch.zeros(1, 2), adv, mask, mode="cispo")
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-0.6, 0.4]]), atol=1e-6)
+    assert m["clipfrac"] == 1.0
+    # PPO drops both: A > 0 above 1 + eps, A < 0 below 1 - eps
+    logp2 = logp.detach().clone().requires_grad_(True)
+    ppo, _ = policy_loss(logp2, torch.zeros(1, 2), adv, mask)
+    ppo.backward()
+    assert torch.equal(logp2.grad, torch.zeros(1, 2))
+
+
+def test_truncated_importance_weights_scale_each_token_and_the_mismatch_is_logged():
+    # pi_old / mu = 3 on the first token (capped at 2), 0.5 on the second
+    logp = torch.zeros(1, 2, requires_grad=True)
+    weights = torch.tensor([[3.0, 0.5]]).clamp(max=2.0)
+    loss, _ = policy_loss(logp, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), weights=weights)
+    assert float(loss) == pytest.approx(-(2.0 + 0.5) / 2)
+    b = SequenceBatch(mask=torch.ones(1, 2), logp_old=torch.zeros(1, 2), rewards=torch.ones(1))
+    b.logp_rollout = torch.tensor([[-math.log(3.0), math.log(2.0)]])
+    stats = rollout_mismatch(b)
+    assert stats["rollout_mismatch_mean"] == pytest.approx((math.log(3) + math.log(2)) / 2)
+    assert stats["rollout_mismatch_max"] == pytest.approx(math.log(3))
+
+
+def test_reinforce_plus_plus_standardises_returns_over_the_batch():
+    mask = torch.tensor([[1.0, 1, 1], [1, 1, 0]])
+    R = torch.tensor([1.0, 0.0])
+    adv, ret = get_estimator("reinforce++")(token_rewards=terminal_rewards(R, mask), mask=mask)
+    # returns-to-go (1, 1, 1) and (0, 0): mean 0.6, unbiased var (3 * 0.16 + 2 * 0.36) / 4 = 0.3
+    hi, lo = 0.4 / math.sqrt(0.3), -0.6 / math.sqrt(0.3)
+    assert torch.allclose(adv, torch.tensor([[hi, hi, hi], [lo, lo, 0.0]]), atol=1e-5)
+    assert torch.equal(ret, R)
+
+
+def test_reinforce_plus_plus_baseline_centres_per_group_and_scales_by_the_batch_std():
+    mask = torch.ones(4, 2)
+    R = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    adv, _ = get_estimator("reinforce++-baseline")(
+        token_rewards=terminal_rewards(R, mask), mask=mask, group_ids=torch.zeros(4, dtype=torch.long)
+    )
+    # centred +-0.5 on 8 positions: unbiased std sqrt(8 * 0.25 / 7) = 0.534522 -> +-0.935414
+    assert torch.allclose(adv[:, 0], torch.tensor([0.935414, 0.935414, -0.935414, -0.935414]), atol=1e-5)
+
+
+def test_gae_with_a_critic_lambda_and_a_length_adaptive_actor_lambda():
+    mask = torch.ones(1, 2)
+    values = torch.full((1, 2), 0.5)
+    tr = terminal_rewards(torch.ones(1), mask)
+    gae = get_estimator("gae")
+    # lam 0.5: delta = (0, 0.5); A_1 = 0.5, A_0 = 0 + 0.5 * 0.5 = 0.25; returns A + V = (0.75, 1.0)
+    adv, ret = gae(token_rewards=tr, mask=mask, values=values, lam=0.5)
+    assert torch.allclose(adv, torch.tensor([[0.25, 0.5]])) and torch.allclose(
+        ret, torch.tensor([[0.75, 1.0]])
+    )
+    # the critic's targets with lam_critic = 1: A_0 = 0.5 -> returns (1.0, 1.0); the actor keeps 0.5's
+    adv, ret = gae(token_rewards=tr, mask=mask, values=values, lam=0.5, lam_critic=1.0)
+    assert torch.allclose(adv, torch.tensor([[0.25, 0.5]])) and torch.allclose(
+        ret, torch.tensor([[1.0, 1.0]])
+    )
+    # lam_alpha = 1 on a sequence of 2 positions: lam = 1 - 1 / 2 = 0.5, the same as above
+    adv, _ = gae(token_rewards=tr, mask=mask, values=values, lam=0.99, lam_alpha=1.0)
+    assert torch.allclose(adv, torch.tensor([[0.25, 0.5]]))
+
+
+def test_grpo_leaves_near_equal_groups_alone():
+    mask = torch.ones(4, 1)
+    R = torch.tensor([1.0, 0.99, 0.995, 0.998])  # an all-correct group with a KL penalty in the reward
+    kw = dict(token_rewards=terminal_rewards(R, mask), mask=mask, group_ids=torch.zeros(4, dtype=torch.long))
+    adv, _ = get_estimator("grpo")(**kw)
+    assert torch.equal(adv, torch.zeros(4, 1))
+    noisy, _ = get_estimator("grpo")(**kw, std_threshold=0.0)
+    assert float(noisy.abs().max()) > 0.5, "without the threshold the noise is blown up to unit scale"
+
+
+def test_group_hygiene_statistics():
+    b = SequenceBatch(
+        mask=torch.tensor([[1.0, 1], [1, 1], [1, 0], [1, 0], [1, 1], [1, 0]]),
+        logp_old=torch.zeros(6, 2),
+        rewards=torch.tensor([1.0, 1, 0, 0, 1, 0]),
+        group_ids=torch.tensor([0, 0, 1, 1, 2, 2]),
+    )
+    b.advantages = torch.tensor([[0.0], [0.0], [0.0], [0.0], [0.7071], [-0.7071]]).expand(6, 2).clone()
+    s = group_stats_summary(b)
+    assert (s["groups_all_correct"], s["groups_all_wrong"], s["groups_mixed"]) == pytest.approx((1 / 3,) * 3)
+    assert s["groups_zero_variance"] == pytest.approx(2 / 3)
+    assert s["adv_norm_raw"] == pytest.approx(math.sqrt(0.5)) and s["adv_norm"] == pytest.approx(
+        1.0, abs=1e-4
+    )
+    assert (s["length_adv_pos"], s["length_adv_neg"]) == (2.0, 1.0)
+
+
+def test_algorithms_bring_their_own_defaults_and_a_run_setting_wins():
+    from sppo_rl.control.config import ControlConfig
+
+    def resolved(**kw):
+        cfg = ControlConfig(**kw)
+        return LearnerConfig.from_run(cfg, 30, get_algorithm(cfg.algo).defaults)
+
+    assert resolved(algo="drgrpo").agg == "seq-mean-token-sum-norm"
+    assert resolved(algo="drgrpo", agg="token-mean").agg == "token-mean"
+    assert resolved(algo="grpo").agg == "token-mean"
+    g = resolved(algo="gspo")
+    assert (g.ratio_level, g.agg) == ("sequence", "seq-mean-token-mean")
+    assert (
+        resolved(algo="sppo-seq").ratio_level == "sequence" and resolved(algo="cispo").policy_loss == "cispo"
+    )
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_in_the_loss_has_the_stated_on_policy_gradient(estimator):
+    """Exact expectation over a categorical policy: E_{y~pi}[grad_theta k(y)] with y held fixed."""
+    theta = torch.tensor([0.3, -0.2, 0.5], requires_grad=True)
+    ref = torch.log_softmax(torch.tensor([0.0, 0.4, -0.3]), 0)
+    logp = torch.log_softmax(theta, 0)
+    k = kl_penalty(logp, ref, estimator)
+    expected_grad = torch.autograd.grad((logp.exp().detach() * k).sum(), theta)[0]
+    pi = torch.softmax(theta, 0)
+    kl_fwd = (pi * (torch.log(pi) - ref)).sum()  # KL(pi || ref)
+    kl_rev = (ref.exp() * (ref - torch.log(pi))).sum()  # KL(ref || pi)
+    target = {
+        "k1": torch.zeros(3),
+        "k2": torch.autograd.grad(kl_fwd, theta, retain_graph=True)[0],
+        "k3": torch.autograd.grad(kl_rev, theta)[0],
+    }[estimator]
+    assert torch.allclose(expected_grad, target, atol=1e-6)
+    assert float(target.abs().max()) > 1e-3 or estimator == "k1"
+
+
+def test_critic_warmup_holds_the_actor_in_the_control_world(tmp_path):
+    from sppo_rl.control.config import ControlConfig
+    from sppo_rl.control.trainer import run_control
+    from sppo_rl.runtime import read_metrics
+
+    cfg = ControlConfig(
+        algo="ppo", task="short-cartpole", total_episodes=256, critic_warmup=2, init_from="none",
+        out_dir=str(tmp_path / "run"), progress=False, tensorboard=False, eval_episodes=0,
+    )  # fmt: skip
+    run_control(cfg)
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["actor_skipped"] for r in rows] == [1, 1, 0, 0]
+    assert "policy_loss" not in rows[0] and "value_loss" in rows[0] and "policy_loss" in rows[2]
