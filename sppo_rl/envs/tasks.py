@@ -255,16 +255,23 @@ _BY_ID = {spec.env_id: spec for spec in _SPECS}
 
 
 def get_task(name: str | TaskSpec) -> TaskSpec:
-    """The :class:`TaskSpec` of a short name (``"hopper"``) or Gymnasium id (``"sppo_rl/SparseHopper-v0"``).
+    """The :class:`TaskSpec` of a short name (``"hopper"``) or Gymnasium id (``"sppo_rl/SparseHopper-v0"``),
+    of a task added with :func:`sppo_rl.envs.custom.register_custom_task`, or of any other Gymnasium id
+    (success: the episode ran to its ``max_episode_steps`` without terminating; see that module).
 
     An unknown name raises ``ValueError`` listing the valid names.
     """
     if isinstance(name, TaskSpec):
         return name
     spec = TASKS.get(name) or _BY_ID.get(name)
+    if spec is None:  # a task of register_custom_task, or a plain Gymnasium id (sppo_rl.envs.custom)
+        from sppo_rl.envs.custom import custom_task
+
+        spec = custom_task(name)
     if spec is None:
         raise ValueError(
-            f"unknown task {name!r}; valid: {', '.join(TASKS)} (or their ids: {', '.join(_BY_ID)})"
+            f"unknown task {name!r}; valid: {', '.join(TASKS)} (or their ids: {', '.join(_BY_ID)}), a "
+            "Gymnasium id with a max_episode_steps, or a name added with sppo_rl.register_custom_task"
         )
     return spec
 

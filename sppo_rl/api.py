@@ -1,0 +1,476 @@
+"""The Python API: train a policy in one call, use it, save it, load it.
+
+``train_control(task, algo, **settings) -> Policy`` and ``train_llm(examples, reward, algo, **settings)
+-> LLMPolicy`` run the same trainers as ``sppo-rl control`` and ``sppo-rl llm``; every keyword is a field
+of :class:`~sppo_rl.control.config.ControlConfig` / :class:`~sppo_rl.llm.config.LLMConfig` (the flags of
+``sppo-rl control --help`` / ``sppo-rl llm --help``, with ``_`` for ``-``). The run folder is
+``out_dir`` (default: a new ``runs/api/control-<task>-<algo>-<time>`` / ``llm-...``), holding everything a command-line run
+keeps; ``policy.run_dir`` and ``policy.summary`` point at it. Everything is importable from ``sppo_rl``
+(lazily: ``import sppo_rl`` loads neither torch nor transformers).
+
+A control policy, trained on a built-in task; ``predict`` takes the task's observation (numpy, one or a
+batch) and returns the action(s), greedy by default; ``save`` / ``Policy.load`` use the project's actor
+file (``final.pt`` of a run; loaded with ``torch.load(weights_only=True)``, so a file runs no code):
+
+```python
+import gymnasium as gym
+from sppo_rl import Policy, train_control
+policy = train_control("short-cartpole", algo="sppo", total_episodes=128, init_from="none")
+obs, _ = gym.make("sppo_rl/ShortCartPole-v0").reset(seed=0)
+policy.save("policy.pt"); print(Policy.load("policy.pt").predict(obs), policy.summary["final_success_rate"])
+```
+
+Your own task: any Gymnasium env (an id, or a function returning a new env) with a success test
+``success(obs, info, terminated, truncated) -> bool`` called on the episode's last step, and a horizon
+(:mod:`sppo_rl.envs.custom`). A plain Gymnasium id needs no registration (``train_control("CartPole-v1")``,
+``sppo-rl control --task CartPole-v1``): its success is "ran to ``max_episode_steps`` without terminating".
+The policy's observation is the env's plus the time left ``(H - t) / H`` as the last feature:
+
+```python
+from sppo_rl import register_custom_task, train_control
+def upright(obs, info, terminated, truncated): return not terminated and abs(obs[2]) < 0.05
+register_custom_task("cartpole-upright", "CartPole-v1", success=upright, horizon=20)
+policy = train_control("cartpole-upright", algo="grpo", total_episodes=64, init_from="none")
+print(policy.summary["final_success_rate"], policy.predict([[0.0, 0.0, 0.01, 0.0, 1.0]] * 3))
+```
+
+An LLM, on in-memory ``(prompt, answer)`` pairs (written to a JSONL file in the run folder), with a
+reward ``f(response, truth) -> score in [0, 1]``. ``model_dir`` is any local Hugging Face causal-LM
+folder (the tests use a tiny one); ``generate`` decodes greedily by default; ``save_pretrained`` /
+``LLMPolicy.load`` use the exported ``final/actor`` folder (``transformers`` loads it too):
+
+```python
+from sppo_rl import LLMPolicy, train_llm
+from sppo_rl.llm.verify import verify_integer  # any module-level f(response, truth) -> score in [0, 1]
+examples = [(f"{a}+{b}=", str(a + b)) for a in range(10) for b in range(10)]
+policy = train_llm(examples, reward=verify_integer, algo="grpo", model=model_dir, steps=1, prompts_per_step=4)
+policy.save_pretrained("tiny-grpo"); print(LLMPolicy.load("tiny-grpo").generate(["2+3="]), policy.run_dir)
+```
+
+**The reward runs in a worker process** (:class:`~sppo_rl.llm.reward.RewardScorer`: a reward that
+raises, hangs or crashes scores 0 and the run goes on), which imports it by name, so it must be a
+function defined at the top level of a module (``reward=mymodule.score`` becomes
+``"mymodule:score"``), or a ``"module:function"`` / ``"path/to/file.py:function"`` string, or
+``"math"`` / ``"integer"``. A lambda, a function defined inside another function, a method or a
+function typed into a notebook cannot be imported there and is refused with a message saying so: put it
+in a ``.py`` file and import it. (A function of the main script is loaded from the script's file, whose
+work must then sit under ``if __name__ == "__main__":``, as for any spawned process.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import json
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["LLMPolicy", "Policy", "reward_spec", "train_control", "train_llm"]
+
+
+# ------------------------------------------------------------------------------------- shared
+
+
+def _new_run_dir(kind: str, task: str, algo: str) -> Path:
+    """``runs/api/<kind>-<task>-<algo>-<time>`` in the working folder, made unique."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{kind}-{Path(task).stem if kind == 'llm' else task}-{algo}")
+    base = Path("runs") / "api" / f"{slug}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out, i = base, 1
+    while out.exists():
+        i += 1
+        out = base.with_name(f"{base.name}-{i}")
+    return out
+
+
+def _config(cls: type, caller: str, fields: dict[str, Any]) -> Any:
+    """``cls(**fields)``, refusing unknown fields in one line; lists become tuples (``hidden_sizes``)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(fields) - names)
+    if unknown:
+        raise TypeError(
+            f"{caller}: unknown setting(s) {', '.join(unknown)}; the settings are the fields of "
+            f"{cls.__name__} (valid: {', '.join(sorted(names))})"
+        )
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
+
+# ------------------------------------------------------------------------------------- control
+
+
+class Policy:
+    """A trained control policy: :meth:`predict` actions from observations; :meth:`save` / :meth:`load`.
+
+    Attributes:
+        actor: the :class:`~sppo_rl.control.networks.Actor` (a torch module, observation normaliser inside).
+        run_dir: the run folder it came from (None when loaded from a lone file).
+        summary: the run's summary (``final_success_rate``, ``episodes``, ...; empty if unknown).
+        meta: what the actor file stores beside the weights (``summary``, ``config``).
+    """
+
+    def __init__(
+        self,
+        actor: Any,
+        run_dir: str | Path | None = None,
+        summary: dict[str, Any] | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        self.actor = actor.eval()
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.meta = dict(meta or {})
+        self.summary = dict(summary if summary is not None else self.meta.get("summary") or {})
+
+    @property
+    def task(self) -> str | None:
+        """The task it was trained on (from the file's config), if known."""
+        return (self.meta.get("config") or {}).get("task")
+
+    @property
+    def obs_dim(self) -> int:
+        return int(self.actor.obs_dim)
+
+    @property
+    def discrete(self) -> bool:
+        return bool(self.actor.discrete)
+
+    def predict(self, obs: Any, greedy: bool = True, seed: int | None = None) -> np.ndarray:
+        """The action for ``obs`` (``[obs_dim]``) or the actions for a batch (``[..., obs_dim]``).
+
+        Discrete tasks: int64 action(s) (a 0-d array for one observation); continuous: float32
+        ``[..., action_dim]``, the Gaussian's mean when ``greedy`` (unclipped: the env clips, as in
+        training). ``greedy=False`` samples from the policy (``seed`` makes it reproducible).
+        """
+        import torch
+
+        x = np.asarray(obs, dtype=np.float32)
+        if x.ndim == 0 or x.shape[-1] != self.obs_dim:
+            raise ValueError(
+                f"observation of shape {x.shape}; the policy takes {self.obs_dim} features (the task's "
+                "observation, whose last feature is the time left (H - t) / H)"
+            )
+        lead = x.shape[:-1]
+        batch = torch.from_numpy(np.ascontiguousarray(x.reshape(-1, self.obs_dim)))
+        # greedy acting draws nothing that matters; a private generator leaves torch's global RNG alone
+        gen = torch.Generator().manual_seed(int(seed or 0)) if seed is not None or greedy else None
+        flags = torch.full((batch.shape[0],), bool(greedy)) if greedy else None
+        with torch.no_grad():
+            actions, _ = self.actor.act(batch, flags, gen)
+        out = actions.numpy()
+        return out.reshape(lead) if self.discrete else out.reshape(*lead, -1)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the actor file (the format of a run's ``final.pt``) to ``path``; returns the path."""
+        from sppo_rl.control.trainer import save_actor_file
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_actor_file(path, self.actor, {**self.meta, "summary": self.summary})
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Policy:
+        """A policy from an actor file (``final.pt``, a warm start, one written by :meth:`save`) or a run
+        folder (its ``final.pt``). Read with the project's ``torch_load`` (``weights_only=True``)."""
+        from sppo_rl.control.trainer import load_actor_file
+        from sppo_rl.runtime.checkpoint import torch_load
+
+        path = Path(path)
+        run_dir = None
+        if path.is_dir():
+            run_dir, path = path, path / "final.pt"
+            if not path.is_file():
+                raise FileNotFoundError(f"{run_dir}: no final.pt (is it a finished control run folder?)")
+        elif path.name == "final.pt" and (path.parent / "config.json").is_file():
+            run_dir = path.parent
+        actor = load_actor_file(path)
+        meta = torch_load(path).get("meta") or {}
+        summary = None
+        if run_dir is not None and (run_dir / "summary.json").is_file():
+            summary = json.loads((run_dir / "summary.json").read_text())
+        return cls(actor, run_dir, summary, meta)
+
+    def __repr__(self) -> str:
+        kind = "discrete" if self.discrete else "continuous"
+        return f"Policy(task={self.task!r}, obs_dim={self.obs_dim}, {kind}, run_dir={self.run_dir})"
+
+
+def train_control(task: str = "precision-cartpole", algo: str = "sppo", **settings: Any) -> Policy:
+    """Train ``algo`` on control task ``task`` and return the final :class:`Policy`.
+
+    ``task``: a built-in task (``sppo-rl info``), a name added with
+    :func:`~sppo_rl.envs.custom.register_custom_task`, or a Gymnasium id with a ``max_episode_steps``
+    (success: it ran to the limit without terminating). ``settings``: fields of
+    :class:`~sppo_rl.control.config.ControlConfig` (``total_episodes``, ``seed``, ``init_from``, ``out_dir``,
+    ``resume``, ...). Errors are the command line's, one line each (``RunError``, ``ValueError``).
+    """
+    from sppo_rl.control.config import ControlConfig
+    from sppo_rl.control.trainer import run_control
+
+    settings.setdefault("out_dir", str(_new_run_dir("control", task, algo)))
+    cfg = _config(ControlConfig, "train_control", {"task": task, "algo": algo, **settings})
+    summary = run_control(cfg)
+    policy = Policy.load(Path(cfg.out_dir) / "final.pt")
+    policy.summary = dict(summary)
+    return policy
+
+
+# ------------------------------------------------------------------------------------- LLM
+
+
+def reward_spec(reward: str | Callable[[str, str], Any] | None) -> str:
+    """The ``--reward-fn`` string for ``reward``: None -> ``"auto"``; a string as is; a module-level
+    function -> ``"module:function"`` (``"path/to/script.py:function"`` for one of the main script).
+    Anything the reward worker process could not import by name is refused with a ``ValueError`` saying
+    why (see the module docstring)."""
+    if reward is None:
+        return "auto"
+    if isinstance(reward, str):
+        return reward
+    if not callable(reward):
+        raise TypeError(
+            f"reward must be a function f(response, truth) -> float, a string or None, got {reward!r}"
+        )
+    why = (
+        "rewards are scored in a separate worker process (so that one that raises, hangs or crashes cannot "
+        "stop training), which imports the function by name"
+    )
+    fix = "define it at the top level of a .py module and import it from there, or pass 'path/to/file.py:function'"
+    name = getattr(reward, "__qualname__", None)
+    module = getattr(reward, "__module__", None)
+    if not isinstance(name, str) or not isinstance(module, str):
+        raise ValueError(f"reward {reward!r} has no importable name: {why}; {fix}")
+    if name == "<lambda>" or "<locals>" in name or "<lambda>" in name:
+        what = "a lambda" if "<lambda>" in name else "a function defined inside another function"
+        raise ValueError(f"reward {name} is {what}, which cannot be imported by name: {why}; {fix}")
+    if not name.isidentifier():
+        raise ValueError(f"reward {module}.{name} is not a top-level function (a method?): {why}; {fix}")
+    if module == "__main__":
+        main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+        if not main_file or not str(main_file).endswith(".py"):
+            raise ValueError(
+                f"reward {name} was defined in a notebook or the interactive interpreter, where another "
+                f"process cannot import it: {why}; {fix}"
+            )
+        return f"{Path(main_file).resolve()}:{name}"
+    try:
+        found = getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        found = None
+    if found is not reward:
+        raise ValueError(f"reward {module}.{name} is not importable as {module}:{name}: {why}; {fix}")
+    return f"{module}:{name}"
+
+
+def _records(examples: Iterable[Any], what: str) -> str:
+    """JSONL text of ``(prompt, answer)`` pairs (or records the loader reads, e.g. ``{"question", "answer"}``)."""
+    lines = []
+    for i, ex in enumerate(examples):
+        if isinstance(ex, dict):
+            rec = ex
+        elif isinstance(ex, (tuple, list)) and len(ex) == 2:
+            rec = {"prompt": ex[0], "answer": ex[1]}
+        else:
+            raise TypeError(f"{what} {i}: expected a (prompt, answer) pair or a dict, got {ex!r:.80}")
+        try:
+            lines.append(json.dumps(rec, ensure_ascii=False))
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"{what} {i}: not JSON data ({e})") from None
+    if not lines:
+        raise ValueError(f"{what}: no examples")
+    return "\n".join(lines) + "\n"
+
+
+def _data_path(out: Path, stem: str, text: str) -> Path:
+    """``out/<stem>-<hash>.jsonl``: named by its content, so a run resumed with other examples is refused
+    by the trainer, as any change of ``--task`` is."""
+    return out / f"{stem}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.jsonl"
+
+
+def _write_data(path: Path, text: str) -> None:
+    if not (path.is_file() and path.read_text(encoding="utf-8") == text):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+
+
+class LLMPolicy:
+    """A trained causal LM (a Hugging Face folder with its tokenizer): :meth:`generate` responses.
+
+    Attributes:
+        folder: the model folder (a run's ``final/actor``).
+        run_dir: the run folder it came from (None for a lone model folder).
+        summary: the run's summary (``final_val_accuracy``, ``steps``, ...; empty if unknown).
+    """
+
+    def __init__(
+        self,
+        folder: str | Path,
+        run_dir: str | Path | None = None,
+        summary: dict[str, Any] | None = None,
+        *,
+        max_new_tokens: int | None = None,
+        device: str = "auto",
+    ) -> None:
+        self.folder = Path(folder)
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.summary = dict(summary or {})
+        self.max_new_tokens = max_new_tokens
+        self.device = device
+        self._engine: Any = None
+
+    def _load(self) -> Any:
+        if self._engine is None:
+            import torch
+
+            from sppo_rl.llm.models import load_actor
+            from sppo_rl.llm.rollout import HFRolloutEngine
+            from sppo_rl.llm.tiny import load_tokenizer
+
+            device = self.device
+            if device == "auto":
+                device = "cuda" if torch.cuda.is_available() else "cpu"
+            tokenizer = load_tokenizer(self.folder)
+            model = load_actor(self.folder, device=device).eval().requires_grad_(False)
+            self._engine = HFRolloutEngine(model, tokenizer, add_special_tokens=False)
+        return self._engine
+
+    def generate(
+        self,
+        prompts: Sequence[Any] | str,
+        *,
+        greedy: bool = True,
+        max_new_tokens: int | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> list[str]:
+        """One response per prompt (a string, or chat messages, rendered as in training: through the
+        tokenizer's chat template when it has one). Greedy by default; ``greedy=False`` samples at
+        ``temperature`` / ``top_p`` (``seed`` makes it reproducible). ``max_new_tokens`` defaults to the
+        run's setting (256 for a lone folder), within the model's context."""
+        from sppo_rl.llm.data import render_prompt
+        from sppo_rl.llm.trainer import model_context
+
+        engine = self._load()
+        items = [prompts] if isinstance(prompts, str) else list(prompts)
+        if not items:
+            return []
+        texts = [render_prompt(p, engine.tokenizer) for p in items]
+        n = max_new_tokens or self.max_new_tokens or 256
+        ctx = model_context(self.folder)
+        if ctx is not None and max_new_tokens is None:
+            longest = max(len(ids) for ids in engine.tokenizer(texts, add_special_tokens=False)["input_ids"])
+            n = max(1, min(n, ctx - longest))
+        rb = engine.generate(
+            texts, n=1, greedy=greedy, temperature=temperature, top_p=top_p, max_new_tokens=n, seed=seed
+        )
+        return list(rb.texts)
+
+    def save_pretrained(self, path: str | Path) -> Path:
+        """Copy the model folder (weights, config, tokenizer) to ``path`` (which must not hold files);
+        the run's ``max_new_tokens`` goes into its ``generation_config.json``, where :meth:`load` (and
+        ``transformers``' ``generate``) take it from."""
+        path = Path(path)
+        if path.exists() and any(path.iterdir()):
+            raise FileExistsError(f"{path} is not empty")
+        shutil.copytree(self.folder, path, dirs_exist_ok=True)
+        if self.max_new_tokens:
+            gen_file = path / "generation_config.json"
+            gen = json.loads(gen_file.read_text()) if gen_file.is_file() else {}
+            gen["max_new_tokens"] = int(self.max_new_tokens)
+            gen_file.write_text(json.dumps(gen, indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, device: str = "auto") -> LLMPolicy:
+        """From a Hugging Face model folder (``final/actor``, one written by :meth:`save_pretrained`) or
+        a run folder of ``sppo-rl llm`` (its ``final/actor``). Weights load through ``transformers``
+        (safetensors), offline."""
+        path = Path(path)
+        run_dir, folder = None, path
+        if (path / "final" / "actor" / "config.json").is_file():
+            run_dir, folder = path, path / "final" / "actor"
+        elif not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"{path}: neither a Hugging Face model folder nor a finished LLM run folder"
+            )
+        elif (
+            path.name == "actor"
+            and path.parent.name == "final"
+            and (path.parent.parent / "config.json").is_file()
+        ):
+            run_dir = path.parent.parent
+        summary, max_new = None, None
+        if (folder / "generation_config.json").is_file():
+            max_new = json.loads((folder / "generation_config.json").read_text()).get("max_new_tokens")
+        if run_dir is not None:
+            if (run_dir / "summary.json").is_file():
+                summary = json.loads((run_dir / "summary.json").read_text())
+            if (run_dir / "config.json").is_file():
+                max_new = json.loads((run_dir / "config.json").read_text()).get("max_new_tokens")
+        return cls(folder, run_dir, summary, max_new_tokens=max_new, device=device)
+
+    from_pretrained = load
+
+    def __repr__(self) -> str:
+        return f"LLMPolicy(folder={str(self.folder)!r}, run_dir={self.run_dir})"
+
+
+def train_llm(
+    examples: Iterable[Any] | str | Path | None = None,
+    reward: str | Callable[[str, str], Any] | None = None,
+    algo: str = "sppo",
+    *,
+    val_examples: Iterable[Any] | None = None,
+    **settings: Any,
+) -> LLMPolicy:
+    """Train ``algo`` on a causal LM and return the final :class:`LLMPolicy`.
+
+    ``examples``: ``(prompt, answer)`` pairs (a prompt is text or chat messages; records such as
+    ``{"question": ..., "answer": ...}`` work too, see :mod:`sppo_rl.llm.data`), written to
+    ``<out_dir>/train-<hash>.jsonl``, which becomes ``--task``; or a data file's path, or
+    ``"arithmetic"``; None: the ``task`` setting (default ``arithmetic``). ``val_examples``: the same for
+    the validation set (none by default for examples). ``reward``: see :func:`reward_spec` (None: the
+    task's default, math-verify for data). ``settings``: fields of :class:`~sppo_rl.llm.config.LLMConfig`
+    (``model`` is needed for anything but arithmetic, ``steps``, ``group_size``, ``out_dir``, ...).
+    """
+    from sppo_rl.llm.config import LLMConfig
+    from sppo_rl.llm.trainer import check_model_paths, run_llm
+    from sppo_rl.runtime.run import RunError, _has_run
+
+    for given, key in ((examples, "task"), (val_examples, "val_data"), (reward, "reward_fn")):
+        if given is not None and key in settings:
+            raise TypeError(f"train_llm: give the {key} setting or its argument, not both")
+    if isinstance(examples, (str, Path)):
+        settings["task"], examples = str(examples), None
+    task = settings.get("task", "arithmetic" if examples is None else "examples")
+    settings.setdefault("out_dir", str(_new_run_dir("llm", task, algo)))
+    if reward is not None:
+        settings["reward_fn"] = reward_spec(reward)
+    out = Path(settings["out_dir"])
+    data = [("train", examples, "task"), ("val", val_examples, "val_data")]
+    texts = {key: _records(ex, f"{stem} example") for stem, ex, key in data if ex is not None}
+    if texts and _has_run(out) and not settings.get("resume") and not settings.get("overwrite"):
+        raise RunError(
+            f"{out} already holds a run; pass resume=True to continue it, or overwrite=True to start over, "
+            "or choose another out_dir"
+        )
+    files = {key: _data_path(out, stem, texts[key]) for stem, _, key in data if key in texts}
+    settings.update({key: str(path) for key, path in files.items()})
+    cfg = _config(LLMConfig, "train_llm", {"algo": algo, **settings})
+    cfg.validate()  # every setting checked, and the model folders found, before a file is written
+    check_model_paths(cfg)
+    for key, path in files.items():
+        _write_data(path, texts[key])
+    summary = run_llm(cfg)
+    for key, path in files.items():  # --overwrite cleared the folder after the trainer read them: put back
+        _write_data(path, texts[key])
+    return LLMPolicy(out / "final" / "actor", out, summary, max_new_tokens=cfg.max_new_tokens)

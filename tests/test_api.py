@@ -1,0 +1,447 @@
+"""The Python API (`sppo_rl.api`) and bring-your-own-task (`sppo_rl.envs.custom`): the module docstring's
+examples run as written, policies save / load / predict, Gymnasium ids train from Python and the command
+line, the success predicate decides the outcomes, and rewards that a worker process could not import are
+refused with the reason."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import sppo_rl
+from sppo_rl import api
+from sppo_rl.cli import main
+from sppo_rl.envs import get_task, make_episode_env
+from sppo_rl.envs.custom import SparseOutcome, SparseOutcomeVectorEnv, register_custom_task
+from sppo_rl.runtime import RunError, read_metrics
+
+FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+QUIET = dict(progress=False, tensorboard=False)
+
+
+def examples() -> list[str]:
+    return FENCE.findall(api.__doc__ or "")
+
+
+def run_example(i: int, namespace: dict) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(examples()[i], f"sppo_rl.api docstring, example {i + 1}", "exec"), namespace)
+    return out.getvalue()
+
+
+# ------------------------------------------------------------------------------- module-level rewards
+
+
+def always_right(response: str, truth: str) -> float:
+    """A reward the integer verifier would never give on an untrained model: proves the callable ran."""
+    return 1.0
+
+
+def first_char_matches(response: str, truth: str) -> float:
+    return float(response[:1] == truth[:1])
+
+
+always_right_alias = always_right
+
+
+class Scorer:
+    def score(self, response: str, truth: str) -> float:
+        return 1.0
+
+
+def shadowed(response: str, truth: str) -> float:
+    return 0.0
+
+
+_original_shadowed = shadowed
+
+
+def shadowed(response: str, truth: str) -> float:  # noqa: F811 - the name now points elsewhere
+    return 1.0
+
+
+# ------------------------------------------------------------------------------- the package surface
+
+
+def test_import_sppo_rl_stays_light_and_resolves_the_api_lazily():
+    code = (
+        "import sys, sppo_rl; assert 'torch' not in sys.modules and 'sppo_rl.api' not in sys.modules, 'eager'; "
+        "f = sppo_rl.train_control; assert 'sppo_rl.api' in sys.modules and 'torch' not in sys.modules; "
+        "from sppo_rl import LLMPolicy, Policy, SparseOutcome, register_custom_task, train_llm; print('ok')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    assert {"train_control", "train_llm", "Policy", "LLMPolicy", "register_custom_task"} <= set(dir(sppo_rl))
+    assert sppo_rl.Policy is api.Policy and sppo_rl.SparseOutcome is SparseOutcome
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        sppo_rl.nope  # noqa: B018
+
+
+def test_the_docstring_has_three_five_line_examples():
+    blocks = examples()
+    assert len(blocks) == 3
+    assert [len(b.strip().splitlines()) for b in blocks] == [5, 5, 5]
+
+
+# ------------------------------------------------------------------------------- the docstring's examples
+
+
+def test_example_1_control_policy_trains_saves_loads_and_predicts(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    printed = run_example(0, ns).split()
+    policy, obs = ns["policy"], ns["obs"]
+    assert policy.summary["episodes"] == 128 and policy.summary["task"] == "short-cartpole"
+    assert policy.run_dir.parent == Path("runs/api") and (tmp_path / policy.run_dir / "final.pt").is_file()
+    assert printed == [str(policy.predict(obs)), str(policy.summary["final_success_rate"])]
+    loaded = api.Policy.load("policy.pt")
+    batch = np.stack([obs, obs * 0.5, -obs])
+    assert np.array_equal(loaded.predict(batch), policy.predict(batch))
+    assert loaded.task == "short-cartpole" and loaded.summary == policy.summary
+    run = api.Policy.load(policy.run_dir)  # a run folder: its final.pt, summary.json
+    assert run.run_dir == policy.run_dir and run.summary == json.loads(
+        (policy.run_dir / "summary.json").read_text()
+    )
+
+
+def test_example_2_own_task_outcomes_come_from_the_predicate(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    printed = run_example(1, ns)
+    policy = ns["policy"]
+    assert policy.summary["task"] == "cartpole-upright" and policy.summary["episodes"] == 64
+    assert printed.split()[0] == str(policy.summary["final_success_rate"])
+    assert policy.predict([[0.0, 0.0, 0.01, 0.0, 1.0]] * 3).shape == (3,)
+    saved = json.loads((policy.run_dir / "config.json").read_text())
+    assert saved["resolved"]["horizon"] == 20 and saved["resolved"]["task"] == "cartpole-upright"
+    rows = read_metrics(policy.run_dir / "metrics.jsonl")
+    assert all(r["episode_length"] <= 20 for r in rows)
+    # the outcomes are the predicate's verdict on each episode's last state: replay 64 random episodes
+    env = make_episode_env("cartpole-upright", num_envs=64)
+    env.reset(seed=list(range(64)))
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        _, _, term, _, info = env.step(rng.integers(0, 2, 64))
+    assert term.all()
+    upright = ns["upright"]
+    want = [
+        bool(upright(e.base.unwrapped.state, {}, bool(n < 20), bool(n == 20)))
+        for e, n in zip(env.envs, info["length"])
+    ]
+    assert info["success"].tolist() == want and 0 < sum(want) < 64
+
+
+def test_example_3_llm_trains_on_in_memory_examples_and_generates(tmp_path, monkeypatch, tiny):
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {"model_dir": str(tiny)}
+    printed = run_example(2, ns)
+    policy = ns["policy"]
+    assert policy.summary["steps"] == 1 and policy.summary["algo"] == "grpo"
+    saved = json.loads((policy.run_dir / "config.json").read_text())
+    assert saved["reward_fn"] == "sppo_rl.llm.verify:verify_integer"
+    data = Path(saved["task"])
+    assert data.parent == policy.run_dir and data.name.startswith("train-") and data.suffix == ".jsonl"
+    lines = [json.loads(line) for line in data.read_text().splitlines()]
+    assert len(lines) == 100 and lines[23] == {"prompt": "2+3=", "answer": "5"}
+    assert (tmp_path / "tiny-grpo" / "model.safetensors").is_file()
+    assert json.loads((tmp_path / "tiny-grpo" / "generation_config.json").read_text())["max_new_tokens"] == 16
+    out = api.LLMPolicy.load("tiny-grpo").generate(["2+3="])
+    assert isinstance(out, list) and len(out) == 1 and isinstance(out[0], str)
+    assert printed.startswith(repr(out)) and printed.rstrip().endswith(str(policy.run_dir))
+
+
+# ------------------------------------------------------------------------------- Policy
+
+
+def test_policy_predict_shapes_sampling_and_save_load(tmp_path):
+    from sppo_rl.control.networks import Actor
+    from sppo_rl.control.trainer import load_actor_file
+
+    torch.manual_seed(0)
+    disc = api.Policy(Actor(5, 3, True), meta={"config": {"task": "x"}})
+    obs = np.random.default_rng(0).normal(size=(2, 4, 5)).astype(np.float32)
+    single = disc.predict(obs[0, 0])
+    assert single.shape == () and single.dtype == np.int64
+    assert disc.predict(obs[0]).shape == (4,) and disc.predict(obs).shape == (2, 4)
+    assert disc.predict(obs[0].tolist()).tolist() == disc.predict(obs[0]).tolist()  # lists in
+    state = torch.get_rng_state()
+    disc.predict(obs)
+    assert torch.equal(state, torch.get_rng_state()), "greedy predict must not draw from torch's global RNG"
+    a = disc.predict(np.repeat(obs[0, :1], 256, 0), greedy=False, seed=3)
+    assert np.array_equal(a, disc.predict(np.repeat(obs[0, :1], 256, 0), greedy=False, seed=3))
+    assert len(set(a.tolist())) > 1, "sampling draws different actions"
+    with pytest.raises(ValueError, match="takes 5 features"):
+        disc.predict(np.zeros(4))
+
+    cont = api.Policy(Actor(4, 2, False))
+    assert cont.predict(np.zeros(4)).shape == (2,) and cont.predict(np.zeros((3, 4))).shape == (3, 2)
+    assert cont.predict(np.zeros((3, 4))).dtype == np.float32
+
+    path = disc.save(tmp_path / "sub" / "p.pt")
+    back = api.Policy.load(path)
+    assert np.array_equal(back.predict(obs), disc.predict(obs)) and back.task == "x" and back.run_dir is None
+    assert isinstance(load_actor_file(path), Actor)  # the project's actor file format
+
+
+def test_policy_load_refuses_files_that_would_run_code(tmp_path):
+    from sppo_rl.control.networks import Actor
+    from sppo_rl.runtime.checkpoint import UnsafeCheckpointError
+
+    actor = Actor(5, 2, True)
+    path = tmp_path / "evil.pt"
+    torch.save(
+        {"arch": actor.arch(), "actor": actor.state_dict(), "meta": {"x": types.SimpleNamespace()}}, path
+    )
+    with pytest.raises(UnsafeCheckpointError, match="weights_only"):
+        api.Policy.load(path)
+    with pytest.raises(FileNotFoundError, match="no final.pt"):
+        api.Policy.load(tmp_path)
+
+
+# ------------------------------------------------------------------------------- bring your own task
+
+
+def test_sparse_outcome_follows_the_episode_contract():
+    calls = []
+
+    def success(obs, info, terminated, truncated):
+        calls.append((obs.shape, terminated, truncated))
+        return obs[0] > -10  # always true while the pole stands
+
+    env = SparseOutcome("CartPole-v1", success=success, horizon=5)
+    assert env.observation_space.shape == (5,) and env.horizon == 5
+    obs, _ = env.reset(seed=0)
+    assert obs[-1] == 1.0 and obs.dtype == np.float32
+    rewards, times = [], []
+    for _ in range(5):
+        obs, r, term, trunc, info = env.step(0)
+        rewards.append(r)
+        times.append(obs[-1])
+    assert rewards == [0.0, 0.0, 0.0, 0.0, 1.0] and term and not trunc
+    assert times == pytest.approx([0.8, 0.6, 0.4, 0.2, 0.0])
+    assert info["success"] is True and info["failed"] is False
+    assert calls == [((4,), False, True)], "called once, at the end, with truncated=True at the horizon"
+    with pytest.raises(RuntimeError, match="call reset"):
+        env.step(0)
+
+    dense = SparseOutcome("CartPole-v1", success=lambda *a: False, horizon=5, dense=True)
+    dense.reset(seed=0)
+    assert [dense.step(1)[1] for _ in range(5)] == [1.0] * 5  # CartPole's +1 per step, outcome 0
+
+    # the default rule: survived = truncated by the time limit without terminating
+    default = SparseOutcome("CartPole-v1")
+    assert default.horizon == 500
+    default.reset(seed=0)
+    while True:
+        _, r, term, _, info = default.step(0)  # always left: the pole falls
+        if term:
+            break
+    assert r == 0.0 and info["success"] is False and info["failed"] is True
+
+
+def test_vector_env_freezes_ended_copies_and_matches_single_envs():
+    make = lambda: gym.make("CartPole-v1")  # noqa: E731 - a factory, one new env per copy
+    vec = SparseOutcomeVectorEnv(make, horizon=30, num_envs=4)
+    obs, _ = vec.reset(seed=[0, 0, 1, 1])
+    assert (
+        np.array_equal(obs[0], obs[1])
+        and np.array_equal(obs[2], obs[3])
+        and not np.array_equal(obs[0], obs[2])
+    )
+    actions = np.array([[0, 1, 1, 1]] * 30)  # sub-env 0 falls early; the others may survive
+    singles = [SparseOutcome(make, horizon=30) for _ in range(4)]
+    single_obs = [e.reset(seed=s)[0] for e, s in zip(singles, [0, 0, 1, 1])]
+    ended_at = [None] * 4
+    for t in range(30):
+        before = obs.copy()
+        obs, r, term, trunc, info = vec.step(actions[t])
+        for i, e in enumerate(singles):
+            if ended_at[i] is None:
+                single_obs[i], sr, st, _, sinfo = e.step(int(actions[t, i]))
+                assert np.array_equal(obs[i], single_obs[i]) and r[i] == sr
+                if st:
+                    ended_at[i] = t
+                    assert info["ended"][i] and info["success"][i] == sinfo["success"]
+            else:  # frozen: last observation, reward 0, terminated, not stepped
+                assert np.array_equal(obs[i], before[i]) and r[i] == 0.0 and term[i] and not info["ended"][i]
+        assert not trunc.any()
+        if term.all():
+            break
+    assert term.all() and ended_at[0] is not None and ended_at[0] < 29
+    assert set(info) == {"success", "failed", "ended", "length"}
+
+
+def test_predicate_decides_success_and_equal_outcomes_skip_the_actor(tmp_path):
+    register_custom_task("api-never", "CartPole-v1", success=lambda *a: False, horizon=10)
+    register_custom_task("api-always", "CartPole-v1", success=lambda *a: True, horizon=10)
+    register_custom_task("api-right", "CartPole-v1", success=lambda o, i, te, tr: o[0] > 0, horizon=10)
+    kw = dict(algo="grpo", total_episodes=32, init_from="none", eval_episodes=8, **QUIET)
+    never = api.train_control("api-never", out_dir=str(tmp_path / "never"), **kw)
+    always = api.train_control("api-always", out_dir=str(tmp_path / "always"), **kw)
+    right = api.train_control("api-right", out_dir=str(tmp_path / "right"), **kw)
+    for policy, rate in ((never, 0.0), (always, 1.0)):
+        rows = read_metrics(policy.run_dir / "metrics.jsonl")
+        assert len(rows) == 2 and all(r["success_rate"] == rate and r["actor_skipped"] == 1 for r in rows)
+    rows = read_metrics(right.run_dir / "metrics.jsonl")
+    assert all(0 < r["success_rate"] < 1 for r in rows) and any(r["actor_skipped"] == 0 for r in rows)
+
+
+def test_train_control_on_a_plain_gymnasium_id(tmp_path):
+    policy = api.train_control(
+        "CartPole-v1", algo="grpo", total_episodes=32, init_from="none", eval_episodes=8,
+        out_dir=str(tmp_path / "run"), **QUIET,
+    )  # fmt: skip
+    assert policy.summary["task"] == "CartPole-v1" and policy.summary["episodes"] == 32
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())["resolved"]
+    assert saved["horizon"] == 500 and saved["episodes_per_update"] == 16 and saved["init_from"] == "none"
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    # a random policy never keeps CartPole up for 500 steps: success (survived) is 0, lengths are short
+    assert all(r["success_rate"] == 0.0 and r["episode_length"] < 500 for r in rows)
+    obs, _ = SparseOutcome("CartPole-v1").reset(seed=1)
+    assert policy.predict(obs) in (0, 1)
+
+
+def test_cli_control_takes_a_gymnasium_id_and_refuses_one_without_a_horizon(tmp_path, capsys):
+    out = tmp_path / "cli"
+    main(["control", "--task", "CartPole-v1", "--algo", "grpo", "--total-episodes", "64", "--init-from", "none",
+          "--eval-episodes", "8", "--no-progress", "--no-tensorboard", "--out-dir", str(out)])  # fmt: skip
+    assert "done: grpo on CartPole-v1" in capsys.readouterr().err
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["episodes"] for r in rows] == [16, 32, 48, 64]
+    with pytest.raises(SystemExit) as e:
+        main(["control", "--task", "Blackjack-v1", "--no-progress", "--out-dir", str(tmp_path / "bj")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        len(err) == 1
+        and "Blackjack-v1 has no max_episode_steps" in err[0]
+        and err[0].startswith("sppo-rl: error:")
+    )
+    assert not (tmp_path / "bj").exists()
+
+
+def test_custom_tasks_refuse_what_they_cannot_train_on():
+    with pytest.raises(ValueError, match="no max_episode_steps"):
+        get_task("Blackjack-v1")
+    with pytest.raises(ValueError, match="not a flat Box"):
+        get_task("FrozenLake-v1")
+    with pytest.raises(ValueError, match="built-in task"):
+        register_custom_task("hopper", "CartPole-v1")
+    with pytest.raises(TypeError, match="not an env"):
+        register_custom_task("x-env", gym.make("CartPole-v1"))
+    with pytest.raises(ValueError, match="horizon must be"):
+        SparseOutcome("CartPole-v1", horizon=0)
+    with pytest.raises(ValueError, match="unknown task 'nope'.*register_custom_task"):
+        get_task("nope")
+
+
+# ------------------------------------------------------------------------------- rewards
+
+
+def test_reward_spec_accepts_importable_functions_and_says_why_it_refuses_others(monkeypatch):
+    assert api.reward_spec(None) == "auto" and api.reward_spec("math") == "math"
+    assert api.reward_spec(always_right) == f"{__name__}:always_right"
+    from sppo_rl.llm.verify import verify_math
+
+    assert api.reward_spec(verify_math) == "sppo_rl.llm.verify:verify_math"
+    with pytest.raises(ValueError, match=r"is a lambda.*separate worker process.*top level of a \.py module"):
+        api.reward_spec(lambda r, t: 1.0)
+
+    def local(r, t):
+        return 1.0
+
+    with pytest.raises(ValueError, match="inside another function"):
+        api.reward_spec(local)
+    with pytest.raises(ValueError, match="not a top-level function"):
+        api.reward_spec(Scorer().score)
+    with pytest.raises(ValueError, match="is not importable as"):
+        api.reward_spec(_original_shadowed)
+    notebook = types.ModuleType("__main__")  # an interactive session: no __file__
+    monkeypatch.setitem(sys.modules, "__main__", notebook)
+    fn = types.FunctionType(always_right.__code__, {}, "in_cell")
+    fn.__module__, fn.__qualname__ = "__main__", "in_cell"
+    with pytest.raises(ValueError, match="notebook or the interactive interpreter"):
+        api.reward_spec(fn)
+    script = types.ModuleType("__main__")
+    script.__file__ = "/some/where/train.py"
+    monkeypatch.setitem(sys.modules, "__main__", script)
+    assert api.reward_spec(fn) == "/some/where/train.py:in_cell"
+
+
+def test_train_llm_refuses_a_lambda_before_touching_anything(tmp_path):
+    with pytest.raises(ValueError, match="lambda"):
+        api.train_llm([("1+1=", "2")], reward=lambda r, t: 1.0, out_dir=str(tmp_path / "run"))
+    with pytest.raises(TypeError, match=r"unknown setting\(s\) stepz"):
+        api.train_llm([("1+1=", "2")], stepz=1, out_dir=str(tmp_path / "run"))
+    with pytest.raises(TypeError, match="example 1: expected a \\(prompt, answer\\) pair"):
+        api.train_llm([("1+1=", "2"), "3"], out_dir=str(tmp_path / "run"))
+    with pytest.raises(ValueError, match="--steps must be >= 1"):
+        api.train_llm([("1+1=", "2")], steps=0, out_dir=str(tmp_path / "run"))
+    with pytest.raises(RunError, match="give --model for other data"):
+        api.train_llm([("1+1=", "2")], out_dir=str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_llm_scores_with_the_callable_and_resumes_with_the_same_examples(tmp_path, tiny):
+    train = [(f"{a}+{a}=", str(2 * a)) for a in range(10)]
+    val = [("7+1=", "8"), ("2+2=", "4")]
+    kw = dict(model=str(tiny), steps=1, prompts_per_step=4, max_new_tokens=4, eval_samples=2, **QUIET)
+    out = tmp_path / "run"
+    policy = api.train_llm(train, reward=always_right, algo="sppo", val_examples=val, out_dir=str(out), **kw)
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["reward_fn"] == f"{__name__}:always_right"
+    rows = read_metrics(out / "metrics.jsonl")
+    assert rows[-1]["reward_mean"] == 1.0 and policy.summary["final_val_accuracy"] == 1.0  # the callable's
+    assert [json.loads(x)["prompt"] for x in Path(saved["val_data"]).read_text().splitlines()] == [
+        "7+1=",
+        "2+2=",
+    ]
+    texts = policy.generate(["1+1=", "2+2=", "3+3="])
+    assert len(texts) == 3 and all(isinstance(t, str) for t in texts)
+    loaded = api.LLMPolicy.load(out)
+    assert loaded.run_dir == out and loaded.summary == policy.summary and loaded.max_new_tokens == 4
+    assert loaded.generate(["1+1=", "2+2=", "3+3="]) == texts  # greedy: the same model, the same words
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(
+        policy.save_pretrained(tmp_path / "copy"), local_files_only=True
+    )
+    with pytest.raises(FileExistsError):
+        policy.save_pretrained(tmp_path / "copy")
+
+    files = sorted(p.name for p in out.iterdir())
+    with pytest.raises(RunError, match="already holds a run"):  # refused before writing anything
+        api.train_llm(train[:5], reward=always_right, algo="sppo", out_dir=str(out), **kw)
+    assert sorted(p.name for p in out.iterdir()) == files
+    with pytest.raises(RunError, match="other settings"):  # other examples: another --task file
+        api.train_llm(
+            train[:5], reward=always_right, algo="sppo", val_examples=val, out_dir=str(out), resume=True, **kw
+        )
+    more = api.train_llm(
+        train,
+        reward=always_right,
+        algo="sppo",
+        val_examples=val,
+        out_dir=str(out),
+        resume=True,
+        **{**kw, "steps": 2},
+    )
+    assert more.summary["steps"] == 2 and [r["step"] for r in read_metrics(out / "metrics.jsonl")][-1] == 2
+    again = api.train_llm(
+        train, reward=first_char_matches, algo="sppo", out_dir=str(out), overwrite=True, **kw
+    )  # overwrite clears the folder after the trainer read the data: the data file is put back
+    assert (
+        Path(json.loads((out / "config.json").read_text())["task"]).is_file() and again.summary["steps"] == 1
+    )
