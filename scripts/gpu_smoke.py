@@ -95,9 +95,7 @@ def main() -> None:
         "--zero-stage",
         "3",
         "--rollout",
-        "vllm"
-        if args.gpus == 1
-        else "hf",  # vLLM beside several training ranks is refused (README, At scale)
+        "vllm",  # with several GPUs: one engine per rank (vLLM's external launcher; run on CPU only so far)
         "--dtype",
         "bfloat16",
         "--temperature",

