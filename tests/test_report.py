@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats as sps
 
 from sppo_rl.agents import ALGORITHMS
 from sppo_rl.experiments import stats
@@ -82,13 +83,109 @@ def test_calibration_statistics():
     assert stats.brier([1.0, 0.0], [1.0, 0.0]) == 0 and stats.brier([0.5], [1.0]) == 0.25
 
 
+# ------------------------------------------------------------------------------------- rliable-style
+
+
+def test_iqm_worked_numbers():
+    assert stats.iqm([0, 1, 2, 3, 4, 5, 6, 7]) == 3.5  # drop 2 at each end: mean(2, 3, 4, 5)
+    assert stats.iqm([7, 0, 5, 2, 6, 1, 3, 4]) == 3.5  # order does not matter
+    assert stats.iqm([100, 0, 1, 2, 10]) == pytest.approx(13 / 3)  # n = 5: drop 1 each end, mean(1, 2, 10)
+    assert stats.iqm([-50, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1000]) == 5.5  # n = 12: drop 3 each end, mean(3..8)
+    assert stats.iqm([0.25, 1.0, 0.625]) == pytest.approx(0.625)  # n < 4: nothing dropped, the mean
+    assert stats.iqm([0.3]) == 0.3 and math.isnan(stats.iqm([]))
+    # one IQM per row (the bootstrap's resamples)
+    assert stats.iqm([[0, 1, 2, 3, 4, 5, 6, 7], [1, 1, 9, 9, 9, 9, 1, 1]]).tolist() == [3.5, 5.0]
+    # scipy's trimmed mean, which rliable uses, for every n from 1 to 13
+    rng = np.random.default_rng(0)
+    for n in range(1, 14):
+        x = rng.random(n)
+        assert stats.iqm(x) == pytest.approx(sps.trim_mean(x, 0.25)), n
+
+
+def test_optimality_gap_and_clipping():
+    assert stats.optimality_gap([0.5, 1.0, 0.8]) == pytest.approx((0.5 + 0 + 0.2) / 3)
+    assert stats.optimality_gap([1.2, 0.4]) == pytest.approx(0.3)  # overshoot does not count
+    assert stats.optimality_gap([0.5, 0.9], gamma=0.8) == pytest.approx(0.15)
+    # a t-interval over 2 seeds (0.75, 1.0): 0.875 ± 1.588 -> [0, 1], clipped
+    assert stats.clip_interval(0.875, 1.588) == (0.0, 1.0, True)
+    lo, hi, clipped = stats.clip_interval(0.5, 0.1)
+    assert (lo, hi, clipped) == (pytest.approx(0.4), pytest.approx(0.6), False)
+    assert stats.clip_interval(0.95, 0.1)[1:] == (1.0, True)  # one side is enough
+    assert math.isnan(stats.clip_interval(0.5, math.nan)[0])
+
+
+def test_stratified_bootstrap_properties():
+    mean = stats.pooled(stats.AGGREGATES["mean"])
+    iqm = stats.pooled(stats.iqm)
+    # all runs equal: every resample is the same, the interval collapses to the value
+    assert stats.stratified_bootstrap([[0.5, 0.5, 0.5], [0.5, 0.5]], iqm) == (0.5, 0.5, 0.5)
+    # stratified: task A's runs all score 0, task B's all 1; every resample keeps 3 runs of each task,
+    # so the pooled mean is 0.5 in every one (an unstratified bootstrap would spread it over [0, 1])
+    assert stats.stratified_bootstrap([[0, 0, 0], [1, 1, 1]], mean) == (0.5, 0.5, 0.5)
+    # one task with runs (0, 1): a resample's mean is 0, 0.5 or 1 with probabilities 1/4, 1/2, 1/4; the
+    # 2.5% and 97.5% quantiles are 0 and 1; the 30% and 70% quantiles (a 40% interval) are both 0.5
+    assert stats.stratified_bootstrap([[0.0, 1.0]], mean) == (0.5, 0.0, 1.0)
+    assert stats.stratified_bootstrap([[0.0, 1.0]], mean, confidence=0.4) == (0.5, 0.5, 0.5)
+    # percentile interval, not symmetric around the point: runs (0, 0, 1) have mean 1/3; a resample holds
+    # k ones with probability C(3,k) (1/3)^k (2/3)^(3-k): 8/27, 12/27, 6/27, 1/27 for means 0, 1/3, 2/3, 1;
+    # 1/27 = 3.7% > 2.5%, so the 97.5% quantile is 1 and the 2.5% one 0 (a "basic" bootstrap interval,
+    # 2 * point - quantiles, would be [-1/3, 2/3])
+    assert stats.stratified_bootstrap([[0.0, 0.0, 1.0]], mean) == (pytest.approx(1 / 3), 0.0, 1.0)
+    # a single run per task gives no interval; NaN scores and empty tasks are dropped
+    point, lo, hi = stats.stratified_bootstrap([[0.2], [0.4]], mean)
+    assert point == pytest.approx(0.3) and math.isnan(lo) and math.isnan(hi)
+    assert stats.stratified_bootstrap([[0.0, 1.0, math.nan], []], mean) == (0.5, 0.0, 1.0)
+    # reproducible: the same seed gives the same interval, another seed another one
+    scores = [[0.1, 0.4, 0.35, 0.8, 0.9], [0.5, 0.7, 0.2]]
+    a = stats.stratified_bootstrap(scores, iqm, reps=500, seed=3)
+    assert stats.stratified_bootstrap(scores, iqm, reps=500, seed=3) == a
+    assert stats.stratified_bootstrap(scores, iqm, reps=500, seed=4) != a
+    point, lo, hi = a
+    assert point == pytest.approx(stats.iqm(scores[0] + scores[1])) and 0.1 <= lo < point < hi <= 0.9
+    # a wider confidence gives a wider interval from the same resamples
+    lo90, hi90 = stats.stratified_bootstrap(scores, iqm, reps=500, confidence=0.9, seed=3)[1:]
+    assert lo <= lo90 <= hi90 <= hi and (lo, hi) != (lo90, hi90)
+
+
+def test_performance_profile_on_hand_made_scores():
+    taus = [0.0, 0.5, 0.55, 1.0]
+    # task A: [0.2, 0.5, 0.9, 1.0] -> > 0: 4/4, > 0.5: 2/4 (0.5 itself does not count), > 0.55: 2/4, > 1: 0
+    # task B: [0.0, 0.6]           -> > 0: 1/2, > 0.5: 1/2, > 0.55: 1/2, > 1: 0
+    scores = [[0.2, 0.5, 0.9, 1.0], [0.0, 0.6]]
+    got = stats.performance_profile(scores, taus)
+    assert got.tolist() == [0.75, 0.5, 0.5, 0.0]  # tasks weigh equally (pooled would give 5/6 at tau = 0)
+    assert stats.performance_profile([scores[0]], taus).tolist() == [1.0, 0.5, 0.5, 0.0]
+    # the band: pointwise bootstrap interval around the profile
+    p, lo, hi = stats.stratified_bootstrap(scores, lambda s: stats.performance_profile(s, taus))
+    assert p.tolist() == got.tolist() and lo.shape == hi.shape == (4,)
+    assert (lo <= p).all() and (p <= hi).all() and lo[3] == hi[3] == 0  # nobody is above 1
+    assert hi[0] - lo[0] > 0  # task B's 0.0 / 0.6 may be drawn twice
+    # runs all equal within their task: the band collapses onto the profile
+    p, lo, hi = stats.stratified_bootstrap(
+        [[0.2, 0.2], [0.7, 0.7, 0.7]], lambda s: stats.performance_profile(s, [0.1, 0.5, 0.9])
+    )
+    assert p.tolist() == lo.tolist() == hi.tolist() == [1.0, 0.5, 0.0]
+
+
 # ------------------------------------------------------------------------------------- report
 
 
-def write_run(folder: Path, task, algo, seed, success, *, sps=3840.0, finished=True, calibration=None):
+def write_run(
+    folder: Path, task, algo, seed, success, *, sps=3840.0, finished=True, calibration=None, config=None
+):
     """A run folder as the control trainer writes it: 64 episodes of 30 steps per update, 0.5 s each."""
     folder.mkdir(parents=True)
-    cfg = {"algo": algo, "task": task, "seed": seed, "total_episodes": 1280, "resolved": {"task": task}}
+    cfg = {
+        "algo": algo,
+        "task": task,
+        "seed": seed,
+        "total_episodes": 1280,
+        "actor_lr": 3e-4,
+        "out_dir": str(folder),
+        "threads": 1,
+        "resolved": {"task": task},
+        **(config or {}),
+    }
     (folder / "config.json").write_text(json.dumps(cfg))
     rows = [
         {
@@ -171,19 +268,54 @@ def test_report_numbers_on_known_runs(runs):
     assert c["episodes"]["mean"][j] == pytest.approx(0.625)
     assert c["episodes"]["half"][j] == pytest.approx(4.3027 * 0.375 / math.sqrt(3), rel=1e-4)
 
+    # the t-intervals leave [0, 1] (0.625 ± 0.932, 0.875 ± 1.588): clipped, and said so
+    assert ppo["final_success_ci"] == [0.0, 1.0] and ppo["final_success_clipped"]
+    assert sppo["final_success_ci"] == [0.0, 1.0] and sppo["final_success_clipped"]
+    assert single["final_success_clipped"] is False and single["iqm"] == 0.5
+    # IQM over 3 seeds drops floor(3/4) = 0: the mean. Its bootstrap over the 27 equally likely resamples
+    # of (1.0, 0.625, 0.25): the lowest mean, 0.25 (all three 0.25), has probability 1/27 = 3.7% > 2.5%,
+    # so it is the 2.5% quantile; the same for 1.0 at the top
+    assert ppo["iqm"] == pytest.approx(0.625) and ppo["iqm_ci"] == [0.25, 1.0]
+    # sppo: (0.75, 1.0), resamples 0.75 / 0.875 / 1.0 with probabilities 1/4, 1/2, 1/4
+    assert sppo["iqm"] == pytest.approx(0.875) and sppo["iqm_ci"] == [0.75, 1.0]
+    assert math.isnan(single["iqm_ci"][0])  # one seed: no interval
+
+    # aggregates over both tasks: ppo's four runs 0.5 | 1.0, 0.625, 0.25 -> IQM drops one at each end
+    agg = {e["label"]: e for e in report["aggregates"]["control"]["table"]}
+    assert agg["ppo"]["tasks"] == ["cartpole", "short-cartpole"] and agg["ppo"]["runs"] == 4
+    assert agg["ppo"]["iqm"]["value"] == pytest.approx((0.5 + 0.625) / 2)
+    assert agg["ppo"]["mean"]["value"] == pytest.approx(2.375 / 4)
+    assert agg["ppo"]["median"]["value"] == pytest.approx((0.5 + 0.625) / 2)
+    assert agg["ppo"]["optimality_gap"]["value"] == pytest.approx((0.5 + 0 + 0.375 + 0.75) / 4)
+    # cartpole has one run: every resample keeps 0.5 there; short-cartpole's mean moves in [0.25, 1]
+    lo, hi = agg["ppo"]["mean"]["ci"]
+    assert (0.5 + 3 * 0.25) / 4 <= lo < agg["ppo"]["mean"]["value"] < hi <= (0.5 + 3 * 1.0) / 4
+
     out = runs / "report"
     md = (out / "report.md").read_text()
-    assert "| short-cartpole | ppo | 3 | 0.625 ± 0.932 | 800 (2/3) | 1088 (1/3) | 10.0 | 4000 |" in md
     assert (
-        "| short-cartpole | sppo | 2 (1 unfinished) | 0.875 ± 1.588 | 128 (2/2) | 320 (1/2) | 7.5 | 3840 |"
-        in md
+        "| short-cartpole | ppo | 3 | 0.625 [0.000, 1.000] | 0.625 [0.250, 1.000] | 800 (2/3) | 1088 (1/3) "
+        "| 10.0 | 4000 |" in md
     )
-    assert "| cartpole | ppo | 1 | 0.500 | 64 (1/1) | — (0/1) | 5.0 | 3840 |" in md
+    assert (
+        "| short-cartpole | sppo | 2 (1 unfinished) | 0.875 [0.000, 1.000] | 0.875 [0.750, 1.000] | 128 (2/2) "
+        "| 320 (1/2) | 7.5 | 3840 |" in md
+    )
+    assert "| cartpole | ppo | 1 | 0.500 | 0.500 | 64 (1/1) | — (0/1) | 5.0 | 3840 |" in md
+    assert "t-intervals clipped to [0, 1]" in md and "short-cartpole / ppo, short-cartpole / sppo." in md
+    assert "| ppo | 2 | 4 | 0.562 [" in md
     assert "| short-cartpole | sppo | 1 | 4 | 0.939 | 1.000 | 0.0625 | 0.1656 | 0.0094 |" in md
     saved = json.loads((out / "report.json").read_text())
     assert saved["groups"][0]["final_success_half"] is None  # NaN is written as null
     assert saved["groups"][1]["episodes_to"] == ppo["episodes_to"]
-    for name in ("success_vs_episodes.png", "success_vs_wall_time.png", "calibration.png"):
+    names = [
+        "success_vs_episodes.png",
+        "success_vs_wall_time.png",
+        "performance_profile.png",
+        "aggregates.png",
+    ]
+    assert saved["figures"] == names + ["calibration.png"]
+    for name in names + ["calibration.png"]:
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
 
@@ -197,7 +329,10 @@ def test_report_command_line(runs, tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "| short-cartpole | ppo | 3 | 0.625 ± 0.932 | 800 (2/3) |" in proc.stdout
+    assert (
+        "| short-cartpole | ppo | 3 | 0.625 [0.000, 1.000] | 0.625 [0.250, 1.000] | 800 (2/3) |"
+        in proc.stdout
+    )
     assert (out / "report.json").is_file() and not (runs / "report").exists()
 
 
@@ -215,3 +350,201 @@ def test_every_algorithm_has_its_own_fixed_colour():
     assert set(ALGORITHMS) <= set(PALETTE) and len(set(PALETTE.values())) == len(PALETTE)
     assert colours(["ppo", "zeta", "alpha"])["alpha"] != colours(["ppo", "zeta", "alpha"])["zeta"]
     assert colours(["sppo"])["sppo"] == colours(["ppo", "sppo", "grpo"])["sppo"]
+
+
+# ------------------------------------------------------------------------------------- groups, LLM, figures
+
+
+def test_runs_that_differ_in_a_setting_are_separate_groups(tmp_path):
+    root = tmp_path / "runs"
+    # short-cartpole: sppo at two actor learning rates, two seeds each; bookkeeping differs too (threads,
+    # progress, out_dir), which must not split anything
+    for lr, ys in ((3e-4, [[0.5] * 10, [0.7] * 10]), (1e-3, [[0.9] * 10, [1.0] * 10])):
+        for seed, y in enumerate(ys):
+            write_run(
+                root / f"sc-lr{lr}" / f"seed{seed}",
+                "short-cartpole",
+                "sppo",
+                seed,
+                y,
+                config={
+                    "actor_lr": lr,
+                    "threads": 1 + seed,
+                    "progress": bool(seed),
+                    # left at its default (None, resolved to 64) or spelled out: the same setting
+                    "episodes_per_update": [None, 64][seed],
+                    "resolved": {"task": "short-cartpole", "episodes_per_update": 64},
+                },
+            )
+    # cartpole: only the default rate, and a budget of its own (differs between tasks only: no label);
+    # four seeds, final success 0, 0.5, 0.75, 1
+    for seed, y in enumerate([0.0, 0.5, 0.75, 1.0]):
+        write_run(
+            root / "cp" / f"seed{seed}",
+            "cartpole",
+            "sppo",
+            seed,
+            [y] * 10,
+            config={"total_episodes": 640, "episodes_per_update": 64},
+        )
+    write_run(root / "ppo", "short-cartpole", "ppo", 0, [0.5] * 10, config={"actor_lr": 1e-3})
+    report = run_report(ReportConfig(inputs=(str(root),), bootstrap_reps=200))
+    got = [(g["task"], g["label"], g["seeds"]) for g in report["groups"]]
+    assert got == [
+        ("cartpole", "sppo actor_lr=0.0003", 4),
+        ("short-cartpole", "ppo", 1),  # ppo's one run: its own rate is no setting to tell apart
+        ("short-cartpole", "sppo actor_lr=0.0003", 2),
+        ("short-cartpole", "sppo actor_lr=0.001", 2),
+    ]
+    groups = {(g["task"], g["label"]): g for g in report["groups"]}
+    assert groups["short-cartpole", "sppo actor_lr=0.0003"]["final_success_mean"] == pytest.approx(0.6)
+    assert groups["short-cartpole", "sppo actor_lr=0.001"]["final_success_mean"] == pytest.approx(0.95)
+    assert groups["short-cartpole", "sppo actor_lr=0.001"]["settings"] == {"actor_lr": 1e-3}
+    # four seeds: the IQM drops one at each end, mean(0.5, 0.75), where the mean is 0.5625
+    cp = groups["cartpole", "sppo actor_lr=0.0003"]
+    assert cp["iqm"] == 0.625 and cp["final_success_mean"] == 0.5625
+    # aggregates follow the labels across tasks
+    agg = {e["label"]: e for e in report["aggregates"]["control"]["table"]}
+    assert agg["sppo actor_lr=0.0003"]["tasks"] == ["cartpole", "short-cartpole"]
+    assert (
+        agg["sppo actor_lr=0.001"]["tasks"] == ["short-cartpole"] and agg["sppo actor_lr=0.001"]["runs"] == 2
+    )
+    assert {c["label"] for c in report["curves"]} == {"ppo", "sppo actor_lr=0.0003", "sppo actor_lr=0.001"}
+    md = (root / "report" / "report.md").read_text()
+    assert "| short-cartpole | sppo actor_lr=0.001 | 2 |" in md and "sppo (n=" not in md
+    assert "| cartpole | sppo actor_lr=0.0003 | 4 | 0.562 [" in md and "| 0.625 [" in md
+    # the same runs and seed give the same numbers (the bootstrap is seeded)
+    again = run_report(ReportConfig(inputs=(str(root),), out=str(tmp_path / "again"), bootstrap_reps=200))
+    assert again["aggregates"]["control"]["table"][1]["iqm"]["ci"][0] > 0  # an interval, not NaN
+    saved = [json.loads((d / "report.json").read_text()) for d in (root / "report", tmp_path / "again")]
+    assert saved[0]["aggregates"] == saved[1]["aggregates"] and saved[0]["groups"] == saved[1]["groups"]
+
+
+def write_llm_run(folder: Path, algo, seed, evals, *, config=None, finished=True):
+    """An LLM run folder as the trainer writes it: one row per update (``step`` 1..), 100 generated tokens
+    and 2 s per update, ``val_accuracy`` at step 0 (its own row) and at the steps in ``evals``."""
+    folder.mkdir(parents=True)
+    cfg = {
+        "algo": algo,
+        "task": "arithmetic",
+        "seed": seed,
+        "steps": max(evals),
+        "prompts_per_step": 8,
+        "actor_lr": 1e-4,
+        "out_dir": str(folder),
+        "cache_dir": "/somewhere",
+        **(config or {}),
+    }
+    (folder / "config.json").write_text(json.dumps({**cfg, "resolved": {"model": "tiny"}}))
+    rows = [{"step": 0, "wall_time_s": 0.0, "generated_tokens": 0, "val_accuracy": evals[0]}]
+    for step in range(1, max(evals) + 1):
+        row = {"step": step, "reward_mean": 0.5, "generated_tokens": 100 * step, "wall_time_s": 2.0 * step}
+        if step in evals:
+            row["val_accuracy"] = evals[step]
+        rows.append(row)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if finished:
+        (folder / "summary.json").write_text("{}")
+
+
+def test_llm_runs_get_curves_a_table_and_aggregates(tmp_path):
+    root = tmp_path / "llm"
+    write_llm_run(root / "grpo" / "seed0", "grpo", 0, {0: 0.25, 2: 0.5, 4: 0.75})
+    write_llm_run(root / "grpo" / "seed1", "grpo", 1, {0: 0.25, 2: 0.25, 4: 0.5})
+    write_llm_run(root / "sppo" / "seed0", "sppo", 0, {0: 0.25, 2: 0.5, 4: 1.0}, config={"device": "cuda"})
+    write_llm_run(
+        root / "sppo" / "seed1",
+        "sppo",
+        1,
+        {0: 0.25, 2: 0.75, 4: 1.0},
+        config={"device": "cpu"},
+        finished=False,
+    )
+    report = run_report(ReportConfig(inputs=(str(root),), bootstrap_reps=200, grid_points=5))
+    assert report["groups"] == [] and report["figures"] == [
+        "llm_val_accuracy.png",
+        "performance_profile.png",
+        "aggregates.png",
+    ]
+    (sppo, grpo) = report["llm_groups"]  # the device differs between the sppo seeds: still one group
+    assert (grpo["label"], grpo["seeds"], grpo["evaluations"], grpo["updates"]) == ("grpo", 2, 3, 4)
+    # final val accuracy: the last of 3 evaluations (10% of 3, at least one); grpo 0.75 and 0.5
+    assert grpo["final_val_accuracy_per_seed"] == [0.75, 0.5] and grpo["final_val_accuracy_mean"] == 0.625
+    assert grpo["final_val_accuracy_half"] == pytest.approx(12.7062 * 0.176777 / math.sqrt(2), rel=1e-4)
+    assert grpo["final_val_accuracy_ci"] == [0.0, 1.0] and grpo["final_val_accuracy_clipped"]
+    assert grpo["iqm"] == 0.625 and grpo["iqm_ci"] == [0.5, 0.75]
+    assert (grpo["generated_tokens"], grpo["wall_time_s"], grpo["start_val_accuracy_mean"]) == (
+        400,
+        8.0,
+        0.25,
+    )
+    assert (sppo["seeds"], sppo["finished"], sppo["iqm"], sppo["iqm_ci"]) == (2, 1, 1.0, [1.0, 1.0])
+    # curves: on the step grid 0, 1, 2, 3, 4 (grid_points=5) the mean of the two seeds, interpolated
+    (c,) = [c for c in report["llm_curves"] if c["label"] == "grpo"]
+    assert c["step"]["x"] == [0, 1, 2, 3, 4]
+    assert c["step"]["mean"] == pytest.approx([0.25, 0.3125, 0.375, 0.5, 0.625])
+    assert c["generated_tokens"]["x"] == [0, 100, 200, 300, 400] and c["wall_time_s"]["x"][-1] == 8.0
+    # the band: 0.625 ± 1.588 at the last step, clipped to [0, 1]; no band where the seeds agree
+    assert c["step"]["lo"][-1] == 0 and c["step"]["hi"][-1] == 1 and c["step"]["half"][0] == 0
+    agg = {e["label"]: e for e in report["aggregates"]["llm"]["table"]}
+    assert agg["sppo"]["optimality_gap"]["value"] == 0 and agg["grpo"]["mean"]["value"] == 0.625
+    out = root / "report"
+    md = (out / "report.md").read_text()
+    assert (
+        "| arithmetic | grpo | 2 | 3 | 4 | 0.250 | 0.625 [0.000, 1.000] | 0.625 [0.500, 0.750] | 400 | 8.0 |"
+        in md
+    )
+    assert "![validation accuracy](llm_val_accuracy.png)" in md and "### Aggregates over tasks (llm" in md
+    for name in report["figures"]:
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
+    assert not (out / "success_vs_episodes.png").exists()
+
+
+def _visible(fig):
+    return [ax for ax in fig.axes if ax.get_visible()]
+
+
+def test_six_algorithms_get_one_panel_each_with_the_others_in_grey(tmp_path):
+    from matplotlib.colors import to_hex
+
+    from sppo_rl.experiments import report as rep
+
+    algos = ["ppo", "sppo", "grpo", "rloo", "remax", "reinforce"]
+    root = tmp_path / "six"
+    for i, algo in enumerate(algos):
+        for task in ("short-cartpole", "cartpole"):
+            for seed in (0, 1):
+                write_run(root / task / algo / f"seed{seed}", task, algo, seed, [0.1 * i + 0.05 * seed] * 10)
+    report = run_report(ReportConfig(inputs=(str(root),), bootstrap_reps=100, grid_points=10))
+    assert (root / "report" / "success_vs_episodes.png").is_file()
+    # redraw from the report's numbers: one panel per (task, algorithm), 3 a row
+    curves = {(c["task"], c["label"]): c for c in report["curves"]}
+    style = rep.styles(rep.find_runs((str(root),), skip=(root / "report").resolve()), algos)
+    fig = rep.plot_curves(
+        curves, ["cartpole", "short-cartpole"], algos, "episodes", tmp_path / "a.png", "", style
+    )
+    panels = _visible(fig)
+    assert len(panels) == 12 and panels[1].get_title() == "cartpole\nsppo (n=2)"
+    lines = panels[1].get_lines()
+    coloured = [ln for ln in lines if to_hex(ln.get_color()) != to_hex(rep.GREY)]
+    assert len(lines) == 6 and [to_hex(ln.get_color()) for ln in coloured] == [PALETTE["sppo"]]
+    # up to --max-overlay algorithms: one panel per task with all of them in colour
+    fig = rep.plot_curves(
+        curves, ["cartpole", "short-cartpole"], algos[:4], "episodes", tmp_path / "b.png", "", style
+    )
+    assert len(_visible(fig)) == 2 and len(_visible(fig)[0].get_lines()) == 4
+    fig = rep.plot_curves(
+        curves, ["cartpole"], algos, "episodes", tmp_path / "c.png", "", style, max_overlay=6
+    )
+    assert len(_visible(fig)) == 1
+    # the performance profile follows the same rule
+    fig = rep.plot_profiles(report["aggregates"], tmp_path / "p.png", style)
+    assert len(_visible(fig)) == 6
+    # two settings of one algorithm: its colour in two shades and two line styles
+    style2 = rep.styles(
+        [rep.Run(Path("."), "t", "sppo", 0, True, {}, [], None, label=lb) for lb in ("sppo a=1", "sppo a=2")],
+        ["sppo a=1", "sppo a=2"],
+    )
+    assert style2["sppo a=1"] == (PALETTE["sppo"], "-") and style2["sppo a=2"][1] == "--"
+    assert style2["sppo a=2"][0] != PALETTE["sppo"]

@@ -85,3 +85,10 @@ class ReportConfig:
     """Equal-width bins on [0, 1] for the expected calibration error and the reliability diagram."""
     grid_points: int = 200
     """Points of the common x grid onto which each run is interpolated before averaging over seeds."""
+    bootstrap_reps: int = 2000
+    """Stratified-bootstrap resamples behind every IQM / aggregate interval and performance-profile band."""
+    bootstrap_seed: int = 0
+    """Seed of the bootstrap (the same seed gives the same intervals)."""
+    max_overlay: int = 4
+    """Up to this many algorithms (settings) share a panel; with more, each gets its own panel, the
+    others drawn in grey behind it."""

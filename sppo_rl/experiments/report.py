@@ -1,26 +1,41 @@
-"""``sppo-rl report``: curves, a table and SPPO's calibration from control run folders.
+"""``sppo-rl report``: curves, tables, rliable-style statistics and SPPO's calibration from run folders.
 
 A run is any folder holding ``metrics.jsonl`` and ``config.json`` (found recursively); finished or not,
-its rows so far are used. Runs are grouped by (task, algorithm); the seeds of a group are its samples.
+its rows so far are used. Control runs log ``success_rate`` per update; LLM runs log ``val_accuracy`` at
+their evaluation steps. A run's **score** is its final success (control) or final validation accuracy
+(LLM), both in [0, 1].
 
-- Curves: each run's ``success_rate`` is smoothed by a trailing mean over ``--smooth`` updates, then
-  interpolated linearly onto a common grid of ``--grid-points`` x values (episodes, or wall-clock seconds);
-  at each x the mean over the runs that reach that x is drawn with a 95% Student-t interval over them
-  (where at least two do).
+- Groups: runs are grouped by task, algorithm and every setting that tells them apart: a config field
+  (other than the seed and the fields in :data:`IGNORED`, which change no result) whose value differs
+  between two runs of the same task and algorithm. Such a field becomes part of the group's label for
+  every task of that algorithm (``sppo actor_lr=0.001``); runs that differ in a setting are never pooled
+  as seeds. The seeds of a group are its samples.
+- Curves: each control run's ``success_rate`` is smoothed by a trailing mean over ``--smooth`` updates,
+  then interpolated linearly onto a common grid of ``--grid-points`` x values (episodes, or wall-clock
+  seconds); at each x the mean over the runs that reach that x is drawn with a 95% Student-t interval
+  over them (where at least two do), clipped to [0, 1]. LLM runs: ``val_accuracy`` (not smoothed)
+  against updates, generated tokens and training seconds, the same way. Up to ``--max-overlay``
+  algorithms share a panel; with more, each has its own panel with the others in grey behind it.
 - Table: final success (mean of the raw ``success_rate`` over the last ``--final-frac`` of a run's updates;
-  mean +- 95% t half-width over seeds), episodes to reach each threshold (first episode count where the
-  smoothed curve is >= it; median over the seeds that reach it, with how many did), training wall time
-  (``wall_time_s`` of the last row) and steps per second (``sps`` of the last row), both means over seeds.
+  mean and 95% t-interval over seeds, clipped to [0, 1]), its interquartile mean over seeds with a 95%
+  bootstrap interval, episodes to reach each threshold (first episode count where the smoothed curve is
+  >= it; median over the seeds that reach it, with how many did), training wall time (``wall_time_s`` of
+  the last row) and steps per second (``sps`` of the last row), both means over seeds. LLM runs: final
+  validation accuracy (mean over the last ``--final-frac`` of the evaluations) the same way.
+- Aggregates (Agarwal et al. 2021, "Deep RL at the Edge of the Statistical Precipice"): per label, over
+  all its runs on all tasks of a world (control, LLM): IQM, mean, median and optimality gap of the
+  scores with stratified-bootstrap 95% intervals (runs resampled within each task), and the performance
+  profile ``P(score > tau)`` for tau in [0, 1] with pointwise bootstrap bands (see :mod:`stats`).
 - Calibration: sppo runs' ``calibration.json`` (predicted ``sigmoid V(s_0)`` against the empirical success
   of ``samples`` episodes per start state), pooled over the seeds of a group: Pearson, Spearman, ECE
   (``--calibration-bins`` equal-width bins, weighted by episodes), Brier score against the episode outcomes.
-- Tail effect: every run folder with a ``critic_trace.npz`` (control or LLM runs, grouped by the task and
-  algorithm of their ``config.json``): critic values against the relative position t/(T-1) for successful and
-  failed sequences, their gap, and the sequence critic's V(s_0) by outcome (see :mod:`tail`). A folder of
-  LLM runs only (no ``success_rate`` rows) gets this section alone.
+- Tail effect: every run folder with a ``critic_trace.npz`` (control or LLM runs, grouped by task and
+  label): critic values against the relative position t/(T-1) for successful and failed sequences, their
+  gap, and the sequence critic's V(s_0) by outcome (see :mod:`tail`).
 
-Outputs in ``--out``: ``success_vs_episodes.png``, ``success_vs_wall_time.png``, ``calibration.png``,
-``tail_effect.png``, ``report.md`` (also printed) and ``report.json`` (every number).
+Outputs in ``--out``: ``success_vs_episodes.png``, ``success_vs_wall_time.png``, ``llm_val_accuracy.png``,
+``performance_profile.png``, ``aggregates.png``, ``calibration.png``, ``tail_effect.png`` (those that
+have data), ``report.md`` (also printed) and ``report.json`` (every number).
 """
 
 from __future__ import annotations
@@ -28,7 +43,8 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import asdict, dataclass
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +68,38 @@ PALETTE = {
     "ppo-bce": "#ff7f0e",
     "bppo": "#17becf",
     "lampo": "#7f7f7f",
+    "gspo": "#005a32",
+    "sppo-seq": "#fb6a4a",
+    "cispo": "#3f007d",
+    "reinforce++": "#ae017e",
+    "reinforce++-baseline": "#e6ab02",
 }
 EXTRA = ["#393b79", "#637939", "#8c6d31", "#843c39"]
+LINESTYLES = ["-", "--", ":", "-."]
+GREY = "0.75"  # the other algorithms behind the one a small-multiples panel is about  # the settings of one algorithm, in label order
 X_AXES = {"episodes": "episodes", "wall_time_s": "wall-clock seconds (training)"}
+LLM_X_AXES = {
+    "step": "updates",
+    "generated_tokens": "generated tokens (training rollouts)",
+    "wall_time_s": "wall-clock seconds (training)",
+}
+WORLDS = {"control": "final success", "llm": "final validation accuracy"}
+PROFILE_TAUS = np.linspace(0.0, 1.0, 101)
+# config fields that change no result (or that a run derives from the others): never a reason to split a
+# group. The sweep's bookkeeping, the seed, free-form tags, the resolved values (they follow from the
+# config), and where / on what / how verbosely a run computes.
+IGNORED = BOOKKEEPING | {
+    "seed",
+    "extra",
+    "resolved",
+    "cache_dir",
+    "device",
+    "collective_timeout",
+    "gradient_checkpointing",
+    "vllm_gpu_memory_utilization",
+    "vllm_sleep",
+    "eval_samples",
+}
 
 
 @dataclass
@@ -65,8 +110,12 @@ class Run:
     seed: int
     finished: bool
     config: dict[str, Any]
-    rows: list[dict[str, Any]]
+    rows: list[dict[str, Any]]  # the score rows: success_rate (control) or val_accuracy (LLM)
     calibration: dict[str, list[float]] | None
+    world: str = "control"  # "control" or "llm"
+    last: dict[str, Any] = field(default_factory=dict)  # the last metrics row of any kind
+    label: str = ""  # algo and the settings that tell its groups apart (see label_runs)
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 def _read_json(path: Path) -> Any:
@@ -77,7 +126,8 @@ def _read_json(path: Path) -> Any:
 
 
 def find_runs(inputs: tuple[str, ...], skip: Path | None = None) -> list[Run]:
-    """Every folder under ``inputs`` with ``metrics.jsonl`` and a readable ``config.json``."""
+    """Every folder under ``inputs`` with ``metrics.jsonl`` and a readable ``config.json``, labelled
+    (:func:`label_runs`)."""
     seen, runs = set(), []
     for top in inputs:
         if not Path(top).is_dir():
@@ -90,7 +140,13 @@ def find_runs(inputs: tuple[str, ...], skip: Path | None = None) -> list[Run]:
             if not isinstance(cfg, dict) or "algo" not in cfg:
                 continue
             seen.add(folder)
-            rows = [r for r in read_metrics(metrics) if r.get("success_rate") is not None]
+            rows = read_metrics(metrics)
+            success = [r for r in rows if r.get("success_rate") is not None]
+            evals = [r for r in rows if r.get("val_accuracy") is not None]
+            if success or evals:
+                world = "control" if success else "llm"
+            else:  # nothing logged yet: the config says which world
+                world = "llm" if "prompts_per_step" in cfg else "control"
             cal = _read_json(folder / "calibration.json")
             runs.append(
                 Run(
@@ -100,11 +156,62 @@ def find_runs(inputs: tuple[str, ...], skip: Path | None = None) -> list[Run]:
                     seed=int(cfg.get("seed", 0)),
                     finished=(folder / "summary.json").is_file(),
                     config=cfg,
-                    rows=rows,
+                    rows=success if world == "control" else evals,
                     calibration=cal if isinstance(cal, dict) and cal.get("predicted") else None,
+                    world=world,
+                    last=rows[-1] if rows else {},
                 )
             )
+    label_runs(runs)
     return runs
+
+
+def _same(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def effective(run: Run, key: str) -> Any:
+    """A setting's value as the run used it: a field left at None ("the default") counts as the value the
+    run resolved it to (``config.json``'s ``resolved``, e.g. ``group_size``), so that leaving a default
+    and spelling it out are the same setting."""
+    value = run.config.get(key)
+    resolved = run.config.get("resolved")
+    if value is None and isinstance(resolved, dict) and key in resolved:
+        return resolved[key]
+    return value
+
+
+def setting_keys(runs: list[Run]) -> list[str]:
+    """The config keys that tell these runs (one algorithm of one world) apart: keys that every run's config
+    has (a setting added by a later version is left out), other than :data:`IGNORED`, whose value
+    (:func:`effective`) differs between two runs of the same task. A key that only differs between tasks
+    (e.g. the budget of each task) is not one."""
+    if not runs:
+        return []
+    keys = set.intersection(*(set(r.config) for r in runs)) - IGNORED
+    by_task: dict[str, list[Run]] = defaultdict(list)
+    for r in runs:
+        by_task[r.task].append(r)
+    return sorted(
+        k for k in keys if any(len({_same(effective(r, k)) for r in rs}) > 1 for rs in by_task.values())
+    )
+
+
+def _setting(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
+def label_runs(runs: list[Run]) -> None:
+    """Set each run's ``settings`` (its values of :func:`setting_keys` over the runs with rows of its world
+    and algorithm) and ``label`` (``"sppo actor_lr=0.001"``; the bare algorithm where nothing differs)."""
+    by_algo: dict[tuple[str, str], list[Run]] = defaultdict(list)
+    for r in runs:
+        by_algo[r.world, r.algo].append(r)
+    for members in by_algo.values():
+        keys = setting_keys([r for r in members if r.rows])
+        for r in members:
+            r.settings = {k: effective(r, k) for k in keys}
+            r.label = " ".join([r.algo] + [f"{k}={_setting(v)}" for k, v in r.settings.items()])
 
 
 def algo_order(algos) -> list[str]:
@@ -112,9 +219,51 @@ def algo_order(algos) -> list[str]:
     return known + sorted(set(algos) - set(known))
 
 
+def _sortable(value: Any) -> tuple:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return (1, 0.0, _same(value))
+    return (0, float(value), "")
+
+
+def label_order(runs: list[Run]) -> list[str]:
+    """Labels by algorithm (:func:`algo_order`), then by their settings' values (numbers by value)."""
+    rank = {a: i for i, a in enumerate(algo_order({r.algo for r in runs}))}
+    first = {}
+    for r in runs:
+        first.setdefault(r.label, r)
+    return sorted(
+        first, key=lambda lb: (rank[first[lb].algo], [_sortable(v) for v in first[lb].settings.values()])
+    )
+
+
 def colours(algos) -> dict[str, str]:
     others = sorted(set(algos) - set(PALETTE))
     return {**PALETTE, **{a: EXTRA[i % len(EXTRA)] for i, a in enumerate(others)}}
+
+
+def _shade(colour: str, i: int) -> str:
+    """The i-th variant of an algorithm's colour (0: itself; then darker, lighter, ...)."""
+    from matplotlib.colors import to_hex, to_rgb
+
+    if i == 0:
+        return colour
+    rgb = np.array(to_rgb(colour))
+    f = 0.55 ** ((i + 1) // 2)
+    return to_hex(rgb * f if i % 2 else 1 - (1 - rgb) * f)
+
+
+def styles(runs: list[Run], labels: list[str]) -> dict[str, tuple[str, str]]:
+    """(colour, line style) of each label: its algorithm's colour; the algorithm's further settings in
+    other shades and line styles."""
+    algo = {r.label: r.algo for r in runs}
+    colour = colours(set(algo.values()))
+    seen: dict[str, int] = defaultdict(int)
+    out = {}
+    for label in labels:
+        i = seen[algo[label]]
+        seen[algo[label]] += 1
+        out[label] = (_shade(colour[algo[label]], i), LINESTYLES[i % len(LINESTYLES)])
+    return out
 
 
 def _col(rows: list[dict[str, Any]], key: str) -> np.ndarray:
@@ -122,51 +271,102 @@ def _col(rows: list[dict[str, Any]], key: str) -> np.ndarray:
 
 
 def run_numbers(run: Run, cfg: ReportConfig) -> dict[str, Any]:
-    """Per-run numbers (see the module docstring)."""
+    """Per-run numbers of a control run (see the module docstring)."""
     y = _col(run.rows, "success_rate")
     smooth = stats.trailing_mean(y, cfg.smooth)
     eps = _col(run.rows, "episodes")
     last = run.rows[-1]
+    final = stats.tail_mean(y, cfg.final_frac)
     return {
         "path": str(run.path),
         "task": run.task,
         "algo": run.algo,
+        "label": run.label,
+        "world": run.world,
         "seed": run.seed,
         "finished": run.finished,
         "updates": len(run.rows),
         "episodes": last.get("episodes"),
-        "final_success": stats.tail_mean(y, cfg.final_frac),
+        "final_success": final,
+        "score": final,
         "episodes_to": {str(t): stats.first_crossing(eps, smooth, t) for t in cfg.thresholds},
         "wall_time_s": last.get("wall_time_s"),
         "sps": last.get("sps"),
     }
 
 
-def curve(runs: list[Run], xkey: str, cfg: ReportConfig) -> dict[str, list[float]]:
-    """Mean over runs and 95% t-interval of the smoothed success, on a common grid of ``xkey``."""
+def llm_run_numbers(run: Run, cfg: ReportConfig) -> dict[str, Any]:
+    """Per-run numbers of an LLM run: final validation accuracy (mean over the last ``final_frac`` of its
+    evaluations, at least one), and updates, generated tokens and training seconds of its last row."""
+    y = _col(run.rows, "val_accuracy")
+    final = stats.tail_mean(y, cfg.final_frac)
+    return {
+        "path": str(run.path),
+        "task": run.task,
+        "algo": run.algo,
+        "label": run.label,
+        "world": run.world,
+        "seed": run.seed,
+        "finished": run.finished,
+        "evaluations": len(run.rows),
+        "updates": run.last.get("step"),
+        "start_val_accuracy": float(y[0]),
+        "final_val_accuracy": final,
+        "score": final,
+        "generated_tokens": run.last.get("generated_tokens"),
+        "wall_time_s": run.last.get("wall_time_s"),
+    }
+
+
+def curve(
+    runs: list[Run], xkey: str, cfg: ReportConfig, ykey: str = "success_rate", smooth: int | None = None
+):
+    """Mean over runs and 95% t-interval (``half``; ``lo``/``hi`` clipped to [0, 1]) of the ``ykey`` curves,
+    each smoothed by a trailing mean over ``smooth`` points (default ``--smooth``), on a common grid of
+    ``xkey``."""
+    smooth = cfg.smooth if smooth is None else smooth
     xs = [_col(r.rows, xkey) for r in runs]
-    ys = [stats.trailing_mean(_col(r.rows, "success_rate"), cfg.smooth) for r in runs]
+    ys = [stats.trailing_mean(_col(r.rows, ykey), smooth) for r in runs]
     grid = np.linspace(min(x[0] for x in xs), max(x[-1] for x in xs), cfg.grid_points)
     at = np.stack([stats.interpolate(x, y, grid) for x, y in zip(xs, ys)])
     mean, half = zip(*(stats.t_interval(at[:, j]) for j in range(len(grid))))
+    mean, half = np.array(mean), np.array(half)
     return {
         "x": grid.tolist(),
-        "mean": list(mean),
-        "half": list(half),
+        "mean": mean.tolist(),
+        "half": half.tolist(),
+        "lo": np.clip(mean - half, 0, 1).tolist(),
+        "hi": np.clip(mean + half, 0, 1).tolist(),
         "n": (~np.isnan(at)).sum(0).tolist(),
         "runs": len(runs),
     }
 
 
-def differing_settings(runs: list[Run]) -> list[str]:
-    """Config keys (seeds and bookkeeping aside) whose values differ between the runs of one group; a key
-    that only some runs' configs have (a setting added by a later version) is left out."""
-    keys = set.intersection(*(set(r.config) for r in runs)) - BOOKKEEPING - {"seed", "extra"}
-    return sorted(k for k in keys if len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1)
+def score_numbers(scores: list[float], cfg: ReportConfig, name: str) -> dict[str, Any]:
+    """Mean, 95% t-interval clipped to [0, 1] (and whether it had to be) and IQM with its bootstrap 95%
+    interval of one group's scores (``name``: the score's key prefix in the report)."""
+    mean, half = stats.t_interval(scores)
+    lo, hi, clipped = stats.clip_interval(mean, half)
+    iqm, iqm_lo, iqm_hi = stats.stratified_bootstrap(
+        [scores], stats.pooled(stats.iqm), cfg.bootstrap_reps, seed=cfg.bootstrap_seed
+    )
+    return {
+        f"{name}_mean": mean,
+        f"{name}_half": half,
+        f"{name}_ci": [lo, hi],
+        f"{name}_clipped": clipped,
+        f"{name}_per_seed": list(scores),
+        "iqm": iqm,
+        "iqm_ci": [iqm_lo, iqm_hi],
+    }
+
+
+def _nanmean(values) -> float:
+    x = np.array([math.nan if v is None else v for v in values], dtype=float)
+    return float(np.nanmean(x)) if (~np.isnan(x)).any() else math.nan
 
 
 def group_numbers(per_run: list[dict[str, Any]], cfg: ReportConfig) -> dict[str, Any]:
-    final_mean, final_half = stats.t_interval([r["final_success"] for r in per_run])
     reach = {}
     for t in cfg.thresholds:
         hits = [r["episodes_to"][str(t)] for r in per_run if r["episodes_to"][str(t)] is not None]
@@ -178,17 +378,69 @@ def group_numbers(per_run: list[dict[str, Any]], cfg: ReportConfig) -> dict[str,
     return {
         "task": per_run[0]["task"],
         "algo": per_run[0]["algo"],
+        "label": per_run[0]["label"],
+        "world": "control",
         "seeds": len(per_run),
         "finished": sum(r["finished"] for r in per_run),
-        "final_success_mean": final_mean,
-        "final_success_half": final_half,
-        "final_success_per_seed": [r["final_success"] for r in per_run],
+        **score_numbers([r["final_success"] for r in per_run], cfg, "final_success"),
         "episodes_to": reach,
-        "wall_time_s": float(
-            np.nanmean([math.nan if r["wall_time_s"] is None else r["wall_time_s"] for r in per_run])
-        ),
-        "sps": float(np.nanmean([math.nan if r["sps"] is None else r["sps"] for r in per_run])),
+        "wall_time_s": _nanmean(r["wall_time_s"] for r in per_run),
+        "sps": _nanmean(r["sps"] for r in per_run),
     }
+
+
+def llm_group_numbers(per_run: list[dict[str, Any]], cfg: ReportConfig) -> dict[str, Any]:
+    return {
+        "task": per_run[0]["task"],
+        "algo": per_run[0]["algo"],
+        "label": per_run[0]["label"],
+        "world": "llm",
+        "seeds": len(per_run),
+        "finished": sum(r["finished"] for r in per_run),
+        "evaluations": min(r["evaluations"] for r in per_run),
+        "updates": _nanmean(r["updates"] for r in per_run),
+        "start_val_accuracy_mean": _nanmean(r["start_val_accuracy"] for r in per_run),
+        **score_numbers([r["final_val_accuracy"] for r in per_run], cfg, "final_val_accuracy"),
+        "generated_tokens": _nanmean(r["generated_tokens"] for r in per_run),
+        "wall_time_s": _nanmean(r["wall_time_s"] for r in per_run),
+    }
+
+
+def aggregates(per_run: list[dict[str, Any]], labels: list[str], cfg: ReportConfig) -> dict[str, Any]:
+    """Per label, over all its runs on all tasks of one world: IQM, mean, median and optimality gap of the
+    scores, each with its stratified-bootstrap 95% interval (runs resampled within each task), and the
+    performance profile ``P(score > tau)`` on :data:`PROFILE_TAUS` with pointwise bootstrap bands."""
+    table, profiles = [], []
+    for label in labels:
+        mine = [r for r in per_run if r["label"] == label]
+        if not mine:
+            continue
+        tasks = sorted({r["task"] for r in mine})
+        strata = [[r["score"] for r in mine if r["task"] == t] for t in tasks]
+        entry = {"label": label, "algo": mine[0]["algo"], "tasks": tasks, "runs": len(mine)}
+        for name, fn in stats.AGGREGATES.items():
+            value, lo, hi = stats.stratified_bootstrap(
+                strata, stats.pooled(fn), cfg.bootstrap_reps, seed=cfg.bootstrap_seed
+            )
+            entry[name] = {"value": value, "ci": [lo, hi]}
+        table.append(entry)
+        p, lo, hi = stats.stratified_bootstrap(
+            strata,
+            lambda s: stats.performance_profile(s, PROFILE_TAUS),
+            cfg.bootstrap_reps,
+            seed=cfg.bootstrap_seed,
+        )
+        profiles.append(
+            {
+                "label": label,
+                "tau": PROFILE_TAUS.tolist(),
+                "fraction": np.asarray(p).tolist(),
+                "lo": np.asarray(lo).tolist(),
+                "hi": np.asarray(hi).tolist(),
+                "runs": len(mine),
+            }
+        )
+    return {"table": table, "profiles": profiles}
 
 
 def calibration_numbers(runs: list[Run], bins: int) -> dict[str, Any]:
@@ -199,6 +451,7 @@ def calibration_numbers(runs: list[Run], bins: int) -> dict[str, Any]:
     return {
         "task": runs[0].task,
         "algo": runs[0].algo,
+        "label": runs[0].label,
         "runs": len(runs),
         "start_states": len(p),
         "episodes": int(m.sum()),
@@ -213,15 +466,16 @@ def calibration_numbers(runs: list[Run], bins: int) -> dict[str, Any]:
 
 
 def tail_effect(runs: list[Run]) -> tuple[list[dict[str, Any]], list[str]]:
-    """The tail-effect diagnostic of every run that left a ``critic_trace.npz``, seeds of a (task, algo)
-    pooled (see :mod:`sppo_rl.experiments.tail`); also the traces that could not be read, with why."""
+    """The tail-effect diagnostic of every run that left a ``critic_trace.npz``, seeds of a (task, label)
+    pooled (see :mod:`sppo_rl.experiments.tail`; its ``algo`` is the label); also the traces that could
+    not be read, with why."""
     traced, skipped = [], []
     for r in runs:
         path = r.path / tail.TRACE_FILE
         if not path.is_file():
             continue
         try:
-            traced.append((r.task, r.algo, tail.load_trace(path)))
+            traced.append((r.task, r.label, tail.load_trace(path)))
         except ValueError as e:
             skipped.append(str(e))
     return tail.diagnose(traced), skipped
@@ -242,47 +496,202 @@ def _panels(n: int):
     return fig, axes
 
 
-def plot_curves(curves: dict, tasks: list[str], algos: list[str], xkey: str, path: Path, note: str) -> None:
+def _grid(rows: int, cols: int, width: float = 3.6, height: float = 2.8):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width * cols, height * rows + 0.6), layout="constrained")
+    return fig, fig.subplots(rows, cols, squeeze=False)
+
+
+def _draw(
+    ax,
+    series: dict[str, dict],
+    focus: str | None,
+    style: dict[str, tuple[str, str]],
+    title: str,
+    tag: str = "n",
+):
+    """Lines (``x``, ``mean``) with bands (``lo``, ``hi``) of ``series``: all in colour with a legend, or only
+    ``focus`` in colour (named in the title) and the others as thin grey lines behind it."""
+    x_of = lambda s: np.asarray(s.get("x", s.get("tau")), dtype=float)  # noqa: E731
+    y_of = lambda s: np.asarray(s.get("mean", s.get("fraction")), dtype=float)  # noqa: E731
+    if focus is not None:
+        for label, s in series.items():
+            if label != focus:
+                ax.plot(x_of(s), y_of(s), color=GREY, lw=0.9, zorder=1)
+    for label in series if focus is None else [focus]:
+        s = series.get(label)
+        if s is None:
+            continue
+        colour, ls = style[label]
+        x = x_of(s)
+        ax.plot(x, y_of(s), color=colour, ls=ls, lw=1.6, label=f"{label} ({tag}={s['runs']})", zorder=3)
+        lo, hi = np.asarray(s["lo"], dtype=float), np.asarray(s["hi"], dtype=float)
+        ax.fill_between(x, lo, hi, color=colour, alpha=0.2, lw=0, zorder=2)
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    if focus is None:
+        ax.set_title(title, fontsize=9)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    else:
+        s = series.get(focus)
+        ax.set_title(
+            f"{title}\n{focus} ({tag}={s['runs']})" if s else f"{title}\n{focus} (no runs)", fontsize=8
+        )
+
+
+def _axes_labels(ax, xlabel: str, ylabel: str):
     from matplotlib.ticker import MaxNLocator
 
-    fig, axes = _panels(len(tasks))
-    colour = colours(algos)
-    for ax, task in zip(axes, tasks):
-        for algo in algos:
-            c = curves.get((task, algo), {}).get(xkey)
-            if c is None:
-                continue
-            x, mean, half = (np.array(c[k], dtype=float) for k in ("x", "mean", "half"))
-            ax.plot(x, mean, color=colour[algo], label=f"{algo} (n={c['runs']})", lw=1.6)
-            ax.fill_between(x, mean - half, mean + half, color=colour[algo], alpha=0.2, lw=0)
-        ax.set_title(task)
-        ax.set_xlabel(X_AXES[xkey])
-        ax.xaxis.set_major_locator(MaxNLocator(5))
-        ax.set_ylabel("success rate")
-        ax.set_ylim(-0.02, 1.02)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(5))
+
+
+def _small_multiples(blocks: list[tuple[str, list[str]]]):
+    """One panel per (block, label), each block (a task, a world) on rows of its own, at most 4 panels a
+    row, as few empty ones as can be: a figure and ``(ax, block, label)`` for every panel."""
+    most = max(len(labels) for _, labels in blocks)
+    cols = math.ceil(most / math.ceil(most / 4))
+    first = np.cumsum([0] + [math.ceil(len(labels) / cols) for _, labels in blocks])
+    fig, grid = _grid(int(first[-1]), cols)
+    cells, used = [], set()
+    for b, (block, labels) in enumerate(blocks):
+        for k, label in enumerate(labels):
+            r, c = divmod(k, cols)
+            cells.append((grid[first[b] + r, c], block, label))
+            used.add((first[b] + r, c))
+    for r in range(grid.shape[0]):
+        for c in range(cols):
+            if (r, c) not in used:
+                grid[r, c].set_visible(False)
+    return fig, cells
+
+
+def plot_curves(
+    curves: dict,
+    tasks: list[str],
+    labels: list[str],
+    xkey: str,
+    path: Path,
+    note: str,
+    style,
+    max_overlay: int = 4,
+):
+    """One panel per task with every label in it; with more than ``max_overlay`` labels, one panel per
+    (task, label), the others in grey (rows of at most 4 per task). Returns the figure."""
+    if len(labels) <= max_overlay:
+        fig, axes = _panels(len(tasks))
+        cells = [(ax, task, None) for ax, task in zip(axes, tasks)]
+    else:
+        fig, cells = _small_multiples([(task, labels) for task in tasks])
+    for ax, task, focus in cells:
+        series = {lb: curves[task, lb][xkey] for lb in labels if (task, lb) in curves}
+        _draw(ax, series, focus, style, task)
+        _axes_labels(ax, X_AXES[xkey], "success rate")
     fig.suptitle(note, fontsize=9)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
+    return fig
 
 
-def plot_reliability(cal: dict, tasks: list[str], algos: list[str], path: Path, bins: int) -> None:
+def plot_llm_curves(
+    curves: dict, tasks: list[str], labels: list[str], path: Path, note: str, style, max_overlay: int = 4
+):
+    """``llm_val_accuracy.png``: validation accuracy against updates, generated tokens and seconds (columns),
+    one row per task (every label in it), or with more than ``max_overlay`` labels one row per (task,
+    label) with the others in grey. Returns the figure."""
+    if len(labels) <= max_overlay:
+        rows = [(task, None) for task in tasks]
+    else:
+        rows = [(task, lb) for task in tasks for lb in labels if (task, lb) in curves]
+    fig, grid = _grid(len(rows), len(LLM_X_AXES), width=4.2, height=3.0)
+    for i, (task, focus) in enumerate(rows):
+        for j, xkey in enumerate(LLM_X_AXES):
+            ax = grid[i, j]
+            series = {lb: curves[task, lb][xkey] for lb in labels if (task, lb) in curves}
+            _draw(ax, series, focus, style, task)
+            _axes_labels(ax, LLM_X_AXES[xkey], "validation accuracy")
+    fig.suptitle(note, fontsize=9)
+    fig.savefig(path, dpi=110)
+    return fig
+
+
+def plot_profiles(worlds: dict[str, dict[str, Any]], path: Path, style, max_overlay: int = 4):
+    """``performance_profile.png``: per world, the fraction of runs with score > tau against tau, with
+    bootstrap bands; one panel with every label, or with more than ``max_overlay`` labels one panel per
+    label with the others in grey. Returns the figure."""
+    series = {world: {p["label"]: p for p in agg["profiles"]} for world, agg in worlds.items()}
+    if max(len(s) for s in series.values()) <= max_overlay:
+        fig, grid = _grid(1, len(worlds), width=5.2, height=3.8)
+        cells = [(grid[0, j], world, None) for j, world in enumerate(worlds)]
+    else:
+        fig, cells = _small_multiples([(world, list(s)) for world, s in series.items()])
+    for ax, world, focus in cells:
+        tasks = {t for e in worlds[world]["table"] for t in e["tasks"]}
+        _draw(ax, series[world], focus, style, f"{world}: {len(tasks)} task(s)", tag="runs")
+        ax.set_xlim(0, 1)
+        _axes_labels(ax, f"tau ({WORLDS[world]})", "fraction of runs > tau")
+    fig.suptitle(
+        "performance profiles: tasks weigh equally; bands: pointwise 95% stratified-bootstrap intervals",
+        fontsize=9,
+    )
+    fig.savefig(path, dpi=110)
+    return fig
+
+
+def plot_aggregates(worlds: dict[str, dict[str, Any]], path: Path, style):
+    """``aggregates.png``: per world (row), IQM, median, mean and optimality gap of every label's scores
+    over all its runs and tasks (columns), with 95% stratified-bootstrap intervals."""
+    from matplotlib.figure import Figure
+
+    names = {"iqm": "IQM", "median": "median", "mean": "mean", "optimality_gap": "optimality gap"}
+    sizes = [len(agg["table"]) for agg in worlds.values()]
+    fig = Figure(figsize=(13, sum(0.32 * n + 1.3 for n in sizes) + 0.4), layout="constrained")
+    grid = fig.subplots(len(worlds), len(names), squeeze=False, gridspec_kw={"height_ratios": sizes})
+    for i, (world, agg) in enumerate(worlds.items()):
+        table = agg["table"]
+        for j, (key, title) in enumerate(names.items()):
+            ax = grid[i, j]
+            for k, e in enumerate(table):
+                v, (lo, hi) = e[key]["value"], e[key]["ci"]
+                colour = style[e["label"]][0]
+                if not (math.isnan(lo) or math.isnan(hi)):
+                    ax.plot([lo, hi], [k, k], color=colour, lw=5, alpha=0.45, solid_capstyle="butt")
+                ax.plot([v], [k], "o", color=colour, ms=5)
+            ax.set_yticks(range(len(table)))
+            ax.set_yticklabels([e["label"] for e in table] if j == 0 else [], fontsize=8)
+            ax.set_ylim(len(table) - 0.5, -0.5)
+            ends = [x for e in table for x in (e[key]["value"], *e[key]["ci"]) if not math.isnan(x)] or [0, 1]
+            pad = max(0.02, 0.08 * (max(ends) - min(ends)))
+            ax.set_xlim(max(-0.02, min(ends) - pad), min(1.02, max(ends) + pad))
+            ax.grid(axis="x", alpha=0.3)
+            ax.set_title(
+                f"{world}: {title}" + (" (lower is better)" if key == "optimality_gap" else ""), fontsize=9
+            )
+            ax.set_xlabel("mean shortfall below 1" if key == "optimality_gap" else WORLDS[world])
+    fig.suptitle(
+        "over all runs and tasks of each algorithm; bars: 95% stratified-bootstrap intervals", fontsize=9
+    )
+    fig.savefig(path, dpi=110)
+    return fig
+
+
+def plot_reliability(cal: dict, tasks: list[str], labels: list[str], path: Path, bins: int, style) -> None:
     fig, axes = _panels(len(tasks))
-    colour = colours(algos)
     for ax, task in zip(axes, tasks):
         ax.plot([0, 1], [0, 1], ls="--", color="0.5", lw=1)
-        for algo in algos:
-            c = cal.get((task, algo))
+        for label in labels:
+            c = cal.get((task, label))
             if c is None:
                 continue
-            ax.scatter(
-                c["points"]["predicted"], c["points"]["empirical"], s=6, alpha=0.25, color=colour[algo]
-            )
+            colour = style[label][0]
+            ax.scatter(c["points"]["predicted"], c["points"]["empirical"], s=6, alpha=0.25, color=colour)
             bx = [b["pred"] for b in c["bins"]]
             by = [b["emp"] for b in c["bins"]]
             size = [20 + 200 * b["weight"] / c["episodes"] for b in c["bins"]]
-            ax.plot(bx, by, color=colour[algo], lw=1.2)
-            ax.scatter(bx, by, s=size, color=colour[algo], label=f"{algo} (ECE {c['ece']:.3f})", zorder=3)
+            ax.plot(bx, by, color=colour, lw=1.2)
+            ax.scatter(bx, by, s=size, color=colour, label=f"{label} (ECE {c['ece']:.3f})", zorder=3)
         ax.set_title(task)
         ax.set_xlabel("predicted sigmoid V(s_0)")
         ax.set_ylabel("empirical success")
@@ -302,6 +711,48 @@ def _num(x: float | None, fmt: str) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
 
+def _ci(value: float, ci: list[float], fmt: str = ".3f") -> str:
+    """``value [lo, hi]``, or the value alone where there is no interval (one run)."""
+    lo, hi = ci
+    if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
+        return _num(value, fmt)
+    return f"{_num(value, fmt)} [{lo:{fmt}}, {hi:{fmt}}]"
+
+
+def _seeds(g: dict[str, Any]) -> str:
+    return str(g["seeds"]) + (
+        f" ({g['seeds'] - g['finished']} unfinished)" if g["finished"] < g["seeds"] else ""
+    )
+
+
+def _clipped_note(groups: list[dict[str, Any]], name: str) -> list[str]:
+    clipped = [f"{g['task']} / {g['label']}" for g in groups if g[f"{name}_clipped"]]
+    if not clipped:
+        return []
+    return [
+        "",
+        f"t-intervals clipped to [0, 1] (the unclipped mean ± t·s/√n leaves it; few seeds): {', '.join(clipped)}.",
+    ]
+
+
+def _aggregate_lines(agg: dict[str, Any], world: str, cfg: ReportConfig) -> list[str]:
+    tasks = sorted({t for e in agg["table"] for t in e["tasks"]})
+    lines = [
+        "",
+        f"### Aggregates over tasks ({world}: {WORLDS[world]}; {len(tasks)} task(s): {', '.join(tasks)})",
+        "",
+        f"Each algorithm's runs on all tasks together; 95% stratified-bootstrap intervals "
+        f"({cfg.bootstrap_reps} resamples of the runs within each task, seed {cfg.bootstrap_seed}).",
+        "",
+        "| algo | tasks | runs | IQM [95% CI] | mean [95% CI] | median [95% CI] | optimality gap [95% CI] |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for e in agg["table"]:
+        cells = [_ci(e[k]["value"], e[k]["ci"]) for k in ("iqm", "mean", "median", "optimality_gap")]
+        lines.append(f"| {e['label']} | {len(e['tasks'])} | {e['runs']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(report: dict[str, Any], cfg: ReportConfig) -> str:
     ts = [str(t) for t in cfg.thresholds]
     runs = report["runs"]
@@ -311,44 +762,60 @@ def markdown(report: dict[str, Any], cfg: ReportConfig) -> str:
         "",
         f"{len(runs)} runs ({unfinished} unfinished) from {', '.join(cfg.inputs)}.",
     ]
-    if report["groups"]:
+    groups, llm = report["groups"], report["llm_groups"]
+    if groups:
         lines += [
             "",
-            "| task | algo | seeds | final success | "
+            "| task | algo | seeds | final success [95% t-CI] | IQM [95% bootstrap CI] | "
             + " | ".join(f"episodes to {t}" for t in ts)
             + " | wall s | steps/s |",
-            "|---|---|---:|---:|" + "---:|" * len(ts) + "---:|---:|",
+            "|---|---|---:|---:|---:|" + "---:|" * len(ts) + "---:|---:|",
         ]
-    else:
-        lines += ["", "No run with success_rate rows (e.g. LLM runs only): no curves and no table."]
-    for g in report["groups"]:
-        seeds = str(g["seeds"]) + (
-            f" ({g['seeds'] - g['finished']} unfinished)" if g["finished"] < g["seeds"] else ""
-        )
-        final = _num(g["final_success_mean"], ".3f")
-        if not math.isnan(g["final_success_half"]):
-            final += f" ± {g['final_success_half']:.3f}"
+    elif not llm:
+        lines += ["", "No run with success_rate or val_accuracy rows: no curves and no table."]
+    for g in groups:
         reach = [
             f"{_num(g['episodes_to'][t]['median'], '.0f')} ({g['episodes_to'][t]['reached']}/{g['seeds']})"
             for t in ts
         ]
         lines.append(
-            f"| {g['task']} | {g['algo']} | {seeds} | {final} | "
+            f"| {g['task']} | {g['label']} | {_seeds(g)} | {_ci(g['final_success_mean'], g['final_success_ci'])} | "
+            f"{_ci(g['iqm'], g['iqm_ci'])} | "
             + " | ".join(reach)
             + f" | {_num(g['wall_time_s'], '.1f')} | {_num(g['sps'], '.0f')} |"
         )
-    for g in report["groups"]:
-        if g["differs_in"]:
-            lines.append(
-                f"\nNote: the {g['task']} / {g['algo']} runs differ in {', '.join(g['differs_in'])}."
-            )
-    if report["groups"]:
+    if groups:
+        lines += _clipped_note(groups, "final_success")
+        if "control" in report["aggregates"]:
+            lines += _aggregate_lines(report["aggregates"]["control"], "control", cfg)
         lines += [
             "",
             "![success vs episodes](success_vs_episodes.png)",
             "",
             "![success vs wall-clock](success_vs_wall_time.png)",
         ]
+    if llm:
+        lines += [
+            "",
+            "## LLM runs: validation accuracy",
+            "",
+            "| task | algo | seeds | evaluations | updates | start val accuracy | final val accuracy [95% t-CI] "
+            "| IQM [95% bootstrap CI] | generated tokens | wall s |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for g in llm:
+            lines.append(
+                f"| {g['task']} | {g['label']} | {_seeds(g)} | {g['evaluations']} | {_num(g['updates'], '.0f')} | "
+                f"{_num(g['start_val_accuracy_mean'], '.3f')} | "
+                f"{_ci(g['final_val_accuracy_mean'], g['final_val_accuracy_ci'])} | {_ci(g['iqm'], g['iqm_ci'])} | "
+                f"{_num(g['generated_tokens'], '.0f')} | {_num(g['wall_time_s'], '.1f')} |"
+            )
+        lines += _clipped_note(llm, "final_val_accuracy")
+        if "llm" in report["aggregates"]:
+            lines += _aggregate_lines(report["aggregates"]["llm"], "llm", cfg)
+        lines += ["", "![validation accuracy](llm_val_accuracy.png)"]
+    if report["aggregates"]:
+        lines += ["", "![performance profiles](performance_profile.png)", "", "![aggregates](aggregates.png)"]
     if report["calibration"]:
         lines += [
             "",
@@ -359,7 +826,7 @@ def markdown(report: dict[str, Any], cfg: ReportConfig) -> str:
         ]
         for c in report["calibration"]:
             lines.append(
-                f"| {c['task']} | {c['algo']} | {c['runs']} | {c['start_states']} | {_num(c['pearson'], '.3f')} | "
+                f"| {c['task']} | {c['label']} | {c['runs']} | {c['start_states']} | {_num(c['pearson'], '.3f')} | "
                 f"{_num(c['spearman'], '.3f')} | {c['ece']:.4f} | {c['brier']:.4f} | {c['mse']:.4f} |"
             )
         lines += ["", "![reliability diagram](calibration.png)"]
@@ -369,21 +836,55 @@ def markdown(report: dict[str, Any], cfg: ReportConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
-def definitions(cfg: ReportConfig) -> dict[str, str]:
-    return {
-        "smoothing": f"each run's success_rate is a trailing mean over the last {cfg.smooth} updates",
-        "curves": f"each smoothed run is interpolated linearly onto {cfg.grid_points} common x points (no "
-        "extrapolation); line = mean over the runs covering x, band = 95% Student-t interval over them",
-        "final success": f"per run, the mean raw success_rate over its last {cfg.final_frac:.0%} of updates "
-        "(at least one); table: mean ± 95% t half-width (t_0.975,n-1 * s / sqrt(n)) over seeds",
-        "episodes to x": "per run, the first episode count where the smoothed curve is >= x; table: median over "
-        "the seeds that reach it (reached/seeds); — if none",
-        "wall s, steps/s": "training time (wall_time_s) and env steps per second (sps) of each run's last "
-        "metrics row, mean over seeds",
-        "calibration": "sigmoid V(s_0) vs the empirical success of each calibration start state, pooled over "
-        f"seeds; ECE over {cfg.calibration_bins} equal-width bins weighted by episodes; Brier score against the "
-        "episode outcomes, sum m(p - y)^2 + m y(1 - y) over sum m; MSE = sum m(p - y)^2 / sum m",
+def definitions(cfg: ReportConfig, control: bool, llm: bool) -> dict[str, str]:
+    d = {
+        "groups": "runs of one task and algorithm are the seeds of one group only if their configs agree on "
+        "every setting but the seed and bookkeeping (run folder, logging, threads, checkpoints, "
+        "evaluation sizes, device); a setting that differs within a task names the group "
+        "(e.g. 'sppo actor_lr=0.001') on every task of that algorithm",
+        "t-interval": "mean ± t_0.975,n-1 · s / √n over seeds (s with n - 1), clipped to [0, 1] since "
+        "scores are success rates / accuracies (with 2-3 seeds it often leaves [0, 1]; clipped ones are "
+        "listed under their table); no interval for one seed",
+        "IQM": "interquartile mean: the mean of the scores left after dropping floor(n/4) from each end of "
+        "the sorted n scores (scipy.stats.trim_mean(x, 0.25), as rliable; with n < 4 the mean)",
+        "bootstrap CI": f"stratified bootstrap (Agarwal et al. 2021): {cfg.bootstrap_reps} resamples, each "
+        "drawing every task's runs with replacement (as many as it has), the statistic recomputed on each; "
+        f"95% percentile interval (2.5% and 97.5% quantiles); numpy generator seeded with {cfg.bootstrap_seed}, "
+        "so the same runs give the same intervals; none when no task has two runs. With 2-3 seeds per "
+        "task the bootstrap interval is narrow and optimistic: read it beside the t-interval",
+        "aggregates": "per algorithm (label), all its runs on all tasks of a world pooled: IQM, mean, "
+        "median, and optimality gap = mean over runs of max(1 - score, 0) (lower is better), each with "
+        "its stratified-bootstrap interval",
+        "performance profile": "P(tau) = (1/M) sum_tasks (fraction of the task's runs with score > tau), "
+        "for tau in [0, 1] (101 points); band: pointwise 95% stratified-bootstrap interval",
     }
+    if control:
+        d |= {
+            "smoothing": f"each run's success_rate is a trailing mean over the last {cfg.smooth} updates",
+            "curves": f"each smoothed run is interpolated linearly onto {cfg.grid_points} common x points (no "
+            "extrapolation); line = mean over the runs covering x, band = 95% Student-t interval over them, "
+            "clipped to [0, 1]",
+            "final success": f"per run, the mean raw success_rate over its last {cfg.final_frac:.0%} of updates "
+            "(at least one); the control score; table: mean [t-interval] and IQM [bootstrap CI] over seeds",
+            "episodes to x": "per run, the first episode count where the smoothed curve is >= x; table: median "
+            "over the seeds that reach it (reached/seeds); — if none",
+            "wall s, steps/s": "training time (wall_time_s) and env steps per second (sps) of each run's last "
+            "metrics row, mean over seeds",
+        }
+    if llm:
+        d |= {
+            "final val accuracy": f"per LLM run, the mean val_accuracy over its last {cfg.final_frac:.0%} of "
+            "evaluations (at least one); the LLM score",
+            "LLM curves": f"val_accuracy (not smoothed) against updates, generated tokens and training seconds, "
+            f"interpolated onto {cfg.grid_points} common x points; mean over seeds, band = 95% t-interval "
+            "clipped to [0, 1]",
+        }
+    d["calibration"] = (
+        "sigmoid V(s_0) vs the empirical success of each calibration start state, pooled over "
+        f"seeds; ECE over {cfg.calibration_bins} equal-width bins weighted by episodes; Brier score against the "
+        "episode outcomes, sum m(p - y)^2 + m y(1 - y) over sum m; MSE = sum m(p - y)^2 / sum m"
+    )
+    return d
 
 
 def _clean(x: Any) -> Any:
@@ -393,65 +894,127 @@ def _clean(x: Any) -> Any:
         return {k: _clean(v) for k, v in x.items()}
     if isinstance(x, list | tuple):
         return [_clean(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return _clean(x.tolist())
     return x
+
+
+def _groups(runs: list[Run]) -> list[tuple[str, str, list[Run]]]:
+    """(task, label, seeds sorted) in task order, then label order."""
+    order = label_order(runs)
+    out = []
+    for task in sorted({r.task for r in runs}):
+        for label in order:
+            members = sorted((r for r in runs if (r.task, r.label) == (task, label)), key=lambda r: r.seed)
+            if members:
+                out.append((task, label, members))
+    return out
 
 
 def run_report(cfg: ReportConfig) -> dict[str, Any]:
     """Entry point of ``sppo-rl report``: writes the figures, ``report.md`` and ``report.json``."""
     if not cfg.inputs:
         raise RunError("give at least one folder to read runs from")
-    if cfg.smooth < 1 or not 0 < cfg.final_frac <= 1 or cfg.calibration_bins < 1 or cfg.grid_points < 2:
+    if (
+        cfg.smooth < 1
+        or not 0 < cfg.final_frac <= 1
+        or cfg.calibration_bins < 1
+        or cfg.grid_points < 2
+        or cfg.bootstrap_reps < 1
+        or cfg.max_overlay < 1
+    ):
         raise ValueError(
-            "need --smooth >= 1, 0 < --final-frac <= 1, --calibration-bins >= 1, --grid-points >= 2"
+            "need --smooth >= 1, 0 < --final-frac <= 1, --calibration-bins >= 1, --grid-points >= 2, "
+            "--bootstrap-reps >= 1, --max-overlay >= 1"
         )
     out = Path(cfg.out) if cfg.out else Path(cfg.inputs[0]) / "report"
     runs = find_runs(cfg.inputs, skip=out.resolve())
-    with_rows = [r for r in runs if r.rows]
+    control = [r for r in runs if r.rows and r.world == "control"]
+    llm = [r for r in runs if r.rows and r.world == "llm"]
     tails, tails_skipped = tail_effect(runs)
-    if not with_rows and not tails:
+    if not control and not llm and not tails:
         raise RunError(
-            f"no run with metrics (metrics.jsonl + config.json with success_rate rows) or a "
+            f"no run with metrics (metrics.jsonl + config.json with success_rate or val_accuracy rows) or a "
             f"{tail.TRACE_FILE} under {', '.join(cfg.inputs)}"
         )
     out.mkdir(parents=True, exist_ok=True)
-    tasks = sorted({r.task for r in with_rows})
-    algos = algo_order({r.algo for r in with_rows})
+    style = styles(runs, label_order(runs))
     per_run, groups, curves, cal = [], [], {}, {}
-    for task in tasks:
-        for algo in algos:
-            members = sorted((r for r in with_rows if (r.task, r.algo) == (task, algo)), key=lambda r: r.seed)
-            if not members:
-                continue
-            numbers = [run_numbers(r, cfg) for r in members]
-            per_run += numbers
-            groups.append({**group_numbers(numbers, cfg), "differs_in": differing_settings(members)})
-            curves[task, algo] = {x: curve(members, x, cfg) for x in X_AXES}
-            calibrated = [r for r in members if r.calibration]
-            if calibrated:
-                cal[task, algo] = calibration_numbers(calibrated, cfg.calibration_bins)
-    note = f"mean over seeds, 95% t-interval\neach run smoothed: trailing mean over {cfg.smooth} updates"
+    for task, label, members in _groups(control):
+        numbers = [run_numbers(r, cfg) for r in members]
+        per_run += numbers
+        groups.append({**group_numbers(numbers, cfg), "settings": members[0].settings})
+        curves[task, label] = {x: curve(members, x, cfg) for x in X_AXES}
+        calibrated = [r for r in members if r.calibration]
+        if calibrated:
+            cal[task, label] = calibration_numbers(calibrated, cfg.calibration_bins)
+    llm_per_run, llm_groups, llm_curves = [], [], {}
+    for task, label, members in _groups(llm):
+        numbers = [llm_run_numbers(r, cfg) for r in members]
+        llm_per_run += numbers
+        llm_groups.append({**llm_group_numbers(numbers, cfg), "settings": members[0].settings})
+        llm_curves[task, label] = {x: curve(members, x, cfg, "val_accuracy", smooth=1) for x in LLM_X_AXES}
+    aggs = {}
+    if control:
+        aggs["control"] = aggregates(per_run, label_order(control), cfg)
+    if llm:
+        aggs["llm"] = aggregates(llm_per_run, label_order(llm), cfg)
+
     figures = []
-    for xkey in X_AXES if with_rows else ():
-        name = f"success_vs_{xkey.removesuffix('_s')}.png"
-        plot_curves(curves, tasks, algos, xkey, out / name, note)
-        figures.append(name)
+    if control:
+        tasks, labels = sorted({r.task for r in control}), label_order(control)
+        note = (
+            f"mean over seeds, 95% t-interval (clipped to [0, 1])\n"
+            f"each run smoothed: trailing mean over {cfg.smooth} updates"
+        )
+        for xkey in X_AXES:
+            name = f"success_vs_{xkey.removesuffix('_s')}.png"
+            plot_curves(curves, tasks, labels, xkey, out / name, note, style, cfg.max_overlay)
+            figures.append(name)
+    if llm:
+        note = "validation accuracy (mean@k), mean over seeds, 95% t-interval (clipped to [0, 1])"
+        plot_llm_curves(
+            llm_curves,
+            sorted({r.task for r in llm}),
+            label_order(llm),
+            out / "llm_val_accuracy.png",
+            note,
+            style,
+            cfg.max_overlay,
+        )
+        figures.append("llm_val_accuracy.png")
+    if aggs:
+        plot_profiles(aggs, out / "performance_profile.png", style, cfg.max_overlay)
+        plot_aggregates(aggs, out / "aggregates.png", style)
+        figures += ["performance_profile.png", "aggregates.png"]
     if cal:
         plot_reliability(
-            cal, sorted({t for t, _ in cal}), algos, out / "calibration.png", cfg.calibration_bins
+            cal,
+            sorted({t for t, _ in cal}),
+            label_order(control),
+            out / "calibration.png",
+            cfg.calibration_bins,
+            style,
         )
         figures.append("calibration.png")
     if tails:
-        tail.plot(tails, out / tail.FIGURE, colours({e["algo"] for e in tails}))
+        tail.plot(tails, out / tail.FIGURE, {lb: c for lb, (c, _) in style.items()})
         figures.append(tail.FIGURE)
     report = {
         "config": asdict(cfg),
-        "definitions": {**(definitions(cfg) if with_rows else {}), **(tail.definitions() if tails else {})},
+        "definitions": {
+            **(definitions(cfg, bool(control), bool(llm)) if control or llm else {}),
+            **(tail.definitions() if tails else {}),
+        },
         "runs": per_run
+        + llm_per_run
         + [
             {
                 "path": str(r.path),
                 "task": r.task,
                 "algo": r.algo,
+                "label": r.label,
+                "world": r.world,
                 "seed": r.seed,
                 "finished": r.finished,
                 "updates": 0,
@@ -460,8 +1023,17 @@ def run_report(cfg: ReportConfig) -> dict[str, Any]:
             if not r.rows
         ],
         "groups": groups,
+        "llm_groups": llm_groups,
+        "aggregates": aggs,
         "calibration": list(cal.values()),
-        "curves": [{"task": t, "algo": a, **{x: c[x] for x in X_AXES}} for (t, a), c in curves.items()],
+        "curves": [
+            {"task": t, "label": lb, "algo": _algo_of(runs, lb), **{x: c[x] for x in X_AXES}}
+            for (t, lb), c in curves.items()
+        ],
+        "llm_curves": [
+            {"task": t, "label": lb, "algo": _algo_of(runs, lb), **{x: c[x] for x in LLM_X_AXES}}
+            for (t, lb), c in llm_curves.items()
+        ],
         "tail_effect": tails,
         "tail_effect_skipped": tails_skipped,
         "figures": figures,
@@ -472,3 +1044,7 @@ def run_report(cfg: ReportConfig) -> dict[str, Any]:
     print(text)
     print(f"report: {out / 'report.md'}, {out / 'report.json'}, " + ", ".join(str(out / f) for f in figures))
     return report
+
+
+def _algo_of(runs: list[Run], label: str) -> str:
+    return next(r.algo for r in runs if r.label == label)

@@ -1,12 +1,15 @@
-"""Statistics of ``sppo-rl report``: intervals over seeds, curve smoothing and alignment, calibration.
+"""Statistics of ``sppo-rl report``: intervals over seeds, curve smoothing and alignment, calibration, and
+the rliable-style aggregates (interquartile mean, optimality gap, stratified bootstrap intervals,
+performance profiles; Agarwal et al. 2021), implemented here with NumPy (no ``rliable`` dependency).
 
-Plain NumPy functions on 1-D arrays; each docstring gives the definition, ``tests/test_report.py`` checks
-each against numbers worked out by hand.
+Plain NumPy functions; each docstring gives the definition, ``tests/test_report.py`` checks each against
+numbers worked out by hand.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from scipy import stats as sps
@@ -136,3 +139,121 @@ def mse(pred, emp, samples=None) -> float:
     p, y = np.asarray(pred, dtype=float), np.asarray(emp, dtype=float)
     m = np.ones_like(p) if samples is None else np.asarray(samples, dtype=float)
     return float((m * (p - y) ** 2).sum() / m.sum())
+
+
+# ------------------------------------------------------------------- rliable-style aggregates
+# Agarwal et al. 2021, "Deep Reinforcement Learning at the Edge of the Statistical Precipice" (NeurIPS):
+# scores are pooled over runs (and tasks), point estimates are robust (IQM), and their uncertainty comes
+# from a stratified bootstrap over runs. The functions below take the runs on the last axis, so that one
+# call computes the statistic of every bootstrap resample at once.
+
+
+def iqm(values, axis: int = -1):
+    """Interquartile mean: sort the ``n`` values, drop ``k = floor(n / 4)`` from each end and average the
+    ``n - 2k`` left: ``IQM = (1 / (n - 2k)) sum_{i=k+1}^{n-k} x_(i)`` (``x_(i)`` the i-th smallest).
+
+    This is ``scipy.stats.trim_mean(x, 0.25)``, the definition rliable uses; for ``n < 4`` nothing is
+    dropped (the IQM is the mean). E.g. ``IQM([0, 1, ..., 7]) = mean(2, 3, 4, 5) = 3.5``. NaN for
+    ``n = 0``. Along ``axis`` of an array (one IQM per row of a matrix of bootstrap resamples).
+    """
+    x = np.sort(np.asarray(values, dtype=float), axis=axis)
+    n = x.shape[axis]
+    if n == 0:
+        return np.full(np.delete(x.shape, axis % x.ndim), np.nan)[()]
+    k = n // 4
+    return np.take(x, np.arange(k, n - k), axis=axis).mean(axis=axis)[()]
+
+
+def optimality_gap(values, gamma: float = 1.0, axis: int = -1):
+    """Optimality gap: how far the runs fall short of the target ``gamma`` on average, overshoot not
+    counting: ``gap = (1/n) sum_i max(gamma - x_i, 0)`` (lower is better; 0 when every run reaches
+    ``gamma``). E.g. ``gap([0.5, 1.0, 0.8]) = (0.5 + 0 + 0.2) / 3 = 0.2333``."""
+    x = np.asarray(values, dtype=float)
+    return np.maximum(gamma - x, 0.0).mean(axis=axis)[()]
+
+
+# name -> statistic of the pooled runs (runs on the last axis)
+AGGREGATES = {
+    "iqm": iqm,
+    "mean": lambda x, axis=-1: np.mean(x, axis=axis)[()],
+    "median": lambda x, axis=-1: np.median(x, axis=axis)[()],
+    "optimality_gap": optimality_gap,
+}
+
+
+def pooled(statistic):
+    """``statistic`` (one of :data:`AGGREGATES`) of the runs of all tasks together, as a function of the
+    per-task arrays that :func:`stratified_bootstrap` passes (runs on the last axis)."""
+    return lambda strata: statistic(np.concatenate(strata, axis=-1), axis=-1)
+
+
+def _strata(strata) -> list[np.ndarray]:
+    """The per-task arrays as floats, NaNs dropped, tasks left without a run dropped."""
+    out = [np.asarray(s, dtype=float).ravel() for s in strata]
+    out = [s[~np.isnan(s)] for s in out]
+    return [s for s in out if len(s)]
+
+
+def stratified_bootstrap(
+    strata, statistic, reps: int = 2000, confidence: float = 0.95, seed: int = 0
+) -> tuple[Any, Any, Any]:
+    """Point estimate and percentile bootstrap interval of ``statistic``, resampling runs within each task.
+
+    ``strata`` are the scores of each task's runs, ``x_m = (x_{m,1}, ..., x_{m,n_m})`` for tasks
+    ``m = 1..M``. Resample ``b = 1..B`` (``B = reps``) draws, for every task independently, ``n_m`` indices
+    uniformly with replacement from ``1..n_m``, giving ``x*_b = (x*_{b,1}, ..., x*_{b,M})``;
+    ``theta*_b = statistic(x*_b)``. Returns ``(statistic(x), q_{alpha/2}, q_{1 - alpha/2})`` with
+    ``alpha = 1 - confidence`` and ``q_p`` the p-quantile of ``theta*_1..B`` (numpy's linear quantile).
+
+    ``statistic`` takes the list of per-task arrays with the runs on the last axis (``(n_m,)`` for the
+    point estimate, ``(B, n_m)`` for the resamples) and returns a scalar per leading index, or an array
+    (e.g. a performance profile: ``(T,)`` and ``(B, T)``; the interval is then pointwise).
+
+    The generator is ``numpy.random.default_rng(seed)``, made afresh in every call, so a result never
+    depends on what was computed before it. NaN scores are dropped; if no task has two or more runs the
+    resamples are all the data itself and the interval is NaN (no interval from single runs). If every
+    run of every task has the same score, the interval collapses to that value.
+    """
+    xs = _strata(strata)
+    if not xs:
+        return math.nan, math.nan, math.nan
+    if reps < 1 or not 0 < confidence < 1:
+        raise ValueError(f"need reps >= 1 and 0 < confidence < 1, got {reps} and {confidence}")
+    point = np.asarray(statistic(xs), dtype=float)
+    if max(len(x) for x in xs) < 2:
+        nan = np.full(point.shape, np.nan)
+        return _plain(point), _plain(nan), _plain(nan)
+    rng = np.random.default_rng(seed)
+    samples = [x[rng.integers(0, len(x), size=(reps, len(x)))] for x in xs]
+    boot = np.asarray(statistic(samples), dtype=float)
+    alpha = 1.0 - confidence
+    lo, hi = np.quantile(boot, [alpha / 2, 1 - alpha / 2], axis=0)
+    return _plain(point), _plain(lo), _plain(hi)
+
+
+def _plain(a: np.ndarray) -> Any:
+    """A 0-d array as a Python float; other arrays as they are."""
+    return float(a) if a.ndim == 0 else a
+
+
+def performance_profile(strata, taus):
+    """Score distribution (performance profile): for each threshold ``tau``, the fraction of runs whose
+    score exceeds it, averaged over tasks so that each task weighs the same:
+    ``P(tau) = (1/M) sum_m (1/n_m) sum_i 1[x_{m,i} > tau]``.
+
+    ``strata`` as in :func:`stratified_bootstrap` (runs on the last axis); returns ``(..., T)`` for ``T``
+    thresholds. E.g. one task with scores ``[0.2, 0.5, 0.9, 1.0]`` at ``tau = 0, 0.5, 1``:
+    ``[1, 0.5, 0]`` (strict: a score equal to tau does not count).
+    """
+    t = np.asarray(taus, dtype=float)
+    per_task = [(np.asarray(x, dtype=float)[..., :, None] > t).mean(axis=-2) for x in strata]
+    return np.mean(per_task, axis=0)
+
+
+def clip_interval(mean: float, half: float, lo: float = 0.0, hi: float = 1.0) -> tuple[float, float, bool]:
+    """The interval ``[mean - half, mean + half]`` clipped to ``[lo, hi]`` (a success rate cannot leave
+    [0, 1], a t-interval over 2-3 seeds often does); also whether it was clipped. NaNs stay NaN."""
+    if math.isnan(mean) or math.isnan(half):
+        return math.nan, math.nan, False
+    a, b = mean - half, mean + half
+    return max(a, lo), min(b, hi), bool(a < lo or b > hi)
