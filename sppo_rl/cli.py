@@ -32,7 +32,9 @@ def _run_info(_: Info) -> None:
     print("control tasks (sppo-rl control --task NAME):")
     for t in TASKS.values():
         print(f"  {t.name:24s} horizon {t.horizon:5d}  success: {t.success}")
-    print("llm tasks (sppo-rl llm --task ...): arithmetic (generated), or a local .jsonl / .json / .parquet file")
+    print(
+        "llm tasks (sppo-rl llm --task ...): arithmetic (generated), or a local .jsonl / .json / .parquet file"
+    )
     print("llm recipes (sppo-rl llm --recipe NAME):", ", ".join(recipe_names()))
 
 
@@ -84,7 +86,8 @@ def load_recipe(cls: type, path: str) -> object:
     except json.JSONDecodeError as e:
         raise RunError(f"{file}:{e.lineno}: not valid JSON ({e.msg})") from None
     except UnicodeDecodeError as e:
-        raise RunError(f"{file}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
+        bad = e.object[e.start]
+        raise RunError(f"{file}: not UTF-8 text (byte {bad:#04x} at offset {e.start})") from None
     except RecursionError:
         raise RunError(f"{file}: JSON nested too deeply") from None
     except OSError as e:

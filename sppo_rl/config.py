@@ -4,12 +4,103 @@
 Each world's config (:class:`~sppo_rl.control.config.ControlConfig`,
 :class:`~sppo_rl.llm.config.LLMConfig`) extends it with its own fields and with the settings whose
 defaults differ between the worlds (learning rates, epochs, minibatches, lambda, clipping norm, ...).
+
+Every setting's type and range is checked in one place, :meth:`RunConfig.validate` (the trainers and the
+CLI call it before any work): each class lists its fields' ranges in ``checks()``, chaining to its
+parent's, and a value out of range is refused in one line naming the flag and what it may be.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+import math
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+
+class ConfigError(ValueError):
+    """A setting out of its type or range; the message names every such flag and what it may be."""
+
+
+Check = tuple[str, Callable[[Any], bool], str]
+"""One line of a config's range table: the field, a predicate its value must meet, the allowed range
+in words (``"> 0"``, ``"in [0, 1]"``, ...)."""
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def gt(lo: float) -> Callable[[Any], bool]:
+    """A finite number ``> lo``."""
+    return lambda v: _number(v) and v > lo
+
+
+def ge(lo: float) -> Callable[[Any], bool]:
+    """A finite number ``>= lo``."""
+    return lambda v: _number(v) and v >= lo
+
+
+def within(lo: float, hi: float, *, open_lo: bool = False) -> Callable[[Any], bool]:
+    """A number in ``[lo, hi]`` (``(lo, hi]`` with ``open_lo``)."""
+    return lambda v: _number(v) and (v > lo if open_lo else v >= lo) and v <= hi
+
+
+def optional(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """None, or a value ``ok`` accepts."""
+    return lambda v: v is None or ok(v)
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a field: ``checkpoint_every`` -> ``--checkpoint-every``."""
+    return "--" + name.replace("_", "-")
+
+
+def _type_ok(tp: Any, v: Any) -> bool:
+    origin, args = get_origin(tp), get_args(tp)
+    if tp is Any:
+        return True
+    if tp is type(None):
+        return v is None
+    if origin in (Union, types.UnionType):
+        return any(_type_ok(a, v) for a in args)
+    if origin is Literal:
+        return any(v == a and type(v) is type(a) for a in args)
+    if tp is bool:
+        return isinstance(v, bool)
+    if tp is int:
+        return isinstance(v, int) and not isinstance(v, bool)
+    if tp is float:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if tp is str:
+        return isinstance(v, str)
+    if origin is tuple:
+        if not isinstance(v, (tuple, list)):  # a list from JSON or Python code is as good as a tuple
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_type_ok(args[0], x) for x in v)
+        return len(v) == len(args) and all(_type_ok(a, x) for a, x in zip(args, v))
+    if origin is dict:
+        return isinstance(v, dict) and all(
+            _type_ok(args[0], k) and _type_ok(args[1], x) for k, x in v.items()
+        )
+    return True  # a type this table does not know: not checked
+
+
+def _type_words(tp: Any) -> str:
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_words(a) for a in args)
+    if tp is type(None):
+        return "None (null)"
+    if origin is Literal:
+        return "one of " + ", ".join(map(repr, args))
+    if origin is tuple:
+        return f"a list of {_type_words(args[0]).removeprefix('an ').removeprefix('a ')}s"
+    if origin is dict:
+        return "an object of strings"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
 
 
 @dataclass
@@ -38,9 +129,28 @@ class RunConfig:
     """Dual-clip constant c > 1 for negative advantages (off by default)."""
     value_clip: float | None = None
     """Clip range of a per-step (token) critic's clipped MSE around its old values (None: plain MSE; verl: 0.5)."""
-    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None = None
     """Loss aggregation over positions: token-mean (every step/token equal; verl's default and the paper's),
-    seq-mean-token-mean (every sequence equal), seq-mean-token-sum-norm (sum over positions / horizon)."""
+    seq-mean-token-mean (every sequence equal), seq-mean-token-sum-norm (sum over positions / horizon).
+    None: the algorithm's own (Dr. GRPO: seq-mean-token-sum-norm; GSPO: seq-mean-token-mean; else token-mean)."""
+    ratio_level: Literal["token", "sequence"] | None = None
+    """Importance ratio per token (PPO), or per sequence: the geometric mean of its token ratios, clipped
+    as a whole (GSPO); any estimator can use either. None: the algorithm's own (gspo, sppo-seq: sequence)."""
+    policy_loss: Literal["ppo", "cispo"] | None = None
+    """Surrogate: PPO's clipped ratio, or CISPO's REINFORCE weighted by a clipped stop-gradient ratio
+    (no token's gradient is ever dropped). None: the algorithm's own (cispo: cispo)."""
+    tis_cap: float | None = None
+    """Truncated importance sampling against the sampler's own log-probs mu (LLM world): each token's loss
+    is weighted by min(pi_old / mu, C); the mismatch |log pi_old - log mu| is logged either way."""
+    critic_warmup: int = 0
+    """Updates during which only the critic is trained (the actor waits; VAPO's value pre-training)."""
+    lam_critic: float | None = None
+    """GAE lambda of the critic's targets when it differs from the actor's --lam (VC-PPO: 1.0). None: --lam."""
+    lam_alpha: float | None = None
+    """Length-adaptive actor lambda (VAPO): lambda = 1 - 1 / (alpha * length) per sequence. None: --lam."""
+    group_std_threshold: float = 0.05
+    """Groups whose outcome std is at most this get advantage 0 (GRPO, GSPO, CISPO): never divide noise by a
+    tiny std. With binary outcomes any mixed group of G <= 64 has std >= 0.125."""
     gamma: float = 1.0
     """Discount of the step critic / GAE (1: the outcome is what counts)."""
     whiten: bool = False
@@ -56,7 +166,8 @@ class RunConfig:
     resume: bool = False
     """Continue the run in --out-dir from its latest checkpoint (metrics continue exactly)."""
     overwrite: bool = False
-    """Start over in an --out-dir that already holds a run (its metrics and checkpoints are deleted)."""
+    """Start over in an --out-dir that already holds a run: once every setting is validated, everything in
+    the folder is deleted (metrics, checkpoints, final exports, ...) except the lock files and a sweep's log.txt."""
     max_seconds: float | None = None
     """Wall-clock budget of training in seconds: the last update is the first to end past it (None: none)."""
     threads: int = 1
@@ -73,3 +184,75 @@ class RunConfig:
     """wandb project name."""
     extra: dict[str, str] = field(default_factory=dict)
     """Free-form tags stored with the config (e.g. sweep coordinates)."""
+
+    # ------------------------------------------------------------------------------------- validation
+
+    def checks(self) -> list[Check]:
+        """The range of every numeric field (a subclass adds its own to ``super().checks()``). Fields
+        both worlds define with their own defaults (learning rates, epochs, ...) are listed here too;
+        a line whose field a config lacks is skipped."""
+        return [
+            ("seed", ge(0), "an integer >= 0"),
+            ("group_size", optional(ge(1)), ">= 1, or None for the algorithm's default"),
+            ("micro_batch_size", optional(ge(1)), ">= 1, or None for a whole minibatch per pass"),
+            ("max_tokens_per_micro_batch", optional(ge(1)), ">= 1, or None for no token budget"),
+            ("clip", gt(0), "> 0"),
+            ("clip_high", optional(gt(0)), "> 0, or None for --clip"),
+            ("dual_clip", optional(gt(1)), "> 1, or None for off"),
+            ("value_clip", optional(gt(0)), "> 0, or None for plain MSE"),
+            ("tis_cap", optional(gt(0)), "> 0, or None for off"),
+            ("critic_warmup", ge(0), ">= 0 (updates)"),
+            ("lam_critic", optional(within(0, 1)), "in [0, 1], or None for --lam"),
+            ("lam_alpha", optional(gt(0)), "> 0, or None for --lam"),
+            ("group_std_threshold", ge(0), ">= 0"),
+            ("gamma", within(0, 1), "in [0, 1]"),
+            ("ent_coef", ge(0), ">= 0"),
+            ("bppo_prefix_ratio", within(0, 1, open_lo=True), "in (0, 1]"),
+            ("bppo_accuracy_threshold", within(0, 1), "in [0, 1]"),
+            ("max_seconds", optional(gt(0)), "> 0 seconds, or None for no budget"),
+            ("threads", ge(1), ">= 1"),
+            # fields both worlds have, each with its own default
+            ("actor_lr", gt(0), "> 0"),
+            ("critic_lr", gt(0), "> 0"),
+            ("epochs", ge(1), ">= 1"),
+            ("minibatches", ge(1), ">= 1"),
+            ("lam", within(0, 1), "in [0, 1]"),
+            ("lampo_temperature", gt(0), "> 0"),
+            ("max_grad_norm", gt(0), "> 0"),
+            ("checkpoint_every", ge(1), ">= 1 (updates)"),
+            ("keep_checkpoints", ge(1), ">= 1"),
+            ("eval_every", ge(0), ">= 0 (0: off)"),
+        ]
+
+    def field_problems(self) -> list[tuple[str, str]]:
+        """``(field, "must be ..., got ...")`` for every field of the wrong type or out of its range (one
+        per field: a field of the wrong type is not range-checked, and only its first failed check counts)."""
+        hints = get_type_hints(type(self))
+        out: list[tuple[str, str]] = []
+        wrong_type = set()
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not _type_ok(hints[f.name], value):
+                wrong_type.add(f.name)
+                out.append((f.name, f"must be {_type_words(hints[f.name])}, got {value!r}"))
+        for name, ok, allowed in self.checks():
+            if name in wrong_type or not hasattr(self, name) or any(name == n for n, _ in out):
+                continue  # a field of the wrong type, or already refused: one message per field
+            value = getattr(self, name)
+            try:
+                good = bool(ok(value))
+            except TypeError:  # a cross-field check reading another field of the wrong type
+                continue
+            if not good:
+                out.append((name, f"must be {allowed}, got {value!r}"))
+        return out
+
+    def problems(self) -> list[str]:
+        """Every setting out of its type or range, one ``"--flag must be ..., got ..."`` each."""
+        return [f"{flag(name)} {message}" for name, message in self.field_problems()]
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` (one line naming every bad flag) unless all settings are valid."""
+        problems = self.problems()
+        if problems:
+            raise ConfigError("; ".join(problems))

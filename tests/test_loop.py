@@ -120,6 +120,7 @@ def test_resume_takes_the_saved_config_and_refuses_another_run(tmp_path, capsys)
     main(["control", "--task", "short-cartpole", "--algo", "grpo", "--seed", "5", "--total-episodes", "128",
           "--out-dir", str(out), *common])  # fmt: skip
     (out / "summary.json").unlink()  # as if stopped before its end
+    capsys.readouterr()  # the first run's own end-of-run lines
     before = (out / "metrics.jsonl").read_bytes(), (out / "config.json").read_bytes()
     for flags, named in [
         (["--algo", "ppo"], "algo 'grpo' -> 'ppo'"),

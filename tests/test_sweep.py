@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -213,7 +214,10 @@ def test_ray_backend_from_the_command_line_with_its_own_local_instance(tmp_path)
 @pytest.mark.parametrize(
     "kw,match",
     [
-        (dict(algos=("ppo", "bogus")), "unknown algorithm\\(s\\): bogus; valid: " + ", ".join(ALGORITHMS)),
+        (
+            dict(algos=("ppo", "bogus")),
+            "unknown algorithm\\(s\\): bogus; valid: " + re.escape(", ".join(ALGORITHMS)),
+        ),
         (dict(tasks=("short-cartpole", "nope")), "unknown task\\(s\\): nope; valid: " + ", ".join(TASKS)),
         (dict(budgets={"hopper": 100}), "--budgets names task\\(s\\) not in --tasks: hopper"),
         (dict(overrides={"epoch": "1"}), "epoch: not a control setting; valid: .*hidden-sizes"),

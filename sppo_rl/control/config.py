@@ -17,7 +17,8 @@ class ControlConfig(RunConfig):
     """Stage 3 of the pipeline: RL on a sparse terminal-reward control task, from a warm start."""
 
     task: str = "precision-cartpole"
-    """Task short name (precision-cartpole, mountaincar, hopper, lunarlander, pendulum, ...) or Gymnasium id."""
+    """Task short name (precision-cartpole, mountaincar, hopper, lunarlander, pendulum, ...) or Gymnasium id.
+    Any other Gymnasium id with a max_episode_steps works too (success: it ran that long without terminating)."""
     total_episodes: int = 4096
     """Training budget in episodes (sampled episodes; ReMax's greedy episodes are counted in env_steps only)."""
     episodes_per_update: int | None = None

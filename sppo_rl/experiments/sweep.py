@@ -196,6 +196,7 @@ def plan(cfg: SweepConfig) -> list[Job]:
         raise ValueError(f"--workers must be >= 1, got {cfg.workers}")
     flags = control_flags(cfg.overrides)
     base = parse_control(flags)
+    base.validate()  # every setting's type and range (ConfigError names the flag), before any run
     root = Path(cfg.out_dir).resolve()
     jobs = []
     for seed in seeds:

@@ -54,6 +54,9 @@ class LLMConfig(RunConfig):
     """Rollout nucleus mass."""
     max_new_tokens: int = 16
     """Longest response in tokens."""
+    max_prompt_tokens: int | None = None
+    """Longest prompt in tokens; longer ones are skipped, counted in a warning (default and upper bound: the
+    model's context minus --max-new-tokens; 1024 if the model's config gives no context length)."""
     actor_lr: float = 1e-4
     """Actor AdamW learning rate."""
     critic_lr: float = 5e-4
@@ -78,10 +81,9 @@ class LLMConfig(RunConfig):
     push probability towards unlikely responses, and the entropy ran away after ~100 updates."""
     max_grad_norm: float = 1.0
     """Gradient clipping of actor and critic."""
-    critic_warmup: int = 0
-    """Updates during which only the critic is trained."""
     reward_fn: str = "auto"
-    """Reward: 'auto' (integer check for arithmetic, math-verify otherwise), 'integer', 'math', or 'file.py:function'."""
+    """Reward: 'auto' (integer check for arithmetic, math-verify otherwise), 'integer', 'math', or 'file.py:function'
+    returning a score in [0, 1] (a value outside it is refused: scored 0, counted in verifier_errors, with a warning)."""
     reward_timeout: float = 5.0
     """Seconds allowed per verification; a timeout or an exception scores 0 and counts in verifier_errors."""
     eval_every: int = 10
@@ -130,9 +132,10 @@ class LLMConfig(RunConfig):
             ("temperature", gt(0), "> 0"),
             ("top_p", within(0, 1, open_lo=True), "in (0, 1]"),
             ("max_new_tokens", ge(1), ">= 1"),
+            ("max_prompt_tokens", optional(ge(1)), ">= 1, or None for the model's context"),
+            ("max_prompt_tokens", optional(ge(1)), ">= 1, or None for the model's context"),
             ("weight_decay", ge(0), ">= 0"),
             ("kl_coef", ge(0), ">= 0"),
-            ("critic_warmup", ge(0), ">= 0"),
             ("reward_timeout", gt(0), "> 0 seconds"),
             ("eval_samples", ge(1), ">= 1"),
             ("zero_stage", lambda v: v in (2, 3), "2 or 3"),

@@ -1,0 +1,329 @@
+"""Every user mistake is refused in one line on stderr (``sppo-rl: error: ...``, naming the flag, or the
+file and line), with exit code 2, before anything is written: no run folder is created, and an existing
+one (even with ``--overwrite``) is left exactly as it was."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import typing
+from pathlib import Path
+
+import pytest
+
+from sppo_rl.cli import main
+from sppo_rl.config import ConfigError, RunConfig
+from sppo_rl.control.config import ControlConfig
+from sppo_rl.llm.config import LLMConfig
+
+CONTROL = ["control", "--task", "short-cartpole", "--algo", "grpo", "--total-episodes", "64", "--no-progress"]
+CONTROL += ["--no-tensorboard", "--eval-episodes", "0"]
+
+
+def snapshot(folder: Path) -> dict[str, str] | None:
+    """Every entry under ``folder`` with a hash of its bytes (None: the folder does not exist)."""
+    if not folder.exists():
+        return None
+    return {
+        str(p.relative_to(folder)): hashlib.sha1(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+def refused(capsys, argv: list[str], out: Path, *needles: str) -> str:
+    """Run the CLI; assert exit code 2, exactly one stderr line naming ``needles``, ``out`` untouched."""
+    before = snapshot(out)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--out-dir", str(out)])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert exc.value.code == 2, err
+    assert len(lines) == 1, err
+    assert lines[0].startswith("sppo-rl: error: "), err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    assert snapshot(out) == before, "the run folder was created or changed"
+    return lines[0]
+
+
+def fake_run(folder: Path) -> None:
+    """A folder holding a finished run with every export, a sweep's lock and log, and the run lock."""
+    (folder / "checkpoints" / "ckpt-00000002").mkdir(parents=True)
+    (folder / "checkpoints" / "ckpt-00000002" / "state.pt").write_bytes(b"state")
+    (folder / "final" / "actor").mkdir(parents=True)
+    (folder / "final" / "actor" / "config.json").write_text("{}")
+    (folder / "tb").mkdir()
+    (folder / "tb" / "events").write_bytes(b"events")
+    for name in ("metrics.jsonl", "summary.json", "config.json", "final.pt", "calibration.json"):
+        (folder / name).write_text(f"old {name}\n")
+    for name in ("critic_trace.npz", "wandb_id.txt", ".run.lock", ".lock", "log.txt"):
+        (folder / name).write_text(f"old {name}\n")
+
+
+# ------------------------------------------------------------------------------------- numbers
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--clip", "-1"], "--clip must be > 0"),
+        (["--max-grad-norm", "-1"], "--max-grad-norm must be > 0"),
+        (["--gamma", "2"], "--gamma must be in [0, 1]"),
+        (["--lam", "-0.1"], "--lam must be in [0, 1]"),
+        (["--hidden-sizes", "64", "0"], "--hidden-sizes must be layer widths >= 1"),
+        (["--episodes-per-update", "0"], "--episodes-per-update must be >= 1"),
+        (["--checkpoint-every", "0"], "--checkpoint-every must be >= 1"),
+        (["--keep-checkpoints", "0"], "--keep-checkpoints must be >= 1"),
+        (["--eval-every", "-1"], "--eval-every must be >= 0"),
+        (["--eval-every", "2", "--eval-episodes", "0"], "--eval-episodes must be >= 1 when --eval-every"),
+        (["--dual-clip", "1"], "--dual-clip must be > 1"),
+        (["--actor-lr", "0"], "--actor-lr must be > 0"),
+        (["--epochs", "0"], "--epochs must be >= 1"),
+        (["--threads", "0"], "--threads must be >= 1"),
+        (["--seed", "-3"], "--seed must be an integer >= 0"),
+        (["--max-seconds", "0"], "--max-seconds must be > 0"),
+        (["--ent-coef", "nan"], "--ent-coef must be >= 0"),
+    ],
+)
+def test_control_numbers_out_of_range_are_refused(tmp_path, capsys, flags, named):
+    refused(capsys, [*CONTROL, *flags], tmp_path / "run", named)
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--epochs", "0"], "--epochs must be >= 1"),
+        (["--steps", "0"], "--steps must be >= 1"),
+        (["--prompts-per-step", "0"], "--prompts-per-step must be >= 1"),
+        (["--temperature", "0"], "--temperature must be > 0"),
+        (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+        (["--kl-coef", "-1"], "--kl-coef must be >= 0"),
+        (["--reward-timeout", "0"], "--reward-timeout must be > 0"),
+        (["--group-size", "0"], "--group-size must be >= 1"),
+        (["--micro-batch-size", "0"], "--micro-batch-size must be >= 1"),
+        (["--checkpoint-every", "0"], "--checkpoint-every must be >= 1"),
+    ],
+)
+def test_llm_numbers_out_of_range_are_refused(tmp_path, capsys, flags, named):
+    refused(capsys, ["llm", "--task", "arithmetic", *flags], tmp_path / "run", named)
+
+
+def test_every_problem_is_named_in_the_one_line(tmp_path, capsys):
+    line = refused(capsys, [*CONTROL, "--clip", "-1", "--gamma", "2"], tmp_path / "run")
+    assert "--clip" in line and "--gamma" in line
+
+
+def test_the_trainers_validate_too(tmp_path):
+    """The Python API refuses the same settings before creating the run folder."""
+    from sppo_rl.control.trainer import ControlRun
+    from sppo_rl.llm.trainer import LLMRun
+
+    with pytest.raises(ConfigError, match="--checkpoint-every must be >= 1"):
+        ControlRun(ControlConfig(task="short-cartpole", checkpoint_every=0, out_dir=str(tmp_path / "c")))
+    with pytest.raises(ConfigError, match="--epochs must be >= 1"):
+        LLMRun(LLMConfig(epochs=0, out_dir=str(tmp_path / "l")))
+    assert not (tmp_path / "c").exists() and not (tmp_path / "l").exists()
+
+
+def test_a_sweep_validates_its_control_settings_before_any_run(tmp_path):
+    from sppo_rl.experiments.config import SweepConfig
+    from sppo_rl.experiments.sweep import plan
+
+    cfg = SweepConfig(
+        algos=("grpo",), tasks=("short-cartpole",), overrides={"epochs": "0"}, out_dir=str(tmp_path / "s")
+    )
+    with pytest.raises(ConfigError, match="--epochs must be >= 1"):
+        plan(cfg)
+    assert not (tmp_path / "s").exists()
+
+
+def test_every_numeric_field_has_a_range():
+    """A new int/float setting must get a line in its class's ``checks()`` (or be listed here)."""
+    unchecked = {"data_seed"}  # any integer seeds the generated arithmetic splits
+    for cls in (RunConfig, ControlConfig, LLMConfig):
+        hints = typing.get_type_hints(cls)
+        numeric = {
+            f.name
+            for f in dataclasses.fields(cls)
+            if any(t in (int, float) for t in (hints[f.name], *typing.get_args(hints[f.name])))
+            or f.name == "hidden_sizes"
+        }
+        checked = {name for name, _, _ in cls().checks()}
+        assert numeric - checked - unchecked == set(), cls.__name__
+
+
+def test_defaults_and_shipped_recipes_are_valid():
+    from sppo_rl.cli import load_recipe, recipe_names
+
+    assert RunConfig().problems() == ControlConfig().problems() == LLMConfig().problems() == []
+    for name in recipe_names():
+        load_recipe(LLMConfig, name).validate()
+
+
+# ------------------------------------------------------------------------------------- recipes
+
+
+def test_a_recipe_value_of_the_wrong_type_names_file_and_line(tmp_path, capsys):
+    recipe = tmp_path / "r.json"
+    recipe.write_text('{\n  "algo": "grpo",\n  "steps": "ten"\n}\n')
+    refused(capsys, ["llm", "--recipe", str(recipe)], tmp_path / "run", f"{recipe}:3", "steps", "integer")
+
+
+def test_a_recipe_value_out_of_range_names_file_and_line(tmp_path, capsys):
+    recipe = tmp_path / "r.json"
+    recipe.write_text('{\n  "clip": -1\n}\n')
+    refused(capsys, ["control", "--recipe", str(recipe)], tmp_path / "run", f"{recipe}:2", "clip must be > 0")
+
+
+def test_a_recipe_that_is_not_an_object_is_refused(tmp_path, capsys):
+    recipe = tmp_path / "r.json"
+    recipe.write_text("[1, 2]\n")
+    refused(capsys, ["llm", "--recipe", str(recipe)], tmp_path / "run", str(recipe), "JSON object")
+
+
+# ------------------------------------------------------------------------------------- control files
+
+
+def test_init_from_a_file_that_is_not_a_checkpoint(tmp_path, capsys):
+    junk = tmp_path / "notes.pt"
+    junk.write_bytes(b"these are not weights")
+    refused(capsys, [*CONTROL, "--init-from", str(junk)], tmp_path / "run", "--init-from", str(junk))
+
+
+def test_resume_of_a_missing_folder_creates_nothing(tmp_path, capsys):
+    refused(capsys, [*CONTROL, "--resume"], tmp_path / "run", "--resume: no checkpoint")
+
+
+# ------------------------------------------------------------------------------------- overwrite
+
+
+def test_overwrite_with_a_bad_setting_deletes_nothing(tmp_path, capsys):
+    out = tmp_path / "run"
+    fake_run(out)
+    junk = tmp_path / "notes.pt"
+    junk.write_bytes(b"these are not weights")
+    refused(capsys, [*CONTROL, "--overwrite", "--init-from", str(junk)], out, "--init-from")
+    refused(capsys, [*CONTROL, "--overwrite", "--clip", "-1"], out, "--clip")
+
+
+def test_overwrite_with_bad_llm_data_deletes_nothing(tmp_path, capsys, tiny):
+    out = tmp_path / "run"
+    fake_run(out)
+    missing = tmp_path / "nope.jsonl"
+    refused(capsys, ["llm", "--model", str(tiny), "--task", str(missing), "--overwrite"], out, str(missing))
+
+
+def test_overwrite_removes_the_whole_previous_run_but_the_locks_and_sweep_log(tmp_path):
+    from sppo_rl.runtime.run import prepare_run_dir, unlock_run_dir
+
+    out = tmp_path / "run"
+    fake_run(out)
+    prepare_run_dir(out, resume=False, overwrite=True)
+    unlock_run_dir(out)
+    assert sorted(p.name for p in out.iterdir()) == [".lock", ".run.lock", "log.txt"]
+    assert (out / "log.txt").read_text() == "old log.txt\n"
+
+
+def test_a_folder_holding_a_run_is_refused_without_creating_the_lock(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("{}\n")
+    refused(capsys, CONTROL, out, "already holds a run")
+
+
+# ------------------------------------------------------------------------------------- llm files
+
+
+@pytest.mark.parametrize("flag", ["--task", "--val-data"])
+@pytest.mark.parametrize("kind", ["folder", "missing"])
+def test_llm_data_that_is_a_folder_or_missing(tmp_path, capsys, tiny, flag, kind):
+    data = tmp_path / "data.jsonl"
+    if kind == "folder":
+        data.mkdir()
+    argv = ["llm", "--model", str(tiny), flag, str(data)]
+    if flag == "--val-data":
+        good = tmp_path / "train.jsonl"
+        good.write_text('{"question": "1+1", "answer": "2"}\n')
+        argv += ["--task", str(good)]
+    refused(capsys, argv, tmp_path / "run", flag, str(data), "folder" if kind == "folder" else "not found")
+
+
+def test_a_jsonl_line_nested_100000_deep(tmp_path, capsys, tiny):
+    data = tmp_path / "deep.jsonl"
+    data.write_text('{"question": "1+1", "answer": "2"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
+    refused(
+        capsys, ["llm", "--model", str(tiny), "--task", str(data)], tmp_path / "run", "deep.jsonl:2", "deep"
+    )
+
+
+def test_non_utf8_data_names_file_and_line(tmp_path, capsys, tiny):
+    data = tmp_path / "latin1.jsonl"
+    text = '{"question": "1+1", "answer": "2"}\n{"question": "caf\u00e9 1+2", "answer": "3"}\n'
+    data.write_bytes(text.encode("latin-1"))
+    refused(
+        capsys,
+        ["llm", "--model", str(tiny), "--task", str(data)],
+        tmp_path / "run",
+        "latin1.jsonl:2",
+        "UTF-8",
+    )
+
+
+def test_non_utf8_json_names_file_and_line(tmp_path):
+    from sppo_rl.llm.data import DataError, load_examples
+
+    data = tmp_path / "latin1.json"
+    data.write_bytes(
+        '[\n{"question": "1+1", "answer": "2"},\n{"question": "caf\u00e9", "answer": "3"}\n]'.encode(
+            "latin-1"
+        )
+    )
+    with pytest.raises(DataError, match="latin1.json:3: not UTF-8"):
+        load_examples(data)
+
+
+def test_critic_model_that_does_not_exist(tmp_path, capsys, tiny):
+    argv = ["llm", "--model", str(tiny), "--algo", "sppo", "--critic-model", "/nonexistent"]
+    refused(capsys, argv, tmp_path / "run", "--critic-model /nonexistent")
+
+
+# ------------------------------------------------------------------------------------- reward files
+
+LLM_SMALL = ["llm", "--task", "arithmetic", "--train-size", "16", "--val-size", "4", "--algo", "grpo"]
+
+
+@pytest.mark.parametrize(
+    "body, named",
+    [
+        ("raise SystemExit(3)\n", "SystemExit"),
+        ("import os\nos._exit(4)\n", "exit code 4"),
+        ("import time\ntime.sleep(3600)\n", "did not load the function within"),
+    ],
+    ids=["SystemExit", "os._exit", "hang"],
+)
+def test_a_reward_file_that_exits_or_hangs_at_import(tmp_path, capsys, monkeypatch, tiny, body, named):
+    from sppo_rl.llm.reward import RewardScorer
+
+    monkeypatch.setitem(RewardScorer.__init__.__kwdefaults__, "start_timeout_s", 3.0)
+    fn = tmp_path / "reward.py"
+    fn.write_text(body + "def score(response, truth):\n    return 1.0\n")
+    argv = [*LLM_SMALL, "--model", str(tiny), "--reward-fn", f"{fn}:score"]
+    refused(capsys, argv, tmp_path / "run", f"--reward-fn {fn}:score", named)
+
+
+def test_a_reward_outside_0_1_is_an_error_scored_0_with_one_warning(tmp_path, capsys):
+    from sppo_rl.llm.reward import RewardScorer
+
+    fn = tmp_path / "reward.py"
+    fn.write_text(
+        "def score(response, truth):\n    return {'a': -5, 'b': 2.5, 'c': 0.5, 'd': True}.get(response, 1)\n"
+    )
+    with RewardScorer(f"{fn}:score", timeout_s=5.0) as scorer:
+        res = scorer.score(["a", "b", "c", "d", "e", "a"], ["-"] * 6)
+    assert res.scores.tolist() == [0.0, 0.0, 0.5, 1.0, 1.0, 0.0]
+    assert res.errors == 3
+    assert "outside [0, 1]" in res.error_samples[0]
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "-5" in warnings[0] and "[0, 1]" in warnings[0]
