@@ -52,7 +52,16 @@ def test_recipe_runs_on_cpu_with_overrides(tmp_path):
     """The 7B recipe's pipeline (verl parquet prompts, math verifier, SPPO) on the tiny model, one process."""
     from sppo_rl.llm.tiny import ensure_tiny_model
 
-    tiny = ensure_tiny_model(tmp_path / "cache", TINY_CHARSET, hidden_size=32, layers=1, heads=2, kv_heads=1)
+    # a context of 4096 positions: every fixture prompt fits (longer ones would be skipped)
+    tiny = ensure_tiny_model(
+        tmp_path / "cache",
+        TINY_CHARSET,
+        hidden_size=32,
+        layers=1,
+        heads=2,
+        kv_heads=1,
+        max_position_embeddings=4096,
+    )
     data = FIXTURES / "dapo-math-17k_dedup.parquet"
     val = FIXTURES / "math__math_500.parquet"
     out = tmp_path / "run"

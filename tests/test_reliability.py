@@ -10,20 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
+from paths import CONTROL_TIMING, LLM_TIMING
 
 from sppo_rl.runtime import read_metrics
-
-CONTROL_TIMING = {"wall_time_s", "sps", "update_sps", "collect_frac"}
-LLM_TIMING = {
-    "wall_time_s",
-    "step_time_s",
-    "time_gen_s",
-    "time_score_s",
-    "time_train_s",
-    "time_sync_s",
-    "gen_tokens_per_s",
-    "peak_memory_mb",
-}
 
 
 def _control_args(out: Path, episodes: int) -> list[str]:

@@ -100,6 +100,25 @@ def load_actor_file(path: Path) -> Actor:
     return actor
 
 
+def check_init_actor(path: Path, spec: Any) -> None:
+    """Refuse, in one line naming it, an ``--init-from`` file that is not a readable actor file or was
+    made for another observation/action space than ``spec``'s (read under a forked RNG: checking
+    draws no random numbers)."""
+    try:
+        with torch.random.fork_rng(devices=[]):
+            actor = load_actor_file(path)
+    except RunError:
+        raise
+    except Exception as e:  # torch / pickle / a state dict that does not fit: anything unreadable
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        kind = type(e).__qualname__
+        if type(e).__module__ != "builtins":
+            kind = f"{type(e).__module__}.{kind}"
+        raise RunError(f"--init-from {path}: not a readable actor file ({kind}: {first})") from None
+    if actor.obs_dim != spec.obs_dim or actor.discrete != spec.discrete:
+        raise RunError(f"--init-from {path} was made for another observation/action space than {spec.name}")
+
+
 def save_actor_file(path: Path, actor: Actor, meta: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     torch_save({"arch": actor.arch(), "actor": actor.state_dict(), "meta": meta}, tmp)
@@ -112,6 +131,7 @@ class ControlRun:
     def __init__(self, cfg: ControlConfig) -> None:
         from sppo_rl.envs import get_task, make_episode_env
 
+        cfg.validate()
         self.cfg = cfg
         self.algo = get_algorithm(cfg.algo)
         try:
@@ -131,6 +151,8 @@ class ControlRun:
         contexts = E // G
         n_greedy = contexts if req.greedy_baseline else 0
         init_path = resolve_init(cfg.init_from, self.spec.name)
+        if init_path is not None:
+            check_init_actor(init_path, self.spec)
         self.resolved = Resolved(
             task=self.spec.name,
             env_id=self.spec.env_id,
@@ -151,10 +173,6 @@ class ControlRun:
         if init_path is not None:
             self.actor = load_actor_file(init_path)
             self.actor.norm.frozen.fill_(True)
-            if self.actor.obs_dim != self.spec.obs_dim or self.actor.discrete != self.spec.discrete:
-                raise RunError(
-                    f"{init_path} was made for another observation/action space than {self.spec.name}"
-                )
         else:
             self.actor = Actor(
                 self.spec.obs_dim,
@@ -194,14 +212,21 @@ class ControlRun:
         self.elapsed = 0.0
         self.ckpts = CheckpointManager(self.out / "checkpoints", keep=cfg.keep_checkpoints)
 
+        def load(ckpt: Path) -> None:
+            self.load_state(torch_load(ckpt / "state.pt"))
+
         # the newest intact checkpoint (damaged ones are skipped with a warning; none intact: refused)
-        ckpt = self.ckpts.resume(lambda c: self.load_state(torch_load(c / "state.pt"))) if cfg.resume else None
-        self.logger = start_logging(self.out, cfg, asdict(self.resolved), ckpt)
+        ckpt = self.ckpts.resume(load) if cfg.resume else None
+        resolved = {
+            **asdict(self.resolved),
+            "learner": asdict(self.learner_cfg),
+        }  # the update's settings in force
+        self.logger = start_logging(self.out, cfg, resolved, ckpt)
 
     @property
     def learner_cfg(self) -> LearnerConfig:
         cfg = self.cfg
-        return LearnerConfig.from_run(cfg, self.resolved.horizon)
+        return LearnerConfig.from_run(cfg, self.resolved.horizon, self.algo.defaults)
 
     @property
     def actor_engine(self) -> TorchEngine:
@@ -346,6 +371,7 @@ class ControlRun:
             self.actor_engine,
             self._critic_fn(ep) if self.critic is not None else None,
             self.critic_engine,
+            train_actor=self.update_idx >= self.cfg.critic_warmup,
             generator=self.perm_gen,
             guard=lambda **q: check_finite(self.update_idx + 1, **q),
         )

@@ -17,12 +17,18 @@ format        detected by keys            prompt / answer
 ``prompt_key`` and ``answer_key`` (dotted paths reach into nested objects, ``reward_model.ground_truth``)
 override a format's keys. A malformed record raises one :class:`DataError` naming the file and the line
 (JSONL, 1-based) or row (Parquet and JSON, 0-based).
+
+Oversized input never reaches a tokenizer: a record with a text field over ``max_chars`` characters
+(default :data:`MAX_TEXT_CHARS`), or a JSONL line over :data:`MAX_LINE_BYTES` (not even read whole), is
+skipped and counted, with one warning line on stderr per file. :func:`fit_prompts` drops the prompts
+longer than the model can take (counted too), judging by characters first.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +38,14 @@ from sppo_rl.llm.verify import extract_boxed
 
 Message = dict[str, str]
 Prompt = str | list[Message]
+
+MAX_TEXT_CHARS = 1_000_000
+"""Longest text field (a prompt's text, an answer, any string of a record) loaded; longer records are skipped."""
+MAX_LINE_BYTES = 4 * MAX_TEXT_CHARS
+"""Longest JSONL line read; a longer one is skipped without being held in memory whole."""
+CHARS_PER_TOKEN = 8
+"""A prompt of more than this many characters per allowed token is too long without tokenizing it."""
+_OVERSIZED = object()  # a reader's record standing for a line too long to read
 
 
 class DataError(ValueError):
@@ -177,23 +191,56 @@ def _to_example(record: Any, fmt: Format, prompt_key: str, answer_key: str, inde
 # ------------------------------------------------------------------------------------ readers
 
 
+def _not_utf8(where: str, e: UnicodeDecodeError, column: int | None = None) -> DataError:
+    at = f" at column {column}" if column is not None else ""
+    return DataError(f"{where}: not UTF-8 text (byte {e.object[e.start]:#04x}{at}); save the file as UTF-8")
+
+
+def _bounded_lines(f: Any, limit: int) -> Iterator[bytes | None]:
+    """The lines of binary file ``f``; ``None`` for a line longer than ``limit`` bytes, which is read
+    past in 1 MiB pieces and never held whole."""
+    while line := f.readline(limit + 1):
+        if len(line.rstrip(b"\r\n")) <= limit:
+            yield line
+            continue
+        while not line.endswith(b"\n") and (line := f.readline(1 << 20)):
+            pass
+        yield None
+
+
 def _read_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with path.open("rb") as f:  # bytes, decoded line by line, so that bad bytes are named by line
+        for lineno, raw in enumerate(_bounded_lines(f, MAX_LINE_BYTES), start=1):
+            where = f"{path.name}:{lineno}"
+            if raw is None:
+                yield where, _OVERSIZED
+                continue
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise _not_utf8(where, e, e.start + 1) from None
             if not line.strip():
                 continue
-            where = f"{path.name}:{lineno}"
             try:
-                yield where, json.loads(line)
+                record = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+            except RecursionError:
+                raise DataError(f"{where}: JSON nested too deeply") from None
+            yield where, record
 
 
 def _read_json(path: Path) -> Iterator[tuple[str, Any]]:
+    raw = path.read_bytes()
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise _not_utf8(f"{path.name}:{line}", e) from None
     except json.JSONDecodeError as e:
         raise DataError(f"{path.name}:{e.lineno}: invalid JSON ({e.msg})") from None
+    except RecursionError:
+        raise DataError(f"{path.name}: JSON nested too deeply") from None
     if not isinstance(data, list):
         raise DataError(f"{path.name}: expected a JSON list of objects, got {type(data).__name__}")
     for row, record in enumerate(data):
@@ -224,6 +271,7 @@ def load_examples(
     answer_key: str | None = None,
     limit: int | None = None,
     format: str | None = None,
+    max_chars: int | None = MAX_TEXT_CHARS,
 ) -> list[Example]:
     """Read ``path`` (``.jsonl``, ``.json`` or ``.parquet``) into examples, in file order.
 
@@ -234,6 +282,8 @@ def load_examples(
         limit: read at most this many examples (the file is read lazily up to there).
         format: one of :data:`FORMATS`; default: detected from the first record's keys, with the
             explicit keys counted as present.
+        max_chars: records with a longer text field (and JSONL lines over :data:`MAX_LINE_BYTES`)
+            are skipped, counted in one warning line on stderr; ``None``: no bound on fields.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -254,10 +304,14 @@ def load_examples(
         raise ValueError(f"unknown format {format!r}; valid: {', '.join(FORMATS)}")
 
     examples: list[Example] = []
+    skipped: list[str] = []
     fmt: Format | None = FORMATS[format] if format else None
     for where, record in reader(path):
         if limit is not None and len(examples) >= limit:
             break
+        if record is _OVERSIZED or (max_chars is not None and _longest_text(record) > max_chars):
+            skipped.append(where)
+            continue
         if fmt is None:
             if not isinstance(record, dict):
                 raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
@@ -284,7 +338,28 @@ def load_examples(
             )
         except ValueError as e:
             raise DataError(f"{where}: {e}") from None
+    if skipped:
+        first = ", ".join(skipped[:3])
+        print(
+            f"[sppo-rl] warning: {path}: skipped {len(skipped)} oversized record(s) (a text field over "
+            f"{max_chars or MAX_TEXT_CHARS:,} characters or a line over {MAX_LINE_BYTES:,} bytes): "
+            f"{first}{', ...' if len(skipped) > 3 else ''}",
+            file=sys.stderr,
+        )
     return examples
+
+
+def _longest_text(value: Any, depth: int = 0) -> int:
+    """Length of the longest string in a record (nested dicts and lists included)."""
+    if isinstance(value, str):
+        return len(value)
+    if depth > 32:
+        return 0
+    if isinstance(value, dict):
+        return max((_longest_text(v, depth + 1) for v in value.values()), default=0)
+    if isinstance(value, (list, tuple)):
+        return max((_longest_text(v, depth + 1) for v in value), default=0)
+    return 0
 
 
 # ------------------------------------------------------------------------------------ prompts
@@ -309,3 +384,33 @@ def render_prompt(example: Example | Prompt, tokenizer: Any = None, suffix: str 
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return "\n\n".join(m["content"] for m in messages)
+
+
+def fit_prompts(
+    examples: list[Example], tokenizer: Any, max_tokens: int, *, where: str, why: str = "", warn: bool = True
+) -> list[Example]:
+    """The examples whose rendered prompt (:func:`render_prompt`) has at most ``max_tokens`` tokens.
+
+    A prompt of more than ``CHARS_PER_TOKEN * max_tokens`` characters is dropped without tokenizing
+    it; the others are tokenized in batches (``add_special_tokens=False``, as the rollout does). The
+    dropped ones are counted in one warning line on stderr naming ``where`` (the file) and the limit
+    (``why`` explains it).
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    texts = [render_prompt(e, tokenizer) for e in examples]
+    keep = [len(t) <= CHARS_PER_TOKEN * max_tokens for t in texts]
+    todo = [i for i, k in enumerate(keep) if k]
+    for lo in range(0, len(todo), 1024):
+        part = todo[lo : lo + 1024]
+        ids = tokenizer([texts[i] for i in part], add_special_tokens=False)["input_ids"]
+        for i, row in zip(part, ids):
+            keep[i] = len(row) <= max_tokens
+    dropped = len(examples) - sum(keep)
+    if dropped and warn:
+        print(
+            f"[sppo-rl] warning: {where}: skipped {dropped} of {len(examples)} prompt(s) longer than "
+            f"{max_tokens} tokens{f' ({why})' if why else ''}",
+            file=sys.stderr,
+        )
+    return [e for e, k in zip(examples, keep) if k]

@@ -7,21 +7,32 @@ script keeps its work under ``if __name__ == "__main__":``). Each loads the rewa
 reports every result as it finishes. The parent gives each item ``timeout_s`` seconds from the moment
 the previous one reported:
 
-- a function that raises, returns a non-number, NaN or infinity: the item scores 0.0 and counts in
-  ``errors`` (the worker catches it and goes on);
+- a function that raises, returns a non-number, NaN or infinity, or a number outside ``[0, 1]``: the
+  item scores 0.0 and counts in ``errors`` (the worker catches it and goes on; the first out-of-range
+  value also prints a warning on stderr);
 - a hang past ``timeout_s``: the worker is killed and restarted, the item scores 0.0 and counts in
   ``errors`` and ``timeouts``, and the rest of the batch is scored by the new worker;
 - a worker that dies (segfault, ``os._exit``, out of memory): the item it held scores 0.0 and counts
   in ``errors``; the worker is restarted.
 
 A batch therefore takes at most about ``ceil(n / workers) * (timeout_s + restart)``; ``batch_timeout_s``
-caps it further (unfinished items then score 0.0 as timeouts). Each worker's address space may grow by
-``memory_limit_mb`` beyond what it holds after loading the function (Linux/macOS ``RLIMIT_AS``).
+caps it further (unfinished items then score 0.0 as timeouts). ``score(..., stop=f)`` polls ``f()`` at
+least every half second and, once it is true, stops at once: the items in flight and those not begun
+score 0.0 as timeouts and count in ``interrupted`` (a preempted run gives up its update this way).
+Each worker's address space may grow by ``memory_limit_mb`` beyond what it holds after loading the
+function (Linux/macOS ``RLIMIT_AS``).
 
 The reward function is ``"math"`` (:func:`sppo_rl.llm.verify.verify_math`), ``"integer"``
 (:func:`sppo_rl.llm.verify.verify_integer`), a path ``"path/to/file.py:function"``, a module
 ``"package.module:function"``, or a picklable module-level callable; its signature is
 ``fn(response: str, ground_truth: str) -> float``.
+
+The reward contract: a score is an outcome in ``[0, 1]`` (1 right, 0 wrong; partial credit in between;
+a bool counts as 0 or 1). The trainers rely on it: SPPO's critic is trained with binary cross-entropy
+on it and reports accuracy from it. A value outside ``[0, 1]`` (a penalty of -5, a score out of 10) is
+refused as invalid: the item scores 0.0 and counts in ``errors`` like any other verifier error, with a
+warning on stderr the first time, so it can neither pass as a reward nor be logged as an accuracy.
+Rescale such a function's output into ``[0, 1]``.
 """
 
 from __future__ import annotations
@@ -57,6 +68,10 @@ class RewardFnError(ValueError):
     """The reward function cannot be loaded: a missing file or module, no such function, not callable."""
 
 
+class RewardRangeError(ValueError):
+    """A reward function returned a number outside ``[0, 1]`` (the item counts as a verifier error)."""
+
+
 class RewardWorkerError(RuntimeError):
     """A worker process could not be (re)started."""
 
@@ -67,9 +82,10 @@ class ScoreResult:
 
     Attributes:
         scores: ``float32 [n]``; 0.0 for every item that failed.
-        errors: items that raised, hung, crashed the worker or returned a non-finite value or a
-            non-number (timeouts included).
-        timeouts: items that ran past ``timeout_s`` (or the batch deadline).
+        errors: items that raised, hung, crashed the worker or returned a non-finite value, a
+            non-number or a number outside [0, 1] (timeouts included).
+        timeouts: items that ran past ``timeout_s`` (or the batch deadline, or were cut off by ``stop``).
+        interrupted: items not scored because ``stop`` became true (counted in timeouts and errors).
         seconds: wall time of the call.
         error_samples: the first few error messages, ``"item 3: ZeroDivisionError: ..."``.
     """
@@ -77,6 +93,7 @@ class ScoreResult:
     scores: np.ndarray
     errors: int = 0
     timeouts: int = 0
+    interrupted: int = 0
     seconds: float = 0.0
     error_samples: list[str] = field(default_factory=list)
 
@@ -196,6 +213,8 @@ def _check_value(value: Any) -> float:
     out = float(value)
     if not math.isfinite(out):
         raise ValueError(f"returned a non-finite value {out}")
+    if not 0.0 <= out <= 1.0:
+        raise RewardRangeError(f"returned {out}, outside [0, 1]")
     return out
 
 
@@ -256,7 +275,10 @@ class _Worker:
         self.proc, self.conn = proc, parent
         if not parent.poll(self.start_timeout_s):
             self.kill()
-            raise RewardWorkerError(f"reward worker did not start within {self.start_timeout_s:.0f} s")
+            raise RewardWorkerError(
+                f"the reward worker did not load the function within {self.start_timeout_s:.0f} s "
+                "(does importing its module hang?)"
+            )
         try:
             msg = parent.recv()
         except (EOFError, OSError):
@@ -264,8 +286,9 @@ class _Worker:
             code = proc.exitcode
             self.kill()
             raise RewardWorkerError(
-                f"reward worker exited while starting (exit code {code}); a spawned process re-imports the "
-                "main script, so keep a script's work under `if __name__ == '__main__':`"
+                f"the reward worker exited while loading the function (exit code {code}): its module ends "
+                "the process when imported, or the main script does (a spawned process re-imports it, so "
+                "keep a script's work under `if __name__ == '__main__':`)"
             ) from None
         if msg[0] == "error":
             self.kill()
@@ -347,6 +370,7 @@ class RewardScorer:
         self.timeout_s = float(timeout_s)
         self.batch_timeout_s = batch_timeout_s
         self.restarts = 0
+        self._range_warned = False
         args = (kind, spec, 0.8 * self.timeout_s, memory_limit_mb)
         self._workers = [_Worker(args, start_timeout_s) for _ in range(workers)]
         self._finalizer = weakref.finalize(self, _shutdown, self._workers)
@@ -385,12 +409,16 @@ class RewardScorer:
         self.restarts += 1
         w.start()
 
-    def score(self, responses: Sequence[str], truths: Sequence[str]) -> ScoreResult:
+    def score(
+        self, responses: Sequence[str], truths: Sequence[str], *, stop: Callable[[], bool] | None = None
+    ) -> ScoreResult:
         """Score ``responses[i]`` against ``truths[i]``; see :class:`ScoreResult`.
 
-        Items go to the workers in chunks; each worker answers its items in order. If this call is
-        interrupted (``KeyboardInterrupt``) or a worker cannot be restarted, the scorer closes itself
-        and re-raises.
+        Items go to the workers in chunks; each worker answers its items in order. ``stop`` is polled
+        at least every 0.5 s; once it returns True, the items left score 0.0 and count in
+        ``interrupted`` (workers busy with an item are killed, and restarted by the next call). If this
+        call is interrupted (``KeyboardInterrupt``) or a worker cannot be restarted, the scorer closes
+        itself and re-raises.
         """
         if self.closed:
             raise RuntimeError("RewardScorer is closed")
@@ -416,10 +444,28 @@ class RewardScorer:
         todo = deque(range(n))
         chunk = max(1, min(64, math.ceil(n / (4 * len(self._workers)))))
         batch_deadline = t0 + self.batch_timeout_s if self.batch_timeout_s else math.inf
+        poll_s = 0.5 if stop is not None else math.inf
         try:
             while todo or any(w.pending for w in self._workers):
+                if stop is not None and stop():
+                    cut = "scoring stopped (the run is being preempted)"
+                    for w in self._workers:
+                        if w.pending:
+                            self._receive(w, scores, fail, todo)  # results already waiting still count
+                        if w.pending:
+                            for i in w.pending:
+                                fail(i, cut, timeout=True)
+                                result.interrupted += 1
+                            w.kill()
+                    for i in todo:
+                        fail(i, cut, timeout=True)
+                        result.interrupted += 1
+                    todo.clear()
+                    break
                 for w in self._workers:
                     if not w.pending and todo:
+                        if w.conn is None:  # killed by an earlier stop
+                            self._restart(w)
                         take = [todo.popleft() for _ in range(min(chunk, len(todo)))]
                         w.send([(i, responses[i], truths[i]) for i in take], self.timeout_s)
                 busy = [w for w in self._workers if w.pending]
@@ -436,7 +482,7 @@ class RewardScorer:
                         fail(i, late, timeout=True)
                     todo.clear()
                     break
-                wait_s = max(0.0, min(min(w.deadline for w in busy), batch_deadline) - now)
+                wait_s = max(0.0, min(min(w.deadline for w in busy), batch_deadline, now + poll_s) - now)
                 ready = wait([w.conn for w in busy if w.conn is not None], timeout=wait_s)
                 for w in busy:
                     if w.conn in ready:
@@ -480,6 +526,13 @@ class RewardScorer:
                 scores[i] = value
             else:
                 fail(i, value)
+                if value.startswith(RewardRangeError.__name__) and not self._range_warned:
+                    self._range_warned = True
+                    print(
+                        f"[sppo-rl] warning: reward function {self.fn!r} {value.split(': ', 1)[-1]}; rewards "
+                        "must be in [0, 1]: such items score 0 and count as verifier errors",
+                        file=sys.stderr,
+                    )
             w.deadline = time.monotonic() + self.timeout_s
 
     def __repr__(self) -> str:

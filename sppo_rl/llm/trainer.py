@@ -19,6 +19,7 @@ The trainer reads ``algo.requires`` and ``algo.critic_loss``; it never tests the
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import resource
@@ -43,7 +44,7 @@ from sppo_rl.agents import (
 )
 from sppo_rl.agents.algorithms import default_group_size, estimator_params, value_units
 from sppo_rl.llm.config import LLMConfig
-from sppo_rl.llm.data import Example, load_examples, render_prompt
+from sppo_rl.llm.data import Example, fit_prompts, load_examples, render_prompt
 from sppo_rl.llm.engines import init_process_group, launcher_dist, make_engine
 from sppo_rl.llm.models import (
     CRITICS,
@@ -53,7 +54,7 @@ from sppo_rl.llm.models import (
     load_actor,
     sequence_logprobs,
 )
-from sppo_rl.llm.reward import RewardScorer
+from sppo_rl.llm.reward import RewardFnError, RewardScorer, RewardWorkerError
 from sppo_rl.llm.rollout import HFRolloutEngine, RolloutBatch
 from sppo_rl.llm.tiny import load_tokenizer
 from sppo_rl.runtime import (
@@ -65,7 +66,7 @@ from sppo_rl.runtime import (
 from sppo_rl.runtime.checkpoint import read_meta, torch_load, torch_save
 from sppo_rl.runtime.logging import check_metrics_length, start_logging
 from sppo_rl.runtime.loop import Schedule, announce, progress_bar, run_loop
-from sppo_rl.runtime.run import RunError, check_resume, unlock_run_dir
+from sppo_rl.runtime.run import Preempted, RunError, check_resume, preemption_stop_now, unlock_run_dir
 from sppo_rl.runtime.trace import TRACE_FILE, write_trace
 
 TINY_CHARSET = "".join(
@@ -86,15 +87,20 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 def load_task(cfg: LLMConfig) -> tuple[list[Example], list[Example], str]:
-    """Training and validation examples, and the reward function that scores them."""
+    """Training and validation examples, and the reward function that scores them. A missing data
+    file or a directory is refused naming the flag; a malformed record raises a ``DataError`` naming
+    the file and the line."""
+    if cfg.val_data:
+        data_file("--val-data", cfg.val_data)
     if cfg.task == "arithmetic":
         from sppo_rl.llm.tasks import REWARD_FN, make_arithmetic
 
         train, val = make_arithmetic(cfg.data_seed, cfg.train_size, cfg.val_size, tuple(cfg.level))
         return train, val, (REWARD_FN if cfg.reward_fn == "auto" else cfg.reward_fn)
     path = Path(cfg.task)
-    if not path.suffix:
+    if not path.suffix and not path.is_dir():
         raise RunError(f"unknown task {cfg.task!r}; valid: 'arithmetic' or a .jsonl/.json/.parquet file")
+    data_file("--task", cfg.task)
     train = load_examples(path, prompt_key=cfg.prompt_key, answer_key=cfg.answer_key)
     val = (
         load_examples(cfg.val_data, prompt_key=cfg.prompt_key, answer_key=cfg.answer_key, limit=cfg.val_size)
@@ -102,6 +108,54 @@ def load_task(cfg: LLMConfig) -> tuple[list[Example], list[Example], str]:
         else []
     )
     return train, val, ("math" if cfg.reward_fn == "auto" else cfg.reward_fn)
+
+
+def data_file(flag: str, value: str) -> Path:
+    """``value`` as the data file ``flag`` names, refused in one line if it is a folder or missing."""
+    path = Path(value)
+    if path.is_dir():
+        raise RunError(f"{flag} {value}: is a folder, not a data file (.jsonl, .json or .parquet)")
+    if not path.is_file():
+        raise RunError(f"{flag} {value}: file not found")
+    return path
+
+
+def check_model_paths(cfg: LLMConfig) -> None:
+    """Refuse, before the run folder is touched, model folders that are not there: ``--model`` and
+    ``--critic-model`` must be Hugging Face model folders, and the embedded default is for arithmetic."""
+    if cfg.model is None and cfg.task != "arithmetic":
+        raise RunError("the embedded tiny model is for --task arithmetic; give --model for other data")
+    for flag, value in (("--model", cfg.model), ("--critic-model", cfg.critic_model)):
+        if value is None or (flag == "--critic-model" and value == "none"):
+            continue
+        if not (Path(value) / "config.json").is_file():
+            what = "no config.json" if Path(value).is_dir() else "no such folder"
+            raise RunError(f"{flag} {value}: not a Hugging Face model folder ({what})")
+
+
+def start_scorer(reward_fn: str, timeout_s: float) -> RewardScorer:
+    """The reward workers, started (the function loaded) before any work: a reward function that cannot
+    be loaded, or whose file exits, crashes or hangs when imported, is refused in one line."""
+    try:
+        return RewardScorer(reward_fn, timeout_s=timeout_s)
+    except (RewardFnError, RewardWorkerError) as e:
+        raise RunError(f"--reward-fn {reward_fn}: {e}") from None
+
+
+def model_context(folder: Path) -> int | None:
+    """The longest sequence the model in ``folder`` takes, from its ``config.json``
+    (``max_position_embeddings`` or its equivalents), or None if it does not say."""
+    import json
+
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for part in (config, config.get("text_config") or {}):
+        for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+            if isinstance(part.get(key), int) and part[key] > 0:
+                return int(part[key])
+    return None
 
 
 def embedded_model(cfg: LLMConfig, train: list[Example], scorer: RewardScorer) -> tuple[Path, dict[str, Any]]:
@@ -170,6 +224,7 @@ class LLMRun:
 
     def __init__(self, cfg: LLMConfig) -> None:
         quiet_transformers()
+        cfg.validate()
         self.cfg = cfg
         self.algo = get_algorithm(cfg.algo)
         req = self.algo.requires
@@ -182,12 +237,6 @@ class LLMRun:
         if self.dist.world > 1 and cfg.engine != "deepspeed":
             raise RunError(
                 f"{self.dist.world} processes were launched; multi-process training needs --engine deepspeed"
-            )
-        if self.dist.world > 1 and cfg.rollout == "vllm":
-            raise RunError(
-                f"--rollout vllm with {self.dist.world} training processes is not supported yet: each rank's "
-                "in-process engine would start its own one-process group (not vLLM's external launcher); "
-                "use --rollout hf, or one process"
             )
         if cfg.prompts_per_step % self.dist.world:
             raise RunError(
@@ -206,6 +255,11 @@ class LLMRun:
             self.dist = init_process_group(cfg.collective_timeout)
             if not torch.distributed.is_initialized():  # one process: a process group of one
                 _single_process_group(cfg.collective_timeout)
+        check_model_paths(cfg)  # and the data and the reward function: all before the run folder
+        self.train_set, self.val_set, reward_fn = load_task(cfg)
+        if not self.train_set:
+            raise RunError(f"{cfg.task}: no training examples")
+        self.scorer = start_scorer(reward_fn, cfg.reward_timeout)
 
         def prepare() -> Path:
             out = prepare_run_dir(cfg.out_dir, resume=cfg.resume, overwrite=cfg.overwrite)
@@ -213,7 +267,11 @@ class LLMRun:
                 check_resume(out, cfg)
             return out
 
-        self.out = self._main_first(prepare)
+        try:
+            self.out = self._main_first(prepare)
+        except BaseException:
+            self.scorer.close()
+            raise
         if cfg.device == "auto":
             self.device = torch.device(f"cuda:{self.dist.local_rank}" if torch.cuda.is_available() else "cpu")
         else:
@@ -222,10 +280,7 @@ class LLMRun:
             torch.set_num_threads(max(1, cfg.threads))
         torch.manual_seed(cfg.seed)
 
-        self.train_set, self.val_set, reward_fn = load_task(cfg)
-        if not self.train_set:
-            raise RunError(f"{cfg.task}: no training examples")
-        self.scorer = RewardScorer(reward_fn, timeout_s=cfg.reward_timeout)
+        self._scoring_cut = False
         self.warmstart: dict[str, Any] = {}
         if cfg.model is None:
             actor_path, self.warmstart = self._main_first(
@@ -237,6 +292,7 @@ class LLMRun:
                 raise RunError(f"--model {actor_path}: not a Hugging Face model folder (no config.json)")
         self.actor_path = actor_path
         self.tokenizer = load_tokenizer(actor_path)
+        self._fit_prompts(actor_path)
         dtype = getattr(torch, cfg.dtype)
         self.actor = load_actor(actor_path, dtype=dtype, device=self.device)
         if cfg.gradient_checkpointing:
@@ -292,10 +348,41 @@ class LLMRun:
             "val_examples": len(self.val_set),
             "reward_fn": reward_fn,
             "device": str(self.device),
+            "learner": dataclasses.asdict(self.learner_cfg),  # the update's settings in force
         }
         self.logger: RunLogger | _NullLogger = _NullLogger()
         if self.dist.main:
             self.logger = start_logging(self.out, cfg, self.resolved, ckpt)
+
+    def _fit_prompts(self, actor_path: Path) -> None:
+        """Drop the training and validation prompts longer than ``--max-prompt-tokens`` (at most the
+        model's context minus ``--max-new-tokens``), counted in a warning; refuse a set left empty."""
+        cfg = self.cfg
+        ctx = model_context(actor_path)
+        if cfg.rollout == "vllm" and cfg.vllm_max_model_len:
+            ctx = min(ctx or cfg.vllm_max_model_len, cfg.vllm_max_model_len)
+        limit, why = cfg.max_prompt_tokens, "--max-prompt-tokens"
+        if ctx is not None:
+            room = ctx - cfg.max_new_tokens
+            if room < 1:
+                raise RunError(
+                    f"--max-new-tokens {cfg.max_new_tokens} leaves no room for a prompt in the model's "
+                    f"context of {ctx} tokens"
+                )
+            if limit is None or limit > room:
+                limit = room
+                why = f"the model's context of {ctx} tokens minus --max-new-tokens {cfg.max_new_tokens}"
+        elif limit is None:
+            limit, why = 1024, "the default --max-prompt-tokens: the model's config gives no context length"
+        for name, where in (("train_set", cfg.task), ("val_set", cfg.val_data or f"{cfg.task} (validation)")):
+            examples = getattr(self, name)
+            kept = fit_prompts(examples, self.tokenizer, limit, where=where, why=why, warn=self.dist.main)
+            if examples and not kept:
+                raise RunError(
+                    f"{where}: none of its {len(examples)} prompts fits in {limit} tokens ({why}); shorten "
+                    "them, or raise --max-prompt-tokens with a model of a longer context"
+                )
+            setattr(self, name, kept)
 
     def _main_first(self, fn: Any) -> Any:
         """Run ``fn`` on rank 0, then hand its result (or its error) to every rank."""
@@ -401,8 +488,16 @@ class LLMRun:
     # ------------------------------------------------------------------------------------- one update
 
     def _score(self, texts: list[str], truths: list[str]) -> tuple[Tensor, int]:
-        res = self.scorer.score(texts, truths)
+        res = self.scorer.score(texts, truths, stop=preemption_stop_now)
+        self._scoring_cut = self._scoring_cut or res.interrupted > 0
         return torch.from_numpy(res.scores.astype(np.float32)), res.errors
+
+    def _give_up_if_scoring_was_cut(self) -> None:
+        """Raise :class:`Preempted` on every rank if a preemption's grace ran out during any rank's
+        scoring (the scores are incomplete: the update or evaluation is redone on resume)."""
+        cut, self._scoring_cut = self._scoring_cut, False
+        if self.dist.all_max([float(cut)], self.device)[0]:
+            raise Preempted("reward scoring was cut off by a preemption signal")
 
     def _seeds(self, base: int, positions: list[int]) -> list[int]:
         """One sampling seed per prompt, a function of the run seed, ``base`` and the prompt's position
@@ -413,6 +508,7 @@ class LLMRun:
         cfg, algo, G = self.cfg, self.algo, self.group_size
         req = algo.requires
         t0 = time.perf_counter()
+        before = (list(self.order), self.data_rng.getstate(), torch.get_rng_state())  # if given up
         examples, positions = self._next_prompts()
         prompts = [render_prompt(e, self.tokenizer) for e in examples]
         rb = self.rollout.generate(
@@ -437,6 +533,13 @@ class LLMRun:
             errors += g_err
             baseline = g_scores[rb.prompt_index.cpu()]
         t_score = time.perf_counter() - t0 - t_gen
+        try:
+            self._give_up_if_scoring_was_cut()
+        except Preempted:  # nothing was trained yet: back to the state before this update
+            self.order = before[0]
+            self.data_rng.setstate(before[1])
+            torch.set_rng_state(before[2])
+            raise
 
         rb = rb.to(self.device)
         mask = rb.response_mask.float()
@@ -476,6 +579,7 @@ class LLMRun:
             values=values,
             baseline_rewards=baseline.to(self.device) if baseline is not None else None,
             ref_logp=ref_logp if cfg.kl_in == "loss" else None,
+            logp_rollout=rb.logprobs * mask,
         )
         compute_advantages(batch, algo, **estimator_params(cfg))
         check_finite(self.step_idx + 1, advantages=batch.advantages)
@@ -501,7 +605,7 @@ class LLMRun:
                 float((~rb.finished).sum()),
                 float(errors),
                 float(baseline.sum()) if baseline is not None else 0.0,
-                float(((rb.logprobs - logp_old).abs() * mask).sum()) if logp_old is not None else 0.0,
+                0.0,  # (the sampler/trainer mismatch comes from the learner: rollout_mismatch_mean)
                 float(kl_tok.sum()) if kl_tok is not None else 0.0,
             ],
             self.device,
@@ -523,7 +627,7 @@ class LLMRun:
             "time_sync_s": t_sync,
             "step_time_s": dt,
             "wall_time_s": self.elapsed,
-            "rollout_logp_diff": tot[7] / max(tot[2], 1.0),
+            "rollout_logp_diff": stats.get("rollout_mismatch_mean", float("nan")),
             "peak_memory_mb": peak_memory_mb(self.device),
         }
         if baseline is not None:
@@ -537,7 +641,7 @@ class LLMRun:
     def learner_cfg(self) -> LearnerConfig:
         cfg = self.cfg
         return LearnerConfig.from_run(
-            cfg, cfg.max_new_tokens, kl_coef=cfg.kl_coef if cfg.kl_in == "loss" else 0.0
+            cfg, cfg.max_new_tokens, self.algo.defaults, kl_coef=cfg.kl_coef if cfg.kl_in == "loss" else 0.0
         )
 
     def _rows(self, rb: RolloutBatch, model: Any, policy: bool) -> Any:
@@ -605,6 +709,7 @@ class LLMRun:
             ]
         else:
             sums = [0.0, 0.0, 0.0, 0.0]
+        self._give_up_if_scoring_was_cut()
         tot = self.dist.all_sum(sums, self.device)
         n = len(self.val_set)
         out: dict[str, Any] = {

@@ -5,17 +5,26 @@ parent folder, every file is flushed and fsynced, ``meta.json`` is written last,
 folder renamed into place (``os.rename`` of a folder is atomic on POSIX). A process killed at any moment
 therefore leaves either the complete new checkpoint or none of it: the previous one stays loadable.
 Leftover temporary folders are ignored and removed by the next save. The newest ``keep`` are kept.
+
+``meta.json`` lists every other file of the checkpoint with its size and SHA-256 (``"files"``), so a
+checkpoint damaged after it was published (a truncated, zeroed or overwritten file, a deleted one) is
+recognised before it is loaded. :meth:`CheckpointManager.resume` loads the newest intact checkpoint,
+skipping damaged ones with a warning on stderr that names them; checkpoints written before checksums
+existed are tried unverified, and one that fails to load is skipped the same way.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +32,32 @@ import torch
 
 _NAME = re.compile(r"^ckpt-(\d{9})$")
 _TMP_PREFIX = ".tmp-ckpt-"
+META = "meta.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used (damaged, unreadable); the message names the file."""
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def checksum_tree(folder: Path) -> dict[str, dict[str, Any]]:
+    """``{relative path: {"bytes": size, "sha256": hex}}`` of every file under ``folder`` except
+    ``meta.json`` (files are hashed in parallel threads: hashlib releases the GIL)."""
+    folder = Path(folder)
+    paths = sorted(p for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).as_posix() != META)
+    with ThreadPoolExecutor(max_workers=min(8, max(1, len(paths)))) as pool:
+        digests = list(pool.map(sha256_file, paths))
+    return {
+        p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": d}
+        for p, d in zip(paths, digests)
+    }
 
 
 def fsync_tree(folder: Path) -> None:
@@ -70,8 +105,13 @@ class CheckpointManager:
     """Save and find checkpoints under ``directory``.
 
     ``save(step, write)`` calls ``write(tmp_folder)`` to fill a fresh folder, then publishes it
-    atomically as ``ckpt-<step>``; ``meta`` (JSON-serialisable) is stored as ``meta.json``.
-    ``latest()`` returns the newest published checkpoint folder, or None.
+    atomically as ``ckpt-<step>``; ``meta`` (JSON-serialisable) is stored as ``meta.json`` with the
+    size and SHA-256 of every file. ``latest()`` returns the newest published checkpoint folder, or
+    None; ``resume(load)`` loads the newest intact one (:meth:`verify`), falling back past damaged ones.
+
+    ``next_meta`` holds fields added to the next save's ``meta.json`` only (the run loop stores there a
+    row whose evaluation a preemption deferred); ``resumed_meta`` is the ``meta.json`` of the
+    checkpoint :meth:`resume` loaded.
     """
 
     def __init__(self, directory: str | Path, keep: int = 3) -> None:
@@ -79,6 +119,8 @@ class CheckpointManager:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.directory = Path(directory)
         self.keep = keep
+        self.next_meta: dict[str, Any] = {}
+        self.resumed_meta: dict[str, Any] | None = None
 
     def published(self) -> list[Path]:
         """Published checkpoints, oldest first."""
@@ -113,8 +155,10 @@ class CheckpointManager:
             if world > 1:
                 torch.distributed.barrier()
             if rank == 0:
-                with open(tmp / "meta.json", "w") as f:
-                    json.dump({"step": step, **(meta or {})}, f, indent=1, default=str)
+                files = checksum_tree(tmp)
+                record = {"step": step, **(meta or {}), **self.next_meta, "files": files}
+                with open(tmp / META, "w") as f:
+                    json.dump(record, f, indent=1, default=str)
                 fsync_tree(tmp)
                 if final.exists():  # re-saving the same step (e.g. the final save after a periodic one)
                     old = self.directory / f"{_TMP_PREFIX}old-{step:09d}"
@@ -128,12 +172,84 @@ class CheckpointManager:
             if rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
             raise
+        self.next_meta = {}
         if rank == 0:
             for old in self.published()[: -self.keep]:
                 shutil.rmtree(old, ignore_errors=True)
         if world > 1:
             torch.distributed.barrier()
         return final
+
+    def verify(self, ckpt: Path) -> bool:
+        """Check ``ckpt`` against its ``meta.json``: every file listed there present, of the listed size
+        and SHA-256. True: verified; False: an older checkpoint without checksums (unverified: only
+        loading it can tell). Raises :class:`CheckpointError` naming the damaged file."""
+        meta = read_meta(ckpt)
+        files = meta.get("files")
+        if files is None:
+            return False
+        if not isinstance(files, dict):
+            raise CheckpointError(f"{Path(ckpt) / META}: 'files' is not a mapping")
+        for rel, entry in sorted(files.items()):
+            path = Path(ckpt) / rel
+            if not isinstance(entry, dict):
+                raise CheckpointError(f"{Path(ckpt) / META}: the entry of {rel!r} is not a mapping")
+            if not path.is_file():
+                raise CheckpointError(f"{path} is missing")
+            size = path.stat().st_size
+            if size != entry.get("bytes"):
+                raise CheckpointError(f"{path} holds {size} bytes, {entry.get('bytes')} were written")
+            if sha256_file(path) != entry.get("sha256"):
+                raise CheckpointError(f"{path} does not match the SHA-256 written with it (damaged)")
+        return True
+
+    def resume(self, load: Callable[[Path], Any] | None = None) -> Path:
+        """The newest intact checkpoint, loaded with ``load(ckpt)`` if given.
+
+        Newest first, each checkpoint is verified (:meth:`verify`); a damaged one, or an unverified
+        (pre-checksum) one whose ``load`` fails, is skipped with a warning on stderr naming it and why,
+        and the previous one is tried. A ``RunError`` from ``load`` (e.g. settings that do not fit) and
+        any failure loading a verified checkpoint propagate. Raises :class:`CheckpointError` when none
+        is intact; nothing in the run folder is changed either way.
+        """
+        from sppo_rl.runtime.run import RunError
+
+        ckpts = self.published()
+        skipped: list[str] = []
+        for ckpt in reversed(ckpts):
+            try:
+                verified = self.verify(ckpt)
+                if load is not None:
+                    try:
+                        load(ckpt)
+                    except RunError:
+                        raise
+                    except Exception as e:
+                        if verified:
+                            raise
+                        detail = " ".join(str(e).split())[:300]
+                        raise CheckpointError(
+                            f"{ckpt} (written without checksums) cannot be loaded: {type(e).__name__}: {detail}"
+                        ) from None
+            except CheckpointError as e:
+                print(f"[sppo-rl] warning: skipping damaged checkpoint {ckpt.name}: {e}", file=sys.stderr)
+                skipped.append(str(e))
+                continue
+            if skipped:
+                print(
+                    f"[sppo-rl] warning: resuming from {ckpt.name}, the newest intact checkpoint "
+                    f"({len(skipped)} newer one(s) skipped; the updates after it are redone)",
+                    file=sys.stderr,
+                )
+            self.resumed_meta = read_meta(ckpt)
+            return ckpt
+        where = self.directory
+        if not ckpts:
+            raise CheckpointError(f"--resume: no checkpoint in {where}; start the run without --resume")
+        raise CheckpointError(
+            f"--resume: no intact checkpoint in {where} ({len(ckpts)} damaged: {'; '.join(skipped)}); "
+            "nothing was changed; start over with --overwrite, or choose another --out-dir"
+        )
 
 
 def _rank_world() -> tuple[int, int]:
@@ -143,8 +259,19 @@ def _rank_world() -> tuple[int, int]:
 
 
 def read_meta(ckpt: Path) -> dict[str, Any]:
-    with open(Path(ckpt) / "meta.json") as f:
-        return json.load(f)
+    """A checkpoint's ``meta.json``; :class:`CheckpointError` naming the file if it is missing or not a
+    JSON object with a ``step``."""
+    path = Path(ckpt) / META
+    try:
+        with open(path, "rb") as f:
+            meta = json.loads(f.read().decode("utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path} is not readable JSON ({e})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
+        raise CheckpointError(f"{path} is not a checkpoint record (a JSON object with an integer 'step')")
+    return meta
 
 
 def torch_save(obj: Any, path: Path) -> None:

@@ -3,7 +3,8 @@
 ``metrics.jsonl`` is opened for appending and flushed after every row. A checkpoint records the file's
 length when it was taken (:meth:`RunLogger.position`); on ``--resume`` the rows written after that
 checkpoint (work that the resumed run redoes) are cut off at exactly that length, so every row before
-the checkpoint is kept byte for byte and no update appears twice.
+the checkpoint is kept byte for byte and no update appears twice. A file shorter than that length (or
+missing) has lost rows the checkpoint counts on: resuming is refused rather than appending to it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import os
 import uuid
 from pathlib import Path
 from typing import Any
+
+from sppo_rl.runtime.run import RunError
 
 LOSS_KEYS = {
     "policy_loss",
@@ -73,6 +76,8 @@ class RunLogger:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
+        if resume_position is not None:
+            check_metrics_length(self.path, resume_position)
         if resume_position is not None and self.path.exists() and self.path.stat().st_size > resume_position:
             with open(self.path, "r+b") as f:
                 f.truncate(resume_position)
@@ -136,6 +141,18 @@ class RunLogger:
         self.close()
 
 
+def check_metrics_length(path: Path, recorded: int) -> None:
+    """Refuse (:class:`RunError`, naming both sizes) a metrics file shorter than the ``recorded`` byte
+    length a checkpoint counts on: appending to it would glue a torn row to the next one and lose rows."""
+    size = path.stat().st_size if path.exists() else None
+    if recorded > 0 and (size is None or size < recorded):
+        have = "is missing" if size is None else f"holds {size} bytes"
+        raise RunError(
+            f"--resume: {path} {have} but the checkpoint recorded {recorded} bytes of metrics; rows were "
+            "lost, so the run is not continued (restore the file, or start over with --overwrite)"
+        )
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a ``metrics.jsonl`` (a torn last line, from a crash mid-write, is skipped)."""
     rows = []
@@ -161,8 +178,10 @@ def start_logging(
     from sppo_rl.runtime.run import config_dict, save_config
 
     record = {**config_dict(cfg), "resolved": resolved}
-    save_config(out_dir, record)
     meta = read_meta(resume_from) if resume_from is not None else None
+    if meta is not None:  # before anything is written
+        check_metrics_length(Path(out_dir) / "metrics.jsonl", meta["metrics_bytes"])
+    save_config(out_dir, record)
     return RunLogger(
         out_dir,
         record,

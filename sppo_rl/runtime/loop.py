@@ -14,11 +14,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from sppo_rl.runtime.checkpoint import atomic_write_text
-from sppo_rl.runtime.logging import read_metrics
-from sppo_rl.runtime.run import Preemption, exit_preempted
+from sppo_rl.runtime.logging import _clean, read_metrics
+from sppo_rl.runtime.run import Preempted, Preemption, exit_preempted
+
+DEFERRED = "deferred_row"
+"""Key in a checkpoint's ``meta.json``: the metrics row (and its log step) of the last update, whose
+evaluation a preemption deferred; a resumed run evaluates, completes and logs it first."""
 
 
 class Run(Protocol):
@@ -69,7 +73,14 @@ def run_loop(
     """Train until the schedule ends, then ``run.finish(rows of metrics.jsonl)``; rank 0 writes the
     summary it returns to ``summary.json``. ``agree(flag)`` is True on every rank when any rank's flag
     is (data parallel: the time budget and a preemption signal stop all ranks together). On SIGTERM /
-    SIGINT the update in flight finishes, a checkpoint is saved and the process exits (128 + signal)."""
+    SIGINT the update in flight finishes, a checkpoint is saved and the process exits (128 + signal).
+
+    Preemption never waits on unbounded work: an update whose reward scoring outlives the signal's
+    grace period (:attr:`Preemption.grace_s`) is given up by the run (:class:`Preempted`, its state as
+    before it) and redone on resume; an evaluation due after the signal, or cut short by it, is
+    deferred: the checkpoint keeps the update's row (``meta.json`` key :data:`DEFERRED`) and the
+    resumed run evaluates and logs it first. Either way the resumed run logs what an uninterrupted
+    one would have."""
     done = run.updates >= schedule.total_updates or (
         schedule.max_seconds is not None and run.elapsed >= schedule.max_seconds
     )
@@ -82,28 +93,65 @@ def run_loop(
         if bar is not None:
             bar.close()
         return json.loads((run.out / "summary.json").read_text())
+    ckpts = getattr(run, "ckpts", None)
+    deferred = ((ckpts.resumed_meta if ckpts is not None else None) or {}).get(DEFERRED)
     try:
         with Preemption() as pre:
-            if schedule.eval_first is not None and run.updates == 0:
-                run.logger.log({**schedule.eval_first, **run.evaluate()}, step=0)
+
+            def stop(row: dict[str, Any] | None = None, step: int = 0) -> NoReturn:
+                """Save (with ``row``, whose evaluation is deferred to the resumed run) and exit."""
+                if row is not None and ckpts is not None:
+                    ckpts.next_meta[DEFERRED] = {"row": {k: _clean(v) for k, v in row.items()}, "step": step}
+                run.save_checkpoint()
+                run.close()
+                if bar is not None:
+                    bar.close()
+                exit_preempted(run.out, pre.requested or "SIGTERM", resume_hint)
+
+            def evaluated(row: dict[str, Any]) -> bool:
+                """Add the evaluation to ``row``; False if a preemption came first or cut it short."""
+                if agree(pre.requested is not None):
+                    return False
+                try:
+                    row.update(run.evaluate())
+                except Preempted:
+                    return False
+                return True
+
+            first = None
+            resumed_deferred = agree(deferred is not None)
+            if resumed_deferred:  # ranks other than 0 only take part in the evaluation
+                first = deferred or {"row": {}, "step": 0}
+            elif schedule.eval_first is not None and run.updates == 0:
+                first = {"row": dict(schedule.eval_first), "step": 0}
+            if first is not None:
+                row = dict(first["row"])
+                if not evaluated(row):
+                    stop(first["row"], first["step"])
+                run.logger.log(row, step=first["step"])
+                if agree(pre.requested is not None):
+                    stop()
+                if resumed_deferred and (run.updates % schedule.checkpoint_every == 0 or done):
+                    run.save_checkpoint()
             last = done
             while not last:
-                row = run.update()
+                try:
+                    row = run.update()
+                except Preempted:  # given up, the run as before it: redone on resume
+                    stop()
                 out_of_time = schedule.max_seconds is not None and run.elapsed >= schedule.max_seconds
                 last = run.updates >= schedule.total_updates or agree(out_of_time)
                 every = schedule.eval_every
-                if every and (run.updates % every == 0 or (last and schedule.eval_last)):
-                    row.update(run.evaluate())
-                run.logger.log(row, step=schedule.log_step(row))
+                step = schedule.log_step(row)
+                due = every and (run.updates % every == 0 or (last and schedule.eval_last))
+                if due and not evaluated(row):
+                    stop(row, step)
+                run.logger.log(row, step=step)
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(postfix(row))
                 if agree(pre.requested is not None):
-                    run.save_checkpoint()
-                    run.close()
-                    if bar is not None:
-                        bar.close()
-                    exit_preempted(run.out, pre.requested or "SIGTERM", resume_hint)
+                    stop()
                 if run.updates % schedule.checkpoint_every == 0 or last:
                     run.save_checkpoint()
     finally:

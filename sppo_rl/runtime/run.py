@@ -9,9 +9,10 @@ import os
 import random
 import signal
 import sys
+import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -56,16 +57,59 @@ def unlock_run_dir(out: Path) -> None:
         os.close(fd)
 
 
-def prepare_run_dir(out_dir: str | Path, *, resume: bool, overwrite: bool = False) -> Path:
-    """Create/check the run folder before any work is done.
+KEEP_ON_OVERWRITE = frozenset({RUN_LOCK, ".lock", "log.txt"})
+"""What ``--overwrite`` leaves in a run folder: this run's lock, and a sweep's lock and log (the sweep
+holds ``.lock`` and is appending this very run's output to ``log.txt``)."""
 
-    - the folder is locked for this run (:func:`lock_run_dir`): two runs never share it;
-    - the folder must be writable (checked by writing a probe file);
+
+def _has_run(out: Path) -> bool:
+    return (out / "metrics.jsonl").exists() or (out / "checkpoints").exists()
+
+
+def _has_checkpoint(out: Path) -> bool:
+    return (out / "checkpoints").is_dir() and any((out / "checkpoints").glob("ckpt-*"))
+
+
+def _busy(out: Path) -> bool:
+    """Whether another process holds ``out``'s run lock (probed without creating anything)."""
+    if out.resolve() in _HELD:
+        return False
+    try:
+        fd = os.open(out / RUN_LOCK, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the probe's lock
+    return False
+
+
+def prepare_run_dir(out_dir: str | Path, *, resume: bool, overwrite: bool = False) -> Path:
+    """Create/check the run folder; call it after every setting has been validated, as the last step
+    before the run's work.
+
     - a folder that already holds a run (``metrics.jsonl`` or ``checkpoints/``) is refused unless
       ``resume`` (continue it) or ``overwrite`` (start over) is given, so no earlier result is lost by
-      accident; ``resume`` of a folder without checkpoints is refused too.
+      accident; ``resume`` of a folder without checkpoints is refused too. These refusals come before
+      anything is created or written;
+    - the folder is locked for this run (:func:`lock_run_dir`): two runs never share it;
+    - the folder must be writable (checked by writing a probe file);
+    - ``overwrite`` of a folder holding a run removes the whole previous run: every entry of the folder
+      except :data:`KEEP_ON_OVERWRITE` (the lock ``.run.lock``, a sweep's ``.lock`` and ``log.txt``),
+      so no ``final.pt``, ``final/``, ``calibration.json``, trace or ``config.json`` of the old run is
+      left to be mistaken for the new one's.
     """
     out = Path(out_dir)
+    if resume and not _has_checkpoint(out):
+        raise RunError(f"--resume: no checkpoint in {out / 'checkpoints'}; start the run without --resume")
+    if not resume and not overwrite and _has_run(out) and not _busy(out):
+        raise RunError(
+            f"{out} already holds a run; pass --resume to continue it, or --overwrite to start over, "
+            "or choose another --out-dir"
+        )
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write-probe"
@@ -74,9 +118,9 @@ def prepare_run_dir(out_dir: str | Path, *, resume: bool, overwrite: bool = Fals
     except OSError as e:
         raise RunError(f"output folder {out} is not writable: {e.strerror or e}") from None
     lock_run_dir(out)
-    has_run = (out / "metrics.jsonl").exists() or (out / "checkpoints").exists()
+    has_run = _has_run(out)  # again, now that the folder is ours
     if resume:
-        if not (out / "checkpoints").is_dir() or not any((out / "checkpoints").glob("ckpt-*")):
+        if not _has_checkpoint(out):
             raise RunError(
                 f"--resume: no checkpoint in {out / 'checkpoints'}; start the run without --resume"
             )
@@ -88,10 +132,16 @@ def prepare_run_dir(out_dir: str | Path, *, resume: bool, overwrite: bool = Fals
     elif has_run and overwrite:
         import shutil
 
-        shutil.rmtree(out / "checkpoints", ignore_errors=True)
-        for name in ("metrics.jsonl", "summary.json"):
-            (out / name).unlink(missing_ok=True)
-        shutil.rmtree(out / "tb", ignore_errors=True)
+        for entry in sorted(out.iterdir()):
+            if entry.name in KEEP_ON_OVERWRITE:
+                continue
+            try:
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+            except OSError as e:
+                raise RunError(f"--overwrite: cannot remove {entry}: {e.strerror or e}") from None
     return out
 
 
@@ -149,27 +199,49 @@ def save_config(out_dir: str | Path, cfg: Any, name: str = "config.json") -> Pat
     return path
 
 
+class Preempted(Exception):
+    """An update or evaluation given up because a preemption signal's grace period ran out (see
+    :class:`Preemption`); the run's state is what it was before it, so it is redone on resume."""
+
+
 class Preemption:
     """Context manager turning SIGTERM / SIGINT into a flag checked between updates.
 
-    The first signal sets :attr:`requested`; the trainer finishes the current update, saves a
-    checkpoint and exits with a message saying how to resume. A second SIGINT raises
-    ``KeyboardInterrupt`` at once (abandoning the update; the last checkpoint stays valid).
-    Handlers are installed only in the main thread and restored on exit.
+    The first signal sets :attr:`requested` (and :attr:`requested_at`); the trainer finishes the
+    current update, saves a checkpoint and exits with a message saying how to resume. Work that can
+    hang (reward scoring) polls :meth:`stop_now`: once the signal is :attr:`grace_s` seconds old, it
+    stops and the update (or evaluation) in flight is given up (:class:`Preempted`) and redone on
+    resume, so the process exits within about ``grace_s`` plus the time of one save. A second SIGINT
+    raises ``KeyboardInterrupt`` at once (abandoning the update; the last checkpoint stays valid).
+    Handlers are installed only in the main thread and restored on exit; :attr:`active` is the one in
+    force (None outside a run loop).
     """
+
+    grace_s: float = 30.0
+    active: Preemption | None = None
 
     def __init__(self) -> None:
         self.requested: str | None = None
+        self.requested_at: float | None = None
         self._old: dict[int, Any] = {}
+        self._outer: Preemption | None = None
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if self.requested is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
+        if self.requested is None:
+            self.requested_at = time.monotonic()
         self.requested = name
         print(
-            f"\n[sppo-rl] {name} received: finishing this update, then saving a checkpoint", file=sys.stderr
+            f"\n[sppo-rl] {name} received: finishing this update, then saving a checkpoint (reward scoring "
+            f"still running after {self.grace_s:.0f} s is given up, and that work is redone on resume)",
+            file=sys.stderr,
         )
+
+    def stop_now(self) -> bool:
+        """True once a signal came at least :attr:`grace_s` seconds ago."""
+        return self.requested_at is not None and time.monotonic() - self.requested_at >= self.grace_s
 
     def __enter__(self) -> Preemption:
         import threading
@@ -177,12 +249,20 @@ class Preemption:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._old[sig] = signal.signal(sig, self._handler)
+        self._outer, Preemption.active = Preemption.active, self
         return self
 
     def __exit__(self, *exc: object) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
         self._old.clear()
+        Preemption.active, self._outer = self._outer, None
+
+
+def preemption_stop_now() -> bool:
+    """Whether the active :class:`Preemption`'s grace period has run out (False outside a run loop)."""
+    pre = Preemption.active
+    return pre is not None and pre.stop_now()
 
 
 def check_finite(step: int, **quantities: Any) -> None:
@@ -215,7 +295,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def exit_preempted(out_dir: Path, signame: str, resume_hint: str) -> None:
+def exit_preempted(out_dir: Path, signame: str, resume_hint: str) -> NoReturn:
     """Print how to resume and exit with the conventional code (128 + signal number)."""
     print(f"[sppo-rl] stopped by {signame}; checkpoint saved in {out_dir / 'checkpoints'}", file=sys.stderr)
     print(f"[sppo-rl] resume with: {resume_hint}", file=sys.stderr)
