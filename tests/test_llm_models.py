@@ -94,7 +94,9 @@ def test_tokenizer_round_trips_spaces_braces_backslashes(tok):
         assert tok.decode(ids) == text
         assert tok.convert_ids_to_tokens(ids) == [byte_level(c) for c in text]  # byte-level names: " " is "Ġ"
     assert tok.pad_token_id == 0 and tok.eos_token_id == 1 and tok.unk_token_id == 2
-    assert tok("#")["input_ids"] == [], "characters outside the charset are dropped (as Qwen2's tokenizer does)"
+    assert tok("#")["input_ids"] == [], (
+        "characters outside the charset are dropped (as Qwen2's tokenizer does)"
+    )
     ids = tok("1+1")["input_ids"] + [tok.eos_token_id]
     assert tok.decode(ids, skip_special_tokens=True) == "1+1"
     assert tok.decode(ids) == "1+1<eos>"
