@@ -95,9 +95,13 @@ def test_group_rows_and_greedy_baseline(tmp_path, tiny):
     row = run.update()
     run.close()
     assert "greedy_reward_mean" in row
-    run = LLMRun(_cfg(tmp_path / "g", tiny, algo="grpo", group_size=3))
-    assert run.group_size == 3
+    run = LLMRun(_cfg(tmp_path / "g", tiny, algo="grpo", group_size=3, temperature=2.0))
+    row = run.update()
     run.close()
+    # 4 prompts x 3 samples: each prompt's 3 responses form one group (group statistics exist only for
+    # groups of two or more, and their fractions add up to every group)
+    assert row["groups_all_correct"] + row["groups_all_wrong"] + row["groups_mixed"] == pytest.approx(1.0)
+    assert row["response_length"] > 0 and run.resolved["rows_per_step"] == 12
 
 
 def test_resume_matches_uninterrupted_within_tolerance(tmp_path, tiny):

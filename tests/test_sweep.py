@@ -81,6 +81,7 @@ def test_sweep_isolates_a_failure_then_finishes_only_what_is_left(tmp_path):
     bad.mkdir(parents=True)
     (bad / "meta.json").write_text('{"step": 1, "metrics_bytes": 0}')
     (bad / "state.pt").write_bytes(b"not a checkpoint")
+    (runs["sppo", 1] / "metrics.jsonl").write_text("")  # what the checkpoint recorded: 0 bytes
 
     proc = _cli(*_cli_args(out))
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -118,19 +119,20 @@ def test_sweep_isolates_a_failure_then_finishes_only_what_is_left(tmp_path):
     shutil.rmtree(c / "checkpoints")
     (c / "metrics.jsonl").write_text(a_first + '\n{"update": 2, "epi')
     shutil.rmtree(d / "checkpoints")  # the corrupt checkpoint is gone: a fresh start
+    (d / "metrics.jsonl").unlink()
 
     results = sweep(_cfg(out))
     assert [(r.status, r.mode) for r in results] == [
         ("resumed", "resume"),
         ("done", "overwrite"),
-        ("resumed", "resume"),
+        ("done", "overwrite"),  # checkpoints whose metrics are gone: started again, not glued
         ("done", "fresh"),
     ]
     rows = read_metrics(a / "metrics.jsonl")
     assert (a / "metrics.jsonl").read_text().splitlines()[0] == a_first  # kept byte for byte
     assert _strip(rows) == _strip(a_rows)  # the resumed run is the uninterrupted one
     assert (a / "log.txt").read_text().count("=== ") == 2
-    assert [r["update"] for r in read_metrics(b / "metrics.jsonl")] == [2]  # rows after the checkpoint
+    assert [r["update"] for r in read_metrics(b / "metrics.jsonl")] == [1, 2]  # the whole run again
     assert [r["update"] for r in read_metrics(c / "metrics.jsonl")] == [1, 2]
     assert all((p / "summary.json").is_file() for p in runs.values())
 

@@ -223,7 +223,10 @@ def test_report_on_llm_runs_only(tmp_path):
     write_llm_run(tmp_path / "runs" / "ppo", "ppo", step)
     write_llm_run(tmp_path / "runs" / "sppo", "sppo", seq)
     report = run_report(ReportConfig(inputs=(str(tmp_path / "runs"),)))
-    assert report["groups"] == [] and report["figures"] == ["tail_effect.png"]
+    assert report["groups"] == [] and "tail_effect.png" in report["figures"]
+    assert not any(f.startswith("success_vs") for f in report["figures"]), (
+        "no control curves without control runs"
+    )
     ppo, sppo = report["tail_effect"]
     assert (ppo["task"], ppo["algo"], ppo["kind"]) == ("arithmetic", "ppo", "step")
     assert (sppo["task"], sppo["algo"], sppo["kind"]) == ("arithmetic", "sppo", "sequence")
@@ -240,7 +243,7 @@ def test_report_on_llm_runs_only(tmp_path):
     )  # pairs 0.8>0.3, 0.8>0.6, 0.6>0.3, 0.6=0.6
     out = tmp_path / "runs" / "report"
     md = (out / "report.md").read_text()
-    assert "No run with success_rate rows" in md and "success_vs_episodes.png" not in md
+    assert "## LLM runs" in md and "success_vs_episodes.png" not in md
     assert "| arithmetic | ppo | V(s_t) | 1 | 4 (2/2) | 0.000 | 0.500 | 1.000 | 1.000 | 0.250 | 1.00 |" in md
     assert "| arithmetic | sppo | V(s_0) | 1 | 4 (2/2) | 0.250 | 0.875 | — |" in md
     assert "![tail effect](tail_effect.png)" in md and "**tail share (last 10%)**" in md

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -456,7 +455,6 @@ def test_each_variant_solves_the_easy_sparse_control_task(tmp_path, algo):
     from sppo_rl.control.trainer import run_control
     from sppo_rl.runtime import read_metrics
 
-    t0 = time.perf_counter()
     cfg = ControlConfig(
         algo=algo,
         task="short-cartpole",
@@ -473,7 +471,6 @@ def test_each_variant_solves_the_easy_sparse_control_task(tmp_path, algo):
     last = float(np.mean([r["success_rate"] for r in rows[-3:]]))
     assert last >= 0.9, (algo, [round(r["success_rate"], 2) for r in rows])
     assert summary["final_eval_success_rate"] >= 0.9
-    assert time.perf_counter() - t0 < 60
 
 
 @pytest.mark.parametrize("algo", ["bppo", "lampo"])

@@ -5,7 +5,9 @@ Every run is a subprocess ``python -m sppo_rl control ... --no-progress`` whose 
 its folder ``<out_dir>/<task>/<algo>/seed<k>`` to decide how to run:
 
 - ``summary.json`` present: the run is finished and is skipped;
-- a checkpoint present: it continues with ``--resume`` (its metrics continue exactly);
+- a checkpoint and ``metrics.jsonl`` present: it continues with ``--resume`` (its metrics continue
+  exactly; a metrics file shorter than its checkpoint recorded is refused by the run, never glued);
+- checkpoints without ``metrics.jsonl`` (its history is gone): it starts again with ``--overwrite``;
 - ``metrics.jsonl`` or ``checkpoints/`` but no checkpoint (a run killed before its first one): ``--overwrite``;
 - nothing: a fresh start.
 
@@ -221,7 +223,7 @@ def run_mode(out: Path) -> str:
     """skip | resume | overwrite | fresh, from what the run folder holds (see the module docstring)."""
     if (out / "summary.json").is_file():
         return "skip"
-    if any((out / "checkpoints").glob("ckpt-*/meta.json")):
+    if any((out / "checkpoints").glob("ckpt-*/meta.json")) and (out / "metrics.jsonl").is_file():
         return "resume"
     if (out / "metrics.jsonl").exists() or (out / "checkpoints").exists():
         return "overwrite"
