@@ -20,9 +20,7 @@ The trainer reads ``algo.requires`` and ``algo.critic_loss``; it never tests the
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
-import resource
 import time
 from pathlib import Path
 from typing import Any
@@ -42,20 +40,34 @@ from sppo_rl.agents import (
     ppo_update,
     terminal_rewards,
 )
-from sppo_rl.agents.algorithms import default_group_size, estimator_params, value_units
+from sppo_rl.agents.algorithms import default_group_size, estimator_params
 from sppo_rl.llm.config import LLMConfig
-from sppo_rl.llm.data import Example, fit_prompts, load_examples, render_prompt
+from sppo_rl.llm.data import Example, fit_prompts, render_prompt
 from sppo_rl.llm.engines import init_process_group, launcher_dist, make_engine
+from sppo_rl.llm.evaluation import evaluate, write_critic_trace
 from sppo_rl.llm.models import (
     CRITICS,
     SequenceCritic,
     TokenCritic,
     check_same_tokenizer,
     load_actor,
-    sequence_logprobs,
 )
-from sppo_rl.llm.reward import RewardFnError, RewardScorer, RewardWorkerError
 from sppo_rl.llm.rollout import HFRolloutEngine, RolloutBatch
+from sppo_rl.llm.setup import (  # noqa: F401  (TINY_CHARSET, default_cache_dir, rollout_rows: imported from here too)
+    TINY_CHARSET,
+    TINY_SETTINGS,
+    NullLogger,
+    check_model_paths,
+    default_cache_dir,
+    embedded_model,
+    load_task,
+    model_context,
+    peak_memory_mb,
+    quiet_transformers,
+    rollout_rows,
+    single_process_group,
+    start_scorer,
+)
 from sppo_rl.llm.tiny import load_tokenizer
 from sppo_rl.runtime import (
     CheckpointManager,
@@ -67,150 +79,7 @@ from sppo_rl.runtime.checkpoint import read_meta, torch_load, torch_save
 from sppo_rl.runtime.logging import check_metrics_length, start_logging
 from sppo_rl.runtime.loop import Schedule, announce, progress_bar, run_loop
 from sppo_rl.runtime.run import Preempted, RunError, check_resume, preemption_stop_now, unlock_run_dir
-from sppo_rl.runtime.trace import TRACE_FILE, write_trace
-
-TINY_CHARSET = "".join(
-    chr(c) for c in range(32, 127)
-)  # printable ASCII: every character a tiny-task text uses
-TINY_SETTINGS = dict(hidden_size=128, layers=4, heads=4, kv_heads=2, seed=0, max_position_embeddings=256)
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("SPPO_RL_CACHE", Path.home() / ".cache" / "sppo_rl"))
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak accelerator memory (CUDA) or peak resident set size of this process (CPU), in MiB."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def load_task(cfg: LLMConfig) -> tuple[list[Example], list[Example], str]:
-    """Training and validation examples, and the reward function that scores them. A missing data
-    file or a directory is refused naming the flag; a malformed record raises a ``DataError`` naming
-    the file and the line."""
-    if cfg.val_data:
-        data_file("--val-data", cfg.val_data)
-    if cfg.task == "arithmetic":
-        from sppo_rl.llm.tasks import REWARD_FN, make_arithmetic
-
-        train, val = make_arithmetic(cfg.data_seed, cfg.train_size, cfg.val_size, tuple(cfg.level))
-        return train, val, (REWARD_FN if cfg.reward_fn == "auto" else cfg.reward_fn)
-    path = Path(cfg.task)
-    if not path.suffix and not path.is_dir():
-        raise RunError(f"unknown task {cfg.task!r}; valid: 'arithmetic' or a .jsonl/.json/.parquet file")
-    data_file("--task", cfg.task)
-    train = load_examples(path, prompt_key=cfg.prompt_key, answer_key=cfg.answer_key)
-    val = (
-        load_examples(cfg.val_data, prompt_key=cfg.prompt_key, answer_key=cfg.answer_key, limit=cfg.val_size)
-        if cfg.val_data
-        else []
-    )
-    return train, val, ("math" if cfg.reward_fn == "auto" else cfg.reward_fn)
-
-
-def data_file(flag: str, value: str) -> Path:
-    """``value`` as the data file ``flag`` names, refused in one line if it is a folder or missing."""
-    path = Path(value)
-    if path.is_dir():
-        raise RunError(f"{flag} {value}: is a folder, not a data file (.jsonl, .json or .parquet)")
-    if not path.is_file():
-        raise RunError(f"{flag} {value}: file not found")
-    return path
-
-
-def check_model_paths(cfg: LLMConfig) -> None:
-    """Refuse, before the run folder is touched, model folders that are not there: ``--model`` and
-    ``--critic-model`` must be Hugging Face model folders, and the embedded default is for arithmetic."""
-    if cfg.model is None and cfg.task != "arithmetic":
-        raise RunError("the embedded tiny model is for --task arithmetic; give --model for other data")
-    for flag, value in (("--model", cfg.model), ("--critic-model", cfg.critic_model)):
-        if value is None or (flag == "--critic-model" and value == "none"):
-            continue
-        if not (Path(value) / "config.json").is_file():
-            what = "no config.json" if Path(value).is_dir() else "no such folder"
-            raise RunError(f"{flag} {value}: not a Hugging Face model folder ({what})")
-
-
-def start_scorer(reward_fn: str, timeout_s: float) -> RewardScorer:
-    """The reward workers, started (the function loaded) before any work: a reward function that cannot
-    be loaded, or whose file exits, crashes or hangs when imported, is refused in one line."""
-    try:
-        return RewardScorer(reward_fn, timeout_s=timeout_s)
-    except (RewardFnError, RewardWorkerError) as e:
-        raise RunError(f"--reward-fn {reward_fn}: {e}") from None
-
-
-def model_context(folder: Path) -> int | None:
-    """The longest sequence the model in ``folder`` takes, from its ``config.json``
-    (``max_position_embeddings`` or its equivalents), or None if it does not say."""
-    import json
-
-    try:
-        config = json.loads((Path(folder) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    for part in (config, config.get("text_config") or {}):
-        for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-            if isinstance(part.get(key), int) and part[key] > 0:
-                return int(part[key])
-    return None
-
-
-def embedded_model(cfg: LLMConfig, train: list[Example], scorer: RewardScorer) -> tuple[Path, dict[str, Any]]:
-    """The tiny Qwen2 model, built once into the cache, then warm-started on the task (also cached)."""
-    from sppo_rl.llm.sft import supervised_warmstart
-    from sppo_rl.llm.tasks import reference_response
-    from sppo_rl.llm.tiny import ensure_tiny_model
-
-    if cfg.task != "arithmetic":
-        raise RunError("the embedded tiny model is for --task arithmetic; give --model for other data")
-    cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
-    base = ensure_tiny_model(cache, TINY_CHARSET, **TINY_SETTINGS)
-    prompts = [str(e.prompt) for e in train]
-    answers = [e.answer for e in train]
-
-    def score(texts: list[str], truths: list[str]) -> list[float]:
-        return scorer.score(texts, truths).scores.tolist()
-
-    return supervised_warmstart(
-        base,
-        cache,
-        prompts,
-        [reference_response(e) for e in train],
-        answers,
-        score,
-        steps=cfg.sft_steps,
-        lr=cfg.sft_lr,
-        target=cfg.sft_target,
-        temperature=cfg.temperature,
-        max_new_tokens=cfg.max_new_tokens,
-        seed=cfg.seed,
-        key_settings={"level": list(cfg.level), "data_seed": cfg.data_seed, "train_size": cfg.train_size},
-        progress=cfg.progress,
-    )
-
-
-class _NullLogger:
-    """Stands in for the metrics log on ranks other than 0."""
-
-    def log(self, row: dict[str, Any], step: int) -> None:
-        pass
-
-    def position(self) -> int:
-        return 0
-
-    def close(self) -> None:
-        pass
-
-
-def quiet_transformers() -> None:
-    """No weight-loading or shard-writing bars from transformers (the run has its own progress bar);
-    its warnings and errors still show."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
+from sppo_rl.runtime.trace import TRACE_FILE
 
 
 class LLMRun:
@@ -254,7 +123,7 @@ class LLMRun:
             )  # validates
             self.dist = init_process_group(cfg.collective_timeout)
             if not torch.distributed.is_initialized():  # one process: a process group of one
-                _single_process_group(cfg.collective_timeout)
+                single_process_group(cfg.collective_timeout)
         check_model_paths(cfg)  # and the data and the reward function: all before the run folder
         self.train_set, self.val_set, reward_fn = load_task(cfg)
         if not self.train_set:
@@ -350,7 +219,7 @@ class LLMRun:
             "device": str(self.device),
             "learner": dataclasses.asdict(self.learner_cfg),  # the update's settings in force
         }
-        self.logger: RunLogger | _NullLogger = _NullLogger()
+        self.logger: RunLogger | NullLogger = NullLogger()
         if self.dist.main:
             self.logger = start_logging(self.out, cfg, self.resolved, ckpt)
 
@@ -676,111 +545,11 @@ class LLMRun:
 
     # ------------------------------------------------------------------------------------- evaluation
 
-    @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
-        """mean@k accuracy and pass@k on the validation split (k = ``eval_samples``, at the rollout
-        temperature), greedy accuracy, and for SPPO the critic's calibration against per-prompt mean@k.
-        Ranks split the prompts (every ``world``-th) and their sums are added up."""
-        cfg = self.cfg
-        if not self.val_set:
-            return {}
-        k = cfg.eval_samples
-        mine = list(range(self.dist.rank, len(self.val_set), self.dist.world))
-        if mine:
-            prompts = [render_prompt(self.val_set[i], self.tokenizer) for i in mine]
-            truths = [self.val_set[i].answer for i in mine]
-            rb = self.rollout.generate(
-                prompts,
-                n=k,
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                max_new_tokens=cfg.max_new_tokens,
-                seed=self._seeds(-1, mine),
-            )
-            scores, err = self._score(rb.texts, [truths[int(i)] for i in rb.prompt_index])
-            per_prompt = scores.view(len(prompts), k)
-            greedy = self.rollout.generate(prompts, greedy=True, max_new_tokens=cfg.max_new_tokens)
-            g_scores, g_err = self._score(greedy.texts, truths)
-            sums = [
-                float(per_prompt.sum()),
-                float((per_prompt.max(1).values > 0).sum()),
-                float(g_scores.sum()),
-                float(err + g_err),
-            ]
-        else:
-            sums = [0.0, 0.0, 0.0, 0.0]
-        self._give_up_if_scoring_was_cut()
-        tot = self.dist.all_sum(sums, self.device)
-        n = len(self.val_set)
-        out: dict[str, Any] = {
-            "val_accuracy": tot[0] / (n * k),
-            "pass_at_k": tot[1] / n,
-            "val_greedy_accuracy": tot[2] / n,
-            "val_k": k,
-            "val_verifier_errors": int(tot[3]),
-        }
-        pairs: list[tuple[float, float]] = []
-        if self.critic_engine is not None and mine:
-            # a per-prompt critic's P(R = 1 | prompt) against the prompt's mean@k (calibration)
-            first = torch.arange(0, len(rb.texts), k)
-            v = self._rows(rb.to(self.device), self.critic_engine.module, False)(first, rb.response_len)
-            if v.dim() == 1:
-                pred = value_units(self.algo, v.float())
-                pairs = list(zip(pred.cpu().tolist(), per_prompt.mean(1).tolist()))
-        pairs = self.dist.gather_lists(pairs) if self.critic_engine is not None else []
-        if pairs:
-            pred_all = np.array([p for p, _ in pairs])
-            emp = np.array([e for _, e in pairs])
-            out["val_critic_brier"] = float(np.mean((pred_all - emp) ** 2))
-            if np.std(emp) > 0 and np.std(pred_all) > 0:
-                from scipy.stats import pearsonr, spearmanr
+        return evaluate(self)
 
-                out["val_critic_pearson"] = float(pearsonr(pred_all, emp)[0])
-                out["val_critic_spearman"] = float(spearmanr(pred_all, emp)[0])
-        return out
-
-    @torch.no_grad()
     def critic_trace(self, path: Path) -> None:
-        """Write what the critic says on sampled validation responses (:mod:`sppo_rl.runtime.trace`),
-        with each response's length and outcome (nothing without a critic). All ranks call this
-        (ZeRO-3); rank 0 writes."""
-        if self.critic_engine is None or not self.val_set:
-            return
-        cfg, critic = self.cfg, self.critic_engine.module
-        mine = list(range(self.dist.rank, len(self.val_set), self.dist.world))
-        rows: list[tuple[list[float], int, float]] = []
-        seq = False
-        if mine:
-            prompts = [render_prompt(self.val_set[i], self.tokenizer) for i in mine]
-            rb = self.rollout.generate(
-                prompts,
-                n=cfg.eval_samples,
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                max_new_tokens=cfg.max_new_tokens,
-                seed=self._seeds(-2, mine),
-            ).to(self.device)
-            R, _ = self._score(rb.texts, [self.val_set[mine[int(i)]].answer for i in rb.prompt_index])
-            lengths = rb.response_lengths.cpu()
-            cost = (rb.prompt_mask.sum(-1) + rb.response_lengths).cpu()
-            red = self.dist.on(self.device)
-            out = forward_rows(self._rows(rb, critic, False), lengths, cost, self.learner_cfg, red)
-            v = value_units(self.algo, out.float()).cpu()  # [n] per response, or [n, T] per token
-            for b in range(len(R)):
-                n = int(lengths[b])
-                rows.append((v[b : b + 1].tolist() if v.dim() == 1 else v[b, :n].tolist(), n, float(R[b])))
-            seq = v.dim() == 1
-        (seq,) = self.dist.all_max([float(seq) if mine else 0.0], self.device)
-        rows = self.dist.gather_lists(rows)
-        if not self.dist.main:
-            return
-        width = max(len(v) for v, _, _ in rows)
-        values = np.zeros((len(rows), width), dtype=np.float32)
-        for b, (v, _, _) in enumerate(rows):
-            values[b, : len(v)] = v
-        lengths_all = np.array([n for _, n, _ in rows])
-        success = np.array([r for _, _, r in rows], dtype=np.float32)
-        write_trace(path, values[:, 0] if seq else values, lengths_all, success, cfg.max_new_tokens)
+        write_critic_trace(self, path)
 
     # ------------------------------------------------------------------------------------- loop
 
@@ -856,40 +625,6 @@ class LLMRun:
         self.logger.close()
         self.scorer.close()
         unlock_run_dir(self.out)
-
-
-def rollout_rows(rb: RolloutBatch, model: Any, policy: bool, temperature: float, device: Any) -> Any:
-    """The learner's world callable over rows of ``rb``: ``(rows, T) ->`` a policy's ``(logp, entropy)``
-    (actor or reference; ``policy=True``) or a critic's values (either kind: one call signature), on
-    those rows cut to their own columns: the prompt's leading all-padding columns and the response
-    past ``T`` are dropped, so a micro-batch costs what its own longest row costs."""
-
-    def fn(rows: Tensor, T: int) -> Any:
-        rows = rows.to(device)
-        pm = rb.prompt_mask[rows]
-        first = int(pm.any(0).float().argmax())
-        ids = torch.cat([rb.prompt_ids[rows, first:], rb.response_ids[rows, :T]], 1)
-        attn = torch.cat([pm[:, first:], rb.response_mask[rows, :T]], 1)
-        return sequence_logprobs(model, ids, attn, T, temperature) if policy else model(ids, attn, T)
-
-    return fn
-
-
-def _single_process_group(timeout_s: float) -> None:
-    """A process group of one (DeepSpeed needs one even without a launcher)."""
-    import datetime
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(port))
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    torch.distributed.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def run_llm(cfg: LLMConfig) -> dict[str, Any]:

@@ -1,0 +1,127 @@
+"""What an LLM run measures besides training: validation (mean@k, pass@k, greedy accuracy, a
+per-prompt critic's calibration) and the critic trace for the tail-effect diagnostic. Functions of the
+run (``self``), so that the trainer keeps only the update."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from sppo_rl.agents import forward_rows
+from sppo_rl.agents.algorithms import value_units
+from sppo_rl.llm.data import render_prompt
+from sppo_rl.runtime.trace import write_trace
+
+if TYPE_CHECKING:
+    from sppo_rl.llm.trainer import LLMRun
+
+
+@torch.no_grad()
+def evaluate(self: LLMRun) -> dict[str, Any]:
+    """mean@k accuracy and pass@k on the validation split (k = ``eval_samples``, at the rollout
+    temperature), greedy accuracy, and for SPPO the critic's calibration against per-prompt mean@k.
+    Ranks split the prompts (every ``world``-th) and their sums are added up."""
+    cfg = self.cfg
+    if not self.val_set:
+        return {}
+    k = cfg.eval_samples
+    mine = list(range(self.dist.rank, len(self.val_set), self.dist.world))
+    if mine:
+        prompts = [render_prompt(self.val_set[i], self.tokenizer) for i in mine]
+        truths = [self.val_set[i].answer for i in mine]
+        rb = self.rollout.generate(
+            prompts,
+            n=k,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_new_tokens=cfg.max_new_tokens,
+            seed=self._seeds(-1, mine),
+        )
+        scores, err = self._score(rb.texts, [truths[int(i)] for i in rb.prompt_index])
+        per_prompt = scores.view(len(prompts), k)
+        greedy = self.rollout.generate(prompts, greedy=True, max_new_tokens=cfg.max_new_tokens)
+        g_scores, g_err = self._score(greedy.texts, truths)
+        sums = [
+            float(per_prompt.sum()),
+            float((per_prompt.max(1).values > 0).sum()),
+            float(g_scores.sum()),
+            float(err + g_err),
+        ]
+    else:
+        sums = [0.0, 0.0, 0.0, 0.0]
+    self._give_up_if_scoring_was_cut()
+    tot = self.dist.all_sum(sums, self.device)
+    n = len(self.val_set)
+    out: dict[str, Any] = {
+        "val_accuracy": tot[0] / (n * k),
+        "pass_at_k": tot[1] / n,
+        "val_greedy_accuracy": tot[2] / n,
+        "val_k": k,
+        "val_verifier_errors": int(tot[3]),
+    }
+    pairs: list[tuple[float, float]] = []
+    if self.critic_engine is not None and mine:
+        # a per-prompt critic's P(R = 1 | prompt) against the prompt's mean@k (calibration)
+        first = torch.arange(0, len(rb.texts), k)
+        v = self._rows(rb.to(self.device), self.critic_engine.module, False)(first, rb.response_len)
+        if v.dim() == 1:
+            pred = value_units(self.algo, v.float())
+            pairs = list(zip(pred.cpu().tolist(), per_prompt.mean(1).tolist()))
+    pairs = self.dist.gather_lists(pairs) if self.critic_engine is not None else []
+    if pairs:
+        pred_all = np.array([p for p, _ in pairs])
+        emp = np.array([e for _, e in pairs])
+        out["val_critic_brier"] = float(np.mean((pred_all - emp) ** 2))
+        if np.std(emp) > 0 and np.std(pred_all) > 0:
+            from scipy.stats import pearsonr, spearmanr
+
+            out["val_critic_pearson"] = float(pearsonr(pred_all, emp)[0])
+            out["val_critic_spearman"] = float(spearmanr(pred_all, emp)[0])
+    return out
+
+
+@torch.no_grad()
+def write_critic_trace(self: LLMRun, path: Path) -> None:
+    """Write what the critic says on sampled validation responses (:mod:`sppo_rl.runtime.trace`),
+    with each response's length and outcome (nothing without a critic). All ranks call this
+    (ZeRO-3); rank 0 writes."""
+    if self.critic_engine is None or not self.val_set:
+        return
+    cfg, critic = self.cfg, self.critic_engine.module
+    mine = list(range(self.dist.rank, len(self.val_set), self.dist.world))
+    rows: list[tuple[list[float], int, float]] = []
+    seq = False
+    if mine:
+        prompts = [render_prompt(self.val_set[i], self.tokenizer) for i in mine]
+        rb = self.rollout.generate(
+            prompts,
+            n=cfg.eval_samples,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_new_tokens=cfg.max_new_tokens,
+            seed=self._seeds(-2, mine),
+        ).to(self.device)
+        R, _ = self._score(rb.texts, [self.val_set[mine[int(i)]].answer for i in rb.prompt_index])
+        lengths = rb.response_lengths.cpu()
+        cost = (rb.prompt_mask.sum(-1) + rb.response_lengths).cpu()
+        red = self.dist.on(self.device)
+        out = forward_rows(self._rows(rb, critic, False), lengths, cost, self.learner_cfg, red)
+        v = value_units(self.algo, out.float()).cpu()  # [n] per response, or [n, T] per token
+        for b in range(len(R)):
+            n = int(lengths[b])
+            rows.append((v[b : b + 1].tolist() if v.dim() == 1 else v[b, :n].tolist(), n, float(R[b])))
+        seq = v.dim() == 1
+    (seq,) = self.dist.all_max([float(seq) if mine else 0.0], self.device)
+    rows = self.dist.gather_lists(rows)
+    if not self.dist.main:
+        return
+    width = max(len(v) for v, _, _ in rows)
+    values = np.zeros((len(rows), width), dtype=np.float32)
+    for b, (v, _, _) in enumerate(rows):
+        values[b, : len(v)] = v
+    lengths_all = np.array([n for _, n, _ in rows])
+    success = np.array([r for _, _, r in rows], dtype=np.float32)
+    write_trace(path, values[:, 0] if seq else values, lengths_all, success, cfg.max_new_tokens)

@@ -1,0 +1,197 @@
+"""What an LLM run needs before it trains: its data, its models (the embedded tiny one built and
+warm-started once), its reward workers, a process group, quiet library output; each refuses a user's
+mistake in one line before the run folder is touched."""
+
+from __future__ import annotations
+
+import os
+import resource
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from sppo_rl.llm.config import LLMConfig
+from sppo_rl.llm.data import Example, load_examples
+from sppo_rl.llm.models import sequence_logprobs
+from sppo_rl.llm.reward import RewardFnError, RewardScorer, RewardWorkerError
+from sppo_rl.llm.rollout import RolloutBatch
+from sppo_rl.runtime.run import RunError
+
+TINY_CHARSET = "".join(
+    chr(c) for c in range(32, 127)
+)  # printable ASCII: every character a tiny-task text uses
+TINY_SETTINGS = dict(hidden_size=128, layers=4, heads=4, kv_heads=2, seed=0, max_position_embeddings=256)
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("SPPO_RL_CACHE", Path.home() / ".cache" / "sppo_rl"))
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak accelerator memory (CUDA) or peak resident set size of this process (CPU), in MiB."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def load_task(cfg: LLMConfig) -> tuple[list[Example], list[Example], str]:
+    """Training and validation examples, and the reward function that scores them. A missing data
+    file or a directory is refused naming the flag; a malformed record raises a ``DataError`` naming
+    the file and the line."""
+    if cfg.val_data:
+        data_file("--val-data", cfg.val_data)
+    if cfg.task == "arithmetic":
+        from sppo_rl.llm.tasks import REWARD_FN, make_arithmetic
+
+        train, val = make_arithmetic(cfg.data_seed, cfg.train_size, cfg.val_size, tuple(cfg.level))
+        return train, val, (REWARD_FN if cfg.reward_fn == "auto" else cfg.reward_fn)
+    path = Path(cfg.task)
+    if not path.suffix and not path.is_dir():
+        raise RunError(f"unknown task {cfg.task!r}; valid: 'arithmetic' or a .jsonl/.json/.parquet file")
+    data_file("--task", cfg.task)
+    train = load_examples(path, prompt_key=cfg.prompt_key, answer_key=cfg.answer_key)
+    val = (
+        load_examples(cfg.val_data, prompt_key=cfg.prompt_key, answer_key=cfg.answer_key, limit=cfg.val_size)
+        if cfg.val_data
+        else []
+    )
+    return train, val, ("math" if cfg.reward_fn == "auto" else cfg.reward_fn)
+
+
+def data_file(flag: str, value: str) -> Path:
+    """``value`` as the data file ``flag`` names, refused in one line if it is a folder or missing."""
+    path = Path(value)
+    if path.is_dir():
+        raise RunError(f"{flag} {value}: is a folder, not a data file (.jsonl, .json or .parquet)")
+    if not path.is_file():
+        raise RunError(f"{flag} {value}: file not found")
+    return path
+
+
+def check_model_paths(cfg: LLMConfig) -> None:
+    """Refuse, before the run folder is touched, model folders that are not there: ``--model`` and
+    ``--critic-model`` must be Hugging Face model folders, and the embedded default is for arithmetic."""
+    if cfg.model is None and cfg.task != "arithmetic":
+        raise RunError("the embedded tiny model is for --task arithmetic; give --model for other data")
+    for flag, value in (("--model", cfg.model), ("--critic-model", cfg.critic_model)):
+        if value is None or (flag == "--critic-model" and value == "none"):
+            continue
+        if not (Path(value) / "config.json").is_file():
+            what = "no config.json" if Path(value).is_dir() else "no such folder"
+            raise RunError(f"{flag} {value}: not a Hugging Face model folder ({what})")
+
+
+def start_scorer(reward_fn: str, timeout_s: float) -> RewardScorer:
+    """The reward workers, started (the function loaded) before any work: a reward function that cannot
+    be loaded, or whose file exits, crashes or hangs when imported, is refused in one line."""
+    try:
+        return RewardScorer(reward_fn, timeout_s=timeout_s)
+    except (RewardFnError, RewardWorkerError) as e:
+        raise RunError(f"--reward-fn {reward_fn}: {e}") from None
+
+
+def model_context(folder: Path) -> int | None:
+    """The longest sequence the model in ``folder`` takes, from its ``config.json``
+    (``max_position_embeddings`` or its equivalents), or None if it does not say."""
+    import json
+
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for part in (config, config.get("text_config") or {}):
+        for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+            if isinstance(part.get(key), int) and part[key] > 0:
+                return int(part[key])
+    return None
+
+
+def embedded_model(cfg: LLMConfig, train: list[Example], scorer: RewardScorer) -> tuple[Path, dict[str, Any]]:
+    """The tiny Qwen2 model, built once into the cache, then warm-started on the task (also cached)."""
+    from sppo_rl.llm.sft import supervised_warmstart
+    from sppo_rl.llm.tasks import reference_response
+    from sppo_rl.llm.tiny import ensure_tiny_model
+
+    if cfg.task != "arithmetic":
+        raise RunError("the embedded tiny model is for --task arithmetic; give --model for other data")
+    cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+    base = ensure_tiny_model(cache, TINY_CHARSET, **TINY_SETTINGS)
+    prompts = [str(e.prompt) for e in train]
+    answers = [e.answer for e in train]
+
+    def score(texts: list[str], truths: list[str]) -> list[float]:
+        return scorer.score(texts, truths).scores.tolist()
+
+    return supervised_warmstart(
+        base,
+        cache,
+        prompts,
+        [reference_response(e) for e in train],
+        answers,
+        score,
+        steps=cfg.sft_steps,
+        lr=cfg.sft_lr,
+        target=cfg.sft_target,
+        temperature=cfg.temperature,
+        max_new_tokens=cfg.max_new_tokens,
+        seed=cfg.seed,
+        key_settings={"level": list(cfg.level), "data_seed": cfg.data_seed, "train_size": cfg.train_size},
+        progress=cfg.progress,
+    )
+
+
+class NullLogger:
+    """Stands in for the metrics log on ranks other than 0."""
+
+    def log(self, row: dict[str, Any], step: int) -> None:
+        pass
+
+    def position(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+def quiet_transformers() -> None:
+    """No weight-loading or shard-writing bars from transformers (the run has its own progress bar);
+    its warnings and errors still show."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def rollout_rows(rb: RolloutBatch, model: Any, policy: bool, temperature: float, device: Any) -> Any:
+    """The learner's world callable over rows of ``rb``: ``(rows, T) ->`` a policy's ``(logp, entropy)``
+    (actor or reference; ``policy=True``) or a critic's values (either kind: one call signature), on
+    those rows cut to their own columns: the prompt's leading all-padding columns and the response
+    past ``T`` are dropped, so a micro-batch costs what its own longest row costs."""
+
+    def fn(rows: Tensor, T: int) -> Any:
+        rows = rows.to(device)
+        pm = rb.prompt_mask[rows]
+        first = int(pm.any(0).float().argmax())
+        ids = torch.cat([rb.prompt_ids[rows, first:], rb.response_ids[rows, :T]], 1)
+        attn = torch.cat([pm[:, first:], rb.response_mask[rows, :T]], 1)
+        return sequence_logprobs(model, ids, attn, T, temperature) if policy else model(ids, attn, T)
+
+    return fn
+
+
+def single_process_group(timeout_s: float) -> None:
+    """A process group of one (DeepSpeed needs one even without a launcher)."""
+    import datetime
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(port))
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    torch.distributed.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
