@@ -286,3 +286,18 @@ def test_budgets_per_task_and_the_control_default(tmp_path):
     (job,) = plan(_cfg(tmp_path, algos=("ppo",), seeds=(0,), total_episodes=None))
     assert job.args[job.args.index("--total-episodes") + 1] == str(ControlConfig().total_episodes)
     assert Path(job.out_dir) == tmp_path.resolve() / "short-cartpole" / "ppo" / "seed0"
+
+
+def test_the_end_of_a_sweep_says_what_came_out_and_where(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    sweep(_cfg(out))
+    text = capsys.readouterr().out
+    end = text[text.index("[sppo-rl] done:") :].splitlines()
+    finals = {}
+    for algo in ("ppo", "sppo"):
+        values = [json.loads((out / "short-cartpole" / algo / f"seed{s}" / "summary.json").read_text())
+                  ["final_success_rate"] for s in (0, 1)]  # fmt: skip
+        finals[algo] = sum(values) / 2
+    assert f"  short-cartpole / ppo: final success {finals['ppo']:.3f} (mean of 2 seeds)" in end
+    assert f"  short-cartpole / sppo: final success {finals['sppo']:.3f} (mean of 2 seeds)" in end
+    assert end[-1] == f"[sppo-rl] next: sppo-rl report {out}    tensorboard --logdir {out}"

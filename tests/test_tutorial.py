@@ -112,6 +112,10 @@ def test_the_llm_run(executed):
     assert any(0.0 < x < 1.0 for x in rewards), "the digit reward must give both outcomes"
     assert (ns["__work__"] / "tutorial_runs" / "llm" / "sppo" / "final" / "actor" / "config.json").is_file()
     assert outputs[4].count("step ") == 3
+    # GRPO with 4 samples per prompt generates about 4 times SPPO's tokens for the same 3 updates
+    sppo_tokens, grpo_tokens = ns["llm_summary"]["generated_tokens"], ns["grpo_summary"]["generated_tokens"]
+    assert 3 * sppo_tokens < grpo_tokens < 5 * sppo_tokens
+    assert f"{sppo_tokens:>14d}{grpo_tokens:>14d}" in outputs[5]
 
 
 def test_the_tail_effect(executed):
@@ -129,10 +133,10 @@ def test_the_tail_effect(executed):
     assert abs(s["v0_success_mean"] - s["v0_failure_mean"]) < 0.05
     assert abs(s["auc_v0"] - 0.5) < 0.25
     assert abs(s["v0_success_mean"] - s["successes"] / s["sequences"]) < 0.2
-    assert "tail share" in outputs[5] and "SPPO V(s_0)" in outputs[5]
+    assert "tail share" in outputs[6] and "SPPO V(s_0)" in outputs[6]
     png = ns["__work__"] / "tutorial_runs" / "report" / "tail_effect.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "('ppo', 'step')" in outputs[6] and "('sppo', 'sequence')" in outputs[6]
+    assert "('ppo', 'step')" in outputs[7] and "('sppo', 'sequence')" in outputs[7]
 
 
 def test_shell_lines_name_real_subcommands():

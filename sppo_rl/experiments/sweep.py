@@ -438,7 +438,31 @@ def sweep(cfg: SweepConfig) -> list[JobResult]:
         + ", ".join(f"{n} {s}" for s, n in counts.items())
         + f"; sweep wall time {wall:.1f} s"
     )
+    print(headline(jobs, final, root))
     return final
+
+
+def headline(jobs: list[Job], results: list[JobResult], root: Path) -> str:
+    """The sweep's end: final success of each (task, algorithm) over its finished seeds (from their
+    ``summary.json``), the folder and the next commands."""
+    finals: dict[tuple[str, str], list[float]] = {}
+    for job, r in zip(jobs, results):
+        summary = Path(job.out_dir) / "summary.json"
+        if r.status in FINISHED and summary.is_file():
+            value = json.loads(summary.read_text()).get("final_success_rate")
+            if value is not None:
+                finals.setdefault((job.task, job.algo), []).append(float(value))
+    lines = [
+        f"  {task} / {algo}: final success {sum(v) / len(v):.3f} (mean of {len(v)} seed{'s' * (len(v) > 1)})"
+        for (task, algo), v in finals.items()
+    ]
+    return "\n".join(
+        ["[sppo-rl] done: " + ("" if lines else "no finished run with a summary"), *lines]
+        + [
+            f"[sppo-rl] sweep folder: {root} (sweep.json, <task>/<algo>/seed<k>/)",
+            f"[sppo-rl] next: sppo-rl report {root}    tensorboard --logdir {root}",
+        ]
+    )
 
 
 def run_sweep(cfg: SweepConfig) -> list[JobResult]:
