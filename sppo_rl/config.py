@@ -47,6 +47,16 @@ def within(lo: float, hi: float, *, open_lo: bool = False) -> Callable[[Any], bo
     return lambda v: _number(v) and (v > lo if open_lo else v >= lo) and v <= hi
 
 
+def _name(v: Any) -> bool:
+    """A string that is not blank."""
+    return isinstance(v, str) and v.strip() != ""
+
+
+def _tags(v: Any) -> bool:
+    """wandb tags: non-blank strings of at most 64 characters."""
+    return all(_name(t) and len(t) <= 64 for t in v)
+
+
 def optional(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
     """None, or a value ``ok`` accepts."""
     return lambda v: v is None or ok(v)
@@ -182,6 +192,14 @@ class RunConfig:
     """wandb mode (offline by default: nothing leaves the machine)."""
     wandb_project: str = "sppo_rl"
     """wandb project name."""
+    wandb_entity: str | None = None
+    """wandb entity (user or team) the run belongs to (None: wandb's default)."""
+    wandb_group: str | None = None
+    """wandb group of the run (a sweep sets its folder's name, so that its runs are grouped)."""
+    wandb_tags: tuple[str, ...] = ()
+    """wandb tags of the run."""
+    exp_name: str | None = None
+    """Name of the run in wandb (None: <task>/<algo>/seed<k>)."""
     extra: dict[str, str] = field(default_factory=dict)
     """Free-form tags stored with the config (e.g. sweep coordinates)."""
 
@@ -222,6 +240,11 @@ class RunConfig:
             ("checkpoint_every", ge(1), ">= 1 (updates)"),
             ("keep_checkpoints", ge(1), ">= 1"),
             ("eval_every", ge(0), ">= 0 (0: off)"),
+            # names (their type is checked first)
+            ("wandb_entity", optional(_name), "a non-empty name, or None for wandb's default"),
+            ("wandb_group", optional(_name), "a non-empty name, or None for no group"),
+            ("exp_name", optional(_name), "a non-empty name, or None for <task>/<algo>/seed<k>"),
+            ("wandb_tags", _tags, "non-empty tags of at most 64 characters each"),
         ]
 
     def field_problems(self) -> list[tuple[str, str]]:

@@ -46,7 +46,7 @@ def executed(tmp_path_factory) -> tuple[dict, list[str]]:
 
 def test_the_tutorial_has_its_sections_and_every_block_prints(executed):
     _, outputs = executed
-    assert len(outputs) == len(blocks("python")) == 7
+    assert len(outputs) == len(blocks("python")) == 8
     assert all(out.strip() for out in outputs), "every block shows a result"
 
 

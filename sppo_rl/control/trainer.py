@@ -171,7 +171,7 @@ class ControlRun:
             **asdict(self.resolved),
             "learner": asdict(self.learner_cfg),
         }  # the update's settings in force
-        self.logger = start_logging(self.out, cfg, resolved, ckpt)
+        self.logger = start_logging(self.out, cfg, resolved, ckpt, world="control")
 
     @property
     def learner_cfg(self) -> LearnerConfig:
@@ -226,6 +226,7 @@ class ControlRun:
     def save_checkpoint(self) -> Path:
         state = self.state_dict()
         meta = {"metrics_bytes": self.logger.position(), "episodes": self.episodes, "algo": self.algo.name}
+        meta["log_step"] = self.env_steps  # the x-axis of the logs (global_step = env steps)
         return self.ckpts.save(self.update_idx, lambda d: torch_save(state, d / "state.pt"), meta)
 
     # ------------------------------------------------------------------------------------- one update
@@ -426,7 +427,11 @@ class ControlRun:
         return run_loop(
             self,
             Schedule(
-                total, cfg.eval_every, cfg.checkpoint_every, cfg.max_seconds, log_step=lambda r: r["episodes"]
+                total,
+                cfg.eval_every,
+                cfg.checkpoint_every,
+                cfg.max_seconds,
+                log_step=lambda r: r["env_steps"],  # CleanRL's global_step
             ),
             resume_hint=f"sppo-rl control --out-dir {self.out} --resume",
             bar=bar,

@@ -57,6 +57,10 @@ BOOKKEEPING = {
     "wandb",
     "wandb_mode",
     "wandb_project",
+    "wandb_entity",
+    "wandb_group",
+    "wandb_tags",
+    "exp_name",
     # evaluations after training (own environments and generators): they do not change a run's metrics
     "eval_episodes",
     "calibration_contexts",
@@ -200,6 +204,7 @@ def plan(cfg: SweepConfig) -> list[Job]:
     base = parse_control(flags)
     base.validate()  # every setting's type and range (ConfigError names the flag), before any run
     root = Path(cfg.out_dir).resolve()
+    group = base.wandb_group or root.name  # the runs of a sweep form one wandb group
     jobs = []
     for seed in seeds:
         for task in tasks:
@@ -209,9 +214,12 @@ def plan(cfg: SweepConfig) -> list[Job]:
                 control = replace(
                     base, algo=algo, task=task, seed=seed, total_episodes=budget, out_dir=str(out)
                 )
+                control = replace(control, wandb_group=group)
                 check_same_settings(out, control)
                 coords = ["--algo", algo, "--task", task, "--seed", str(seed)]
                 coords += ["--total-episodes", str(budget), "--out-dir", str(out)]
+                if base.wandb_group is None:
+                    coords += ["--wandb-group", group]
                 jobs.append(Job(task, algo, seed, str(out), coords + flags))
     return jobs
 

@@ -221,7 +221,7 @@ class LLMRun:
         }
         self.logger: RunLogger | NullLogger = NullLogger()
         if self.dist.main:
-            self.logger = start_logging(self.out, cfg, self.resolved, ckpt)
+            self.logger = start_logging(self.out, cfg, self.resolved, ckpt, world="llm")
 
     def _fit_prompts(self, actor_path: Path) -> None:
         """Drop the training and validation prompts longer than ``--max-prompt-tokens`` (at most the

@@ -5,6 +5,9 @@ length when it was taken (:meth:`RunLogger.position`); on ``--resume`` the rows 
 checkpoint (work that the resumed run redoes) are cut off at exactly that length, so every row before
 the checkpoint is kept byte for byte and no update appears twice. A file shorter than that length (or
 missing) has lost rows the checkpoint counts on: resuming is refused rather than appending to it.
+
+TensorBoard / wandb names follow each world's customs (:func:`tb_tag`, tables :data:`CONTROL_TAGS` and
+:data:`LLM_TAGS`); ``metrics.jsonl`` keeps the plain keys.
 """
 
 from __future__ import annotations
@@ -32,6 +35,69 @@ LOSS_KEYS = {
     "kl",
 }
 
+CONTROL_TAGS: dict[str, str] = {
+    "sps": "charts/SPS",
+    "return": "charts/episodic_return",
+    "episode_length": "charts/episodic_length",
+    "episodes": "charts/episodes",
+    "learning_rate": "charts/learning_rate",
+    "dual_clipfrac": "losses/dual_clipfrac",
+    "ratio_min": "losses/ratio_min",
+    "ratio_max": "losses/ratio_max",
+}
+"""Control world (CleanRL's names; the x-axis is ``global_step`` = env steps): the keys above, then
+``losses/<key>`` for :data:`LOSS_KEYS` (policy_loss, value_loss, critic_bce, entropy, approx_kl, clipfrac,
+explained_variance, grad_norm, ...) and ``charts/<key>`` for the rest (success_rate, eval_success_rate,
+greedy_success_rate, env_steps, update_sps, ...)."""
+
+LLM_TAGS: dict[str, str] = {
+    "policy_loss": "actor/policy_loss",
+    "entropy": "actor/entropy",
+    "clipfrac": "actor/clipfrac",
+    "dual_clipfrac": "actor/dual_clipfrac",
+    "approx_kl": "actor/approx_kl",
+    "approx_kl_k3": "actor/approx_kl_k3",
+    "grad_norm": "actor/grad_norm",
+    "kl_loss": "actor/kl_loss",
+    "kl": "actor/kl",
+    "loss_frac": "actor/loss_frac",
+    "actor_skipped": "actor/skipped",
+    "value_loss": "critic/value_loss",
+    "critic_bce": "critic/bce",
+    "critic_grad_norm": "critic/grad_norm",
+    "explained_variance": "critic/explained_variance",
+    "val_accuracy": "val/accuracy",
+    "pass_at_k": "val/pass_at_k",
+    "response_length": "response/length",
+    "response_clip_frac": "response/clip_frac",
+    "step_time_s": "timing/step_s",
+    "wall_time_s": "timing/wall_s",
+    "gen_tokens_per_s": "perf/gen_tokens_per_s",
+    "peak_memory_mb": "perf/peak_memory_mb",
+    "generated_tokens": "perf/generated_tokens",
+    "reward_mean": "reward/mean",
+    "greedy_reward_mean": "reward/greedy_mean",
+    "verifier_errors": "reward/verifier_errors",
+}
+"""LLM world (verl / TRL names; the x-axis is the update step): the keys above, then by prefix (see
+:data:`LLM_PREFIXES`): ``ratio_*`` and ``adv_*`` -> ``actor/...``, ``v0_*`` -> ``critic/v0_*``, ``val_*`` ->
+``val/*`` (greedy_accuracy, critic_brier, ...), ``time_*`` -> ``timing/*`` (``time_gen_s`` ->
+``timing/gen_s``), ``rollout_*`` -> ``rollout/*``, ``groups_*`` -> ``reward/groups_*``; anything else
+``train/<key>``."""
+
+LLM_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("ratio_", "actor/ratio_"),
+    ("adv_", "actor/adv_"),
+    ("length_adv_", "actor/length_adv_"),
+    ("v0_", "critic/v0_"),
+    ("val_", "val/"),
+    ("time_", "timing/"),
+    ("rollout_", "rollout/"),
+    ("groups_", "reward/groups_"),
+)
+
+WORLDS = ("control", "llm")
+
 
 def _clean(value: Any) -> Any:
     """JSON-safe scalars: non-finite floats become null, tensors and numpy scalars plain numbers."""
@@ -42,10 +108,23 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def tb_tag(key: str) -> str:
-    """CleanRL-style tag: ``losses/<key>`` for optimisation diagnostics, ``charts/<key>`` otherwise."""
+def tb_tag(key: str, world: str | None = None) -> str:
+    """The TensorBoard / wandb name of a metrics key in ``world`` (``"control"``: :data:`CONTROL_TAGS`,
+    ``"llm"``: :data:`LLM_TAGS`); without a world, CleanRL's ``losses/<key>`` for optimisation
+    diagnostics and ``charts/<key>`` otherwise. A key holding ``/`` is already a tag."""
     if "/" in key:
         return key
+    if world == "control" and key in CONTROL_TAGS:
+        return CONTROL_TAGS[key]
+    if world == "llm":
+        if key in LLM_TAGS:
+            return LLM_TAGS[key]
+        for prefix, tag in LLM_PREFIXES:
+            if key.startswith(prefix):
+                return tag + key[len(prefix) :]
+        return f"train/{key}"
+    if world not in (None, *WORLDS):
+        raise ValueError(f"unknown logging world {world!r}; valid: {', '.join(WORLDS)}")
     return f"losses/{key}" if key in LOSS_KEYS else f"charts/{key}"
 
 
@@ -57,6 +136,9 @@ class RunLogger:
         config: the resolved config (stored with the wandb run).
         tensorboard: write ``out_dir/tb`` events.
         wandb: also log to wandb (``wandb_mode`` "offline" by default: nothing leaves the machine).
+        wandb_name, wandb_group, wandb_tags, wandb_entity: the wandb run's name (default: the folder's),
+            group, tags and entity (None: wandb's defaults).
+        world: ``"control"`` or ``"llm"``: the naming table of :func:`tb_tag` (None: CleanRL's two prefixes).
         resume_position: byte length of ``metrics.jsonl`` recorded by the checkpoint being resumed.
         resume_step: that checkpoint's step; TensorBoard events after it are purged.
     """
@@ -70,12 +152,19 @@ class RunLogger:
         wandb: bool = False,
         wandb_project: str = "sppo_rl",
         wandb_mode: str = "offline",
+        wandb_name: str | None = None,
+        wandb_group: str | None = None,
+        wandb_tags: tuple[str, ...] = (),
+        wandb_entity: str | None = None,
+        world: str | None = None,
         resume_position: int | None = None,
         resume_step: int | None = None,
     ) -> None:
+        tb_tag("x", world)  # an unknown world is refused before anything is written
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
+        self.world = world
         if resume_position is not None:
             check_metrics_length(self.path, resume_position)
         if resume_position is not None and self.path.exists() and self.path.stat().st_size > resume_position:
@@ -104,7 +193,10 @@ class RunLogger:
                 id=run_id,
                 resume="allow",
                 mode=wandb_mode,
-                name=self.out_dir.name,
+                name=wandb_name or self.out_dir.name,
+                group=wandb_group,
+                tags=list(wandb_tags) or None,
+                entity=wandb_entity,
             )
 
     def position(self) -> int:
@@ -120,9 +212,9 @@ class RunLogger:
         numbers = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         if self._tb is not None:
             for k, v in numbers.items():
-                self._tb.add_scalar(tb_tag(k), v, step)
+                self._tb.add_scalar(tb_tag(k, self.world), v, step)
         if self._wandb is not None:
-            self._wandb.log({tb_tag(k): v for k, v in numbers.items()}, step=step)
+            self._wandb.log({tb_tag(k, self.world): v for k, v in numbers.items()}, step=step)
 
     def close(self) -> None:
         if not self._file.closed:
@@ -169,11 +261,18 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 def start_logging(
-    out_dir: str | Path, cfg: Any, resolved: dict[str, Any], resume_from: Path | None
+    out_dir: str | Path,
+    cfg: Any,
+    resolved: dict[str, Any],
+    resume_from: Path | None,
+    world: str | None = None,
 ) -> RunLogger:
     """Write ``config.json`` (the config plus its ``resolved`` settings) and open the run's metrics log,
     continuing after the checkpoint ``resume_from`` when resuming. ``cfg`` carries the logging fields
-    every run config has (``tensorboard``, ``wandb``, ``wandb_project``, ``wandb_mode``)."""
+    every run config has (``tensorboard``, ``wandb``, ``wandb_project``, ``wandb_mode``, ``wandb_entity``,
+    ``wandb_group``, ``wandb_tags``, ``exp_name``); ``world`` picks the tag names (:func:`tb_tag`). The
+    wandb run is named ``exp_name``, else ``<task>/<algo>/seed<k>``. TensorBoard events after the
+    checkpoint's ``log_step`` (its ``step`` if it has none) are purged on resume."""
     from sppo_rl.runtime.checkpoint import read_meta
     from sppo_rl.runtime.run import config_dict, save_config
 
@@ -182,6 +281,9 @@ def start_logging(
     if meta is not None:  # before anything is written
         check_metrics_length(Path(out_dir) / "metrics.jsonl", meta["metrics_bytes"])
     save_config(out_dir, record)
+    name = getattr(cfg, "exp_name", None)
+    if name is None and hasattr(cfg, "task") and hasattr(cfg, "algo") and hasattr(cfg, "seed"):
+        name = f"{cfg.task}/{cfg.algo}/seed{cfg.seed}"
     return RunLogger(
         out_dir,
         record,
@@ -189,6 +291,11 @@ def start_logging(
         wandb=cfg.wandb,
         wandb_project=cfg.wandb_project,
         wandb_mode=cfg.wandb_mode,
+        wandb_name=name,
+        wandb_group=getattr(cfg, "wandb_group", None),
+        wandb_tags=tuple(getattr(cfg, "wandb_tags", ())),
+        wandb_entity=getattr(cfg, "wandb_entity", None),
+        world=world,
         resume_position=meta["metrics_bytes"] if meta else None,
-        resume_step=meta["step"] if meta else None,
+        resume_step=meta.get("log_step", meta["step"]) if meta else None,
     )

@@ -150,7 +150,7 @@ RESUMABLE = frozenset(
         "resume", "overwrite", "out_dir", "total_episodes", "steps", "max_seconds", "progress", "tensorboard",
         "wandb", "wandb_mode", "wandb_project", "checkpoint_every", "keep_checkpoints", "eval_every",
         "eval_episodes", "calibration_contexts", "calibration_samples", "threads", "extra", "cache_dir",
-        "reward_timeout", "collective_timeout",
+        "reward_timeout", "collective_timeout", "wandb_entity", "wandb_group", "wandb_tags", "exp_name",
     }
 )  # fmt: skip
 """Settings a resumed run may change (budgets, cadence, logging, resources); any other change would
