@@ -21,7 +21,7 @@ def test_gspo_sequence_ratio_is_the_geometric_mean_clipped_per_sequence():
     adv = mask.clone()
     loss, m = policy_loss(logp, logp_old, adv, mask, agg="seq-mean-token-mean", ratio_level="sequence")
     # seq-mean of per-sequence objectives: (-1.105171 + -1.2) / 2 = -1.1525855
-    assert float(loss) == pytest.approx(-1.1525855, abs=1e-6)
+    assert float(loss.detach()) == pytest.approx(-1.1525855, abs=1e-6)
     assert m["ratio_max"] == pytest.approx(1.648721, abs=1e-5) and m["clipfrac"] == pytest.approx(2 / 5)
     loss.backward()
     # d/dlogp_t of -(1/2) * e^{mean} over sequence 1: -(1/2) * 1.105171 / 3 = -0.1841952; sequence 2 is clipped: 0
