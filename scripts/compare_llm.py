@@ -40,6 +40,14 @@ RUNS = [
     ("sppo-small-critic", ["--algo", "sppo", "--critic-model", "{small}"]),
     ("bppo", ["--algo", "bppo", "--group-size", "8"]),
     ("lampo", ["--algo", "lampo", "--group-size", "8"]),
+    ("gspo", ["--algo", "gspo", "--group-size", "8"]),
+    ("sppo-seq", ["--algo", "sppo-seq"]),
+    ("cispo", ["--algo", "cispo", "--group-size", "8"]),
+    ("reinforce++", ["--algo", "reinforce++"]),
+    ("reinforce++-baseline", ["--algo", "reinforce++-baseline", "--group-size", "8"]),
+    # token-level PPO with VC-PPO / VAPO's critic fixes: unbiased critic targets, length-adaptive actor
+    # lambda, value pre-training
+    ("ppo-vc", ["--algo", "ppo", "--lam-critic", "1.0", "--lam-alpha", "0.05", "--critic-warmup", "5"]),
 ]
 
 
