@@ -46,8 +46,8 @@ RUNS = [
     ("reinforce++", ["--algo", "reinforce++"]),
     ("reinforce++-baseline", ["--algo", "reinforce++-baseline", "--group-size", "8"]),
     # token-level PPO with VC-PPO / VAPO's critic fixes: unbiased critic targets, length-adaptive actor
-    # lambda, value pre-training
-    ("ppo-vc", ["--algo", "ppo", "--lam-critic", "1.0", "--lam-alpha", "0.05", "--critic-warmup", "5"]),
+    # lambda (alpha 1: lambda 0.9 at 10 tokens; VAPO's 0.05 is for responses of hundreds), value pre-training
+    ("ppo-vc", ["--algo", "ppo", "--lam-critic", "1.0", "--lam-alpha", "1.0", "--critic-warmup", "5"]),
 ]
 
 
