@@ -179,3 +179,37 @@ def test_critic_warmup_holds_the_actor_in_the_control_world(tmp_path):
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["actor_skipped"] for r in rows] == [1, 1, 0, 0]
     assert "policy_loss" not in rows[0] and "value_loss" in rows[0] and "policy_loss" in rows[2]
+
+
+def test_dapo_soft_overlong_punishment_worked_numbers():
+    from sppo_rl.agents.batch import overlong_penalty
+
+    # L = 16, C = 4: free up to 12 tokens, then (12 - l) / 4: 14 -> -0.5, 16 -> -1; past L -> -1
+    pen = overlong_penalty(torch.tensor([5, 12, 13, 14, 16, 20]), max_len=16, buffer=4, factor=0.5)
+    assert torch.allclose(pen, 0.5 * torch.tensor([0.0, 0.0, -0.25, -0.5, -1.0, -1.0]))
+    assert torch.equal(overlong_penalty(torch.tensor([16]), 16, 0), torch.zeros(1))
+
+
+def test_overlong_filtering_leaves_truncated_responses_out_of_the_loss(tmp_path, tiny):
+    """An untrained tiny model never stops within 8 tokens: with the filter every response is cut, so
+    nothing is left to train the actor on, and every one is counted."""
+    from sppo_rl.llm.config import LLMConfig
+    from sppo_rl.llm.trainer import run_llm
+    from sppo_rl.runtime import read_metrics
+
+    fn = tmp_path / "parity.py"
+    fn.write_text("def even(response, truth):\n    return float(len(response) % 2 == 0)\n")
+    common = dict(
+        task="arithmetic", model=str(tiny), steps=1, prompts_per_step=4, train_size=32, val_size=4,
+        eval_samples=1, eval_every=0, max_new_tokens=8, algo="grpo", group_size=4, temperature=2.0,
+        reward_fn=f"{fn}:even", progress=False, tensorboard=False,
+    )  # fmt: skip
+    rows = {}
+    for name, extra in {"plain": {}, "filtered": {"overlong_filter": True}}.items():
+        cfg = LLMConfig(**common, **extra, out_dir=str(tmp_path / name))
+        run_llm(cfg)
+        rows[name] = [r for r in read_metrics(tmp_path / name / "metrics.jsonl") if r["step"] == 1][0]
+    cut = rows["filtered"]["response_clip_frac"] * 16
+    assert cut > 0, "the tiny model must be cut off for the test to mean anything"
+    assert rows["filtered"]["overlong_filtered"] == cut
+    assert rows["filtered"]["loss_frac"] < rows["plain"]["loss_frac"] == 1.0

@@ -109,3 +109,17 @@ def lengths_to_mask(lengths: Tensor, T: int | None = None) -> Tensor:
     """``mask[b, t] = 1.0 if t < lengths[b]``."""
     T = int(lengths.max().item()) if T is None else T
     return (torch.arange(T, device=lengths.device)[None, :] < lengths[:, None]).float()
+
+
+def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, factor: float = 1.0) -> Tensor:
+    """DAPO's soft overlong punishment, ``[B]``, added to the outcome in the reward:
+    ``0`` for ``l <= L - C``; ``factor * ((L - C) - l) / C`` for ``L - C < l <= L``; ``-factor`` past
+    ``L`` (``L = max_len``, ``C = buffer``, ``l`` = a response's length in tokens). ``buffer = 0`` is off."""
+    if buffer <= 0:
+        return torch.zeros(lengths.shape, dtype=torch.float32, device=lengths.device)
+    if buffer > max_len:
+        raise ValueError(f"the overlong buffer ({buffer}) cannot exceed the length limit ({max_len})")
+    soft = max_len - buffer
+    n = lengths.to(torch.float32)
+    pen = torch.where(n <= soft, torch.zeros_like(n), (soft - n) / buffer)
+    return factor * pen.clamp(min=-1.0)

@@ -54,6 +54,14 @@ class LLMConfig(RunConfig):
     """Rollout nucleus mass."""
     max_new_tokens: int = 16
     """Longest response in tokens."""
+    overlong_filter: bool = False
+    """DAPO's overlong filtering: responses cut at --max-new-tokens (no stop token) are left out of the loss
+    (their group statistics still count them); counted as overlong_filtered."""
+    overlong_buffer: int = 0
+    """DAPO's soft overlong punishment: the last N tokens before --max-new-tokens cost up to
+    --overlong-penalty in the reward, linearly (0: off). The critic's BCE target stays the outcome."""
+    overlong_penalty: float = 1.0
+    """The largest soft overlong punishment (reached at --max-new-tokens)."""
     max_prompt_tokens: int | None = None
     """Longest prompt in tokens; longer ones are skipped, counted in a warning (default and upper bound: the
     model's context minus --max-new-tokens; 1024 if the model's config gives no context length)."""
@@ -132,6 +140,12 @@ class LLMConfig(RunConfig):
             ("temperature", gt(0), "> 0"),
             ("top_p", within(0, 1, open_lo=True), "in (0, 1]"),
             ("max_new_tokens", ge(1), ">= 1"),
+            (
+                "overlong_buffer",
+                lambda v: ge(0)(v) and v <= self.max_new_tokens,
+                ">= 0 and <= --max-new-tokens",
+            ),
+            ("overlong_penalty", ge(0), ">= 0"),
             ("max_prompt_tokens", optional(ge(1)), ">= 1, or None for the model's context"),
             ("max_prompt_tokens", optional(ge(1)), ">= 1, or None for the model's context"),
             ("weight_decay", ge(0), ">= 0"),

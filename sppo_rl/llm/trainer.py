@@ -41,6 +41,7 @@ from sppo_rl.agents import (
     terminal_rewards,
 )
 from sppo_rl.agents.algorithms import default_group_size, estimator_params
+from sppo_rl.agents.batch import overlong_penalty
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.data import Example, fit_prompts, render_prompt
 from sppo_rl.llm.engines import init_process_group, launcher_dist, make_engine
@@ -435,7 +436,13 @@ class LLMRun:
                     self._rows(rb, self.critic_engine.module, False), lengths, cost, lcfg, red
                 ).float()
         R = R.to(self.device)
-        token_rewards = terminal_rewards(R, mask)
+        token_rewards = terminal_rewards(R, mask)  # plus DAPO's soft overlong punishment, if on
+        token_rewards += terminal_rewards(
+            overlong_penalty(
+                rb.response_lengths, cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty
+            ),
+            mask,
+        )
         kl_tok = kl_penalty(logp_old, ref_logp, cfg.kl_estimator) * mask if kl_reward else None
         if kl_tok is not None:
             token_rewards = token_rewards - cfg.kl_coef * kl_tok
@@ -452,7 +459,13 @@ class LLMRun:
         )
         compute_advantages(batch, algo, **estimator_params(cfg))
         check_finite(self.step_idx + 1, advantages=batch.advantages)
+        cut = ~rb.finished.to(self.device)
+        if cfg.overlong_filter:  # DAPO: a truncated response teaches nothing about its (unseen) answer
+            batch.loss_mask = batch.loss_mask * (~cut).to(batch.mask.dtype)[:, None]
+            batch.advantages = batch.advantages * batch.loss_mask
         stats = self._optimise(rb, batch, cost)
+        if cfg.overlong_filter:
+            stats["overlong_filtered"] = self.dist.all_sum([float(cut.sum())], self.device)[0]
         logp_old = batch.logp_old  # filled by the training pass when fused (None if the actor was skipped)
         if kl_tok is None and ref_logp is not None and logp_old is not None:
             kl_tok = kl_penalty(logp_old, ref_logp, cfg.kl_estimator) * mask
