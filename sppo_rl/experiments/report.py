@@ -278,13 +278,7 @@ def run_numbers(run: Run, cfg: ReportConfig) -> dict[str, Any]:
     last = run.rows[-1]
     final = stats.tail_mean(y, cfg.final_frac)
     return {
-        "path": str(run.path),
-        "task": run.task,
-        "algo": run.algo,
-        "label": run.label,
-        "world": run.world,
-        "seed": run.seed,
-        "finished": run.finished,
+        **_identity(run),
         "updates": len(run.rows),
         "episodes": last.get("episodes"),
         "final_success": final,
@@ -295,11 +289,8 @@ def run_numbers(run: Run, cfg: ReportConfig) -> dict[str, Any]:
     }
 
 
-def llm_run_numbers(run: Run, cfg: ReportConfig) -> dict[str, Any]:
-    """Per-run numbers of an LLM run: final validation accuracy (mean over the last ``final_frac`` of its
-    evaluations, at least one), and updates, generated tokens and training seconds of its last row."""
-    y = _col(run.rows, "val_accuracy")
-    final = stats.tail_mean(y, cfg.final_frac)
+def _identity(run: Run) -> dict[str, Any]:
+    """What names a run in the report: its folder, task, algorithm, group label, world, seed, whether it finished."""
     return {
         "path": str(run.path),
         "task": run.task,
@@ -308,6 +299,16 @@ def llm_run_numbers(run: Run, cfg: ReportConfig) -> dict[str, Any]:
         "world": run.world,
         "seed": run.seed,
         "finished": run.finished,
+    }
+
+
+def llm_run_numbers(run: Run, cfg: ReportConfig) -> dict[str, Any]:
+    """Per-run numbers of an LLM run: final validation accuracy (mean over the last ``final_frac`` of its
+    evaluations, at least one), and updates, generated tokens and training seconds of its last row."""
+    y = _col(run.rows, "val_accuracy")
+    final = stats.tail_mean(y, cfg.final_frac)
+    return {
+        **_identity(run),
         "evaluations": len(run.rows),
         "updates": run.last.get("step"),
         "start_val_accuracy": float(y[0]),
