@@ -53,7 +53,7 @@ import numpy as np
 from sppo_rl.experiments import stats, tail
 from sppo_rl.experiments.config import ReportConfig
 from sppo_rl.experiments.sweep import BOOKKEEPING
-from sppo_rl.runtime.logging import read_metrics
+from sppo_rl.runtime.logging import json_safe, read_metrics
 from sppo_rl.runtime.run import RunError
 
 # one colour per algorithm, the same in every figure; other names get EXTRA colours in sorted order
@@ -888,18 +888,6 @@ def definitions(cfg: ReportConfig, control: bool, llm: bool) -> dict[str, str]:
     return d
 
 
-def _clean(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_clean(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return _clean(x.tolist())
-    return x
-
-
 def _groups(runs: list[Run]) -> list[tuple[str, str, list[Run]]]:
     """(task, label, seeds sorted) in task order, then label order."""
     order = label_order(runs)
@@ -1041,7 +1029,7 @@ def run_report(cfg: ReportConfig) -> dict[str, Any]:
     }
     text = markdown(report, cfg)
     (out / "report.md").write_text(text)
-    (out / "report.json").write_text(json.dumps(_clean(report), indent=1) + "\n")
+    (out / "report.json").write_text(json.dumps(json_safe(report), indent=1) + "\n")
     print(text)
     print(f"report: {out / 'report.md'}, {out / 'report.json'}, " + ", ".join(str(out / f) for f in figures))
     return report

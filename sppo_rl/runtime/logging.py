@@ -99,8 +99,15 @@ LLM_PREFIXES: tuple[tuple[str, str], ...] = (
 WORLDS = ("control", "llm")
 
 
-def _clean(value: Any) -> Any:
-    """JSON-safe scalars: non-finite floats become null, tensors and numpy scalars plain numbers."""
+def json_safe(value: Any) -> Any:
+    """A value ``json.dumps`` writes as valid JSON: non-finite floats become null, numpy arrays lists,
+    tensors and numpy scalars plain numbers; dicts, lists and tuples element by element."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "tolist") and getattr(value, "ndim", 0) > 0:  # an array or tensor with dimensions
+        return json_safe(value.tolist())
     if hasattr(value, "item") and callable(value.item):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
@@ -205,7 +212,7 @@ class RunLogger:
         return self._file.tell()
 
     def log(self, row: dict[str, Any], step: int) -> None:
-        row = {k: _clean(v) for k, v in row.items()}
+        row = {k: json_safe(v) for k, v in row.items()}
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())

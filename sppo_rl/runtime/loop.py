@@ -8,7 +8,6 @@ happen, so both worlds stop, save, resume and summarise alike.
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
 from sppo_rl.runtime.checkpoint import atomic_write_text
-from sppo_rl.runtime.logging import _clean, read_metrics
+from sppo_rl.runtime.logging import json_safe, read_metrics
 from sppo_rl.runtime.run import Preempted, Preemption, exit_preempted
 
 DEFERRED = "deferred_row"
@@ -101,7 +100,10 @@ def run_loop(
             def stop(row: dict[str, Any] | None = None, step: int = 0) -> NoReturn:
                 """Save (with ``row``, whose evaluation is deferred to the resumed run) and exit."""
                 if row is not None and ckpts is not None:
-                    ckpts.next_meta[DEFERRED] = {"row": {k: _clean(v) for k, v in row.items()}, "step": step}
+                    ckpts.next_meta[DEFERRED] = {
+                        "row": {k: json_safe(v) for k, v in row.items()},
+                        "step": step,
+                    }
                 run.save_checkpoint()
                 run.close()
                 if bar is not None:
@@ -161,7 +163,7 @@ def run_loop(
     summary = run.finish(rows)
     run.close()
     if main:
-        text = json.dumps(_finite(summary), indent=2, default=str, allow_nan=False)
+        text = json.dumps(json_safe(summary), indent=2, default=str, allow_nan=False)
         atomic_write_text(run.out / "summary.json", text + "\n")
     return summary
 
@@ -182,17 +184,6 @@ def announce(out: Path, headline: str, tensorboard: bool, main: bool = True) -> 
         + (f"    tensorboard --logdir {out / 'tb'}" if tensorboard else ""),
     ]
     print("\n".join(lines), file=sys.stderr, flush=True)
-
-
-def _finite(obj: Any) -> Any:
-    """Non-finite floats become null (``summary.json`` stays valid JSON)."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def progress_bar(enabled: bool, total: int, initial: int, desc: str, unit: str = "update") -> Any:
