@@ -32,14 +32,7 @@ def evaluate(self: LLMRun) -> dict[str, Any]:
     if mine:
         prompts = [render_prompt(self.val_set[i], self.tokenizer) for i in mine]
         truths = [self.val_set[i].answer for i in mine]
-        rb = self.rollout.generate(
-            prompts,
-            n=k,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            max_new_tokens=cfg.max_new_tokens,
-            seed=self._seeds(-1, mine),
-        )
+        rb = self.sample(prompts, k, -1, mine)
         scores, err = self._score(rb.texts, [truths[int(i)] for i in rb.prompt_index])
         per_prompt = scores.view(len(prompts), k)
         greedy = self.rollout.generate(prompts, greedy=True, max_new_tokens=cfg.max_new_tokens)
@@ -96,14 +89,7 @@ def write_critic_trace(self: LLMRun, path: Path) -> None:
     seq = False
     if mine:
         prompts = [render_prompt(self.val_set[i], self.tokenizer) for i in mine]
-        rb = self.rollout.generate(
-            prompts,
-            n=cfg.eval_samples,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            max_new_tokens=cfg.max_new_tokens,
-            seed=self._seeds(-2, mine),
-        ).to(self.device)
+        rb = self.sample(prompts, cfg.eval_samples, -2, mine).to(self.device)
         R, _ = self._score(rb.texts, [self.val_set[mine[int(i)]].answer for i in rb.prompt_index])
         lengths = rb.response_lengths.cpu()
         cost = (rb.prompt_mask.sum(-1) + rb.response_lengths).cpu()

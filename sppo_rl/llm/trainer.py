@@ -374,6 +374,19 @@ class LLMRun:
         in the whole batch (not of the rank that samples it)."""
         return [(self.cfg.seed * 1_000_003 + base) * 65_537 + i for i in positions]
 
+    def sample(self, prompts: list[str], n: int, base: int, positions: list[int]) -> RolloutBatch:
+        """``n`` responses per prompt at the run's temperature, top-p and length, seeded per prompt
+        (:meth:`_seeds`): the training batches (``base`` = the update), validation and critic traces."""
+        cfg = self.cfg
+        return self.rollout.generate(
+            prompts,
+            n=n,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_new_tokens=cfg.max_new_tokens,
+            seed=self._seeds(base, positions),
+        )
+
     def update(self) -> dict[str, Any]:
         cfg, algo, G = self.cfg, self.algo, self.group_size
         req = algo.requires
@@ -381,14 +394,7 @@ class LLMRun:
         before = (list(self.order), self.data_rng.getstate(), torch.get_rng_state())  # if given up
         examples, positions = self._next_prompts()
         prompts = [render_prompt(e, self.tokenizer) for e in examples]
-        rb = self.rollout.generate(
-            prompts,
-            n=G,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            max_new_tokens=cfg.max_new_tokens,
-            seed=self._seeds(self.step_idx, positions),
-        )
+        rb = self.sample(prompts, G, self.step_idx, positions)
         greedy_rb = None
         if req.greedy_baseline:
             greedy_rb = self.rollout.generate(prompts, n=1, greedy=True, max_new_tokens=cfg.max_new_tokens)
@@ -487,7 +493,6 @@ class LLMRun:
                 float((~rb.finished).sum()),
                 float(errors),
                 float(baseline.sum()) if baseline is not None else 0.0,
-                0.0,  # (the sampler/trainer mismatch comes from the learner: rollout_mismatch_mean)
                 float(kl_tok.sum()) if kl_tok is not None else 0.0,
             ],
             self.device,
@@ -515,7 +520,7 @@ class LLMRun:
         if baseline is not None:
             row["greedy_reward_mean"] = tot[6] / tot[1]
         if kl_tok is not None:
-            row["kl"] = tot[8] / max(tot[2], 1.0)
+            row["kl"] = tot[7] / max(tot[2], 1.0)
         row.update(stats)
         return row
 
