@@ -23,3 +23,20 @@ LLM_TIMING = {
     "gen_tokens_per_s",
     "peak_memory_mb",
 }
+
+
+def assert_rows_match(
+    a: list[dict], b: list[dict], keys: tuple[str, ...], rel: float = 1e-4, abs: float = 1e-5
+) -> None:
+    """Two runs' metrics rows agree, row by row, on every key of ``keys`` the first run logged."""
+    import pytest
+
+    for ra, rb in zip(a, b):
+        for key in keys:
+            if key in ra:
+                assert rb[key] == pytest.approx(ra[key], rel=rel, abs=abs), (
+                    ra["step"],
+                    key,
+                    ra[key],
+                    rb[key],
+                )

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from paths import assert_rows_match
 
 pytest.importorskip("deepspeed")
 
@@ -126,15 +127,7 @@ def test_two_process_zero_matches_one_process(tiny, reference, tmp_path, stage, 
     assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2]
     assert b[-1]["time_sync_s"] > 0, "the rollout replica is refreshed after every update"
     assert 0.0 < a[1]["reward_mean"] < 1.0 or a[2]["policy_loss"] != 0.0, "the run should learn something"
-    for ra, rb in zip(a, b):
-        for key in COMPARED:
-            if key in ra:
-                assert rb[key] == pytest.approx(ra[key], rel=1e-4, abs=1e-5), (
-                    ra["step"],
-                    key,
-                    ra[key],
-                    rb[key],
-                )
+    assert_rows_match(a, b, COMPARED)
     wa = load_file(reference / "final" / "actor" / "model.safetensors")
     wb = load_file(out / "final" / "actor" / "model.safetensors")
     assert wa.keys() == wb.keys()

@@ -14,6 +14,7 @@ import time
 
 import pytest
 import torch
+from paths import assert_rows_match
 
 pytest.importorskip("vllm")
 
@@ -580,15 +581,7 @@ def test_two_ranks_with_vllm_rollouts_train_like_one_process(tiny, one_process_v
     rows = _trainer_run(tiny, out, torchrun, ("--engine", "deepspeed", "--zero-stage", str(stage)))
     assert [r["step"] for r in ref] == [r["step"] for r in rows] == [0, 1, 2]
     assert 0.0 < ref[1]["reward_mean"] < 1.0 or 0.0 < ref[2]["reward_mean"] < 1.0, "rewards should vary"
-    for ra, rb in zip(ref, rows):
-        for key in RANKS_COMPARED:
-            if key in ra:
-                assert rb[key] == pytest.approx(ra[key], rel=1e-4, abs=1e-5), (
-                    ra["step"],
-                    key,
-                    ra[key],
-                    rb[key],
-                )
+    assert_rows_match(ref, rows, RANKS_COMPARED)
     for r in rows[1:]:
         assert r["time_sync_s"] > 0
         assert r["rollout_mismatch_max"] < 1e-4, r["rollout_mismatch_max"]  # every rank, after each sync
