@@ -152,6 +152,8 @@ def test_sequence_critic_numbers():
     assert e["auc_v0"] == pytest.approx(5 / 6)
     assert e["v0_success_quartiles"] == pytest.approx([0.55, 0.7, 0.8])
     assert e["points"] == {"success": [0.9, 0.7, 0.4], "failure": [0.6, 0.2]}
+    # one value serves every position: the first and last numbers are V(s_0)'s
+    assert e["auc_first"] == e["auc_last"] == e["auc_v0"] and e["gap_first"] == e["gap_last"] == e["gap_v0"]
 
 
 def test_load_trace_checks_the_file(tmp_path):
@@ -183,14 +185,97 @@ def test_load_trace_checks_the_file(tmp_path):
         tail.load_trace(tmp_path / "odd.npz")
 
 
+# ------------------------------------------------------------------------------------- per seed
+
+
+def constant_trace(kind: str, success: list[int], value: list[float], length: int = 3) -> tail.Trace:
+    """A trace whose critic says ``value[i]`` at every step of sequence ``i`` (or as its V(s_0))."""
+    n, s = len(success), np.array(success) > 0
+    if kind == "sequence":
+        return tail.Trace("sequence", np.full(n, length), s, length, v0=np.array(value, dtype=float))
+    values = np.repeat(np.array(value, dtype=float)[:, None], length, axis=1)
+    return tail.Trace("step", np.full(n, length), s, length, values=values)
+
+
+@pytest.mark.parametrize("kind", ["step", "sequence"])
+def test_seeds_are_not_ranked_against_each_other(kind):
+    # seed 0's critic on a low scale, mostly successes: 0.2 (x3) against 0.1; seed 1's on a high scale,
+    # mostly failures: 0.9 against 0.8 (x3). Each separates perfectly: AUC 1 within each seed.
+    low = constant_trace(kind, [1, 1, 1, 0], [0.2, 0.2, 0.2, 0.1])
+    high = constant_trace(kind, [1, 0, 0, 0], [0.9, 0.8, 0.8, 0.8])
+    (e,) = tail.diagnose([("t", "a", {"seed": 1}, high), ("t", "a", {"seed": 0}, low)], bins=3)
+    assert [s["seed"] for s in e["seeds"]] == [0, 1] and e["runs"] == 2 and e["sequences"] == 8
+    for key in ("auc_first", "auc_last") + (("auc_v0",) if kind == "sequence" else ()):
+        assert e[key]["values"] == [1.0, 1.0] and e[key]["mean"] == 1.0 and e[key]["inverted"] == 0, key
+    assert e["gap_first"]["values"] == pytest.approx([0.1, 0.1]) and e["gap_first"]["mean"] == pytest.approx(
+        0.1
+    )
+    if kind == "step":
+        assert e["bins"]["auc"]["mean"] == [1.0, 1.0, 1.0] and e["bins"]["gap"]["mean"] == pytest.approx(
+            [0.1] * 3
+        )
+    # what pooling the two seeds' sequences says instead: successes {0.2 x3, 0.9} against failures
+    # {0.1, 0.8 x3}: each 0.2 beats only 0.1 (3 pairs), 0.9 beats all 4 -> 7/16, "inverted"
+    pooled = tail.roc_auc([0.2, 0.2, 0.2, 0.9], [0.1, 0.8, 0.8, 0.8])
+    assert pooled == 7 / 16 and e["auc_first"]["mean"] != pooled
+
+
+def test_an_inverted_seed_is_counted():
+    # step critics, T = 2 and 2 bins (t = 0 in bin 0, t = 1 in bin 1); every seed separates at the end,
+    # at the start seed 0 separates, seed 1 says the same for both, seed 2 ranks them the wrong way round
+    def seed(first_success: float, first_failure: float) -> tail.Trace:
+        values = np.array([[first_success, 0.9], [first_failure, 0.1]])
+        return tail.Trace("step", np.array([2, 2]), np.array([True, False]), 2, values=values)
+
+    traced = [("t", "ppo", {"seed": k}, seed(*v)) for k, v in enumerate([(0.6, 0.4), (0.5, 0.5), (0.3, 0.7)])]
+    (e,) = tail.diagnose(traced, bins=2)
+    assert e["auc_first"]["values"] == [1.0, 0.5, 0.0]  # 0.5 is no separation, not an inversion
+    assert (e["auc_first"]["mean"], e["auc_first"]["min"], e["auc_first"]["max"]) == (0.5, 0.0, 1.0)
+    assert (e["auc_first"]["inverted"], e["auc_first"]["n"]) == (1, 3)
+    assert e["auc_last"]["values"] == [1.0] * 3 and e["auc_last"]["inverted"] == 0
+    assert e["gap_first"]["values"] == pytest.approx([0.2, 0.0, -0.4])
+    assert e["bins"]["auc"] == {"mean": [0.5, 1.0], "min": [0.0, 1.0], "max": [1.0, 1.0], "n": [3, 3]}
+    # tail share per seed: gaps (0.2, 0.8) -> 0.8; (0, 0.8) -> 1; (-0.4, 0.8) -> 1 (negative gap = none)
+    assert e["tail_share"]["values"] == pytest.approx([0.8, 1.0, 1.0])
+    assert e["tail_share"]["mean"] == pytest.approx(2.8 / 3)
+    # a sequence critic with an inverted seed and a seed that saw one outcome only (left out, counted)
+    seqs = [
+        constant_trace("sequence", [1, 1, 0], [0.9, 0.8, 0.1]),  # 1.0
+        constant_trace("sequence", [1, 1, 0, 0], [0.9, 0.4, 0.5, 0.4]),  # 2.5 / 4 (test_roc_auc_by_hand)
+        constant_trace("sequence", [1, 0, 0], [0.1, 0.9, 0.5]),  # 0.0
+        constant_trace("sequence", [1, 1], [0.5, 0.6]),  # NaN
+    ]
+    (s,) = tail.diagnose([("t", "sppo", {"seed": k}, t) for k, t in enumerate(seqs)])
+    auc = s["auc_v0"]
+    assert auc["values"][:3] == [1.0, 0.625, 0.0] and math.isnan(auc["values"][3])
+    assert (auc["n"], auc["inverted"], auc["min"], auc["max"]) == (3, 1, 0.0, 1.0)
+    assert auc["mean"] == pytest.approx(1.625 / 3) and s["one_outcome_seeds"] == 1
+    md = "\n".join(tail.markdown([e, s], []))
+    assert (
+        "| t | ppo | V(s_t) | 3 | 6 (3/3) | 0.500 [0.000, 1.000] | 1/3 | 1.000 [1.000, 1.000] | 0/3 |" in md
+    )
+    assert (
+        "| t | sppo | V(s_0) | 4 | 12 (7/5) | 0.542 [0.000, 1.000] | 1/3 | 0.542 [0.000, 1.000] | 1/3 | — | — |"
+        in md
+    )
+    assert "| t | ppo | 2 | 2 (1/1) | 0.000 | 1.000 | -0.400 | 0.800 | 0.200 | 1.00 |" in md
+    assert "| t | sppo | 3 | 2 (2/0) | — | — |" in md and "t / sppo (1 of 4)" in md
+
+
 # ------------------------------------------------------------------------------------- report
 
 
-def write_llm_run(folder: Path, algo: str, trace: dict[str, np.ndarray]) -> None:
+def write_llm_run(folder: Path, algo: str, trace: dict[str, np.ndarray], seed: int = 0) -> None:
     """A run folder as the LLM trainer writes it: its config (task 'arithmetic', no task in 'resolved'),
     metrics rows without success_rate, and a critic trace."""
     folder.mkdir(parents=True)
-    cfg = {"algo": algo, "task": "arithmetic", "seed": 0, "max_new_tokens": 12, "resolved": {"group_size": 1}}
+    cfg = {
+        "algo": algo,
+        "task": "arithmetic",
+        "seed": seed,
+        "max_new_tokens": 12,
+        "resolved": {"group_size": 1},
+    }
     (folder / "config.json").write_text(json.dumps(cfg))
     rows = [{"step": 0, "val_accuracy": 0.5}, {"step": 1, "reward_mean": 0.5, "val_accuracy": 0.5}]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -233,37 +318,55 @@ def test_report_on_llm_runs_only(tmp_path):
     # every token but the last says 0.5 for both outcomes; each last token, alone, makes bin 19.
     # Bins reached (min(20t // (T-1), 19)): successes T = 12 and 3 {0,1,3,5,7,9,10,12,14,16,18,19} and
     # {0,10,19}; failures T = 5 and 10 {0,5,10,15,19} and {0,2,4,6,8,11,13,15,17,19}: both in {0,5,10,19}
-    assert ppo["gap_first"] == 0.0 and ppo["gap_last"] == 1.0 and ppo["auc_last"] == 1.0
-    gap = np.array(ppo["bins"]["gap"], dtype=float)
+    (p,) = ppo["seeds"]
+    assert p["seed"] == 0 and p["path"] == str((tmp_path / "runs" / "ppo").resolve())
+    assert p["gap_first"] == 0.0 and p["auc_first"] == 0.5 and p["gap_last"] == 1.0 and p["auc_last"] == 1.0
+    gap = np.array(p["bins"]["gap"], dtype=float)
     assert np.flatnonzero(~np.isnan(gap)).tolist() == [0, 5, 10, 19]
     assert gap[[0, 5, 10, 19]].tolist() == [0.0, 0.0, 0.0, 1.0]
-    assert ppo["gap_area"] == 0.25 and ppo["tail_share"] == 1.0
-    assert (
-        sppo["gap_v0"] == pytest.approx(0.7 - 0.45) and sppo["auc_v0"] == 0.875
-    )  # pairs 0.8>0.3, 0.8>0.6, 0.6>0.3, 0.6=0.6
+    assert p["gap_area"] == 0.25 and p["tail_share"] == 1.0
+    assert ppo["auc_last"]["values"] == [1.0] and ppo["bins"]["auc"]["mean"][19] == 1.0
+    assert ppo["bins"]["auc"]["n"][1] == 0  # bin 1: no failure reaches it, no seed has an AUC there
+    # pairs 0.8>0.3, 0.8>0.6, 0.6>0.3, 0.6=0.6; the prompt critic's one value serves every position
+    assert sppo["gap_v0"]["mean"] == pytest.approx(0.7 - 0.45) and sppo["auc_v0"]["values"] == [0.875]
+    assert sppo["auc_first"] == sppo["auc_last"] == sppo["auc_v0"]
     out = tmp_path / "runs" / "report"
     md = (out / "report.md").read_text()
     assert "## LLM runs" in md and "success_vs_episodes.png" not in md
-    assert "| arithmetic | ppo | V(s_t) | 1 | 4 (2/2) | 0.000 | 0.500 | 1.000 | 1.000 | 0.250 | 1.00 |" in md
-    assert "| arithmetic | sppo | V(s_0) | 1 | 4 (2/2) | 0.250 | 0.875 | — |" in md
+    assert "| arithmetic | ppo | V(s_t) | 1 | 4 (2/2) | 0.500 | 0/1 | 1.000 | 0/1 | 0.250 | 1.00 |" in md
+    assert "| arithmetic | sppo | V(s_0) | 1 | 4 (2/2) | 0.875 | 0/1 | 0.875 | 0/1 | — | — |" in md
+    assert "| arithmetic | ppo | 0 | 4 (2/2) | 0.500 | 1.000 | 0.000 | 1.000 | 0.250 | 1.00 |" in md
     assert "![tail effect](tail_effect.png)" in md and "**tail share (last 10%)**" in md
     saved = json.loads((out / "report.json").read_text())
-    assert saved["tail_effect"][0]["bins"]["gap"][0] == 0.0
+    assert saved["tail_effect"][0]["seeds"][0]["bins"]["gap"][0] == 0.0
+    assert saved["tail_effect"][0]["bins"]["auc"]["mean"][1] is None  # NaN -> null
     assert (out / "tail_effect.png").read_bytes()[:8] == PNG
 
 
-def test_report_pools_seeds_and_skips_unreadable_traces(tmp_path):
+def test_report_summarises_seeds_and_skips_unreadable_traces(tmp_path):
     step, seq = llm_traces()
-    write_llm_run(tmp_path / "runs" / "ppo0", "ppo", step)
-    write_llm_run(tmp_path / "runs" / "ppo1", "ppo", step)
+    flipped = dict(step, values=step["values"].copy())  # seed 1: last token 0 for successes, 1 for failures
+    for b, n in enumerate(step["lengths"]):
+        flipped["values"][b, n - 1] = 1.0 - step["values"][b, n - 1]
+    write_llm_run(tmp_path / "runs" / "ppo1", "ppo", flipped, seed=1)
+    write_llm_run(tmp_path / "runs" / "ppo0", "ppo", step, seed=0)
     write_llm_run(tmp_path / "runs" / "sppo", "sppo", seq)
     (tmp_path / "runs" / "sppo" / "critic_trace.npz").write_bytes(b"PK\x03\x04 torn")
     report = run_report(ReportConfig(inputs=(str(tmp_path / "runs"),), out=str(tmp_path / "out")))
     (ppo,) = report["tail_effect"]
     assert ppo["runs"] == 2 and (ppo["sequences"], ppo["successes"]) == (8, 4)
-    assert ppo["gap_last"] == 1.0
+    assert [s["seed"] for s in ppo["seeds"]] == [0, 1]
+    last = ppo["auc_last"]
+    assert last["values"] == [1.0, 0.0] and (last["mean"], last["inverted"], last["n"]) == (0.5, 1, 2)
+    assert ppo["gap_last"]["values"] == [1.0, -1.0] and ppo["bins"]["auc"]["min"][19] == 0.0
     assert len(report["tail_effect_skipped"]) == 1 and "sppo" in report["tail_effect_skipped"][0]
-    assert "Unreadable critic traces" in (tmp_path / "out" / "report.md").read_text()
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "Unreadable critic traces" in md
+    assert (
+        "| arithmetic | ppo | V(s_t) | 2 | 8 (4/4) | 0.500 [0.500, 0.500] | 0/2 | 0.500 [0.000, 1.000] | 1/2 |"
+        in md
+    )
+    assert "| arithmetic | ppo | 1 | 4 (2/2) | 0.500 | 0.000 | 0.000 | -1.000 |" in md
 
 
 def test_report_command_line_writes_the_figure(tmp_path):
@@ -285,14 +388,20 @@ def test_report_command_line_writes_the_figure(tmp_path):
 
 def test_plot_one_panel_per_task(tmp_path):
     rng = np.random.default_rng(4)
-    traced = [("task-a", "ppo", synthetic(rng, 40, 0.9)), ("task-b", "ppo-bce", synthetic(rng, 40, 0.0))]
-    traced.append(
+    traced = [
+        (task, algo, {"seed": k}, synthetic(rng, 40, u))
+        for k in range(3)
+        for task, algo, u in (("task-a", "ppo", 0.9), ("task-b", "ppo-bce", 0.0))
+    ]
+    traced += [
         (
             "task-a",
             "sppo",
+            {"seed": k},
             tail.Trace("sequence", np.ones(4, int), np.array([1, 0, 1, 0]) > 0, 1, v0=rng.random(4)),
         )
-    )
+        for k in range(2)
+    ]
     entries = tail.diagnose(traced)
     assert [(e["task"], e["algo"]) for e in entries] == [
         ("task-a", "ppo"),
@@ -338,10 +447,11 @@ def test_report_on_real_control_runs(tmp_path):
     assert (ppo["algo"], ppo["kind"], sppo["algo"], sppo["kind"]) == ("ppo", "step", "sppo", "sequence")
     for e in (ppo, sppo):
         assert e["sequences"] == 64 and e["successes"] > 0 and e["failures"] > 0, e
-    assert ppo["length_failure"] < ppo["length_success"] == 30.0  # some failures fell before t = 30
-    assert ppo["auc_first"] < 0.7 < ppo["auc_last"]
-    assert ppo["tail_share"] > 0.15  # above the 0.1 of a gap spread evenly
-    assert 0.0 <= sppo["auc_v0"] <= 1.0
+    (p,) = ppo["seeds"]
+    assert p["length_failure"] < p["length_success"] == 30.0  # some failures fell before t = 30
+    assert p["auc_first"] < 0.7 < p["auc_last"] and ppo["auc_last"]["values"] == [p["auc_last"]]
+    assert p["tail_share"] > 0.15  # above the 0.1 of a gap spread evenly
+    assert 0.0 <= sppo["auc_v0"]["mean"] <= 1.0
     md = (out / "report.md").read_text()
     assert (
         "| short-cartpole | ppo | V(s_t) | 1 | 64 (" in md
@@ -385,5 +495,7 @@ def test_report_on_real_llm_runs(tmp_path):
     assert (sppo["task"], sppo["algo"], sppo["kind"]) == ("arithmetic", "sppo", "sequence")
     assert ppo["sequences"] == sppo["sequences"] == 32  # 16 validation prompts x 2 samples
     assert ppo["successes"] > 0 and ppo["failures"] > 0
-    assert ppo["bins"]["success"]["n"][0] == ppo["successes"]  # every response has a first token
+    # every response has a first token; the step critic's trace gives a ROC-AUC at every position
+    assert ppo["seeds"][0]["bins"]["success"]["n"][0] == ppo["successes"]
+    assert ppo["auc_first"]["n"] == ppo["auc_last"]["n"] == 1 and sppo["auc_v0"]["n"] == 1
     assert (tmp_path / "runs" / "report" / "tail_effect.png").read_bytes()[:8] == PNG

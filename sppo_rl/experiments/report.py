@@ -31,7 +31,8 @@ their evaluation steps. A run's **score** is its final success (control) or fina
   (``--calibration-bins`` equal-width bins, weighted by episodes), Brier score against the episode outcomes.
 - Tail effect: every run folder with a ``critic_trace.npz`` (control or LLM runs, grouped by task and
   label): critic values against the relative position t/(T-1) for successful and failed sequences, their
-  gap, and the sequence critic's V(s_0) by outcome (see :mod:`tail`).
+  gap and ROC-AUC, and the sequence critic's V(s_0) by outcome, each computed within one run (seed) and
+  summarised over seeds (mean, min-max, per-seed values, inverted seeds; see :mod:`tail`).
 
 Outputs in ``--out``: ``success_vs_episodes.png``, ``success_vs_wall_time.png``, ``llm_val_accuracy.png``,
 ``performance_profile.png``, ``aggregates.png``, ``calibration.png``, ``tail_effect.png`` (those that
@@ -73,6 +74,8 @@ PALETTE = {
     "cispo": "#3f007d",
     "reinforce++": "#ae017e",
     "reinforce++-baseline": "#e6ab02",
+    "latent-grpo": "#e7298a",
+    "latent-grpo-naive": "#66a61e",
 }
 EXTRA = ["#393b79", "#637939", "#8c6d31", "#843c39"]
 LINESTYLES = ["-", "--", ":", "-."]
@@ -467,16 +470,16 @@ def calibration_numbers(runs: list[Run], bins: int) -> dict[str, Any]:
 
 
 def tail_effect(runs: list[Run]) -> tuple[list[dict[str, Any]], list[str]]:
-    """The tail-effect diagnostic of every run that left a ``critic_trace.npz``, seeds of a (task, label)
-    pooled (see :mod:`sppo_rl.experiments.tail`; its ``algo`` is the label); also the traces that could
-    not be read, with why."""
+    """The tail-effect diagnostic of every run that left a ``critic_trace.npz``, computed per run and
+    summarised over the seeds of a (task, label) (see :mod:`sppo_rl.experiments.tail`; its ``algo`` is the
+    label); also the traces that could not be read, with why."""
     traced, skipped = [], []
     for r in runs:
         path = r.path / tail.TRACE_FILE
         if not path.is_file():
             continue
         try:
-            traced.append((r.task, r.label, tail.load_trace(path)))
+            traced.append((r.task, r.label, {"seed": r.seed, "path": str(r.path)}, tail.load_trace(path)))
         except ValueError as e:
             skipped.append(str(e))
     return tail.diagnose(traced), skipped
