@@ -1,43 +1,72 @@
-"""The paper's LLM comparison at small scale: SPPO (N=1), GRPO (N=8), RLOO, ReMax and PPO on the tiny
-arithmetic task, all from the same warm start, the same prompts per update and the same number of
-updates; plus SPPO with a critic smaller than the actor, and the two group variants BPPO and LamPO
-(N=8, like GRPO).
+"""The paper's LLM comparison at small scale, over several seeds: every method from the same warm start,
+the same prompts per update and the same number of updates (or the same wall-clock budget), each
+(method, seed) its own ``sppo-rl llm`` process writing to ``<out>/<name>/seed<k>/``; the script then
+reads the metrics back and computes every figure itself into ``<out>/compare.json`` (every number),
+``<out>/compare.md`` (the table and one sentence per ratio, also printed) and ``<out>/compare.png``
+(mean validation accuracy over seeds with its min-max band, against updates, generated tokens and
+wall-clock seconds).
 
-Every run is its own ``sppo-rl llm`` process (so peak memory is per run) writing to
-``<out>/<name>/``; the script then reads the metrics back and writes ``<out>/compare.md``,
-``<out>/compare.json`` and ``<out>/compare.png`` (validation accuracy against optimizer steps,
-generated tokens and wall-clock seconds).
+    # the long-horizon comparison: SPPO (N=1), GRPO (N=8), RLOO, PPO, SPPO with a small critic
+    python scripts/compare_llm.py --set long --task scratchpad --seeds 0 1 2 --seconds 600 --out runs/cmp_long
+    # the methods: SPPO, GRPO, GSPO, SPPO-seq, GRPO with TIS, DAPO-style GRPO, PPO, PPO with VC-PPO's fixes
+    python scripts/compare_llm.py --set methods --seeds 0 1 2 --steps 150 --out runs/cmp_methods
 
-    python scripts/compare_llm.py --out runs/compare_llm --steps 150       # the same number of updates
-    python scripts/compare_llm.py --out runs/compare_llm --seconds 180     # the same wall-clock budget
+Run sets (``--set``, narrowed by ``--only NAME ...``): ``long``, ``methods``, ``all`` (every method; the
+default). ``--seconds S`` gives every run the same training wall-clock (``--max-seconds`` of ``sppo-rl
+llm``: the last update is the first to end past S; validation is not counted); ``--steps K`` the same
+number of updates. ``--workers N`` runs N processes at a time: wall-clock figures are only comparable
+on a quiet machine with N no larger than its free cores. ``--reuse`` keeps a run whose folder holds a
+finished run with the same settings.
 
-"Time to GRPO's best": the first wall-clock second (and generated token count) at which a run's
-validation accuracy reaches the best accuracy GRPO reached in its whole run, the paper's "5.9x"
-measured here. Model-state memory is counted exactly: parameters + gradients + two AdamW moments, in
-float32, for the trainable models (actor and critic); peak RSS is the process's, dominated at this size
-by the Python and torch runtime.
+How the figures are computed (pure functions below, each tested on hand-made rows):
+
+- per seed, the validation-accuracy curve (the rows with ``val_accuracy``, every ``--eval-every``
+  updates and at the start and end) smoothed by a trailing mean over ``--smooth`` evaluations;
+- the **target**: the best value of the reference method's (``--target-from``, default GRPO) mean over
+  seeds of those smoothed curves, the seeds aligned on the evaluation index and cut to the shortest;
+  or ``--target X``. A single noisy evaluation of one seed cannot set it;
+- per method and seed: the training seconds, generated tokens and updates at the first evaluation
+  where the seed's smoothed curve reaches the target (none if never); over seeds: their mean and
+  min-max over the seeds that reached it, and how many did;
+- final accuracy (the last evaluation) and best smoothed accuracy: mean +- sample standard deviation
+  over seeds;
+- GRPO's time (and tokens) to the target over SPPO's, per seed pair (the same seed index, pairs where
+  both reached it), summarised by the median and min-max, and the ratio of the means over those pairs.
+
+Model-state memory is counted exactly: parameters + gradients + two AdamW moments, in float32, for the
+trainable models (actor and critic); peak RSS is the process's (the largest over seeds), dominated at
+this size by the Python and torch runtime.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import io
 import json
+import math
 import os
 import shlex
+import statistics
 import subprocess
 import sys
-import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 
-RUNS = [
+SMALL = "{small}"  # stands for the small critic's folder, built on first use
+ALL = [
     ("sppo", ["--algo", "sppo"]),
     ("grpo", ["--algo", "grpo", "--group-size", "8"]),
     ("rloo", ["--algo", "rloo", "--group-size", "5"]),
     ("remax", ["--algo", "remax"]),
     ("ppo", ["--algo", "ppo"]),
-    ("sppo-small-critic", ["--algo", "sppo", "--critic-model", "{small}"]),
+    ("sppo-small-critic", ["--algo", "sppo", "--critic-model", SMALL]),
     ("bppo", ["--algo", "bppo", "--group-size", "8"]),
     ("lampo", ["--algo", "lampo", "--group-size", "8"]),
     ("gspo", ["--algo", "gspo", "--group-size", "8"]),
@@ -49,6 +78,191 @@ RUNS = [
     # lambda (alpha 1: lambda 0.9 at 10 tokens; VAPO's 0.05 is for responses of hundreds), value pre-training
     ("ppo-vc", ["--algo", "ppo", "--lam-critic", "1.0", "--lam-alpha", "1.0", "--critic-warmup", "5"]),
 ]
+SET_NAMES = ("long", "methods", "all")
+NUMERATOR, DENOMINATOR = "grpo", "sppo"  # the ratios: GRPO's time (tokens) to the target over SPPO's
+
+
+def run_sets() -> dict[str, list[tuple[str, list[str]]]]:
+    """The named run sets. DAPO-style GRPO takes clip-higher (0.28), overlong filtering and dynamic
+    sampling (at most 3 extra generation rounds per update) from the flags this ``sppo-rl llm`` has (its
+    ``LLMConfig`` fields)."""
+    from sppo_rl.llm.config import LLMConfig
+
+    fields = {f.name for f in dataclasses.fields(LLMConfig)}
+    flags = dict(ALL)
+    dapo = ["--algo", "grpo", "--group-size", "8"]
+    dapo += ["--clip-high", "0.28"] if "clip_high" in fields else []
+    dapo += ["--overlong-filter"] if "overlong_filter" in fields else []
+    dapo += ["--dynamic-sampling-rounds", "3"] if "dynamic_sampling_rounds" in fields else []
+    methods = [(n, flags[n]) for n in ("sppo", "grpo", "gspo", "sppo-seq")]
+    methods += [("grpo-tis", [*flags["grpo"], "--tis-cap", "2"]), ("dapo", dapo)]
+    methods += [(n, flags[n]) for n in ("ppo", "ppo-vc")]
+    return {
+        "long": [(n, flags[n]) for n in ("sppo", "grpo", "rloo", "ppo", "sppo-small-critic")],
+        "methods": methods,
+        "all": list(ALL),
+    }
+
+
+# ----------------------------------------------------------------------------------------- the maths
+
+
+def evaluations(rows: list[dict]) -> list[dict]:
+    """The metrics rows that carry a validation accuracy, in order."""
+    return [r for r in rows if r.get("val_accuracy") is not None]
+
+
+def smooth(values: list[float], window: int) -> list[float]:
+    """Trailing mean over ``window`` evaluations: ``s_i = mean(y_j, max(0, i - window + 1) <= j <= i)``."""
+    from sppo_rl.experiments.stats import trailing_mean
+
+    return [float(v) for v in trailing_mean(values, window)]
+
+
+def align(curves: list[list[float]]) -> np.ndarray:
+    """Curves of several seeds as one ``[seeds, L]`` array, aligned on the evaluation index and cut to
+    the shortest length ``L``."""
+    n = min((len(c) for c in curves), default=0)
+    return np.array([c[:n] for c in curves], dtype=float).reshape(len(curves), n)
+
+
+def target_of(curves: list[list[float]]) -> float | None:
+    """The best value of the mean over seeds of the (smoothed) ``curves``: ``max_i (1/S) sum_s c_s[i]``
+    over the aligned indices; None when there is no index common to all seeds."""
+    a = align(curves)
+    return float(a.mean(axis=0).max()) if a.size else None
+
+
+def first_reach(evals: list[dict], smoothed: list[float], target: float, tol: float = 1e-9) -> dict | None:
+    """Update, generated tokens and training seconds at the first evaluation whose smoothed accuracy is
+    at least ``target`` (``tol`` absorbs float rounding of the means; the start evaluation counts, at 0);
+    None if it never is."""
+    for row, s in zip(evals, smoothed):
+        if s >= target - tol:
+            return {"updates": row["step"], "tokens": row["generated_tokens"], "seconds": row["wall_time_s"]}
+    return None
+
+
+def spread(values: list[float | None]) -> dict:
+    """Over the values that exist (a seed that never reached a target gives None): ``mean``, ``min``,
+    ``max``, the sample standard deviation ``sd`` (None under two values), ``n`` of ``of``."""
+    xs = [float(v) for v in values if v is not None]
+    return {
+        "mean": statistics.fmean(xs) if xs else None,
+        "min": min(xs) if xs else None,
+        "max": max(xs) if xs else None,
+        "sd": statistics.stdev(xs) if len(xs) > 1 else None,
+        "n": len(xs),
+        "of": len(values),
+    }
+
+
+def paired_ratios(num: dict[int, float | None], den: dict[int, float | None]) -> dict:
+    """``num[k] / den[k]`` for each seed ``k`` both have (a positive denominator); their median and
+    min-max, and the ratio of the means over those same pairs."""
+    pairs = [k for k in sorted(num) if num[k] is not None and den.get(k) is not None and den[k] > 0]
+    per_seed = {k: num[k] / den[k] for k in pairs}
+    ratios = list(per_seed.values())
+    return {
+        "per_seed": per_seed,
+        "pairs": len(pairs),
+        "median": statistics.median(ratios) if ratios else None,
+        "min": min(ratios) if ratios else None,
+        "max": max(ratios) if ratios else None,
+        "ratio_of_means": (
+            statistics.fmean(num[k] for k in pairs) / statistics.fmean(den[k] for k in pairs)
+            if pairs
+            else None
+        ),
+    }
+
+
+def seed_figures(rows: list[dict], window: int, target: float | None) -> dict:
+    """One seed's curve (raw and smoothed), its final and best smoothed accuracy, its totals and its
+    first reach of ``target``."""
+    evals = evaluations(rows)
+    acc = [r["val_accuracy"] for r in evals]
+    s = smooth(acc, window) if acc else []
+    last = rows[-1] if rows else {}
+    return {
+        "curve": {
+            "updates": [r["step"] for r in evals],
+            "tokens": [r["generated_tokens"] for r in evals],
+            "seconds": [r["wall_time_s"] for r in evals],
+            "val_accuracy": acc,
+            "smoothed": s,
+        },
+        "start_val_accuracy": acc[0] if acc else None,
+        "final_val_accuracy": acc[-1] if acc else None,
+        "best_smoothed": max(s) if s else None,
+        "updates": last.get("step"),
+        "tokens": last.get("generated_tokens"),
+        "seconds": last.get("wall_time_s"),
+        "reach": first_reach(evals, s, target) if target is not None else None,
+    }
+
+
+def method_figures(per_seed: dict[int, dict]) -> dict:
+    """The summaries over seeds of :func:`seed_figures`' numbers."""
+    seeds = sorted(per_seed)
+    out: dict[str, Any] = {"seeds": seeds}
+    for key in ("start_val_accuracy", "final_val_accuracy", "best_smoothed", "updates", "tokens", "seconds"):
+        out[key] = spread([per_seed[k][key] for k in seeds])
+    for key in ("seconds", "tokens", "updates"):
+        out[f"{key}_to_target"] = spread([(per_seed[k]["reach"] or {}).get(key) for k in seeds])
+    return out
+
+
+def ratios(figures: dict[str, dict], num: str = NUMERATOR, den: str = DENOMINATOR) -> dict:
+    """``num``'s seconds and tokens to the target over ``den``'s, paired by seed (:func:`paired_ratios`)."""
+    if num not in figures or den not in figures:
+        return {}
+
+    def reach(name: str, key: str) -> dict[int, float | None]:
+        return {k: (f["reach"] or {}).get(key) for k, f in figures[name]["per_seed"].items()}
+
+    return {
+        f"{num}_over_{den}_{key}_to_target": {
+            "numerator": num,
+            "denominator": den,
+            "of": key,
+            **paired_ratios(reach(num, key), reach(den, key)),
+        }
+        for key in ("seconds", "tokens")
+    }
+
+
+def compare(
+    rows: dict[str, dict[int, list[dict]]],
+    window: int,
+    target: float | None = None,
+    target_from: str = NUMERATOR,
+) -> dict:
+    """Every figure from the metrics rows of each method and seed: the target (given, or the best of
+    ``target_from``'s mean over seeds of smoothed curves), each seed's figures, the summaries over
+    seeds and the paired ratios."""
+    given = target is not None
+    if not given and target_from in rows:
+        seeds = rows[target_from]
+        target = target_of(
+            [smooth([r["val_accuracy"] for r in evaluations(seeds[k])], window) for k in seeds]
+        )
+    figures = {}
+    for name, seeds in rows.items():
+        per_seed = {k: seed_figures(seeds[k], window, target) for k in sorted(seeds)}
+        figures[name] = {**method_figures(per_seed), "per_seed": per_seed}
+    return {
+        "target": {
+            "value": target,
+            "from": "--target" if given else target_from,
+            "smooth": window,
+        },
+        "methods": figures,
+        "ratios": ratios(figures),
+    }
+
+
+# ------------------------------------------------------------------------------------------ the runs
 
 
 def model_state_mib(folder: Path) -> float:
@@ -58,62 +272,303 @@ def model_state_mib(folder: Path) -> float:
     n = 0
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
         for k in f.keys():
-            n += _numel(f.get_slice(k).get_shape())
+            n += math.prod(f.get_slice(k).get_shape())
     return n * 4 * 4 / 2**20
-
-
-def _numel(shape: list[int]) -> int:
-    out = 1
-    for d in shape:
-        out *= d
-    return out
 
 
 def finished_with(run_dir: Path, flags: list[str]) -> bool:
     """True when ``run_dir`` holds a finished run (``summary.json``) whose saved config agrees with every
-    flag of ``flags``: ``--group-size 8`` <-> ``group_size == 8``, ``--no-tensorboard`` <->
+    flag of ``flags``: ``--group-size 8`` <-> ``group_size == 8`` (numbers compared as numbers, so
+    ``--tis-cap 2`` <-> ``2.0``), ``--level 1 2`` <-> ``[1, 2]``, ``--no-tensorboard`` <->
     ``tensorboard is False``, a bare ``--overwrite`` <-> ``overwrite is True``."""
     if not (run_dir / "summary.json").is_file() or not (run_dir / "config.json").is_file():
         return False
     config = json.loads((run_dir / "config.json").read_text())
     i = 0
     while i < len(flags):
-        flag = flags[i]
+        flag, _, inline = flags[i].partition("=")
         if not flag.startswith("--"):
             return False
         key = flag[2:].replace("-", "_")
-        if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
-            if str(config.get(key)) != flags[i + 1]:
+        j = i + 1
+        while j < len(flags) and not flags[j].startswith("--"):
+            j += 1
+        values = [inline] if inline else flags[i + 1 : j]
+        if values:
+            saved = config.get(key)
+            saved = saved if isinstance(saved, list) else [saved]
+            if len(saved) != len(values) or not all(map(_same_value, saved, values)):
                 return False
-            i += 2
-            continue
-        if key.startswith("no_") and key[3:] in config:
+        elif key.startswith("no_") and key[3:] in config:
             if config[key[3:]] is not False:
                 return False
         elif config.get(key) is not True:
             return False
-        i += 1
+        i = j
     return True
 
 
-def first_reach(rows: list[dict], target: float, key: str) -> float | None:
-    for r in rows:
-        if r.get("val_accuracy") is not None and r["val_accuracy"] >= target - 1e-12:
-            return r.get(key)
+def _same_value(saved: Any, text: str) -> bool:
+    if str(saved) == text:
+        return True
+    if isinstance(saved, (int, float)) and not isinstance(saved, bool):
+        try:
+            return float(text) == float(saved)
+        except ValueError:
+            return False
+    return False
+
+
+def small_critic(task: str) -> Path:
+    """The critic smaller than the actor: the embedded base model's settings for ``task`` with hidden 64,
+    2 layers, 2 heads (1 key-value head), the same tokenizer; built once into the cache."""
+    from sppo_rl.llm import setup
+    from sppo_rl.llm.tiny import ensure_tiny_model
+
+    tiny_settings = getattr(setup, "tiny_settings", None)
+    base = tiny_settings(task) if tiny_settings is not None else setup.TINY_SETTINGS
+    settings = {**base, "hidden_size": 64, "layers": 2, "heads": 2, "kv_heads": 1}
+    return ensure_tiny_model(setup.default_cache_dir(), setup.TINY_CHARSET, **settings)
+
+
+def llm_flags(flags: list[str], args: argparse.Namespace, seed: int, small: str) -> list[str]:
+    """The ``sppo-rl llm`` flags of one (method, seed) run, before ``--out-dir``."""
+    budget = ["--steps", str(args.steps)]
+    if args.seconds is not None:
+        budget += ["--max-seconds", str(args.seconds)]
+    return [
+        *[f.replace(SMALL, small) for f in flags],
+        *budget,
+        "--task",
+        args.task,
+        "--prompts-per-step",
+        str(args.prompts_per_step),
+        "--eval-every",
+        str(args.eval_every),
+        "--seed",
+        str(seed),
+        *shlex.split(args.llm_args),
+    ]
+
+
+def flag_problem(flags: list[str]) -> str | None:
+    """Why ``sppo-rl llm`` would refuse ``flags`` (parsed into its config and validated), in one line;
+    None if it takes them."""
+    import tyro
+
+    from sppo_rl.llm.config import LLMConfig
+    from sppo_rl.llm.setup import check_model_paths
+    from sppo_rl.runtime.run import RunError
+
+    default = None
+    if "--recipe" in flags:  # as `sppo-rl llm --recipe NAME|FILE`: the recipe's settings are the defaults
+        from sppo_rl.cli import load_recipe
+
+        i = flags.index("--recipe")
+        try:
+            default = load_recipe(LLMConfig, flags[i + 1]) if i + 1 < len(flags) else None
+        except RunError as e:
+            return str(e)
+        if default is None:
+            return "--recipe needs a file"
+        flags = flags[:i] + flags[i + 2 :]
+    text = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(text), contextlib.redirect_stdout(text):
+            cfg = tyro.cli(LLMConfig, args=flags, default=default)
+    except SystemExit:
+        words = [w.strip(" │╭╮╰╯─-") for w in text.getvalue().splitlines()]
+        words = [w for w in words if w and not w.startswith("For full helptext")]
+        return " ".join(words[1:] or words) or "refused"
+    try:
+        cfg.validate()
+        check_model_paths(cfg if cfg.critic_model != SMALL else dataclasses.replace(cfg, critic_model=None))
+    except (RunError, ValueError) as e:
+        return str(e)
     return None
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="runs/compare_llm")
-    ap.add_argument("--steps", type=int, default=150, help="updates per run (without --seconds)")
-    ap.add_argument(
-        "--seconds", type=float, default=None, help="equal wall-clock budget per run instead of equal updates"
+def run_one(name: str, seed: int, flags: list[str], run_dir: Path, reuse: bool) -> str | None:
+    """Run (or, with ``reuse``, keep) one (method, seed); the error's tail if it failed."""
+    if reuse and finished_with(run_dir, flags):
+        print(f"{name} seed {seed}: reusing the finished run in {run_dir}", file=sys.stderr)
+        return None
+    cmd = [
+        sys.executable,
+        "-m",
+        "sppo_rl",
+        "llm",
+        *flags,
+        "--out-dir",
+        str(run_dir),
+        "--no-progress",
+        "--overwrite",
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    if proc.returncode != 0:
+        return f"{name} seed {seed} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+    s = json.loads((run_dir / "summary.json").read_text())
+    acc = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
+    print(
+        f"{name} seed {seed}: val {acc(s['start_val_accuracy'])} -> {acc(s['final_val_accuracy'])} "
+        f"in {s['steps']} updates, {s['wall_time_s']:.0f} s",
+        file=sys.stderr,
     )
+    return None
+
+
+def read_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+# --------------------------------------------------------------------------------------- the outputs
+
+
+def _mean_range(s: dict, fmt: str) -> str:
+    if s["mean"] is None:
+        return "—"
+    if s["n"] < 2 or s["min"] == s["max"]:
+        return format(s["mean"], fmt)
+    return f"{s['mean']:{fmt}} ({s['min']:{fmt}}-{s['max']:{fmt}})"
+
+
+def _mean_sd(s: dict) -> str:
+    if s["mean"] is None:
+        return "—"
+    return f"{s['mean']:.3f}" + ("" if s["sd"] is None else f" ± {s['sd']:.3f}")
+
+
+def ratio_sentence(r: dict, target: float | None) -> str:
+    """One sentence for one paired ratio of :func:`ratios`."""
+    num, den = r["numerator"], r["denominator"]
+    what = {"seconds": "training wall-clock", "tokens": "generated tokens"}[r["of"]]
+    if not r["pairs"]:
+        return (
+            f"No seed in which both {num.upper()} and {den.upper()} reached the target after the start: "
+            f"no ratio of {what}."
+        )
+    how = (
+        "one seed pair"
+        if r["pairs"] == 1
+        else f"median over {r['pairs']} seed pairs, {r['min']:.2f}-{r['max']:.2f}x; "
+        f"ratio of the means {r['ratio_of_means']:.2f}x"
+    )
+    return f"{num.upper()} needs {r['median']:.2f}x {den.upper()}'s {what} to reach the target {target:.3f} ({how})."
+
+
+def markdown(report: dict) -> str:
+    """The table (a row per method) and the sentences: the target, then each ratio."""
+    t = report["target"]
+    lines = [
+        "| run | samples/prompt | seeds | start | final | best (smoothed) | s to target | tokens to target | "
+        "updates to target | reached | wall s | gen tokens | peak RSS MiB | model-state MiB |",
+        "|" + "---|" * 14,
+    ]
+    for name, f in report["methods"].items():
+        reached = f["seconds_to_target"]
+        count = f"{reached['n']}/{reached['of']}" if t["value"] is not None else "—"
+        lines.append(
+            f"| {name} | {f['group_size']} | {len(f['seeds'])} | {_mean_sd(f['start_val_accuracy'])} | "
+            f"{_mean_sd(f['final_val_accuracy'])} | {_mean_sd(f['best_smoothed'])} | "
+            f"{_mean_range(reached, '.0f')} | {_mean_range(f['tokens_to_target'], ',.0f')} | "
+            f"{_mean_range(f['updates_to_target'], '.0f')} | "
+            f"{count} | "
+            f"{_mean_range(f['seconds'], '.0f')} | {_mean_range(f['tokens'], ',.0f')} | "
+            f"{f['peak_rss_mib']:.0f} | {f['model_state_mib']:.1f} |"
+        )
+    lines.append("")
+    if t["value"] is None:
+        lines.append(f"No target: no {t['from']} runs here and no --target.")
+    else:
+        origin = (
+            "given (--target)"
+            if t["from"] == "--target"
+            else (
+                f"the best of {t['from'].upper()}'s mean over seeds of validation accuracy smoothed over "
+                f"{t['smooth']} evaluations"
+            )
+        )
+        lines.append(f"Target {t['value']:.3f}: {origin}.")
+    for r in report["ratios"].values():
+        lines.append(ratio_sentence(r, t["value"]))
+    lines.append(
+        "Cells: mean (min-max) over the seeds that reached the target; accuracies mean ± sample sd over seeds."
+    )
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: Path, title: str) -> None:
+    """Mean smoothed validation accuracy over seeds (aligned on the evaluation index; x the mean over
+    seeds too) with its min-max band, against updates, generated tokens and seconds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16.5, 4), sharey=True)
+    for name, f in report["methods"].items():
+        curves = [f["per_seed"][k]["curve"] for k in f["seeds"]]
+        y = align([c["smoothed"] for c in curves])
+        if not y.size:
+            continue
+        for ax, key in zip(axes, ("updates", "tokens", "seconds")):
+            x = align([c[key] for c in curves]).mean(axis=0)
+            (line,) = ax.plot(x, y.mean(axis=0), marker="o", ms=3, label=f"{name} ({len(curves)} seeds)")
+            ax.fill_between(x, y.min(axis=0), y.max(axis=0), color=line.get_color(), alpha=0.15)
+    target = report["target"]["value"]
+    for ax, label in zip(
+        axes, ("optimizer steps (updates)", "generated tokens", "training wall-clock seconds")
+    ):
+        if target is not None:
+            ax.axhline(target, color="grey", ls="--", lw=1)
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"validation accuracy, trailing mean of {report['target']['smooth']}")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right")
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0, 0.86, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------ the script
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        raise SystemExit(refuse(message))
+
+
+def refuse(message: str) -> int:
+    print(f"compare_llm: error: {message}", file=sys.stderr)
+    return 2
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = _Parser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="runs/compare_llm")
+    ap.add_argument("--set", default="all", choices=SET_NAMES, help="the named run set (default: all)")
+    ap.add_argument("--only", nargs="*", help="run only these names of the set")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds of every method (default: 0)")
+    ap.add_argument(
+        "--task", default="arithmetic", help="--task of every run (arithmetic, scratchpad, a file)"
+    )
+    ap.add_argument(
+        "--steps", type=int, default=None, help="updates per run (default 150; with --seconds: a cap)"
+    )
+    ap.add_argument("--seconds", type=float, default=None, help="equal training wall-clock budget per run")
     ap.add_argument("--prompts-per-step", type=int, default=32)
     ap.add_argument("--eval-every", type=int, default=10)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--only", nargs="*", help="run only these names")
+    ap.add_argument("--smooth", type=int, default=3, help="trailing-mean window, in evaluations (default 3)")
+    ap.add_argument(
+        "--target", type=float, default=None, help="the accuracy to reach, instead of GRPO's best"
+    )
+    ap.add_argument(
+        "--target-from", default=None, help="the run whose best mean smoothed curve is the target"
+    )
+    ap.add_argument("--workers", type=int, default=1, help="runs at a time (wall-clock: keep <= free cores)")
     ap.add_argument(
         "--llm-args",
         default="",
@@ -124,144 +579,104 @@ def main() -> None:
         action="store_true",
         help="keep a run whose folder already holds a finished run with the same settings instead of rerunning it",
     )
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.steps is None:
+        args.steps = 150 if args.seconds is None else 1_000_000
+    return args
+
+
+def problems(args: argparse.Namespace, names: list[str]) -> str | None:
+    """The first thing wrong with the script's own settings, in one line; None if nothing is."""
+    valid = [n for n, _ in run_sets()[args.set]]
+    unknown = [n for n in args.only or [] if n not in valid]
+    if unknown:
+        return f"--only {' '.join(unknown)}: not in --set {args.set} ({', '.join(valid)})"
+    if not names:
+        return "no run selected"
+    if len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0:
+        return f"--seeds {' '.join(map(str, args.seeds))}: distinct integers >= 0"
+    for flag, value, ok in (
+        ("--steps", args.steps, args.steps >= 1),
+        ("--seconds", args.seconds, args.seconds is None or args.seconds > 0),
+        ("--prompts-per-step", args.prompts_per_step, args.prompts_per_step >= 1),
+        ("--eval-every", args.eval_every, args.eval_every >= 1),
+        ("--smooth", args.smooth, args.smooth >= 1),
+        ("--workers", args.workers, args.workers >= 1),
+        ("--target", args.target, args.target is None or 0 <= args.target <= 1),
+    ):
+        if not ok:
+            return f"{flag} {value}: out of range"
+    if args.target is not None and args.target_from is not None:
+        return "give --target or --target-from, not both"
+    if args.target_from is not None and args.target_from not in names:
+        return f"--target-from {args.target_from}: not among the runs ({', '.join(names)})"
+    try:
+        shlex.split(args.llm_args)
+    except ValueError as e:
+        return f"--llm-args: {e}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    runs = [(n, f) for n, f in run_sets()[args.set] if not args.only or n in args.only]
+    names = [n for n, _ in runs]
+    problem = problems(args, names)
+    for name, flags in runs if problem is None else []:
+        why = flag_problem(llm_flags(flags, args, args.seeds[0], SMALL))
+        problem = f"{name}: sppo-rl llm refuses its flags: {why}" if why else None
+        if problem:
+            break
+    if problem:
+        raise SystemExit(refuse(problem))
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-
-    from sppo_rl.llm.tiny import ensure_tiny_model
-    from sppo_rl.llm.trainer import TINY_CHARSET, TINY_SETTINGS, default_cache_dir
-
-    small = ensure_tiny_model(
-        default_cache_dir(),
-        TINY_CHARSET,
-        **{**TINY_SETTINGS, "hidden_size": 64, "layers": 2, "heads": 2, "kv_heads": 1},
-    )
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    results: dict[str, dict] = {}
-    for name, flags in RUNS:
-        if args.only and name not in args.only:
-            continue
-        run_dir = out / name
-        cmd = [
-            sys.executable,
-            "-m",
-            "sppo_rl",
-            "llm",
-            *[f.format(small=small) for f in flags],
-            "--steps",
-            str(args.steps),
-            "--prompts-per-step",
-            str(args.prompts_per_step),
-            "--eval-every",
-            str(args.eval_every),
-            "--seed",
-            str(args.seed),
-            *shlex.split(args.llm_args),
-            "--out-dir",
-            str(run_dir),
-            "--no-progress",
-            "--overwrite",
-        ]
-        t0 = time.perf_counter()
-        if args.reuse and finished_with(run_dir, cmd[cmd.index("llm") + 1 : cmd.index("--out-dir")]):
-            print(f"{name}: reusing the finished run in {run_dir}", file=sys.stderr)
-        else:
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-            if proc.returncode != 0:
-                print(proc.stderr[-3000:], file=sys.stderr)
-                raise SystemExit(f"{name} failed ({proc.returncode})")
-        summary = json.loads((run_dir / "summary.json").read_text())
-        config = json.loads((run_dir / "config.json").read_text())["resolved"]
-        rows = [
-            json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()
-        ]
-        state = model_state_mib(Path(config["actor"]))
-        if config["critic"] != "none":
-            state += model_state_mib(Path(config["critic"]))
-        results[name] = {
-            "summary": summary,
-            "rows": rows,
-            "model_state_mib": state,
-            "process_s": time.perf_counter() - t0,
-        }
-        print(
-            f"{name}: val {summary['start_val_accuracy']:.3f} -> {summary['final_val_accuracy']:.3f} "
-            f"(best {summary['best_val_accuracy']:.3f}) in {summary['wall_time_s']:.0f} s",
-            file=sys.stderr,
-        )
-
-    grpo_best = results["grpo"]["summary"]["best_val_accuracy"] if "grpo" in results else None
-    table = [
-        "| run | samples/prompt | start | final | best | s to GRPO's best | tokens to GRPO's best | "
-        "wall s | gen tokens | peak RSS MiB | model-state MiB |",
-        "|" + "---|" * 11,
+    small = str(small_critic(args.task)) if any(SMALL in f for _, f in runs) else SMALL
+    jobs = [
+        (name, seed, llm_flags(flags, args, seed, small), out / name / f"seed{seed}")
+        for name, flags in runs
+        for seed in args.seeds
     ]
-    report = {}
-    for name, r in results.items():
-        s, rows = r["summary"], r["rows"]
-        t_best = first_reach(rows, grpo_best, "wall_time_s") if grpo_best is not None else None
-        k_best = first_reach(rows, grpo_best, "generated_tokens") if grpo_best is not None else None
-        report[name] = {
-            **{
-                k: s[k]
-                for k in (
-                    "start_val_accuracy",
-                    "final_val_accuracy",
-                    "best_val_accuracy",
-                    "wall_time_s",
-                    "generated_tokens",
-                    "peak_memory_mb",
-                    "group_size",
-                )
-            },
-            "seconds_to_grpo_best": t_best,
-            "tokens_to_grpo_best": k_best,
-            "model_state_mib": r["model_state_mib"],
-        }
-        table.append(
-            f"| {name} | {s['group_size']} | {s['start_val_accuracy']:.3f} | {s['final_val_accuracy']:.3f} | "
-            f"{s['best_val_accuracy']:.3f} | {'—' if t_best is None else f'{t_best:.0f}'} | "
-            f"{'—' if k_best is None else f'{k_best:,}'} | {s['wall_time_s']:.0f} | {s['generated_tokens']:,} | "
-            f"{s['peak_memory_mb']:.0f} | {r['model_state_mib']:.1f} |"
+    with ThreadPoolExecutor(max_workers=args.workers) as pool:
+        errors = [e for e in pool.map(lambda j: run_one(*j, args.reuse), jobs) if e]
+    if errors:
+        print("\n\n".join(errors), file=sys.stderr)
+        raise SystemExit(f"{len(errors)} of {len(jobs)} runs failed; the finished ones are kept (--reuse)")
+
+    rows = {name: {seed: read_rows(out / name / f"seed{seed}") for seed in args.seeds} for name in names}
+    report = compare(rows, args.smooth, args.target, args.target_from or NUMERATOR)
+    for name in names:
+        dirs = [out / name / f"seed{seed}" for seed in args.seeds]
+        summaries = [json.loads((d / "summary.json").read_text()) for d in dirs]
+        resolved = json.loads((dirs[0] / "config.json").read_text())["resolved"]
+        state = model_state_mib(Path(resolved["actor"]))
+        if resolved["critic"] != "none":
+            state += model_state_mib(Path(resolved["critic"]))
+        report["methods"][name].update(
+            group_size=summaries[0]["group_size"],
+            peak_rss_mib=max(s["peak_memory_mb"] for s in summaries),
+            model_state_mib=state,
         )
-    if (
-        grpo_best is not None
-        and report.get("sppo", {}).get("seconds_to_grpo_best")
-        and report["grpo"]["seconds_to_grpo_best"]
-    ):
-        ratio = report["grpo"]["seconds_to_grpo_best"] / report["sppo"]["seconds_to_grpo_best"]
-        table.append(
-            f"\nGRPO's best validation accuracy: {grpo_best:.3f}; GRPO needs {ratio:.1f}x SPPO's wall-clock to reach it."
+    report["settings"] = {
+        k: getattr(args, k)
+        for k in (
+            "set",
+            "only",
+            "seeds",
+            "task",
+            "steps",
+            "seconds",
+            "prompts_per_step",
+            "eval_every",
+            "smooth",
         )
-        report["grpo_over_sppo_time_to_grpo_best"] = ratio
-    md = "\n".join(table)
+    } | {"llm_args": args.llm_args, "workers": args.workers}
+    md = markdown(report)
     print(md)
     (out / "compare.md").write_text(md + "\n")
     (out / "compare.json").write_text(json.dumps(report, indent=2) + "\n")
-    plot(results, out / "compare.png")
-
-
-def plot(results: dict[str, dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(16.5, 4), sharey=True)
-    for name, r in results.items():
-        rows = [row for row in r["rows"] if row.get("val_accuracy") is not None]
-        y = [row["val_accuracy"] for row in rows]
-        for ax, key in zip(axes, ("step", "generated_tokens", "wall_time_s")):
-            ax.plot([row[key] for row in rows], y, marker="o", ms=3, label=name)
-    for ax, label in zip(axes, ("optimizer steps (updates)", "generated tokens", "wall-clock seconds")):
-        ax.set_xlabel(label)
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("validation accuracy (mean@k)")
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center right")
-    fig.suptitle("tiny Qwen2 on arithmetic, same warm start")
-    fig.tight_layout(rect=(0, 0, 0.9, 1))
-    fig.savefig(path, dpi=110)
+    plot(report, out / "compare.png", f"tiny Qwen2 on {args.task}, same warm start, seeds {args.seeds}")
 
 
 if __name__ == "__main__":
