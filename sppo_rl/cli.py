@@ -33,7 +33,8 @@ def _run_info(_: Info) -> None:
     for t in TASKS.values():
         print(f"  {t.name:24s} horizon {t.horizon:5d}  success: {t.success}")
     print(
-        "llm tasks (sppo-rl llm --task ...): arithmetic (generated), or a local .jsonl / .json / .parquet file"
+        "llm tasks (sppo-rl llm --task ...): arithmetic, scratchpad (both generated), or a local .jsonl / .json / "
+        ".parquet file"
     )
     print("llm recipes (sppo-rl llm --recipe NAME):", ", ".join(recipe_names()))
 

@@ -23,6 +23,32 @@ TINY_CHARSET = "".join(
     chr(c) for c in range(32, 127)
 )  # printable ASCII: every character a tiny-task text uses
 TINY_SETTINGS = dict(hidden_size=128, layers=4, heads=4, kv_heads=2, seed=0, max_position_embeddings=256)
+"""The embedded base model of ``--task arithmetic`` (see :func:`tiny_settings`)."""
+GENERATED_TASKS = ("arithmetic", "scratchpad")
+"""The tasks generated from ``--data-seed`` that the embedded tiny model is built and warm-started for."""
+
+
+SFT_SETTINGS: dict[str, dict[str, int]] = {
+    "arithmetic": {},
+    "scratchpad": {"batch_size": 32, "check_every": 10},
+}
+"""Warm-start settings of each generated task beyond the flags (keywords of
+:func:`sppo_rl.llm.sft.supervised_warmstart`; arithmetic: its defaults, 64 pairs a step, a check every 25
+steps). Scratchpad: 32 pairs a step, which reached the target in fewer CPU-seconds than 64 (see docs/llm.md),
+and a check every 10 steps, since its sampled accuracy jumps (0.15 -> 0.49 within 25 steps)."""
+
+
+def tiny_settings(task: str) -> dict[str, Any]:
+    """The settings of the embedded base model for ``task`` (keywords of
+    :func:`sppo_rl.llm.tiny.build_tiny_model`): :data:`TINY_SETTINGS` for arithmetic (its cache key
+    unchanged); for scratchpad the same width and depth with a context of 512 positions, which holds the
+    longest prompt (18 tokens) and the longest default response budget (234 tokens, level 5) with room to
+    spare (RoPE: the context adds no weights). ``ValueError`` for any other task."""
+    if task == "arithmetic":
+        return dict(TINY_SETTINGS)
+    if task == "scratchpad":
+        return {**TINY_SETTINGS, "max_position_embeddings": 512}
+    raise ValueError(f"no embedded model for task {task!r}; valid: {', '.join(GENERATED_TASKS)}")
 
 
 def default_cache_dir() -> Path:
@@ -42,14 +68,18 @@ def load_task(cfg: LLMConfig) -> tuple[list[Example], list[Example], str]:
     the file and the line."""
     if cfg.val_data:
         data_file("--val-data", cfg.val_data)
-    if cfg.task == "arithmetic":
-        from sppo_rl.llm.tasks import REWARD_FN, make_arithmetic
-
-        train, val = make_arithmetic(cfg.data_seed, cfg.train_size, cfg.val_size, tuple(cfg.level))
-        return train, val, (REWARD_FN if cfg.reward_fn == "auto" else cfg.reward_fn)
+    if cfg.task in GENERATED_TASKS:
+        task = generated_task(cfg.task)
+        try:
+            train, val = task.make(cfg.data_seed, cfg.train_size, cfg.val_size, tuple(cfg.level))
+        except ValueError as e:
+            raise RunError(f"--task {cfg.task}: {e}") from None
+        return train, val, (task.REWARD_FN if cfg.reward_fn == "auto" else cfg.reward_fn)
     path = Path(cfg.task)
     if not path.suffix and not path.is_dir():
-        raise RunError(f"unknown task {cfg.task!r}; valid: 'arithmetic' or a .jsonl/.json/.parquet file")
+        raise RunError(
+            f"unknown task {cfg.task!r}; valid: 'arithmetic', 'scratchpad' or a .jsonl/.json/.parquet file"
+        )
     data_file("--task", cfg.task)
     train = load_examples(path, prompt_key=cfg.prompt_key, answer_key=cfg.answer_key)
     val = (
@@ -58,6 +88,26 @@ def load_task(cfg: LLMConfig) -> tuple[list[Example], list[Example], str]:
         else []
     )
     return train, val, ("math" if cfg.reward_fn == "auto" else cfg.reward_fn)
+
+
+def generated_task(task: str) -> Any:
+    """The module of a generated task, with ``make(seed, n_train, n_val, levels)``, ``REWARD_FN`` and
+    ``reference_response(example)``: :mod:`sppo_rl.llm.tasks` or :mod:`sppo_rl.llm.scratchpad`."""
+    import types
+
+    if task == "arithmetic":
+        from sppo_rl.llm import tasks as module
+
+        make = module.make_arithmetic
+    elif task == "scratchpad":
+        from sppo_rl.llm import scratchpad as module
+
+        make = module.make_scratchpad
+    else:
+        raise ValueError(f"not a generated task: {task!r}; valid: {', '.join(GENERATED_TASKS)}")
+    return types.SimpleNamespace(
+        make=make, REWARD_FN=module.REWARD_FN, reference_response=module.reference_response
+    )
 
 
 def data_file(flag: str, value: str) -> Path:
@@ -72,9 +122,12 @@ def data_file(flag: str, value: str) -> Path:
 
 def check_model_paths(cfg: LLMConfig) -> None:
     """Refuse, before the run folder is touched, model folders that are not there: ``--model`` and
-    ``--critic-model`` must be Hugging Face model folders, and the embedded default is for arithmetic."""
-    if cfg.model is None and cfg.task != "arithmetic":
-        raise RunError("the embedded tiny model is for --task arithmetic; give --model for other data")
+    ``--critic-model`` must be Hugging Face model folders, and the embedded default is for the generated
+    tasks (arithmetic, scratchpad)."""
+    if cfg.model is None and cfg.task not in GENERATED_TASKS:
+        raise RunError(
+            "the embedded tiny model is for --task arithmetic or scratchpad; give --model for other data"
+        )
     for flag, value in (("--model", cfg.model), ("--critic-model", cfg.critic_model)):
         if value is None or (flag == "--critic-model" and value == "none"):
             continue
@@ -109,21 +162,27 @@ def model_context(folder: Path) -> int | None:
 
 
 def embedded_model(cfg: LLMConfig, train: list[Example], scorer: RewardScorer) -> tuple[Path, dict[str, Any]]:
-    """The tiny Qwen2 model, built once into the cache, then warm-started on the task (also cached)."""
+    """The tiny Qwen2 model (:func:`tiny_settings` of the task), built once into the cache, then warm-started
+    on the task's reference responses (also cached, keyed by the task's settings)."""
     from sppo_rl.llm.sft import supervised_warmstart
-    from sppo_rl.llm.tasks import reference_response
     from sppo_rl.llm.tiny import ensure_tiny_model
 
-    if cfg.task != "arithmetic":
-        raise RunError("the embedded tiny model is for --task arithmetic; give --model for other data")
+    if cfg.task not in GENERATED_TASKS:
+        raise RunError(
+            "the embedded tiny model is for --task arithmetic or scratchpad; give --model for other data"
+        )
+    reference_response = generated_task(cfg.task).reference_response
     cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
-    base = ensure_tiny_model(cache, TINY_CHARSET, **TINY_SETTINGS)
+    base = ensure_tiny_model(cache, TINY_CHARSET, **tiny_settings(cfg.task))
     prompts = [str(e.prompt) for e in train]
     answers = [e.answer for e in train]
 
     def score(texts: list[str], truths: list[str]) -> list[float]:
         return scorer.score(texts, truths).scores.tolist()
 
+    key: dict[str, Any] = {"level": list(cfg.level), "data_seed": cfg.data_seed, "train_size": cfg.train_size}
+    if cfg.task != "arithmetic":  # (arithmetic keeps its cache key) the budget of the accuracy checks too
+        key.update(task=cfg.task, max_new_tokens=cfg.max_new_tokens, **SFT_SETTINGS[cfg.task])
     return supervised_warmstart(
         base,
         cache,
@@ -137,8 +196,9 @@ def embedded_model(cfg: LLMConfig, train: list[Example], scorer: RewardScorer) -
         temperature=cfg.temperature,
         max_new_tokens=cfg.max_new_tokens,
         seed=cfg.seed,
-        key_settings={"level": list(cfg.level), "data_seed": cfg.data_seed, "train_size": cfg.train_size},
+        key_settings=key,
         progress=cfg.progress,
+        **SFT_SETTINGS[cfg.task],
     )
 
 
