@@ -138,3 +138,57 @@ def test_two_process_zero_matches_one_process(tiny, reference, tmp_path, stage, 
     ca = load_file(reference / "final" / "critic" / "value_head.safetensors")
     cb = load_file(out / "final" / "critic" / "value_head.safetensors")
     assert all(torch.allclose(ca[k], cb[k], atol=1e-5) for k in ca)
+
+
+# ------------------------------------------------------------------------------------ LoRA
+
+LORA = ["--lora-rank", "4", "--lora-alpha", "8", "--kl-coef", "0.1", "--kl-in", "loss"]
+
+
+@pytest.fixture(scope="module")
+def lora_reference(tiny, tmp_path_factory) -> Path:
+    pytest.importorskip("peft")
+    out = tmp_path_factory.mktemp("lora-ref") / "run"
+    _run([sys.executable, "-m", "sppo_rl", *_args(tiny, out), *LORA])
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3], ids=["zero2", "zero3"])
+def test_two_process_zero_with_lora_matches_one_process(tiny, lora_reference, tmp_path, stage):
+    """LoRA on actor and critic (KL in the loss against the adapters-off base): two ranks under ZeRO-2/3
+    train like one plain-torch process. Only adapters (and the value head) train, so the merged export
+    differs from the base in the adapted projections only; the HF rollout replica gets only those
+    modules after each update and still samples what the trainer scores."""
+    out = tmp_path / "ds"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    torchrun += ["--master-port", str(29540 + stage)]
+    _run(
+        [
+            *torchrun,
+            "-m",
+            "sppo_rl",
+            *_args(tiny, out),
+            *LORA,
+            "--engine",
+            "deepspeed",
+            "--zero-stage",
+            str(stage),
+        ]
+    )
+    a, b = read_metrics(lora_reference / "metrics.jsonl"), read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2]
+    assert a[1]["kl"] == 0.0 and a[2]["kl"] > 0.0, "the reference is the base: KL 0 until the adapters move"
+    assert_rows_match(a, b, (*COMPARED, "kl"))
+    for r in b[1:]:
+        assert r["rollout_logp_diff"] < 1e-4, "the replica got every module that changed"
+    wa = load_file(lora_reference / "final" / "actor" / "model.safetensors")
+    wb = load_file(out / "final" / "actor" / "model.safetensors")
+    init = load_file(tiny / "model.safetensors")
+    assert wa.keys() == wb.keys() == init.keys()
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-5
+    changed = {k for k in init if not torch.equal(init[k], wb[k])}
+    assert changed and all(k.split(".")[-2].endswith("_proj") for k in changed), changed
+    ca = load_file(lora_reference / "final" / "critic" / "value_head.safetensors")
+    cb = load_file(out / "final" / "critic" / "value_head.safetensors")
+    assert all(torch.allclose(ca[k], cb[k], atol=1e-5) for k in ca)

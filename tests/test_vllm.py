@@ -589,3 +589,85 @@ def test_two_ranks_with_vllm_rollouts_train_like_one_process(tiny, one_process_v
     wb = load_file(out / "final" / "actor" / "model.safetensors")
     # float rounding of the gradient average, through two Adam steps of ~lr = 1e-2 per weight
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-4
+
+
+# ---------------------------------------------------------------------------------------- LoRA
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _nbytes(shapes, names) -> int:
+    return sum(4 * int(torch.Size(shapes[n]).numel()) for n in names)  # float32
+
+
+def test_lora_partial_sync_sends_the_adapted_modules_only(engine, hf, tiny):
+    """After an update of LoRA adapters, vLLM gets the merged ``W + (alpha / r) B A`` (and the bias) of
+    each adapted module and nothing else; it then samples what the trainer's LoRA model scores, and its
+    greedy decode (tokens and log-probs) is the merged plain HF model's."""
+    pytest.importorskip("peft")
+    from sppo_rl.llm.models import adapted_tensor_names, apply_lora
+
+    model = apply_lora(hf, 4, 8.0, LORA_TARGETS, seed=0).eval()
+    train_one_step(model)  # moves every B: every adapted module's merged weight changes
+    assert logprob_agreement(engine, model, PROMPTS, n=2, max_new_tokens=16) > 1e-2, "stale before the sync"
+    names = adapted_tensor_names(model)
+    engine.check_partial_sync(names)
+    train = TorchEngine(model, lr=0.0)
+    engine.update_weights(train.sync_state_items(), partial=True)
+    shapes = engine._shapes
+    assert (
+        engine.last_sync["tensors"] == len(names) == 2 * 2 * 3 + 2 * 4
+    )  # 2 layers: q/k/v w+b, o/gate/up/down w
+    assert engine.last_sync["bytes"] == _nbytes(shapes, names)
+    assert all(n.rsplit(".", 2)[-2] in LORA_TARGETS for n in names)
+    kept = sorted(set(shapes) - set(names))  # what vLLM keeps from the model folder
+    assert kept and all(n.endswith(("embed_tokens.weight", "norm.weight")) for n in kept), kept
+    for temperature, top_p in [(1.0, 1.0), (0.7, 0.9)]:
+        diff = logprob_agreement(
+            engine, model, PROMPTS, n=2, temperature=temperature, top_p=top_p, max_new_tokens=16
+        )
+        assert diff < TOL, (temperature, top_p, diff)
+    merged = load_actor(tiny, dtype=torch.float32).eval()
+    merged.load_state_dict(dict(train.full_state_items()), strict=False)
+    ours = engine.generate(PROMPTS, greedy=True, max_new_tokens=32)
+    ref = HFRolloutEngine(merged, engine.tokenizer).generate(PROMPTS, greedy=True, max_new_tokens=32)
+    assert torch.equal(ours.response_ids, ref.response_ids) and ours.texts == ref.texts
+    assert masked_max_diff(ours.logprobs, ref.logprobs, ours.response_mask) < TOL
+
+
+def test_partial_sync_of_part_of_a_fused_layer_is_refused(engine, hf):
+    """vLLM loads q/k/v as one qkv_proj: a partial sync that sends q_proj alone would leave k and v
+    unset. ``check_partial_sync`` refuses such a set up front; a sync that sends one anyway fails and
+    blocks generation until a complete sync."""
+    q = ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj.bias"]
+    with pytest.raises(ValueError, match=r"qkv_proj as one layer.*k_proj\.weight.*--lora-targets"):
+        engine.check_partial_sync(q)
+    engine.check_partial_sync([*q, *(n.replace("q_proj", p) for n in q for p in ("k_proj", "v_proj"))])
+    state = hf.state_dict()
+    with pytest.raises(WeightSyncError, match="partial weight sync: 1 vLLM layers .*qkv_proj"):
+        engine.update_weights(((n, state[n]) for n in q), partial=True)
+    with pytest.raises(WeightSyncError, match="inconsistent weights"):
+        engine.generate(PROMPTS, max_new_tokens=4)
+    engine.update_weights(state.items())
+    assert logprob_agreement(engine, hf, PROMPTS, n=2, max_new_tokens=16) < TOL
+
+
+def test_trainer_with_lora_and_vllm_rollouts(tiny, tmp_path):
+    """`sppo-rl llm --rollout vllm --lora-rank 4`: after every update vLLM gets the adapted modules only,
+    and samples what the trainer scores."""
+    pytest.importorskip("peft")
+    out = tmp_path / "run"
+    rows = _trainer_run(tiny, out, extra=("--lora-rank", "4", "--lora-alpha", "8"))
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for r in rows[1:]:
+        assert r["time_sync_s"] > 0
+        assert r["rollout_mismatch_max"] < 1e-4, r["rollout_mismatch_max"]
+    assert rows[-1]["approx_kl"] != 0.0, "the adapters moved, and vLLM sampled from the moved model"
+    from safetensors.torch import load_file
+
+    init, final = (
+        load_file(tiny / "model.safetensors"),
+        load_file(out / "final" / "actor" / "model.safetensors"),
+    )
+    changed = {k for k in init if not torch.equal(init[k], final[k])}
+    assert changed and all(k.rsplit(".", 2)[-2] in LORA_TARGETS for k in changed)

@@ -10,11 +10,19 @@ multi-GPU DeepSpeed job:
   DeepSpeed every rank writes its own ZeRO shard, so all ranks call them);
 - ``engine.full_state_items()``: ``(name, full tensor)`` pairs one at a time (ZeRO-3 gathers each
   parameter only while it is yielded), for pushing weights into a rollout engine and for exports;
-- ``engine.save_pretrained(folder)``: a Hugging Face folder of the full model, written by rank 0.
+- ``engine.save_pretrained(folder)``: a Hugging Face folder of the full model, written by rank 0;
+- ``engine.sync_state_items()``: what a rollout copy of the model needs after an update.
+
+With LoRA adapters in the module (:func:`sppo_rl.llm.models.apply_lora`) the same methods hold only
+what trains: checkpoints keep the trainable tensors (adapters, a critic's head) and their optimizer
+state, the base weights coming back from the model folder on resume; ``full_state_items`` and
+``save_pretrained`` give the merged weights under the base model's names (a plain HF folder);
+``sync_state_items`` only the merged weights and biases of the wrapped modules.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from collections.abc import Iterator
@@ -26,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from sppo_rl.agents.learner import TorchEngine as CoreTorchEngine
+from sppo_rl.llm.models import lora_layers, merged_state_items
 from sppo_rl.runtime.checkpoint import torch_load, torch_save
 
 
@@ -129,6 +138,8 @@ class TrainEngine(Protocol):
 
     def save_pretrained(self, folder: str | Path, **kwargs: Any) -> None: ...
 
+    def sync_state_items(self) -> Iterator[tuple[str, Tensor]]: ...
+
 
 class TorchEngine(CoreTorchEngine):
     """Plain PyTorch: AdamW over the module's trainable parameters, global-norm gradient clipping
@@ -145,23 +156,55 @@ class TorchEngine(CoreTorchEngine):
         params = [p for p in module.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999))
         super().__init__(module, optimizer, max_grad_norm)
+        self.lora = bool(lora_layers(module))
+
+    def _trainable(self) -> dict[str, Tensor]:
+        return {n: p.detach() for n, p in self.module.named_parameters() if p.requires_grad}
 
     def save(self, folder: Path) -> None:
+        """``engine.pt``: the module's state (with LoRA: its trainable tensors only) and the optimizer's."""
         folder.mkdir(parents=True, exist_ok=True)
+        module = self._trainable() if self.lora else self.module.state_dict()
         torch_save(
-            {"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict()},
+            {"module": module, "optimizer": self.optimizer.state_dict(), "trainable_only": self.lora},
             folder / "engine.pt",
         )
 
     def load(self, folder: Path) -> None:
         state = torch_load(folder / "engine.pt")
-        self.module.load_state_dict(state["module"])
+        if state.get("trainable_only", False) != self.lora:
+            raise RuntimeError(
+                f"{folder}: written {'with' if state.get('trainable_only') else 'without'} LoRA, "
+                f"loaded {'with' if self.lora else 'without'} it"
+            )
+        if self.lora:  # exactly the trainable tensors; the frozen base weights are the model folder's
+            expected = set(self._trainable())
+            if set(state["module"]) != expected:
+                raise RuntimeError(
+                    f"{folder}: its trainable tensors differ from the model's "
+                    f"({sorted(set(state['module']) ^ expected)[:3]})"
+                )
+            self.module.load_state_dict(state["module"], strict=False)
+        else:
+            self.module.load_state_dict(state["module"])
         self.optimizer.load_state_dict(state["optimizer"])
 
     def full_state_items(self) -> Iterator[tuple[str, Tensor]]:
-        yield from self.module.state_dict().items()
+        if self.lora:
+            yield from merged_state_items(self.module)
+        else:
+            yield from self.module.state_dict().items()
+
+    def sync_state_items(self) -> Iterator[tuple[str, Tensor]]:
+        """With LoRA the merged weights and biases of the wrapped modules only, else the full state."""
+        if self.lora:
+            yield from merged_state_items(self.module, only_adapted=True)
+        else:
+            yield from self.full_state_items()
 
     def save_pretrained(self, folder: str | Path, **kwargs: Any) -> None:
+        if self.lora:
+            kwargs["state_dict"] = dict(merged_state_items(self.module))
         self.module.save_pretrained(folder, **kwargs)
 
 
@@ -219,6 +262,7 @@ class DeepSpeedEngine:
         import deepspeed
 
         self.zero_stage = zero_stage
+        self.lora = bool(lora_layers(module))
         params = [p for p in module.parameters() if p.requires_grad]
         if offload in ("optimizer", "all"):
             from deepspeed.ops.adam import DeepSpeedCPUAdam
@@ -250,10 +294,13 @@ class DeepSpeedEngine:
         return float(gn) if gn is not None else 0.0
 
     def save(self, folder: Path) -> None:
-        self.engine.save_checkpoint(str(folder), tag="ds", save_latest=False)
+        """Every rank's ZeRO shard (with LoRA: the frozen base weights left out)."""
+        self.engine.save_checkpoint(
+            str(folder), tag="ds", save_latest=False, exclude_frozen_parameters=self.lora
+        )
 
     def load(self, folder: Path) -> None:
-        path, _ = self.engine.load_checkpoint(str(folder), tag="ds", load_module_strict=True)
+        path, _ = self.engine.load_checkpoint(str(folder), tag="ds", load_module_strict=not self.lora)
         if path is None:
             raise RuntimeError(f"no DeepSpeed checkpoint in {folder}")
 
@@ -262,6 +309,9 @@ class DeepSpeedEngine:
         (the names of ``state_dict()``; non-persistent ones such as rotary tables are rebuilt by the
         receiving model)."""
         inner = self.inner
+        if self.lora:
+            yield from merged_state_items(inner, self._gather)
+            return
         persistent = set(inner.state_dict().keys())
         if self.zero_stage == 3:
             from deepspeed.runtime.zero.partition_parameters import GatheredParameters
@@ -272,6 +322,22 @@ class DeepSpeedEngine:
         else:
             yield from ((n, p.data) for n, p in inner.named_parameters())
         yield from ((n, b) for n, b in inner.named_buffers() if n in persistent)
+
+    def _gather(self, params: list[nn.Parameter]) -> Any:
+        """A context in which ``params`` are whole (ZeRO-3 gathers them on every rank)."""
+        if self.zero_stage != 3:
+            return contextlib.nullcontext()
+        from deepspeed.runtime.zero.partition_parameters import GatheredParameters
+
+        return GatheredParameters(params, modifier_rank=None)
+
+    def sync_state_items(self) -> Iterator[tuple[str, Tensor]]:
+        """With LoRA the merged weights and biases of the wrapped modules only (ZeRO-3: gathered one
+        module at a time, all ranks together), else :meth:`full_state_items`."""
+        if self.lora:
+            yield from merged_state_items(self.inner, self._gather, only_adapted=True)
+        else:
+            yield from self.full_state_items()
 
     def save_pretrained(self, folder: str | Path, **kwargs: Any) -> None:
         """Gather the full weights to CPU and write a Hugging Face folder on rank 0 (all ranks call this)."""

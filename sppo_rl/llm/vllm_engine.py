@@ -39,6 +39,18 @@ garbage). A tied head needs its own load (on CPU vLLM keeps a separate, repacked
 embedding is sent to vLLM a second time as ``lm_head.weight``, and a ``lm_head.weight`` coming from
 the source (a trainer ``state_dict`` lists tied tensors twice) is ignored.
 
+Partial sync (``update_weights(pairs, partial=True)``, LoRA). When only some modules changed since the
+engine loaded the model folder (LoRA trains adapters on a few linear modules and freezes the rest),
+only their tensors are sent: the merged weights ``W + (alpha / r) B A`` and biases of the adapted
+modules, under the checkpoint's names. vLLM's layer-wise reload keeps the old weights of every layer
+that gets no tensor (its "failed to load" warnings for those layers are silenced during a partial
+sync), but a fused layer (``qkv_proj`` from ``q_proj``/``k_proj``/``v_proj``, ``gate_up_proj`` from
+``gate_proj``/``up_proj``: the model's ``packed_modules_mapping``) that gets part of its tensors is
+filled with garbage in the rest. So each vLLM layer a partial sync touches must get all its tensors:
+:meth:`~VLLMRolloutEngine.check_partial_sync` refuses a set of names that would break that rule before
+anything is sent (the trainer calls it at start with the adapted names), and the sync itself fails
+(like an incomplete full sync: no generation until a complete sync) if the pairs sent break it.
+
 Timeouts. ``generate`` and ``update_weights`` run in a daemon worker thread while the caller waits
 with a deadline (``generate_timeout_s``, ``sync_timeout_s``). On the deadline the worker is asked to
 stop: generation aborts its requests between two engine steps, a sync stops taking tensors; if it
@@ -307,6 +319,33 @@ def _set_logit_scale(model: nn.Module, factor: float) -> int:
     return changed
 
 
+_PARTIAL_RELOAD_NOISE = ("Following weights were not loaded", "%s: Failed to load weights")
+_RELOAD_LOGGERS = (
+    "vllm.model_executor.model_loader.reload.inplace",
+    "vllm.model_executor.model_loader.reload.layerwise",
+)
+
+
+class _DropPartialReloadNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_PARTIAL_RELOAD_NOISE)
+
+
+@contextlib.contextmanager
+def _quiet_partial_reload() -> Iterator[None]:
+    """While inside, vLLM's warnings about the layers a reload left untouched are dropped (a partial
+    sync leaves them untouched on purpose: they keep their weights)."""
+    drop = _DropPartialReloadNoise()
+    loggers = [logging.getLogger(name) for name in _RELOAD_LOGGERS]
+    for lg in loggers:
+        lg.addFilter(drop)
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeFilter(drop)
+
+
 @contextlib.contextmanager
 def _keeping_default_process_group() -> Iterator[None]:
     """While inside, ``torch.distributed.destroy_process_group()`` of the default group does nothing
@@ -460,6 +499,7 @@ class VLLMRolloutEngine:
         self._temperature: float | None = None
         self.last_generate_s = 0.0
         self.last_sync: dict[str, float] = {}
+        self._packed: dict[str, str] | None = None  # checkpoint module name -> vLLM's fused layer name
 
         self.rank, self.world, self.external_launcher = _launcher_place(external_launcher)
         # a process group that exists now is the caller's: close() must leave it alive
@@ -852,9 +892,51 @@ class VLLMRolloutEngine:
             if name == self._tied_embedding:  # vLLM needs the tied head too (on CPU it keeps its own copy)
                 yield _TIED_HEAD, tensor
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]] | None = None) -> None:
+    def _layer_of(self, name: str) -> str:
+        """The vLLM layer that loads checkpoint tensor ``name`` (``...layers.0.self_attn.q_proj.weight``
+        -> ``...layers.0.self_attn.qkv_proj``)."""
+        if self._packed is None:
+            maps = self.llm.apply_model(
+                lambda model: dict(getattr(model, "packed_modules_mapping", None) or {})
+            )
+            self._packed = {part: fused for m in maps for fused, parts in m.items() for part in parts}
+        parent, _, module = name.rpartition(".")[0].rpartition(".")
+        return f"{parent}.{self._packed.get(module, module)}"
+
+    def _incomplete_layers(self, names: Iterable[str]) -> dict[str, list[str]]:
+        """``{vLLM layer: its checkpoint tensors missing from names}`` for each layer ``names`` touch."""
+        names = set(names)
+        touched = {self._layer_of(n) for n in names}
+        missing: dict[str, list[str]] = {}
+        for n in self._shapes:
+            if n not in names and self._layer_of(n) in touched:
+                missing.setdefault(self._layer_of(n), []).append(n)
+        return missing
+
+    def check_partial_sync(self, names: Iterable[str]) -> None:
+        """``ValueError`` in one line unless a partial sync of exactly the checkpoint tensors ``names``
+        would be sound: every name is in the checkpoint, and every vLLM layer they touch gets all of
+        its tensors (see "Partial sync" in the module docstring)."""
+        names = list(names)
+        unknown = [n for n in names if n not in self._shapes]
+        if unknown:
+            raise ValueError(f"not in the checkpoint of {self.model_path}: {', '.join(unknown[:3])}")
+        missing = self._incomplete_layers(names)
+        if missing:
+            layer, parts = next(iter(missing.items()))
+            raise ValueError(
+                f"vLLM loads {layer} as one layer, so syncing part of it would leave the rest unset; "
+                f"also send {', '.join(parts)} (with LoRA: add those modules to --lora-targets)"
+            )
+
+    def update_weights(
+        self, named_tensors: Iterable[tuple[str, Tensor]] | None = None, *, partial: bool = False
+    ) -> None:
         """Load the actor's weights: ``(name, tensor)`` pairs in Hugging Face checkpoint names, every
         tensor of the checkpoint once (a tied ``lm_head.weight`` may be present or not), one at a time.
+        With ``partial`` only the tensors that changed since the model folder was loaded (LoRA's
+        adapted modules): each vLLM layer they touch must get all of its tensors, the others keep
+        theirs (see "Partial sync" in the module docstring).
 
         Resets the prefix cache afterwards. Raises :class:`WeightSyncError` (unknown name, wrong shape,
         missing tensors, the source iterator raised: the original exception is its ``__cause__``),
@@ -871,9 +953,10 @@ class VLLMRolloutEngine:
         state: dict[str, Any] = {"seen": set(), "bytes": 0, "error": None}
 
         def run(cancel: threading.Event) -> None:
-            self.llm.collective_rpc(
-                "reload_weights", kwargs={"weights_iterator": self._checked(named_tensors, cancel, state)}
-            )
+            with _quiet_partial_reload() if partial else contextlib.nullcontext():
+                self.llm.collective_rpc(
+                    "reload_weights", kwargs={"weights_iterator": self._checked(named_tensors, cancel, state)}
+                )
 
         t0 = time.perf_counter()
         with self._lock:
@@ -898,7 +981,15 @@ class VLLMRolloutEngine:
                 if isinstance(error, WeightSyncError):
                     raise error
                 raise WeightSyncError(f"the weight source raised {type(error).__name__}: {error}") from error
-            missing = sorted(set(self._shapes) - state["seen"])
+            incomplete = self._incomplete_layers(state["seen"]) if partial else {}
+            if incomplete:
+                layer, parts = next(iter(incomplete.items()))
+                self._weights_problem = f"the last partial sync left {len(incomplete)} vLLM layers incomplete"
+                raise WeightSyncError(
+                    f"partial weight sync: {len(incomplete)} vLLM layers got only part of their tensors, "
+                    f"e.g. {layer} misses {parts}"
+                )
+            missing = [] if partial else sorted(set(self._shapes) - state["seen"])
             if missing:
                 self._weights_problem = f"the last sync missed {len(missing)} tensors"
                 raise WeightSyncError(
