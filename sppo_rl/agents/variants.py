@@ -1,4 +1,4 @@
-"""Two GRPO variants from the seed survey, as parts of the shared core: BPPO and LamPO.
+"""GRPO variants from the seed survey, as parts of the shared core: BPPO, LamPO, Latent-GRPO's selector.
 
 - **BPPO** (binary prefix policy optimisation, arXiv 2605.28028) keeps GRPO's advantages, computed over
   the whole group, but trains on less: per group only the shortest correct and the shortest incorrect
@@ -7,8 +7,11 @@
 - **LamPO** (Lambda-style policy optimisation, arXiv 2605.19416) replaces the group mean by pairwise
   comparisons inside the group, each weighted by how far the sampling policy already ranks the pair
   the right way. It is the estimator ``"lampo"`` (:func:`lampo`).
+- **Latent-GRPO** (arXiv 2604.27998) trains, per group, the first latent step of one correct sequence
+  only: the selector ``"first-token"`` (:func:`first_token`), used with the ``grpo`` estimator on the
+  latent policy of :mod:`sppo_rl.llm.latent` (which holds its other two fixes).
 
-Both read their parameters from the trainer's estimator parameters (one dictionary shared by the
+BPPO and LamPO read their parameters from the trainer's estimator parameters (one dictionary shared by the
 estimator and the selector), so their names carry the method's prefix: ``bppo_prefix_ratio``,
 ``bppo_accuracy_threshold``, ``lampo_temperature``.
 """
@@ -231,3 +234,73 @@ def lampo(
     peers = present.sum(-1, keepdim=True).to(torch.float64) - 1.0
     a = torch.where(pair, dr * w, torch.zeros_like(dr)).sum(-1) / peers.clamp(min=1.0)
     return broadcast(a[inv, slot].to(R.dtype), mask), R
+
+
+# --------------------------------------------------------------------------------------------------
+# Latent-GRPO
+
+
+@register_selector("first-token")
+@torch.no_grad()
+def first_token(
+    *,
+    mask: Tensor,
+    rewards: Tensor,
+    group_ids: Tensor,
+    advantages: Tensor,
+    logp_old: Tensor | None = None,
+    logp_rollout: Tensor | None = None,
+    **_: object,
+) -> Tensor:
+    """Latent-GRPO's optimal correct-path first-token selection (arXiv 2604.27998), as a loss mask.
+
+    At the first position every sequence of a group shares its context (the prompt), so reinforcing the
+    first latent step of several correct sequences pushes the policy towards the average of their
+    mixtures, which need not be a valid latent state ("latent mixture non-closure"). Per group:
+
+    - the *candidates* are the rows whose advantage at their first valid position is ``> 0``;
+    - the *winner* is the candidate with the highest length-normalised old log-prob
+      ``c_b = mean_t logp_old[b, t]`` over its valid positions (ties: the lowest row index);
+    - in a group with a winner, every other row loses its first valid position from the loss mask
+      (positive and negative rows alike, as in the authors' code); a group without a candidate, and
+      every later position, is left alone.
+
+    ``logp_old`` is the policy's before the update; where a run leaves it out (one fused on-policy
+    pass) ``logp_rollout``, the sampler's log-probs of the same actions, stands in. The authors' code
+    sets the dropped positions' advantage to 0 and keeps them in the token-mean's denominator; as a
+    selector they leave the loss mask instead, so the denominator has one position fewer per dropped row.
+
+    Worked example (one group of four, two positions each): advantages at position 0
+    ``[0.87, 0.87, -0.87, 0.87]``, ``c = [-0.5, -0.2, -0.1, -0.9]``: candidates rows 0, 1, 3 (row 2 has the
+    highest ``c`` but a negative advantage), winner row 1; the loss mask keeps ``[[0, 1], [1, 1], [0, 1],
+    [0, 1]]``.
+    """
+    logp = logp_old if logp_old is not None else logp_rollout
+    if logp is None:
+        raise ValueError("the first-token selector needs logp_old (or the sampler's logp_rollout) [B, T]")
+    if group_ids is None or group_ids.shape != mask.shape[:1]:
+        raise ValueError(f"the first-token selector needs group_ids of shape ({mask.shape[0]},)")
+    B = mask.shape[0]
+    if B == 0:
+        return mask
+    valid = mask > 0
+    length = valid.sum(-1)
+    first = valid.long().argmax(-1)  # first valid position (0 with right padding)
+    rows = torch.arange(B, device=mask.device)
+    a0 = advantages[rows, first]
+    candidate = (a0 > 0) & (length > 0)
+    c = sequence_confidence(logp, mask)
+    _, inv = torch.unique(group_ids.to(mask.device), return_inverse=True)
+    G = int(inv.max().item()) + 1
+    score = torch.where(candidate, c, torch.full_like(c, -torch.inf))
+    best = torch.full((G,), -torch.inf, dtype=c.dtype, device=mask.device).scatter_reduce_(
+        0, inv, score, "amax"
+    )
+    tied = candidate & (score == best[inv])
+    none = torch.full((G,), B, dtype=torch.long, device=mask.device)
+    pick = none.scatter_reduce_(0, inv, torch.where(tied, rows, torch.full_like(rows, B)), "amin")
+    has_winner = pick[inv] < B
+    drop = has_winner & (rows != pick[inv]) & (length > 0)
+    out = mask.clone()
+    out[rows[drop], first[drop]] = 0
+    return out

@@ -84,6 +84,8 @@ class ControlRun:
         cfg.validate()
         self.cfg = cfg
         self.algo = get_algorithm(cfg.algo)
+        if self.algo.latent is not None:
+            raise RunError(f"{self.algo.name} trains a latent-reasoning language model: use sppo-rl llm")
         try:
             self.spec = get_task(cfg.task)
         except (KeyError, ValueError) as e:
