@@ -10,8 +10,11 @@ wall-clock seconds).
     python scripts/compare_llm.py --set long --task scratchpad --seeds 0 1 2 --seconds 600 --out runs/cmp_long
     # the methods: SPPO, GRPO, GSPO, SPPO-seq, GRPO with TIS, DAPO-style GRPO, PPO, PPO with VC-PPO's fixes
     python scripts/compare_llm.py --set methods --seeds 0 1 2 --steps 150 --out runs/cmp_methods
+    # Latent-GRPO, its unfixed variant, explicit GRPO from the curriculum's explicit stage (per seed)
+    python scripts/compare_llm.py --set latent --seeds 0 1 2 --steps 30 --prompts-per-step 8 --out runs/cmp_latent \
+        --llm-args "--val-size 128 --eval-samples 4 --actor-lr 3e-5"
 
-Run sets (``--set``, narrowed by ``--only NAME ...``): ``long``, ``methods``, ``all`` (every method; the
+Run sets (``--set``, narrowed by ``--only NAME ...``): ``long``, ``methods``, ``latent``, ``all`` (every method; the
 default). ``--seconds S`` gives every run the same training wall-clock (``--max-seconds`` of ``sppo-rl
 llm``: the last update is the first to end past S; validation is not counted); ``--steps K`` the same
 number of updates. ``--workers N`` runs N processes at a time: wall-clock figures are only comparable
@@ -60,6 +63,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 
 SMALL = "{small}"  # stands for the small critic's folder, built on first use
+EXPLICIT = (
+    "{explicit}"  # stands for the seed's explicit-reasoning warm start (Latent-GRPO's comparable start)
+)
 ALL = [
     ("sppo", ["--algo", "sppo"]),
     ("grpo", ["--algo", "grpo", "--group-size", "8"]),
@@ -78,7 +84,7 @@ ALL = [
     # lambda (alpha 1: lambda 0.9 at 10 tokens; VAPO's 0.05 is for responses of hundreds), value pre-training
     ("ppo-vc", ["--algo", "ppo", "--lam-critic", "1.0", "--lam-alpha", "1.0", "--critic-warmup", "5"]),
 ]
-SET_NAMES = ("long", "methods", "all")
+SET_NAMES = ("long", "methods", "latent", "all")
 NUMERATOR, DENOMINATOR = "grpo", "sppo"  # the ratios: GRPO's time (tokens) to the target over SPPO's
 
 
@@ -100,6 +106,13 @@ def run_sets() -> dict[str, list[tuple[str, list[str]]]]:
     return {
         "long": [(n, flags[n]) for n in ("sppo", "grpo", "rloo", "ppo", "sppo-small-critic")],
         "methods": methods,
+        # Latent-GRPO (seed 003) beside its unfixed variant and explicit GRPO from the same curriculum's
+        # stage 0 (explicit reasoning lines), built per seed; "grpo" is the target's reference
+        "latent": [
+            ("latent-grpo", ["--algo", "latent-grpo", "--group-size", "8"]),
+            ("latent-grpo-naive", ["--algo", "latent-grpo-naive", "--group-size", "8"]),
+            ("grpo", ["--algo", "grpo", "--group-size", "8", "--model", EXPLICIT, "--max-new-tokens", "32"]),
+        ],
         "all": list(ALL),
     }
 
@@ -331,13 +344,41 @@ def small_critic(task: str) -> Path:
     return ensure_tiny_model(setup.default_cache_dir(), setup.TINY_CHARSET, **settings)
 
 
-def llm_flags(flags: list[str], args: argparse.Namespace, seed: int, small: str) -> list[str]:
-    """The ``sppo-rl llm`` flags of one (method, seed) run, before ``--out-dir``."""
+def explicit_model(args: argparse.Namespace, seed: int) -> str:
+    """The seed's explicit-reasoning warm start (stage 0 of the latent curriculum), built once into the
+    cache by ``python -m sppo_rl.llm.latent explicit-model`` with the run's task and flags."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "sppo_rl.llm.latent",
+        "explicit-model",
+        "--task",
+        args.task,
+        "--seed",
+        str(seed),
+    ]
+    cmd += [f for f in shlex.split(args.llm_args) if f != "--no-progress"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"explicit warm start for seed {seed} failed: {proc.stderr.strip()[-500:]}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def llm_flags(
+    flags: list[str], args: argparse.Namespace, seed: int, small: str, resolve: bool = True
+) -> list[str]:
+    """The ``sppo-rl llm`` flags of one (method, seed) run, before ``--out-dir`` (``resolve=False`` keeps
+    the ``{explicit}`` placeholder: nothing is built)."""
     budget = ["--steps", str(args.steps)]
     if args.seconds is not None:
         budget += ["--max-seconds", str(args.seconds)]
     return [
-        *[f.replace(SMALL, small) for f in flags],
+        *[
+            f.replace(SMALL, small).replace(
+                EXPLICIT, explicit_model(args, seed) if resolve and f == EXPLICIT else f
+            )
+            for f in flags
+        ],
         *budget,
         "--task",
         args.task,
@@ -382,7 +423,13 @@ def flag_problem(flags: list[str]) -> str | None:
         return " ".join(words[1:] or words) or "refused"
     try:
         cfg.validate()
-        check_model_paths(cfg if cfg.critic_model != SMALL else dataclasses.replace(cfg, critic_model=None))
+        check_model_paths(
+            dataclasses.replace(
+                cfg,
+                critic_model=None if cfg.critic_model == SMALL else cfg.critic_model,
+                model=None if cfg.model == EXPLICIT else cfg.model,
+            )
+        )
     except (RunError, ValueError) as e:
         return str(e)
     return None
@@ -623,7 +670,7 @@ def main(argv: list[str] | None = None) -> None:
     names = [n for n, _ in runs]
     problem = problems(args, names)
     for name, flags in runs if problem is None else []:
-        why = flag_problem(llm_flags(flags, args, args.seeds[0], SMALL))
+        why = flag_problem(llm_flags(flags, args, args.seeds[0], SMALL, resolve=False))
         problem = f"{name}: sppo-rl llm refuses its flags: {why}" if why else None
         if problem:
             break

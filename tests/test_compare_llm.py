@@ -163,6 +163,22 @@ def test_run_sets(cmp):
     else:
         assert "--dynamic-sampling-rounds" not in dapo
     assert [n for n, _ in sets["all"]] == [n for n, _ in cmp.ALL]
+    latent = dict(sets["latent"])
+    assert list(latent) == ["latent-grpo", "latent-grpo-naive", "grpo"]
+    assert latent["grpo"][latent["grpo"].index("--model") + 1] == cmp.EXPLICIT
+
+
+def test_latent_set_passes_the_flag_check_without_building_its_warm_start(cmp):
+    """The per-seed explicit warm start is a placeholder in the pre-run check: a missing-folder check on
+    '{explicit}' would refuse the set; resolving it would build a model before anything is validated."""
+    args = cmp.parse(["--set", "latent", "--steps", "2"])
+    flags = cmp.llm_flags(dict(cmp.run_sets()["latent"])["grpo"], args, 0, cmp.SMALL, resolve=False)
+    assert cmp.EXPLICIT in flags
+    assert cmp.flag_problem(flags) is None
+    bad = cmp.llm_flags(
+        ["--algo", "grpo", "--model", "/nonexistent/folder"], args, 0, cmp.SMALL, resolve=False
+    )
+    assert cmp.flag_problem(bad) is not None
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,10 @@ targets: ``[B, T]`` for ``gae``, the outcome ``R`` ``[B]`` for every sequence-le
 Each function carries a :class:`Requirements` (``fn.requires``) saying what the trainer must supply,
 so a trainer asks the estimator instead of testing its name. All estimators run under ``no_grad``.
 Extra keywords are ignored, so a trainer may pass one dictionary to any estimator.
+
+An estimator sees valid rows only: :func:`~sppo_rl.agents.algorithms.compute_advantages` takes the
+rows whose outcome is unknown (``SequenceBatch.valid`` False) out before calling it and gives them
+advantage 0, so every group, leave-one-out and batch statistic here is over valid rows by construction.
 """
 
 from __future__ import annotations

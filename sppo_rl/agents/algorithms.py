@@ -35,6 +35,9 @@ class Algorithm:
             policy loss is taken over (None: every valid position).
         defaults: the update settings the method is defined with (``agg``, ``ratio_level``,
             ``policy_loss``), used where a run leaves them unset (None).
+        latent: None for a token policy; for a latent-reasoning policy (LLM world only,
+            :mod:`sppo_rl.llm.latent`) the Latent-GRPO fixes it runs with by default:
+            ``{"one_sided": bool, "mask_invalid": bool}``.
     """
 
     name: str
@@ -44,6 +47,7 @@ class Algorithm:
     summary: str
     selector: str | None = None
     defaults: dict = field(default_factory=dict, compare=False, hash=False)
+    latent: dict | None = field(default=None, compare=False, hash=False)
 
     @property
     def requires(self) -> Requirements:
@@ -116,6 +120,24 @@ ALGORITHMS: dict[str, Algorithm] = {
         ),
         Algorithm(
             "lampo", "lampo", "none", 8, "LamPO: pairwise reward gaps weighted by the policy's confidence"
+        ),
+        Algorithm(
+            "latent-grpo",
+            "grpo",
+            "none",
+            8,
+            "Latent-GRPO: GRPO on latent reasoning steps; invalid rollouts masked, one-sided noise, "
+            "one correct path's first step",
+            selector="first-token",
+            latent={"one_sided": True, "mask_invalid": True},
+        ),
+        Algorithm(
+            "latent-grpo-naive",
+            "grpo",
+            "none",
+            8,
+            "GRPO on latent reasoning steps without Latent-GRPO's three fixes (the comparison's baseline)",
+            latent={"one_sided": False, "mask_invalid": False},
         ),
     ]
 }
@@ -212,7 +234,35 @@ def compute_advantages(batch: SequenceBatch, algo: Algorithm, **params: object) 
     :func:`critic_values`), ``group_ids``, ``baseline_rewards``, ``logp_old``; ``params`` are
     estimator and selector parameters (``gamma``, ``lam``, ``whiten``, ``std``, ``eps``, ...). The
     loss mask is ``batch.mask``, or what the algorithm's selector keeps of it.
+
+    Invalid rows (``batch.valid`` False: outcome unknown) are masked here, once for every estimator
+    and selector: they run on the valid rows alone, so a group's mean, std and leave-one-out
+    baselines, LamPO's pairs, BPPO's accuracy and any batch whitening are over valid rows only, and a
+    group left with fewer than two valid members gets 0 from a group estimator (as a singleton does).
+    An invalid row gets advantage 0, a zero ``loss_mask`` row and a return of 0 (the critic loss gives
+    it no weight). Example (GRPO, one group ``R = [1, 0, invalid, 1]``): the advantages of ``[1, 0, 1]``
+    (sample std: ``[0.577, -1.155, 0.577]``) and 0 for the invalid row, not those of ``[1, 0, 0, 1]``.
     """
+    valid = batch.valid
+    if valid is None or bool(valid.all()):
+        batch.advantages, batch.returns, batch.loss_mask = _estimate(batch, algo, params)
+        return batch
+    rows = torch.nonzero(valid, as_tuple=True)[0]
+    B, T = batch.mask.shape
+    adv = batch.mask.new_zeros(B, T)
+    loss_mask = batch.mask.new_zeros(B, T)
+    returns = batch.mask.new_zeros((B, T) if algo.requires.critic == "step" else (B,))
+    if len(rows):
+        a, r, m = _estimate(batch.index(rows), algo, params)
+        adv, returns = adv.to(a.dtype), returns.to(r.dtype)
+        adv[rows], returns[rows], loss_mask[rows] = a, r, m.to(loss_mask.dtype)
+    batch.advantages, batch.returns, batch.loss_mask = adv, returns, loss_mask
+    return batch
+
+
+def _estimate(batch: SequenceBatch, algo: Algorithm, params: dict) -> tuple[Tensor, Tensor, Tensor]:
+    """``(advantages, returns, loss_mask)`` of the algorithm's estimator and selector on every row of
+    ``batch``."""
     est = get_estimator(algo.estimator)
     req = algo.requires
     kwargs: dict[str, object] = {"token_rewards": batch.token_rewards, "mask": batch.mask, **params}
@@ -230,24 +280,48 @@ def compute_advantages(batch: SequenceBatch, algo: Algorithm, **params: object) 
         kwargs["baseline_rewards"] = batch.baseline_rewards
     if req.logprobs:
         kwargs["logp_old"] = batch.logp_old
-    batch.advantages, batch.returns = est(**kwargs)
+    advantages, returns = est(**kwargs)
     if algo.critic_loss == "bce" and req.critic == "sequence":
         # the success critic's target is the outcome itself, even when a KL penalty sits in the reward
         # (R - KL is no probability: as a BCE target it makes the loss unbounded below)
-        batch.returns = batch.rewards.to(batch.mask.dtype).clone()
-    batch.loss_mask = batch.mask
+        returns = batch.rewards.to(batch.mask.dtype).clone()
+    loss_mask = batch.mask
     if algo.selector is not None:
         from sppo_rl.agents.selection import get_selector
 
-        batch.loss_mask = get_selector(algo.selector)(
+        loss_mask = get_selector(algo.selector)(
             mask=batch.mask,
             rewards=batch.rewards,
             group_ids=batch.group_ids,
-            advantages=batch.advantages,
+            advantages=advantages,
+            logp_old=batch.logp_old,
+            logp_rollout=batch.logp_rollout,
             **params,
         )
-        batch.advantages = batch.advantages * batch.loss_mask
-    return batch
+        advantages = advantages * loss_mask
+    return advantages, returns, loss_mask
+
+
+GROUP_KINDS: tuple[str, ...] = ("mixed", "all_correct", "all_wrong", "too_few_valid")
+"""What :func:`group_signal` says of a group: index 0 is the only informative kind."""
+
+
+def group_signal(rewards: Tensor, valid: Tensor | None = None, correct_above: float = 0.5) -> Tensor:
+    """DAPO's dynamic-sampling test on groups laid out as rows of ``rewards`` ``[n, G]`` (``valid`` the
+    same shape, bool; None: all valid). Returns ``[n]`` long indices into :data:`GROUP_KINDS`:
+
+    - ``too_few_valid`` (3): fewer than two valid members: nothing to compare;
+    - ``all_correct`` (1) / ``all_wrong`` (2): every valid outcome is equal, above ``correct_above`` or
+      not: a group estimator gives each member exactly 0;
+    - ``mixed`` (0): at least two valid outcomes differ (``0 < #correct < G`` for binary outcomes):
+      the only groups with a signal.
+    """
+    valid = torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid.to(torch.bool)
+    r = rewards.double()
+    hi = torch.where(valid, r, torch.full_like(r, -torch.inf)).amax(-1)
+    lo = torch.where(valid, r, torch.full_like(r, torch.inf)).amin(-1)
+    kind = torch.where(hi > lo, 0, torch.where(hi > correct_above, 1, 2))
+    return torch.where(valid.sum(-1) < 2, torch.full_like(kind, 3), kind).long()
 
 
 def critic_loss(
@@ -258,6 +332,7 @@ def critic_loss(
     old_pred: Tensor | None = None,
     clip: float | None = 0.2,
     agg: AggMode = "token-mean",
+    valid: Tensor | None = None,
 ) -> Tensor:
     """The algorithm's critic loss on fresh critic outputs ``pred`` (values or logits).
 
@@ -265,7 +340,17 @@ def critic_loss(
     - ``bce`` with a sequence critic: ``mean_b BCE(logit_b, R_b)``, no clipping;
     - ``bce`` with a step critic (the ablation): per-position BCE against the lambda-returns clamped to
       ``[0, 1]`` (with ``gamma = lam = 1`` and a binary outcome the target is exactly ``R``).
+
+    ``valid`` ``[B]`` bool (None: all): invalid rows (unknown outcome) have no target and no weight:
+    the means above run over valid rows (positions) only; with none valid the loss is 0 (no gradient).
     """
+    if valid is not None:
+        keep = valid.to(device=mask.device, dtype=torch.bool)
+        mask = mask * keep[:, None].to(mask.dtype)
+        if pred.dim() == 1:
+            if not bool(keep.any()):
+                return pred.sum() * 0.0
+            pred, returns = pred[keep], returns[keep]
     if algo.critic_loss == "mse":
         return clipped_value_loss(
             pred, old_pred if old_pred is not None else pred.detach(), returns, mask, clip, agg

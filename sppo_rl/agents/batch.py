@@ -36,6 +36,13 @@ class SequenceBatch:
         returns: critic targets, ``[B, T]`` or ``[B]``, filled by an estimator.
         loss_mask: ``[B, T]`` positions the policy loss is taken over: ``mask`` itself, or the subset
             an algorithm's selector keeps (e.g. BPPO's prefixes); filled with the advantages.
+        valid: ``[B]`` bool, False for a sequence whose outcome is unknown (its verification failed:
+            the verifier raised, timed out, crashed or returned no score in ``[0, 1]``), or None: every
+            sequence is valid (the control world always). An invalid sequence is neither a success nor a
+            failure: it gets advantage 0 and no loss (its ``loss_mask`` row is 0), and it is left out of
+            every statistic an estimator computes (group mean / std / leave-one-out baselines, batch
+            whitening) and of the critic's targets (see
+            :func:`~sppo_rl.agents.algorithms.compute_advantages` and ``critic_loss``).
     """
 
     mask: Tensor
@@ -50,6 +57,7 @@ class SequenceBatch:
     loss_mask: Tensor | None = None
     ref_logp: Tensor | None = None
     logp_rollout: Tensor | None = None
+    valid: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.mask.dim() != 2:
@@ -61,10 +69,21 @@ class SequenceBatch:
             raise ValueError(f"rewards must be [B]={self.mask.shape[0]}, got {tuple(self.rewards.shape)}")
         if self.token_rewards is None:
             self.token_rewards = terminal_rewards(self.rewards, self.mask)
+        if self.valid is not None:
+            if self.valid.shape != (self.mask.shape[0],):
+                raise ValueError(f"valid must be [B]={self.mask.shape[0]}, got {tuple(self.valid.shape)}")
+            self.valid = self.valid.to(device=self.mask.device, dtype=torch.bool)
 
     @property
     def batch_size(self) -> int:
         return self.mask.shape[0]
+
+    @property
+    def valid_rows(self) -> Tensor:
+        """``[B]`` bool: ``valid``, or all True when it is None."""
+        if self.valid is None:
+            return torch.ones(self.mask.shape[0], dtype=torch.bool, device=self.mask.device)
+        return self.valid
 
     @property
     def lengths(self) -> Tensor:

@@ -216,14 +216,17 @@ def _cut(batch: SequenceBatch, rows: Tensor, T: int) -> SequenceBatch:
 
 def critic_stats(batch: SequenceBatch, algo: Algorithm, dist: Reducer = LOCAL) -> dict[str, float]:
     """Before the update: a sequence critic's ``sigmoid V(s_0)`` mean, Brier score and gap to the
-    outcome mean; a step critic's explained variance of the returns (this rank's)."""
+    outcome mean; a step critic's explained variance of the returns (this rank's). Valid rows only."""
     if batch.values is None:
         return {}
+    if batch.valid is not None:
+        batch = batch.index(torch.nonzero(batch.valid, as_tuple=True)[0])
     if batch.values.dim() == 1:
         p = torch.sigmoid(batch.values.float())
         n, sp, sb, sr = dist.all_sum(
             [p.numel(), float(p.sum()), float(((p - batch.rewards) ** 2).sum()), float(batch.rewards.sum())]
         )
+        n = max(n, 1.0)
         return {"v0_mean": sp / n, "v0_brier": sb / n, "v0_gap": (sp - sr) / n}
     pred = critic_values(algo, batch.values)
     return {"explained_variance": explained_variance(pred, batch.returns, batch.mask)}
@@ -244,12 +247,16 @@ def group_stats_summary(batch: SequenceBatch, dist: Reducer = LOCAL) -> dict[str
     """Group hygiene (groups of two or more sequences): fractions of all-correct, all-wrong and mixed
     groups (outcome ``R > 0.5`` is correct) and of zero-variance groups; the norms of the raw centred
     outcomes ``R - mean_g`` and of the advantages the estimator gave (per sequence, at its first
-    position); the mean length of sequences with a positive and with a negative advantage."""
+    position); the mean length of sequences with a positive and with a negative advantage. Over valid
+    rows only (a group is its valid members; the call makes the same collectives on every rank)."""
     if batch.group_ids is None or batch.advantages is None:
         return {}
-    _, inv, counts = torch.unique(batch.group_ids.cpu(), return_inverse=True, return_counts=True)
-    if int(counts.max()) < 2:
+    _, counts = torch.unique(batch.group_ids.cpu(), return_counts=True)
+    if not len(counts) or int(counts.max()) < 2:
         return {}
+    if batch.valid is not None:
+        batch = batch.index(torch.nonzero(batch.valid, as_tuple=True)[0])
+    _, inv, counts = torch.unique(batch.group_ids.cpu(), return_inverse=True, return_counts=True)
     R = batch.rewards.detach().double().cpu()
     G = len(counts)
     hits = torch.zeros(G, dtype=torch.float64).scatter_add_(0, inv, (R > 0.5).double())
@@ -378,7 +385,9 @@ def ppo_update(
                     critic_engine.boundary(i == len(mbs) - 1)
                     pred = critic(rows, T).float()
                     pred = pred * b.mask if pred.dim() == 2 else pred
-                    vl = critic_loss(algo, pred, b.returns, b.mask, old_pred=b.values, clip=cfg.value_clip)
+                    vl = critic_loss(
+                        algo, pred, b.returns, b.mask, old_pred=b.values, clip=cfg.value_clip, valid=b.valid
+                    )
                     w = _critic_units(b) * dist.world / max(c_tot, 1.0)
                     guard(critic_loss=vl)
                     critic_engine.backward(vl * w)
@@ -402,7 +411,9 @@ def ppo_update(
 
 
 def _critic_units(b: SequenceBatch) -> float:
-    """A per-position critic loss is a token mean over ``mask``; a per-sequence one a mean over rows."""
+    """A per-position critic loss is a token mean over ``mask``; a per-sequence one a mean over rows
+    (valid rows only: an invalid row has no target)."""
     if b.returns is None or b.values is None:
         return 0.0
-    return float(b.mask.sum()) if b.returns.dim() == 2 else float(b.batch_size)
+    v = b.valid_rows
+    return float((b.mask * v[:, None].to(b.mask.dtype)).sum()) if b.returns.dim() == 2 else float(v.sum())

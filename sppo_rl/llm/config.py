@@ -7,6 +7,9 @@ from typing import Literal
 
 from sppo_rl.config import Check, RunConfig, ge, gt, optional, within
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""Default ``--lora-targets``: the attention and MLP projections of Qwen2 / Llama-style models."""
+
 
 @dataclass
 class LLMConfig(RunConfig):
@@ -16,7 +19,9 @@ class LLMConfig(RunConfig):
     after it override; `sppo-rl info` lists the built-in recipes)."""
 
     task: str = "arithmetic"
-    """'arithmetic' (synthetic, generated from --data-seed) or a local jsonl/parquet file of problems."""
+    """'arithmetic' (synthetic, generated from --data-seed; responses of at most 16 tokens), 'scratchpad' (the
+    same kind of problems worked out column by column before the boxed answer: responses of 66-217 tokens), or
+    a local jsonl/parquet file of problems."""
     val_data: str | None = None
     """Validation file (jsonl/parquet); default for arithmetic: its generated validation split; for a file: none."""
     prompt_key: str | None = None
@@ -24,13 +29,13 @@ class LLMConfig(RunConfig):
     answer_key: str | None = None
     """Column holding the reference answer (auto-detected: 'reward_model.ground_truth', 'answer', 'solution')."""
     level: tuple[int, ...] = (1,)
-    """Arithmetic difficulty levels mixed in the train and validation splits."""
+    """Difficulty levels (1-5) of the arithmetic or scratchpad task mixed in the train and validation splits."""
     train_size: int = 4000
-    """Arithmetic: generated training problems."""
+    """Arithmetic / scratchpad: generated training problems."""
     val_size: int = 128
     """Validation problems (arithmetic: generated; files: the first N rows)."""
     data_seed: int = 1234
-    """Seed of the generated arithmetic splits."""
+    """Seed of the generated arithmetic / scratchpad splits."""
     steps: int = 60
     """RL updates."""
     prompts_per_step: int = 32
@@ -52,8 +57,10 @@ class LLMConfig(RunConfig):
     """Rollout temperature (the paper's recipes use 0.6 on real models)."""
     top_p: float = 1.0
     """Rollout nucleus mass."""
-    max_new_tokens: int = 16
-    """Longest response in tokens."""
+    max_new_tokens: int | None = None
+    """Longest response in tokens. Default (None): the task's: 16 for arithmetic and for data files; for
+    scratchpad the longest reference response of the chosen --level(s) plus its EOS plus 16 (level 1: 100,
+    level 5: 234)."""
     overlong_filter: bool = False
     """DAPO's overlong filtering: responses cut at --max-new-tokens (no stop token) are left out of the loss
     (their group statistics still count them); counted as overlong_filtered."""
@@ -62,6 +69,10 @@ class LLMConfig(RunConfig):
     --overlong-penalty in the reward, linearly (0: off). The critic's BCE target stays the outcome."""
     overlong_penalty: float = 1.0
     """The largest soft overlong punishment (reached at --max-new-tokens)."""
+    dynamic_sampling_rounds: int = 0
+    """DAPO's dynamic sampling (group methods only): drop groups whose valid outcomes are all equal (no signal)
+    and sample up to this many extra rounds of --prompts-per-step prompts to refill the batch; at the cap, train
+    on the informative groups found (0: off)."""
     max_prompt_tokens: int | None = None
     """Longest prompt in tokens; longer ones are skipped, counted in a warning (default and upper bound: the
     model's context minus --max-new-tokens; 1024 if the model's config gives no context length)."""
@@ -87,13 +98,37 @@ class LLMConfig(RunConfig):
     """LamPO: temperature of the confidence weighting of pairwise reward differences. 1.0 here (0.1 in
     the control world): on the tiny arithmetic task 0.1 keeps almost only the misordered pairs, which
     push probability towards unlikely responses, and the entropy ran away after ~100 updates."""
+    latent_steps: int | None = None
+    """Latent algorithms (latent-grpo*): latent reasoning steps after the prompt, before the answer tokens
+    (--max-new-tokens counts answer tokens only). None: the most reasoning lines of a training example
+    (arithmetic level 1: 3), so the warm start's last stage makes every line latent."""
+    latent_topk: int = 10
+    """Latent algorithms: candidates K mixed into each latent step's input embedding (the paper: 10)."""
+    latent_gumbel_temperature: float = 1.0
+    """Latent algorithms: temperature tau of the mixture weights softmax(perturbed top-K scores / tau)."""
+    latent_noise_scale: float = 1.0
+    """Latent algorithms: scale sigma of the Gumbel noise of latent steps (the paper's code: 1.0)."""
+    latent_one_sided: bool | None = None
+    """Latent-GRPO fix (b), one-sided noise (clipped Gumbel shifted to >= 0). None: the algorithm's own
+    (on for latent-grpo, off for latent-grpo-naive)."""
+    latent_mask_invalid: bool | None = None
+    """Latent-GRPO fix (a): rollouts cut at the length limit or without a parseable box are invalid (advantage
+    0, out of the group statistics). None: the algorithm's own (on for latent-grpo, off for latent-grpo-naive)."""
+    latent_first_token: bool | None = None
+    """Latent-GRPO fix (c): per group, only the most likely correct rollout's first latent step is trained.
+    None: the algorithm's own (on for latent-grpo, off for latent-grpo-naive)."""
+    latent_sft_steps: int = 600
+    """Embedded default, latent algorithms: most updates of each latent stage of the warm-start curriculum
+    (each stage ends once its sampled accuracy reaches --sft-target)."""
     max_grad_norm: float = 1.0
     """Gradient clipping of actor and critic."""
     reward_fn: str = "auto"
     """Reward: 'auto' (integer check for arithmetic, math-verify otherwise), 'integer', 'math', or 'file.py:function'
-    returning a score in [0, 1] (a value outside it is refused: scored 0, counted in verifier_errors, with a warning)."""
+    returning a score in [0, 1] (a value outside it is refused: counted in verifier_errors, with a warning, and the
+    rollout is masked out of the update as invalid)."""
     reward_timeout: float = 5.0
-    """Seconds allowed per verification; a timeout or an exception scores 0 and counts in verifier_errors."""
+    """Seconds allowed per verification; a timeout or an exception counts in verifier_errors and makes the rollout
+    invalid (masked out of the update, counted in invalid_rollouts), not a failure."""
     eval_every: int = 10
     """Validate every this many updates (and at the start and the end)."""
     eval_samples: int = 4
@@ -118,6 +153,16 @@ class LLMConfig(RunConfig):
     """Seconds any collective (and weight sync) may take before the run fails with an error instead of hanging."""
     gradient_checkpointing: bool = False
     """Activation checkpointing in actor and critic."""
+    lora_rank: int = 0
+    """LoRA rank r (0: off, full fine-tuning). On: only low-rank adapters on --lora-targets of the actor and of the
+    critic's backbone train (and the critic's value head); the KL reference is the base model (adapters off);
+    vLLM gets only the adapted modules' merged weights after each update; final/actor is merged."""
+    lora_alpha: float = 16.0
+    """LoRA scale: each adapted weight is W + (alpha / r) * B A."""
+    lora_targets: tuple[str, ...] = LORA_TARGETS
+    """Linear modules (by name) that get LoRA adapters; default the attention and MLP projections of Qwen2/Llama."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA adapters' input while training."""
     device: str = "auto"
     """'auto' (cuda if available), 'cpu' or 'cuda'."""
     out_dir: str = "runs/llm"
@@ -126,6 +171,13 @@ class LLMConfig(RunConfig):
     """Save a checkpoint every this many updates (and at the end and on SIGTERM / Ctrl-C)."""
     keep_checkpoints: int = 2
     """How many checkpoints to keep."""
+
+    def validate(self) -> None:
+        """Resolve ``max_new_tokens`` left at None to the task's default (:func:`default_max_new_tokens`),
+        then check every setting (:meth:`RunConfig.validate`)."""
+        if self.max_new_tokens is None:
+            self.max_new_tokens = default_max_new_tokens(self.task, self.level)
+        super().validate()
 
     def checks(self) -> list[Check]:
         return super().checks() + [
@@ -139,13 +191,16 @@ class LLMConfig(RunConfig):
             ("sft_target", within(0, 1), "in [0, 1]"),
             ("temperature", gt(0), "> 0"),
             ("top_p", within(0, 1, open_lo=True), "in (0, 1]"),
-            ("max_new_tokens", ge(1), ">= 1"),
+            ("max_new_tokens", optional(ge(1)), ">= 1, or None for the task's default"),
             (
                 "overlong_buffer",
-                lambda v: ge(0)(v) and v <= self.max_new_tokens,
+                lambda v: (
+                    ge(0)(v) and v <= (self.max_new_tokens or default_max_new_tokens(self.task, self.level))
+                ),
                 ">= 0 and <= --max-new-tokens",
             ),
             ("overlong_penalty", ge(0), ">= 0"),
+            ("dynamic_sampling_rounds", ge(0), ">= 0 (extra generation rounds; 0: off)"),
             ("max_prompt_tokens", optional(ge(1)), ">= 1, or None for the model's context"),
             ("max_prompt_tokens", optional(ge(1)), ">= 1, or None for the model's context"),
             ("weight_decay", ge(0), ">= 0"),
@@ -156,4 +211,24 @@ class LLMConfig(RunConfig):
             ("vllm_max_model_len", optional(ge(1)), ">= 1, or None for the model's own limit"),
             ("vllm_gpu_memory_utilization", within(0, 1, open_lo=True), "in (0, 1]"),
             ("collective_timeout", gt(0), "> 0 seconds"),
+            ("latent_steps", optional(ge(1)), ">= 1, or None for the task's most reasoning lines"),
+            ("latent_topk", ge(1), ">= 1"),
+            ("latent_gumbel_temperature", gt(0), "> 0"),
+            ("latent_noise_scale", gt(0), "> 0"),
+            ("latent_sft_steps", ge(1), ">= 1"),
+            ("lora_rank", ge(0), ">= 0 (0: off)"),
+            ("lora_alpha", gt(0), "> 0"),
+            ("lora_targets", lambda v: len(v) >= 1 and all(v), "a non-empty list of module names"),
+            ("lora_dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
         ]
+
+
+def default_max_new_tokens(task: str, levels: tuple[int, ...] | list[int]) -> int:
+    """The one place ``--max-new-tokens`` gets its per-task default: for ``scratchpad``
+    :func:`sppo_rl.llm.scratchpad.max_new_tokens` of ``levels``; 16 otherwise (arithmetic's longest
+    response is 14 characters plus EOS; data files keep the same default)."""
+    if task == "scratchpad":
+        from sppo_rl.llm.scratchpad import max_new_tokens
+
+        return max_new_tokens(tuple(levels) if isinstance(levels, (list, tuple)) else ())
+    return 16

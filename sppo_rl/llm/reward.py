@@ -33,6 +33,12 @@ on it and reports accuracy from it. A value outside ``[0, 1]`` (a penalty of -5,
 refused as invalid: the item scores 0.0 and counts in ``errors`` like any other verifier error, with a
 warning on stderr the first time, so it can neither pass as a reward nor be logged as an accuracy.
 Rescale such a function's output into ``[0, 1]``.
+
+Validity. Every failure above (an exception, a timeout, a dead worker, a value that is no number in
+``[0, 1]``, an interrupted item) leaves the item's outcome unknown: ``ScoreResult.valid`` is False for
+it, and the trainer masks such a rollout (no advantage, no loss, left out of group statistics and the
+critic's targets) instead of paying it as a failure. A malformed *answer* is not a failure of the
+verifier: a function that returns 0.0 for it gives a valid score of 0.
 """
 
 from __future__ import annotations
@@ -82,6 +88,8 @@ class ScoreResult:
 
     Attributes:
         scores: ``float32 [n]``; 0.0 for every item that failed.
+        valid: ``bool [n]``; True where the function returned a score in ``[0, 1]``, False for every item
+            counted in ``errors`` (its outcome is unknown; the 0.0 in ``scores`` is a placeholder).
         errors: items that raised, hung, crashed the worker or returned a non-finite value, a
             non-number or a number outside [0, 1] (timeouts included).
         timeouts: items that ran past ``timeout_s`` (or the batch deadline, or were cut off by ``stop``).
@@ -91,11 +99,16 @@ class ScoreResult:
     """
 
     scores: np.ndarray
+    valid: np.ndarray = None  # type: ignore[assignment]  (filled in by __post_init__)
     errors: int = 0
     timeouts: int = 0
     interrupted: int = 0
     seconds: float = 0.0
     error_samples: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.valid is None:
+            self.valid = np.ones(len(self.scores), dtype=bool)
 
 
 # ------------------------------------------------------------------------------- function specs
@@ -436,6 +449,7 @@ class RewardScorer:
             return result
 
         def fail(i: int, message: str, timeout: bool = False) -> None:
+            result.valid[i] = False
             result.errors += 1
             result.timeouts += int(timeout)
             if len(result.error_samples) < MAX_ERROR_SAMPLES:

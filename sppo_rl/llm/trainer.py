@@ -5,8 +5,11 @@ One update, in the order it runs:
 1. take ``prompts_per_step`` prompts (a seeded shuffle of the training set, epoch after epoch);
 2. the rollout engine samples ``group_size`` responses per prompt (adjacent rows); ReMax also decodes
    each prompt greedily once;
-3. the reward worker scores every response against its reference answer (bounded in time; failures
-   score 0 and are counted in ``verifier_errors``);
+3. the reward worker scores every response against its reference answer (bounded in time; a failed
+   verification is counted in ``verifier_errors`` and its rollout is *invalid*: masked out of the update,
+   counted in ``invalid_rollouts``); with ``--dynamic-sampling-rounds K`` (DAPO), groups whose valid
+   outcomes are all equal are dropped and steps 1-3 repeat, up to ``K`` extra rounds, until
+   ``prompts_per_step`` informative groups are in hand;
 4. the actor recomputes the log-probs of the sampled tokens (``logp_old``), the reference model its
    own if a KL term is on, and the critic the estimator asks for gives ``values``: one logit per prompt
    read at the last prompt token (SPPO), or one value per response token (PPO);
@@ -40,16 +43,21 @@ from sppo_rl.agents import (
     ppo_update,
     terminal_rewards,
 )
-from sppo_rl.agents.algorithms import default_group_size, estimator_params
+from sppo_rl.agents.algorithms import GROUP_KINDS, default_group_size, estimator_params, group_signal
 from sppo_rl.agents.batch import overlong_penalty
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.data import Example, fit_prompts, render_prompt
 from sppo_rl.llm.engines import init_process_group, launcher_dist, make_engine
 from sppo_rl.llm.evaluation import evaluate, write_critic_trace
+from sppo_rl.llm.latent import configure_latent
 from sppo_rl.llm.models import (
     CRITICS,
+    BaseModelView,
     SequenceCritic,
     TokenCritic,
+    adapted_tensor_names,
+    apply_lora,
+    check_lora_targets_of,
     check_same_tokenizer,
     load_actor,
 )
@@ -83,6 +91,52 @@ from sppo_rl.runtime.run import Preempted, RunError, check_resume, preemption_st
 from sppo_rl.runtime.trace import TRACE_FILE
 
 
+@dataclasses.dataclass
+class _Round:
+    """One generation round of an update, this rank's share: prompts, samples and their scores."""
+
+    examples: list[Example]
+    rb: RolloutBatch
+    greedy: RolloutBatch | None
+    R: Tensor  # [rows] float32 outcome (a 0.0 placeholder where invalid)
+    valid: Tensor  # [rows] bool: the verifier gave the row (and its greedy baseline, if any) a score
+    baseline: Tensor | None  # [rows] the greedy outcome of the row's prompt (ReMax)
+    baseline_valid: Tensor | None  # [rows] bool
+    errors: int
+    kinds: Tensor | None = None  # [prompts] index into GROUP_KINDS (dynamic sampling only)
+
+
+def _cat_rows(parts: list[tuple[RolloutBatch, Tensor]], pad_id: int, prompt_index: Tensor) -> RolloutBatch:
+    """Rows ``rows`` of each rollout batch, one after another, in one :class:`RolloutBatch` (on the CPU):
+    prompts left-padded and responses right-padded to the widest part, ``prompt_index`` given."""
+    import torch.nn.functional as F
+
+    P = max(rb.prompt_ids.shape[1] for rb, _ in parts)
+    T = max(rb.response_ids.shape[1] for rb, _ in parts)
+
+    def cat(name: str, width: int, value: float, left: bool) -> Tensor:
+        out = []
+        for rb, rows in parts:
+            x = getattr(rb, name).cpu()[rows]
+            gap = width - x.shape[1]
+            out.append(F.pad(x, (gap, 0) if left else (0, gap), value=value))
+        return torch.cat(out)
+
+    response_mask = cat("response_mask", T, 0, False)
+    return RolloutBatch(
+        prompt_ids=cat("prompt_ids", P, pad_id, True),
+        prompt_mask=cat("prompt_mask", P, 0, True),
+        response_ids=cat("response_ids", T, pad_id, False),
+        response_mask=response_mask,
+        logprobs=cat("logprobs", T, 0.0, False),
+        sampling_logprobs=cat("sampling_logprobs", T, 0.0, False),
+        texts=[rb.texts[i] for rb, rows in parts for i in rows.tolist()],
+        prompt_index=prompt_index,
+        finished=torch.cat([rb.finished.cpu()[rows] for rb, rows in parts]),
+        num_generated_tokens=int(response_mask.sum()),
+    )
+
+
 class LLMRun:
     """State and loop of one LLM run. ``run()`` trains for ``steps`` updates and returns the summary.
 
@@ -100,6 +154,11 @@ class LLMRun:
         req = self.algo.requires
         G = cfg.group_size if cfg.group_size is not None else default_group_size(self.algo)
         check_setup(self.algo, G, cfg.prompts_per_step * G, use_critic=cfg.critic_model != "none")
+        if cfg.dynamic_sampling_rounds and not req.groups:
+            raise RunError(
+                f"--dynamic-sampling-rounds drops groups whose outcomes are all equal; {self.algo.name} samples "
+                "no groups (use a group method: grpo, drgrpo, rloo, gspo, cispo, bppo, lampo, reinforce++-baseline)"
+            )
         self.group_size = G
         if cfg.steps < 1 or cfg.prompts_per_step < 1:
             raise RunError("--steps and --prompts-per-step must be >= 1")
@@ -126,9 +185,16 @@ class LLMRun:
             if not torch.distributed.is_initialized():  # one process: a process group of one
                 single_process_group(cfg.collective_timeout)
         check_model_paths(cfg)  # and the data and the reward function: all before the run folder
+        if cfg.lora_rank:  # LoRA targets against the models' config.json (no weights read)
+            try:
+                no_critic = req.critic == "none" or cfg.critic_model == "none"
+                check_lora_targets_of(cfg.lora_targets, cfg.model, False if no_critic else cfg.critic_model)
+            except ValueError as e:
+                raise RunError(str(e)) from None
         self.train_set, self.val_set, reward_fn = load_task(cfg)
         if not self.train_set:
             raise RunError(f"{cfg.task}: no training examples")
+        self.algo, self.latent = configure_latent(cfg, self.algo, self.train_set)  # None: a token policy
         self.scorer = start_scorer(reward_fn, cfg.reward_timeout)
 
         def prepare() -> Path:
@@ -154,7 +220,9 @@ class LLMRun:
         self.warmstart: dict[str, Any] = {}
         if cfg.model is None:
             actor_path, self.warmstart = self._main_first(
-                lambda: embedded_model(cfg, self.train_set, self.scorer)
+                lambda: (self.latent.embedded_model if self.latent else embedded_model)(
+                    cfg, self.train_set, self.scorer
+                )
             )
         else:
             actor_path = Path(cfg.model)
@@ -167,8 +235,11 @@ class LLMRun:
         self.actor = load_actor(actor_path, dtype=dtype, device=self.device)
         if cfg.gradient_checkpointing:
             self.actor.gradient_checkpointing_enable()
+        lora = dict(alpha=cfg.lora_alpha, targets=cfg.lora_targets, dropout=cfg.lora_dropout)
+        if cfg.lora_rank:
+            apply_lora(self.actor, cfg.lora_rank, seed=cfg.seed, **lora)
         self.ref = None
-        if cfg.kl_coef > 0:
+        if cfg.kl_coef > 0 and not cfg.lora_rank:  # with LoRA: the actor with its adapters off (below)
             self.ref = load_actor(actor_path, dtype=dtype, device=self.device).eval().requires_grad_(False)
         self.critic: SequenceCritic | TokenCritic | None = None
         if req.critic != "none":
@@ -179,6 +250,8 @@ class LLMRun:
             self.critic = cls.from_backbone(critic_path, dtype=dtype, device=self.device)
             if cfg.gradient_checkpointing:
                 self.critic.gradient_checkpointing_enable()
+            if cfg.lora_rank:  # the value head stays fully trainable
+                apply_lora(self.critic.backbone, cfg.lora_rank, seed=cfg.seed + 1, **lora)
         engine_kw = dict(
             weight_decay=cfg.weight_decay,
             max_grad_norm=cfg.max_grad_norm,
@@ -190,7 +263,11 @@ class LLMRun:
         self.critic_engine = (
             make_engine(cfg.engine, self.critic, cfg.critic_lr, **engine_kw) if self.critic else None
         )
+        if cfg.kl_coef > 0 and cfg.lora_rank:
+            self.ref = BaseModelView(self.actor_engine.module)
         self.rollout = self._make_rollout(actor_path, dtype)
+        if cfg.lora_rank and cfg.rollout == "vllm":  # each vLLM layer a sync touches must get all its parts
+            self.rollout.check_partial_sync(adapted_tensor_names(self.actor))
 
         self.data_rng = random.Random(cfg.seed)
         self.order: list[int] = []
@@ -219,6 +296,7 @@ class LLMRun:
             "reward_fn": reward_fn,
             "device": str(self.device),
             "learner": dataclasses.asdict(self.learner_cfg),  # the update's settings in force
+            "latent": dataclasses.asdict(self.latent.settings) if self.latent else None,
         }
         self.logger: RunLogger | NullLogger = NullLogger()
         if self.dist.main:
@@ -290,10 +368,14 @@ class LLMRun:
             return engine
         if cfg.engine == "torch":
             self._separate_rollout = False
-            return HFRolloutEngine(self.actor, self.tokenizer, add_special_tokens=False)
+            return (self.latent.engine if self.latent else HFRolloutEngine)(
+                self.actor, self.tokenizer, add_special_tokens=False
+            )
         self._separate_rollout = True
         replica = load_actor(actor_path, dtype=dtype, device=self.device).eval().requires_grad_(False)
-        return HFRolloutEngine(replica, self.tokenizer, add_special_tokens=False)
+        return (self.latent.engine if self.latent else HFRolloutEngine)(
+            replica, self.tokenizer, add_special_tokens=False
+        )
 
     def sync_rollout(self) -> float:
         """Push the actor's current weights into the rollout engine (seconds taken; 0 if shared)."""
@@ -302,7 +384,11 @@ class LLMRun:
         t0 = time.perf_counter()
         if self.cfg.vllm_sleep and hasattr(self.rollout, "wake_up"):
             self.rollout.wake_up()
-        self.rollout.update_weights(self.actor_engine.full_state_items())
+        items = self.actor_engine.sync_state_items()  # with LoRA: the adapted modules, merged
+        if self.cfg.lora_rank and self.cfg.rollout == "vllm":
+            self.rollout.update_weights(items, partial=True)
+        else:
+            self.rollout.update_weights(items)
         return time.perf_counter() - t0
 
     # ------------------------------------------------------------------------------------- state
@@ -357,10 +443,15 @@ class LLMRun:
 
     # ------------------------------------------------------------------------------------- one update
 
-    def _score(self, texts: list[str], truths: list[str]) -> tuple[Tensor, int]:
+    def _score_items(self, texts: list[str], truths: list[str]) -> tuple[Tensor, int, Tensor]:
+        """``(scores [n], verifier errors, valid [n] bool)``; an invalid item's score is a 0.0 placeholder."""
         res = self.scorer.score(texts, truths, stop=preemption_stop_now)
         self._scoring_cut = self._scoring_cut or res.interrupted > 0
-        return torch.from_numpy(res.scores.astype(np.float32)), res.errors
+        return torch.from_numpy(res.scores.astype(np.float32)), res.errors, torch.from_numpy(res.valid.copy())
+
+    def _score(self, texts: list[str], truths: list[str]) -> tuple[Tensor, int]:
+        R, errors, _ = self._score_items(texts, truths)
+        return R, errors
 
     def _give_up_if_scoring_was_cut(self) -> None:
         """Raise :class:`Preempted` on every rank if a preemption's grace ran out during any rank's
@@ -387,35 +478,100 @@ class LLMRun:
             seed=self._seeds(base, positions),
         )
 
+    def _round(self, index: int) -> _Round:
+        """Generation round ``index`` of this update: the next ``prompts_per_step`` prompts of the data
+        order (this rank's share), ``G`` samples each (ReMax: and a greedy decode), scored. Round ``r``'s
+        sampling seeds are those of positions ``r * prompts_per_step + i``, so no two rounds share one.
+        A preemption that cut the scoring gives the whole update up (:meth:`update` rolls back)."""
+        cfg, G = self.cfg, self.group_size
+        t0 = time.perf_counter()
+        examples, positions = self._next_prompts()
+        prompts = [render_prompt(e, self.tokenizer) for e in examples]
+        rb = self.sample(prompts, G, self.step_idx, [p + index * cfg.prompts_per_step for p in positions])
+        greedy_rb = None
+        if self.algo.requires.greedy_baseline:
+            greedy_rb = self.rollout.generate(prompts, n=1, greedy=True, max_new_tokens=cfg.max_new_tokens)
+        t1 = time.perf_counter()
+        truths = [examples[int(i)].answer for i in rb.prompt_index]
+        R, errors, valid = self._score_items(rb.texts, truths)
+        baseline = baseline_valid = None
+        if greedy_rb is not None:
+            g_scores, g_err, g_valid = self._score_items(greedy_rb.texts, [e.answer for e in examples])
+            errors += g_err
+            baseline, baseline_valid = g_scores[rb.prompt_index.cpu()], g_valid[rb.prompt_index.cpu()]
+            valid = valid & baseline_valid  # no baseline, no advantage
+        self._t_gen += t1 - t0
+        self._t_score += time.perf_counter() - t1
+        self._give_up_if_scoring_was_cut()
+        return _Round(examples, rb, greedy_rb, R, valid, baseline, baseline_valid, errors)
+
+    def _collect(self) -> tuple[list[_Round], list[tuple[int, int]]]:
+        """The update's rounds and the ``(round, prompt)`` groups to train on, this rank's share.
+
+        Without dynamic sampling: one round, all of its groups. With ``K = --dynamic-sampling-rounds``
+        (DAPO): each group is classified by :func:`~sppo_rl.agents.algorithms.group_signal`; only mixed
+        ones (two valid outcomes that differ) are kept, the first ``prompts_per_step / ranks`` in order.
+        Another round is drawn while any rank is short, at most ``K`` extra ones: the shortfall is summed
+        over ranks, so every rank draws the same number of rounds. At the cap, the groups found are
+        trained on; the rest of the batch is filled with dropped groups made invalid (no loss), so every
+        rank trains on the same number of rows."""
+        K, n = self.cfg.dynamic_sampling_rounds, self.local_prompts
+        rounds = [self._round(0)]
+        if K == 0:
+            return rounds, [(0, k) for k in range(n)]
+        keep: list[tuple[int, int]] = []
+        while True:
+            r = rounds[-1]
+            r.kinds = group_signal(r.R.view(-1, self.group_size), r.valid.view(-1, self.group_size))
+            keep += [(len(rounds) - 1, int(k)) for k in torch.nonzero(r.kinds == 0).flatten()]
+            short = self.dist.all_sum([float(max(0, n - len(keep)))], self.device)[0]
+            if short == 0 or len(rounds) > K:
+                break
+            rounds.append(self._round(len(rounds)))
+        keep = keep[:n]
+        filler = [(i, int(k)) for i, r in enumerate(rounds) for k in torch.nonzero(r.kinds != 0).flatten()]
+        return rounds, keep + filler[: n - len(keep)]
+
     def update(self) -> dict[str, Any]:
         cfg, algo, G = self.cfg, self.algo, self.group_size
         req = algo.requires
         t0 = time.perf_counter()
         before = (list(self.order), self.data_rng.getstate(), torch.get_rng_state())  # if given up
-        examples, positions = self._next_prompts()
-        prompts = [render_prompt(e, self.tokenizer) for e in examples]
-        rb = self.sample(prompts, G, self.step_idx, positions)
-        greedy_rb = None
-        if req.greedy_baseline:
-            greedy_rb = self.rollout.generate(prompts, n=1, greedy=True, max_new_tokens=cfg.max_new_tokens)
-        if cfg.vllm_sleep and hasattr(self.rollout, "sleep"):
-            self.rollout.sleep(1)  # free the rollout engine's KV cache while training
-        t_gen = time.perf_counter() - t0
-        truths = [examples[int(i)].answer for i in rb.prompt_index]
-        R, errors = self._score(rb.texts, truths)
-        baseline = None
-        if greedy_rb is not None:
-            g_scores, g_err = self._score(greedy_rb.texts, [e.answer for e in examples])
-            errors += g_err
-            baseline = g_scores[rb.prompt_index.cpu()]
-        t_score = time.perf_counter() - t0 - t_gen
+        self._t_gen = self._t_score = 0.0
         try:
-            self._give_up_if_scoring_was_cut()
+            rounds, groups = self._collect()
         except Preempted:  # nothing was trained yet: back to the state before this update
             self.order = before[0]
             self.data_rng.setstate(before[1])
             torch.set_rng_state(before[2])
             raise
+        if cfg.vllm_sleep and hasattr(self.rollout, "sleep"):
+            self.rollout.sleep(1)  # free the rollout engine's KV cache while training
+        t_gen, t_score = self._t_gen, self._t_score
+        if groups == [(0, k) for k in range(len(rounds[0].examples))]:
+            r0 = rounds[0]
+            rb, R, valid, baseline = r0.rb, r0.R, r0.valid, r0.baseline
+        else:
+            rows = [torch.arange(k * G, (k + 1) * G) for _, k in groups]
+            rb = _cat_rows(
+                [(rounds[i].rb, r) for (i, _), r in zip(groups, rows)],
+                self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0,
+                torch.arange(len(groups)).repeat_interleave(G),
+            )
+            R = torch.cat([rounds[i].R[r] for (i, _), r in zip(groups, rows)])
+            valid = torch.cat([rounds[i].valid[r] for (i, _), r in zip(groups, rows)])
+            baseline = None
+            if rounds[0].baseline is not None:
+                baseline = torch.cat([rounds[i].baseline[r] for (i, _), r in zip(groups, rows)])
+        informative = (
+            sum(int(rounds[i].kinds[k] == 0) for i, k in groups) if cfg.dynamic_sampling_rounds else 0
+        )
+        if cfg.dynamic_sampling_rounds:  # filler: dropped groups standing in for missing ones, no loss
+            valid = valid.clone()
+            valid[informative * G :] = False
+        latent_invalid = None
+        if self.latent is not None:  # Latent-GRPO fix (a): rollouts that left the latent manifold
+            valid, latent_invalid = self.latent.valid(rb, valid)
 
         rb = rb.to(self.device)
         mask = rb.response_mask.float()
@@ -462,6 +618,7 @@ class LLMRun:
             baseline_rewards=baseline.to(self.device) if baseline is not None else None,
             ref_logp=ref_logp if cfg.kl_in == "loss" else None,
             logp_rollout=rb.logprobs * mask,
+            valid=None if bool(valid.all()) else valid.to(self.device),
         )
         compute_advantages(batch, algo, **estimator_params(cfg))
         check_finite(self.step_idx + 1, advantages=batch.advantages)
@@ -470,6 +627,8 @@ class LLMRun:
             batch.loss_mask = batch.loss_mask * (~cut).to(batch.mask.dtype)[:, None]
             batch.advantages = batch.advantages * batch.loss_mask
         stats = self._optimise(rb, batch, cost)
+        if latent_invalid is not None:
+            stats["latent_invalid"] = self.dist.all_sum([float(latent_invalid)], self.device)[0]
         if cfg.overlong_filter:
             stats["overlong_filtered"] = self.dist.all_sum([float(cut.sum())], self.device)[0]
         logp_old = batch.logp_old  # filled by the training pass when fused (None if the actor was skipped)
@@ -479,35 +638,47 @@ class LLMRun:
         t_train = time.perf_counter() - t0 - t_gen - t_score
 
         self.step_idx += 1
-        n_tok = int(rb.response_mask.sum()) + (
-            int(greedy_rb.response_mask.sum()) if greedy_rb is not None else 0
-        )
-        lengths = rb.response_mask.sum(-1).float()
-        # sums over ranks: reward, rows, response tokens, generated tokens, unfinished rows, errors, greedy reward
+        sampled = [r.rb for r in rounds] + [r.greedy for r in rounds if r.greedy is not None]
+        n_tok = sum(int(b.response_mask.sum()) for b in sampled)  # dropped groups' tokens included
+        kinds = torch.cat([r.kinds for r in rounds]) if cfg.dynamic_sampling_rounds else torch.zeros(0)
+        all_R = torch.cat([r.R for r in rounds])
+        all_valid = torch.cat([r.valid for r in rounds])
+        all_rows = [r.rb for r in rounds]
+        g_valid = [
+            (r.baseline * r.baseline_valid, r.baseline_valid) for r in rounds if r.baseline is not None
+        ]
+        # sums over ranks, over every sampled row of every round (the trained ones for the KL)
         tot = self.dist.all_sum(
             [
-                float(R.sum()),
-                float(R.numel()),
-                float(lengths.sum()),
+                float((all_R * all_valid).sum()),
+                float(all_valid.sum()),
+                float(all_R.numel()),
+                float(sum(int(b.response_mask.sum()) for b in all_rows)),
                 float(n_tok),
-                float((~rb.finished).sum()),
-                float(errors),
-                float(baseline.sum()) if baseline is not None else 0.0,
+                float(sum(int((~b.finished).sum()) for b in all_rows)),
+                float(sum(r.errors for r in rounds)),
+                float(sum(float(s.sum()) for s, _ in g_valid)),
+                float(sum(int(v.sum()) for _, v in g_valid)),
                 float(kl_tok.sum()) if kl_tok is not None else 0.0,
+                float(mask.sum()),
+                float((~all_valid).sum()),
+                float(informative),
+                *[float((kinds == k).sum()) for k in range(len(GROUP_KINDS))],
             ],
             self.device,
         )
-        self.generated_tokens += int(tot[3])
+        self.generated_tokens += int(tot[4])
         dt = time.perf_counter() - t0
         self.elapsed += dt
         row: dict[str, Any] = {
             "step": self.step_idx,
-            "reward_mean": tot[0] / tot[1],
-            "response_length": tot[2] / tot[1],
-            "response_clip_frac": tot[4] / tot[1],
-            "verifier_errors": int(tot[5]),
+            "reward_mean": tot[0] / max(tot[1], 1.0),
+            "response_length": tot[3] / tot[2],
+            "response_clip_frac": tot[5] / tot[2],
+            "verifier_errors": int(tot[6]),
+            "invalid_rollouts": int(tot[11]),
             "generated_tokens": self.generated_tokens,
-            "gen_tokens_per_s": tot[3] / max(t_gen, 1e-9),
+            "gen_tokens_per_s": tot[4] / max(t_gen, 1e-9),
             "time_gen_s": t_gen,
             "time_score_s": t_score,
             "time_train_s": t_train,
@@ -517,10 +688,24 @@ class LLMRun:
             "rollout_logp_diff": stats.get("rollout_mismatch_mean", float("nan")),
             "peak_memory_mb": peak_memory_mb(self.device),
         }
+        if cfg.dynamic_sampling_rounds:
+            mixed, correct, wrong, few = tot[13:17]
+            row.update(
+                {
+                    "dynamic_sampling/groups_sampled": int(mixed + correct + wrong + few),
+                    "dynamic_sampling/groups_kept": int(tot[12]),
+                    "dynamic_sampling/dropped_all_correct": int(correct),
+                    "dynamic_sampling/dropped_all_wrong": int(wrong),
+                    "dynamic_sampling/dropped_too_few_valid": int(few),
+                    "dynamic_sampling/surplus": int(mixed - tot[12]),
+                    "dynamic_sampling/extra_rounds": len(rounds) - 1,
+                    "dynamic_sampling/short": int(cfg.prompts_per_step - tot[12]),
+                }
+            )
         if baseline is not None:
-            row["greedy_reward_mean"] = tot[6] / tot[1]
+            row["greedy_reward_mean"] = tot[7] / max(tot[8], 1.0)
         if kl_tok is not None:
-            row["kl"] = tot[7] / max(tot[2], 1.0)
+            row["kl"] = tot[9] / max(tot[10], 1.0)
         row.update(stats)
         return row
 
@@ -532,6 +717,8 @@ class LLMRun:
         )
 
     def _rows(self, rb: RolloutBatch, model: Any, policy: bool) -> Any:
+        if policy and self.latent is not None:
+            return self.latent.rows(rb, model, self.cfg.temperature, self.device)
         return rollout_rows(rb, model, policy, self.cfg.temperature, self.device)
 
     def _optimise(self, rb: RolloutBatch, batch: SequenceBatch, cost: Tensor) -> dict[str, Any]:

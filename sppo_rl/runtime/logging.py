@@ -78,6 +78,7 @@ LLM_TAGS: dict[str, str] = {
     "reward_mean": "reward/mean",
     "greedy_reward_mean": "reward/greedy_mean",
     "verifier_errors": "reward/verifier_errors",
+    "invalid_rollouts": "reward/invalid_rollouts",
 }
 """LLM world (verl / TRL names; the x-axis is the update step): the keys above, then by prefix (see
 :data:`LLM_PREFIXES`): ``ratio_*`` and ``adv_*`` -> ``actor/...``, ``v0_*`` -> ``critic/v0_*``, ``val_*`` ->
