@@ -10,7 +10,7 @@ wall-clock seconds).
     python scripts/compare_llm.py --set long --task scratchpad --seeds 0 1 2 --seconds 600 --out runs/cmp_long
     # the methods: SPPO, GRPO, GSPO, SPPO-seq, GRPO with TIS, DAPO-style GRPO, PPO, PPO with VC-PPO's fixes
     python scripts/compare_llm.py --set methods --seeds 0 1 2 --steps 150 --out runs/cmp_methods
-    # Latent-GRPO, its unfixed variant, explicit GRPO from the curriculum's explicit stage (per seed)
+    # Latent-GRPO, its unfixed variant, explicit GRPO and SPPO from the curriculum's explicit stage (per seed)
     python scripts/compare_llm.py --set latent --seeds 0 1 2 --steps 30 --prompts-per-step 8 --out runs/cmp_latent \
         --llm-args "--val-size 128 --eval-samples 4 --actor-lr 3e-5"
 
@@ -106,12 +106,13 @@ def run_sets() -> dict[str, list[tuple[str, list[str]]]]:
     return {
         "long": [(n, flags[n]) for n in ("sppo", "grpo", "rloo", "ppo", "sppo-small-critic")],
         "methods": methods,
-        # Latent-GRPO (seed 003) beside its unfixed variant and explicit GRPO from the same curriculum's
-        # stage 0 (explicit reasoning lines), built per seed; "grpo" is the target's reference
+        # Latent-GRPO (seed 003) beside its unfixed variant and explicit GRPO and SPPO from the same
+        # curriculum's stage 0 (explicit reasoning lines), built per seed; "grpo" is the target's reference
         "latent": [
             ("latent-grpo", ["--algo", "latent-grpo", "--group-size", "8"]),
             ("latent-grpo-naive", ["--algo", "latent-grpo-naive", "--group-size", "8"]),
             ("grpo", ["--algo", "grpo", "--group-size", "8", "--model", EXPLICIT, "--max-new-tokens", "32"]),
+            ("sppo", ["--algo", "sppo", "--model", EXPLICIT, "--max-new-tokens", "32"]),
         ],
         "all": list(ALL),
     }
@@ -197,6 +198,8 @@ def seed_figures(rows: list[dict], window: int, target: float | None) -> dict:
     acc = [r["val_accuracy"] for r in evals]
     s = smooth(acc, window) if acc else []
     last = rows[-1] if rows else {}
+    passk = [r.get("pass_at_k") for r in evals]
+    lengths = [r["response_length"] for r in rows if r.get("response_length") is not None]
     return {
         "curve": {
             "updates": [r["step"] for r in evals],
@@ -208,6 +211,10 @@ def seed_figures(rows: list[dict], window: int, target: float | None) -> dict:
         "start_val_accuracy": acc[0] if acc else None,
         "final_val_accuracy": acc[-1] if acc else None,
         "best_smoothed": max(s) if s else None,
+        "k": evals[-1].get("val_k") if evals else None,
+        "start_pass_at_k": passk[0] if passk else None,
+        "final_pass_at_k": passk[-1] if passk else None,
+        "response_length": statistics.fmean(lengths) if lengths else None,
         "updates": last.get("step"),
         "tokens": last.get("generated_tokens"),
         "seconds": last.get("wall_time_s"),
@@ -219,8 +226,11 @@ def method_figures(per_seed: dict[int, dict]) -> dict:
     """The summaries over seeds of :func:`seed_figures`' numbers."""
     seeds = sorted(per_seed)
     out: dict[str, Any] = {"seeds": seeds}
-    for key in ("start_val_accuracy", "final_val_accuracy", "best_smoothed", "updates", "tokens", "seconds"):
+    keys = ("start_val_accuracy", "final_val_accuracy", "best_smoothed", "start_pass_at_k", "final_pass_at_k")
+    for key in (*keys, "response_length", "updates", "tokens", "seconds"):
         out[key] = spread([per_seed[k][key] for k in seeds])
+    ks = {per_seed[k]["k"] for k in seeds} - {None}
+    out["k"] = ks.pop() if len(ks) == 1 else None
     for key in ("seconds", "tokens", "updates"):
         out[f"{key}_to_target"] = spread([(per_seed[k]["reach"] or {}).get(key) for k in seeds])
     return out
@@ -480,6 +490,13 @@ def _mean_range(s: dict, fmt: str) -> str:
     return f"{s['mean']:{fmt}} ({s['min']:{fmt}}-{s['max']:{fmt}})"
 
 
+def _pass_at_k(f: dict) -> str:
+    """``pass@k final`` cell: ``k=<k>: mean ± sd`` (``—`` when no evaluation sampled k > 1)."""
+    if not f.get("k") or f["k"] < 2 or not f["final_pass_at_k"]["n"]:
+        return "—"
+    return f"k={f['k']}: {_mean_sd(f['final_pass_at_k'])}"
+
+
 def _mean_sd(s: dict) -> str:
     if s["mean"] is None:
         return "—"
@@ -508,9 +525,10 @@ def markdown(report: dict) -> str:
     """The table (a row per method) and the sentences: the target, then each ratio."""
     t = report["target"]
     lines = [
-        "| run | samples/prompt | seeds | start | final | best (smoothed) | s to target | tokens to target | "
-        "updates to target | reached | wall s | gen tokens | peak RSS MiB | model-state MiB |",
-        "|" + "---|" * 14,
+        "| run | samples/prompt | seeds | start | final | best (smoothed) | pass@k final | length | "
+        "s to target | tokens to target | updates to target | reached | wall s | gen tokens | peak RSS MiB | "
+        "model-state MiB |",
+        "|" + "---|" * 16,
     ]
     for name, f in report["methods"].items():
         reached = f["seconds_to_target"]
@@ -518,6 +536,7 @@ def markdown(report: dict) -> str:
         lines.append(
             f"| {name} | {f['group_size']} | {len(f['seeds'])} | {_mean_sd(f['start_val_accuracy'])} | "
             f"{_mean_sd(f['final_val_accuracy'])} | {_mean_sd(f['best_smoothed'])} | "
+            f"{_pass_at_k(f)} | {_mean_range(f['response_length'], '.1f')} | "
             f"{_mean_range(reached, '.0f')} | {_mean_range(f['tokens_to_target'], ',.0f')} | "
             f"{_mean_range(f['updates_to_target'], '.0f')} | "
             f"{count} | "
@@ -540,7 +559,10 @@ def markdown(report: dict) -> str:
     for r in report["ratios"].values():
         lines.append(ratio_sentence(r, t["value"]))
     lines.append(
-        "Cells: mean (min-max) over the seeds that reached the target; accuracies mean ± sample sd over seeds."
+        "Cells: mean (min-max) over the seeds that reached the target; accuracies mean ± sample sd over seeds; "
+        "pass@k: a validation prompt solved by any of its k samples (k = --eval-samples), at the last "
+        "evaluation; length: mean response length in positions (tokens, or latent steps plus answer "
+        "tokens) over the updates, mean (min-max) over seeds."
     )
     return "\n".join(lines)
 

@@ -111,6 +111,36 @@ def test_a_seed_that_never_reaches_the_target_is_counted_apart(cmp):
     assert sentence.startswith("GRPO needs 4.00x SPPO's training wall-clock to reach the target 0.700")
 
 
+def test_pass_at_k_and_length_columns(cmp):
+    """pass@k at the first and last evaluation, the mean response length over the updates; a k that
+    differs between seeds (or k = 1) prints no pass@k."""
+
+    def with_extras(pass_k: list[float], lengths: list[float], k: int = 4):
+        rows = rows_of([0.2] * len(pass_k))
+        for r, p in zip(cmp.evaluations(rows), pass_k):
+            r.update(pass_at_k=p, val_k=k)
+        updates = [r for r in rows if "reward_mean" in r]
+        for i, r in enumerate(updates):
+            r["response_length"] = lengths[i * len(lengths) // len(updates)]
+        return rows
+
+    seeds = {0: with_extras([0.5, 0.6, 0.8], [10.0, 30.0]), 1: with_extras([0.5, 0.7, 0.6], [20.0, 20.0])}
+    report = cmp.compare({"latent-grpo": seeds}, window=1, target=0.9)
+    f = report["methods"]["latent-grpo"]
+    assert f["per_seed"][0]["final_pass_at_k"] == 0.8 and f["per_seed"][0]["start_pass_at_k"] == 0.5
+    assert f["per_seed"][0]["response_length"] == pytest.approx(20.0)  # 10 updates at 10, 10 at 30
+    assert (f["k"], f["final_pass_at_k"]["mean"]) == (4, pytest.approx(0.7))
+    assert (f["response_length"]["mean"], f["response_length"]["n"]) == (pytest.approx(20.0), 2)
+    extra = {"group_size": 8, "peak_rss_mib": 600.0, "model_state_mib": 15.2}  # main() adds these
+    f.update(extra)
+    assert "| k=4: 0.700 ± 0.141 | 20.0 |" in cmp.markdown(report).splitlines()[2]
+    seeds[1] = with_extras([0.5, 0.7, 0.6], [20.0, 20.0], k=2)
+    mixed = cmp.compare({"x": seeds}, window=1, target=0.9)
+    assert mixed["methods"]["x"]["k"] is None
+    mixed["methods"]["x"].update(extra)
+    assert "| — | 20.0 |" in cmp.markdown(mixed).splitlines()[2]
+
+
 def test_ratios_pair_the_same_seed_index(cmp):
     grpo = {0: 200.0, 1: 300.0, 2: None, 3: 90.0}
     sppo = {3: 0.0, 2: 80.0, 1: 50.0, 0: 100.0}  # listed in another order; seed 3 reached at the start
@@ -164,8 +194,9 @@ def test_run_sets(cmp):
         assert "--dynamic-sampling-rounds" not in dapo
     assert [n for n, _ in sets["all"]] == [n for n, _ in cmp.ALL]
     latent = dict(sets["latent"])
-    assert list(latent) == ["latent-grpo", "latent-grpo-naive", "grpo"]
-    assert latent["grpo"][latent["grpo"].index("--model") + 1] == cmp.EXPLICIT
+    assert list(latent) == ["latent-grpo", "latent-grpo-naive", "grpo", "sppo"]
+    for explicit in ("grpo", "sppo"):  # explicit runs start from the curriculum's explicit stage
+        assert latent[explicit][latent[explicit].index("--model") + 1] == cmp.EXPLICIT
 
 
 def test_latent_set_passes_the_flag_check_without_building_its_warm_start(cmp):

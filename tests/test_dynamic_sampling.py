@@ -17,7 +17,8 @@ from paths import LLM_TIMING
 from sppo_rl.agents.algorithms import GROUP_KINDS, group_signal
 from sppo_rl.config import ConfigError
 from sppo_rl.llm.config import LLMConfig
-from sppo_rl.llm.trainer import LLMRun, run_llm
+from sppo_rl.llm.rollout import RolloutBatch
+from sppo_rl.llm.trainer import LLMRun, _cat_rows, run_llm
 from sppo_rl.runtime import RunError, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -200,3 +201,35 @@ def test_two_deepspeed_ranks_agree_on_the_rounds(tmp_path, tiny):
     assert len(rows) == 2
     for r in rows:
         _check_row(r, cfg)
+
+
+def _rollouts(lengths: list[int], width: int, prompt_width: int) -> RolloutBatch:
+    B = len(lengths)
+    mask = (torch.arange(width)[None] < torch.tensor(lengths)[:, None]).long()
+    ids = (torch.arange(1, B * width + 1).view(B, width) * mask).long()
+    return RolloutBatch(
+        prompt_ids=torch.full((B, prompt_width), 7),
+        prompt_mask=torch.ones(B, prompt_width, dtype=torch.long),
+        response_ids=ids,
+        response_mask=mask,
+        logprobs=-ids.float() * mask,
+        sampling_logprobs=-ids.float() * mask,
+        texts=[str(n) for n in lengths],
+        prompt_index=torch.arange(B),
+        finished=torch.ones(B, dtype=torch.bool),
+        num_generated_tokens=int(mask.sum()),
+    )
+
+
+def test_kept_rows_are_cut_to_their_longest_response_not_the_widest_round():
+    """The batch's width must equal ``max(response_lengths)``, the width of the learner's old log-probs:
+    a round padded to 5 positions whose kept rows end by position 3 gave mask [.., 5] vs logp [.., 3]."""
+    a = _rollouts([5, 3, 2], width=5, prompt_width=2)  # row 0 (length 5) is dropped
+    b = _rollouts([1, 2], width=4, prompt_width=3)
+    out = _cat_rows([(a, torch.tensor([1, 2])), (b, torch.tensor([1]))], 0, torch.tensor([0, 0, 1]))
+    assert out.response_mask.shape == (3, 3) and out.response_ids.shape == (3, 3)
+    assert out.response_lengths.tolist() == [3, 2, 2]
+    assert out.response_ids[0].tolist() == a.response_ids[1, :3].tolist()
+    assert out.logprobs[2].tolist() == [*b.logprobs[1, :2].tolist(), 0.0]
+    assert out.prompt_mask.tolist() == [[0, 1, 1], [0, 1, 1], [1, 1, 1]]  # left-padded to 3
+    assert out.texts == ["3", "2", "2"] and out.num_generated_tokens == 7

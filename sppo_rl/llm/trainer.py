@@ -108,16 +108,19 @@ class _Round:
 
 def _cat_rows(parts: list[tuple[RolloutBatch, Tensor]], pad_id: int, prompt_index: Tensor) -> RolloutBatch:
     """Rows ``rows`` of each rollout batch, one after another, in one :class:`RolloutBatch` (on the CPU):
-    prompts left-padded and responses right-padded to the widest part, ``prompt_index`` given."""
+    prompts left-padded to the widest part, responses right-padded or cut to the longest kept response
+    (the width every ``[B, T]`` tensor the learner computes from the lengths has), ``prompt_index``
+    given."""
     import torch.nn.functional as F
 
     P = max(rb.prompt_ids.shape[1] for rb, _ in parts)
-    T = max(rb.response_ids.shape[1] for rb, _ in parts)
+    T = max([1] + [int(rb.response_mask.cpu()[rows].sum(-1).max()) for rb, rows in parts if len(rows)])
 
     def cat(name: str, width: int, value: float, left: bool) -> Tensor:
         out = []
         for rb, rows in parts:
             x = getattr(rb, name).cpu()[rows]
+            x = x if left else x[:, :width]
             gap = width - x.shape[1]
             out.append(F.pad(x, (gap, 0) if left else (0, gap), value=value))
         return torch.cat(out)
