@@ -5,6 +5,7 @@ tests, so the loader and verifier checks run everywhere; the full files are chec
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,3 +41,18 @@ def assert_rows_match(
                     ra[key],
                     rb[key],
                 )
+
+
+# a reward that needs no model to be right: the parity of the response's length (mixed outcomes from an
+# untrained model, so every method has something to learn)
+PARITY_REWARD = "def even(response, truth):\n    return float(len(response) % 2 == 0)\n"
+
+
+def reward_file(path: Path, source: str = PARITY_REWARD) -> str:
+    """Write ``source`` (Python defining one function ``f(response, truth) -> float``) to ``path``; return
+    the ``--reward-fn`` value ``"<path>:<name>"`` of its first function."""
+    name = re.search(r"^def (\w+)\(", source, re.M)
+    if name is None:
+        raise ValueError("the reward source defines no function")
+    path.write_text(source)
+    return f"{path}:{name.group(1)}"

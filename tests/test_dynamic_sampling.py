@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from paths import LLM_TIMING
+from paths import LLM_TIMING, reward_file
 
 from sppo_rl.agents.algorithms import GROUP_KINDS, group_signal
 from sppo_rl.config import ConfigError
@@ -57,8 +57,6 @@ def test_group_signal_classifies_by_the_valid_outcomes():
 
 
 def _cfg(tmp_path: Path, tiny: Path, **kw) -> LLMConfig:
-    fn = tmp_path / "by_digit.py"
-    fn.write_text(MIXED_REWARD)
     base = dict(
         algo="grpo",
         group_size=4,
@@ -71,7 +69,7 @@ def _cfg(tmp_path: Path, tiny: Path, **kw) -> LLMConfig:
         eval_every=0,
         max_new_tokens=8,
         temperature=2.0,
-        reward_fn=f"{fn}:by_digit",
+        reward_fn=reward_file(tmp_path / "by_digit.py", MIXED_REWARD),
         dynamic_sampling_rounds=1,
         out_dir=str(tmp_path / "run"),
         progress=False,
@@ -140,9 +138,8 @@ def test_the_cap_trains_on_what_was_found_and_an_empty_batch_does_not_crash(tmp_
         _check_row(r, cfg)
     assert any(r[DS + "short"] > 0 for r in rows), "with one extra round this task leaves some updates short"
     # every group all correct: nothing informative anywhere; the update is skipped, not a crash
-    ones = tmp_path / "ones.py"
-    ones.write_text("def one(response, truth):\n    return 1.0\n")
-    cfg = _cfg(tmp_path, tiny, steps=1, reward_fn=f"{ones}:one", out_dir=str(tmp_path / "ones"))
+    ones = reward_file(tmp_path / "ones.py", "def one(response, truth):\n    return 1.0\n")
+    cfg = _cfg(tmp_path, tiny, steps=1, reward_fn=ones, out_dir=str(tmp_path / "ones"))
     run_llm(cfg)
     (r,) = [r for r in read_metrics(Path(cfg.out_dir) / "metrics.jsonl") if r["step"] > 0]
     assert r[DS + "groups_kept"] == 0 and r[DS + "short"] == 4 and r[DS + "dropped_all_correct"] == 8

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from paths import reward_file
 
 from sppo_rl.agents import get_algorithm
 from sppo_rl.llm.config import LLMConfig
@@ -241,8 +242,6 @@ def test_micro_batches_train_exactly_like_one_pass(tmp_path, tiny, algo):
     budget, gives the unsplit run's losses, gradient norms and final weights."""
     from safetensors.torch import load_file
 
-    fn = tmp_path / "parity.py"  # mixed outcomes from the untrained model, so that every method trains
-    fn.write_text("def even(response, truth):\n    return float(len(response) % 2 == 0)\n")
     common = dict(
         algo=algo,
         epochs=2,
@@ -250,7 +249,7 @@ def test_micro_batches_train_exactly_like_one_pass(tmp_path, tiny, algo):
         actor_lr=1e-3,
         critic_lr=1e-3,
         temperature=2.0,
-        reward_fn=f"{fn}:even",
+        reward_fn=reward_file(tmp_path / "parity.py"),
     )
     runs = {}
     for name, kw in {
@@ -279,8 +278,6 @@ def test_micro_batches_train_exactly_like_one_pass(tmp_path, tiny, algo):
 
 def test_one_on_policy_pass_skips_the_old_log_prob_forward(tmp_path, tiny):
     """1 epoch x 1 minibatch: the ratio is exactly 1 (logp_old is the pass's own, detached)."""
-    fn = tmp_path / "parity.py"
-    fn.write_text("def even(response, truth):\n    return float(len(response) % 2 == 0)\n")
     cfg = _cfg(
         tmp_path,
         tiny,
@@ -289,7 +286,7 @@ def test_one_on_policy_pass_skips_the_old_log_prob_forward(tmp_path, tiny):
         minibatches=1,
         actor_lr=1e-3,
         temperature=2.0,
-        reward_fn=f"{fn}:even",
+        reward_fn=reward_file(tmp_path / "parity.py"),
     )
     run_llm(cfg)
     rows = [r for r in read_metrics(Path(cfg.out_dir) / "metrics.jsonl") if "policy_loss" in r]

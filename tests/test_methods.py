@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from paths import reward_file
 
 from sppo_rl.agents import LearnerConfig, SequenceBatch, get_algorithm, get_estimator, kl_penalty, policy_loss
 from sppo_rl.agents.batch import terminal_rewards
@@ -197,12 +198,10 @@ def test_overlong_filtering_leaves_truncated_responses_out_of_the_loss(tmp_path,
     from sppo_rl.llm.trainer import run_llm
     from sppo_rl.runtime import read_metrics
 
-    fn = tmp_path / "parity.py"
-    fn.write_text("def even(response, truth):\n    return float(len(response) % 2 == 0)\n")
     common = dict(
         task="arithmetic", model=str(tiny), steps=1, prompts_per_step=4, train_size=32, val_size=4,
         eval_samples=1, eval_every=0, max_new_tokens=8, algo="grpo", group_size=4, temperature=2.0,
-        reward_fn=f"{fn}:even", progress=False, tensorboard=False,
+        reward_fn=reward_file(tmp_path / "parity.py"), progress=False, tensorboard=False,
     )  # fmt: skip
     rows = {}
     for name, extra in {"plain": {}, "filtered": {"overlong_filter": True}}.items():

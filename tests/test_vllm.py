@@ -14,7 +14,7 @@ import time
 
 import pytest
 import torch
-from paths import assert_rows_match
+from paths import assert_rows_match, reward_file
 
 pytest.importorskip("vllm")
 
@@ -523,8 +523,7 @@ def _trainer_run(tiny, out, launch: tuple[str, ...] = (), extra: tuple[str, ...]
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
-    reward = out.parent / f"{out.name}_parity.py"
-    reward.write_text("def even(response, truth):\n    return float(len(response) % 2 == 0)\n")
+    reward = reward_file(out.parent / f"{out.name}_parity.py")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     # DeepSpeed JIT-builds a CPU op against this venv's torch: kept apart from the main venv's build
     env.setdefault("TORCH_EXTENSIONS_DIR", str(repo / "build" / "torch_extensions-vllm"))
@@ -532,7 +531,7 @@ def _trainer_run(tiny, out, launch: tuple[str, ...] = (), extra: tuple[str, ...]
         f"llm --algo sppo --task arithmetic --rollout vllm --model {tiny} --out-dir {out} --steps 2 "
         f"--seed 0 --prompts-per-step 8 --train-size 64 --val-size 8 --max-new-tokens 8 --minibatches 1 "
         f"--epochs 2 --eval-every 2 --actor-lr 1e-2 --critic-lr 1e-3 --temperature 2.0 --reward-fn "
-        f"{reward}:even --no-progress --threads 1 --no-tensorboard"
+        f"{reward} --no-progress --threads 1 --no-tensorboard"
     ).split()
     proc = subprocess.run(
         [sys.executable, *launch, "-m", "sppo_rl", *args, *extra],
