@@ -4,9 +4,14 @@ tests, so the loader and verifier checks run everywhere; the full files are chec
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import os
 import re
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "math"
@@ -56,3 +61,18 @@ def reward_file(path: Path, source: str = PARITY_REWARD) -> str:
         raise ValueError("the reward source defines no function")
     path.write_text(source)
     return f"{path}:{name.group(1)}"
+
+
+@contextlib.contextmanager
+def script_module(name: str) -> Iterator[ModuleType]:
+    """``scripts/<name>.py`` imported as the module ``name`` (registered in ``sys.modules`` while in use,
+    as dataclasses and pickling need), removed again on exit."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(name, None)

@@ -4,12 +4,11 @@ that cannot give a measurement are refused, and ours' command carries the benchm
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from paths import script_module
 
 from sppo_rl.llm.verify import verify_integer
 
@@ -18,12 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_llm_step", REPO / "scripts" / "bench_llm_step.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with script_module("bench_llm_step") as module:
+        yield module
 
 
 RESPONSES = [

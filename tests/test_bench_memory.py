@@ -4,13 +4,13 @@ the table and JSON rows when a run failed; every configuration's command shares 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from paths import script_module
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,12 +31,8 @@ HAND_ACTOR, HAND_UNTIED, HAND_CRITIC = 1304, 1384, 1313
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_memory", REPO / "scripts" / "bench_memory.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with script_module("bench_memory") as module:
+        yield module
 
 
 def test_qwen2_params_by_hand(bench):

@@ -6,7 +6,6 @@ model with two seeds."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -15,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import script_module
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "compare_llm.py"
@@ -22,12 +22,8 @@ SCRIPT = REPO / "scripts" / "compare_llm.py"
 
 @pytest.fixture(scope="module")
 def cmp():
-    spec = importlib.util.spec_from_file_location("compare_llm", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with script_module("compare_llm") as module:
+        yield module
 
 
 def rows_of(

@@ -5,7 +5,6 @@ written, and a short run on PrecisionCartPole goes end to end beside our PPO."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -16,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from paths import script_module
 
 from sppo_rl.experiments.config import ReportConfig
 from sppo_rl.experiments.report import Run, find_runs
@@ -26,12 +26,8 @@ SCRIPT = REPO / "scripts" / "peer_sb3.py"
 
 @pytest.fixture(scope="module")
 def peer():
-    spec = importlib.util.spec_from_file_location("peer_sb3", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with script_module("peer_sb3") as module:
+        yield module
 
 
 # ------------------------------------------------------------------------------------- the warm start

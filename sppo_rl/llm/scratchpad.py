@@ -36,10 +36,10 @@ level  problem                                         steps        characters
 5      a * b, a of 3 digits, b of 2 digits (no zero)   10 to 14     168-217
 =====  ==============================================  ===========  ============
 
-Splits are made exactly as :func:`sppo_rl.llm.tasks.make_arithmetic` makes them: deterministic in
-``seed`` and disjoint; the validation split is drawn first from its own stream (it depends only on
-``(seed, n_val, level)``), the training split from a second stream that skips every validation prompt
-and duplicate, so a larger ``n_train`` extends the same list.
+Splits are made by :func:`sppo_rl.llm.tasks.generated_splits`, as for the arithmetic task:
+deterministic in ``seed`` and disjoint; the validation split is drawn first from its own stream (it
+depends only on ``(seed, n_val, level)``), the training split from a second stream that skips every
+validation prompt and duplicate, so a larger ``n_train`` extends the same list.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sppo_rl.llm.data import Example
+from sppo_rl.llm.tasks import generated_splits
 
 SOURCE = "scratchpad"
 REWARD_FN = "integer"
@@ -148,18 +149,15 @@ def scratchpad(level: Level, operands: list[int]) -> tuple[str, int]:
     return SEPARATOR.join(parts), a * b
 
 
-def _prompt(level: Level, operands: list[int]) -> str:
-    op = "+" if level.kind == "add" else "*"
-    return op.join(map(str, operands)) + "="
-
-
-def _draw(rng: random.Random, level: Level) -> list[int]:
+def _draw(rng: random.Random, level: Level) -> tuple[str, int]:
+    """A random problem of ``level``: its prompt and value."""
     lo, hi = 10 ** (level.digits - 1), 10**level.digits - 1
     if level.kind == "add":
-        return [rng.randint(lo, hi) for _ in range(level.operands)]
-    if level.kind == "mul":
-        return [rng.randint(lo, hi), rng.randint(2, 9)]
-    return [rng.randint(lo, hi), 10 * rng.randint(1, 9) + rng.randint(1, 9)]
+        operands = [rng.randint(lo, hi) for _ in range(level.operands)]
+        return "+".join(map(str, operands)) + "=", sum(operands)
+    a = rng.randint(lo, hi)
+    b = rng.randint(2, 9) if level.kind == "mul" else 10 * rng.randint(1, 9) + rng.randint(1, 9)
+    return f"{a}*{b}=", a * b
 
 
 def parse_prompt(prompt: str) -> tuple[Level, list[int]]:
@@ -186,31 +184,6 @@ def reference_response(example: Example) -> str:
     return f"{steps}{SEPARATOR}\\boxed{{{value}}}"
 
 
-def _split(
-    stream: str, seed: int, n: int, levels: tuple[int, ...], skip: set[str], split: str
-) -> list[Example]:
-    rng = random.Random(f"{SOURCE}:{seed}:{stream}")
-    out: list[Example] = []
-    seen = set(skip)
-    attempts, budget = 0, 30 * n + 10_000
-    while len(out) < n:
-        attempts += 1
-        if attempts > budget:
-            raise ValueError(
-                f"could draw only {len(out)} distinct {split} prompts of level(s) {levels} "
-                f"(after excluding {len(skip)}); ask for fewer or add harder levels"
-            )
-        lv = rng.choice(levels)
-        operands = _draw(rng, LEVELS[lv])
-        prompt = _prompt(LEVELS[lv], operands)
-        if prompt in seen:
-            continue
-        seen.add(prompt)
-        _, value = scratchpad(LEVELS[lv], operands)
-        out.append(Example(prompt, str(value), SOURCE, len(out), {"level": lv, "split": split}))
-    return out
-
-
 def make_scratchpad(
     seed: int, n_train: int, n_val: int, level: int | tuple[int, ...] = 1
 ) -> tuple[list[Example], list[Example]]:
@@ -218,19 +191,7 @@ def make_scratchpad(
 
     ``level`` is one of :data:`LEVELS` or a tuple of them (each example draws its level uniformly from
     the tuple; ``meta["level"]`` records it). Raises ``ValueError`` for an unknown level, negative
-    sizes, or more prompts than the levels can supply (:func:`capacity`).
+    sizes, or more prompts than the levels can supply (:func:`capacity`). The splits are drawn by
+    :func:`sppo_rl.llm.tasks.generated_splits`.
     """
-    levels = (level,) if isinstance(level, int) else tuple(level)
-    unknown = [lv for lv in levels if lv not in LEVELS]
-    if not levels or unknown:
-        raise ValueError(f"unknown level(s) {unknown or level!r}; valid: {', '.join(map(str, LEVELS))}")
-    if n_train < 0 or n_val < 0:
-        raise ValueError(f"split sizes must be >= 0, got n_train={n_train}, n_val={n_val}")
-    available = sum(capacity(LEVELS[lv]) for lv in set(levels))
-    if n_train + n_val > available:
-        raise ValueError(
-            f"level(s) {levels} have at most {available} distinct prompts; asked for {n_train} + {n_val}"
-        )
-    val = _split("val", seed, n_val, levels, set(), "val")
-    train = _split("train", seed, n_train, levels, {str(e.prompt) for e in val}, "train")
-    return train, val
+    return generated_splits(SOURCE, LEVELS, level, _draw, capacity, seed, n_train, n_val)

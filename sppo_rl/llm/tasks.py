@@ -25,7 +25,9 @@ from __future__ import annotations
 import itertools
 import random
 import string
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from sppo_rl.llm.data import Example
 
@@ -112,27 +114,66 @@ def reference_response(example: Example) -> str:
     return f"\\boxed{{{example.answer}}}"
 
 
-def _split(
-    stream: str, seed: int, n: int, levels: tuple[int, ...], skip: set[str], split: str
-) -> list[Example]:
-    rng = random.Random(f"{SOURCE}:{seed}:{stream}")
-    out: list[Example] = []
-    seen = set(skip)
-    attempts, budget = 0, 30 * n + 10_000  # drawing all N prompts of a level takes about N ln N
-    while len(out) < n:
-        attempts += 1
-        if attempts > budget:
-            raise ValueError(
-                f"could draw only {len(out)} distinct {split} prompts of level(s) {levels} "
-                f"(after excluding {len(skip)}); ask for fewer or add harder levels"
-            )
-        lv = rng.choice(levels)
-        prompt, value = _draw(rng, LEVELS[lv])
-        if prompt in seen:
-            continue
-        seen.add(prompt)
-        out.append(Example(prompt, str(value), SOURCE, len(out), {"level": lv, "split": split}))
-    return out
+L = TypeVar("L")
+"""A task's description of one level (:class:`Level` here), as :func:`generated_splits` passes it on."""
+
+
+def generated_splits(
+    source: str,
+    table: Mapping[int, L],
+    level: int | tuple[int, ...],
+    draw: Callable[[random.Random, L], tuple[str, int]],
+    capacity: Callable[[L], int],
+    seed: int,
+    n_train: int,
+    n_val: int,
+) -> tuple[list[Example], list[Example]]:
+    """Train and validation examples of a generated task, disjoint by prompt and without duplicates.
+
+    ``level`` is a key of ``table`` or a tuple of them; each example draws its level uniformly from the
+    tuple (``meta["level"]`` records it, ``meta["split"]`` its split), then ``draw(rng, table[level])``
+    gives its prompt and integer answer. The validation split is drawn first from the stream
+    ``"{source}:{seed}:val"``, so it depends only on ``(seed, n_val, level)``; the training split from
+    ``"{source}:{seed}:train"``, skipping every validation prompt and duplicate, so a larger ``n_train``
+    extends the same list. Raises ``ValueError`` for an unknown level, negative sizes, more prompts than
+    the levels can supply (the sum of ``capacity`` over the distinct levels), or a split whose distinct
+    prompts are not found within ``30 * n + 10,000`` draws.
+    """
+    levels = (level,) if isinstance(level, int) else tuple(level)
+    unknown = [lv for lv in levels if lv not in table]
+    if not levels or unknown:
+        raise ValueError(f"unknown level(s) {unknown or level!r}; valid: {', '.join(map(str, table))}")
+    if n_train < 0 or n_val < 0:
+        raise ValueError(f"split sizes must be >= 0, got n_train={n_train}, n_val={n_val}")
+    available = sum(capacity(table[lv]) for lv in set(levels))
+    if n_train + n_val > available:
+        raise ValueError(
+            f"level(s) {levels} have at most {available} distinct prompts; asked for {n_train} + {n_val}"
+        )
+
+    def split(name: str, n: int, skip: set[str]) -> list[Example]:
+        rng = random.Random(f"{source}:{seed}:{name}")
+        out: list[Example] = []
+        seen = set(skip)
+        attempts, budget = 0, 30 * n + 10_000  # drawing all N prompts of a level takes about N ln N
+        while len(out) < n:
+            attempts += 1
+            if attempts > budget:
+                raise ValueError(
+                    f"could draw only {len(out)} distinct {name} prompts of level(s) {levels} "
+                    f"(after excluding {len(skip)}); ask for fewer or add harder levels"
+                )
+            lv = rng.choice(levels)
+            prompt, value = draw(rng, table[lv])
+            if prompt in seen:
+                continue
+            seen.add(prompt)
+            out.append(Example(prompt, str(value), source, len(out), {"level": lv, "split": name}))
+        return out
+
+    val = split("val", n_val, set())
+    train = split("train", n_train, {str(e.prompt) for e in val})
+    return train, val
 
 
 def make_arithmetic(
@@ -142,19 +183,7 @@ def make_arithmetic(
 
     ``level`` is one of :data:`LEVELS` or a tuple of them (each example draws its level uniformly from
     the tuple; ``meta["level"]`` records it). Raises ``ValueError`` for an unknown level, negative
-    sizes, or more prompts than the levels can supply (:func:`capacity`; level 1 has 10,000).
+    sizes, or more prompts than the levels can supply (:func:`capacity`; level 1 has 10,000). The splits
+    are drawn by :func:`generated_splits`.
     """
-    levels = (level,) if isinstance(level, int) else tuple(level)
-    unknown = [lv for lv in levels if lv not in LEVELS]
-    if not levels or unknown:
-        raise ValueError(f"unknown level(s) {unknown or level!r}; valid: {', '.join(map(str, LEVELS))}")
-    if n_train < 0 or n_val < 0:
-        raise ValueError(f"split sizes must be >= 0, got n_train={n_train}, n_val={n_val}")
-    available = sum(capacity(LEVELS[lv]) for lv in set(levels))
-    if n_train + n_val > available:
-        raise ValueError(
-            f"level(s) {levels} have at most {available} distinct prompts; asked for {n_train} + {n_val}"
-        )
-    val = _split("val", seed, n_val, levels, set(), "val")
-    train = _split("train", seed, n_train, levels, {str(e.prompt) for e in val}, "train")
-    return train, val
+    return generated_splits(SOURCE, LEVELS, level, _draw, capacity, seed, n_train, n_val)
