@@ -79,30 +79,19 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import random
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from sppo_rl.llm.models import accepts_kwarg, load_actor, logprobs_from_logits, positions_from_mask
-from sppo_rl.llm.rollout import (
-    HFRolloutEngine,
-    RolloutBatch,
-    _cache_of,
-    _gumbel_argmax,
-    left_pad,
-    row_seed,
-    top_p_mask,
-)
+from sppo_rl.llm.rollout import HFRolloutEngine, RolloutBatch, _cache_of, check_sampling, left_pad
+from sppo_rl.llm.sft import fine_tune, holdout_split, right_pad, save_cached, supervised_warmstart
 from sppo_rl.llm.verify import extract_boxed
 
 NOISE_LOW, NOISE_HIGH = -1.5, 3.0
@@ -338,44 +327,14 @@ class LatentRolloutEngine(HFRolloutEngine):
         seed: int | Sequence[int] | None = None,
     ) -> LatentRolloutBatch:
         """``n`` samples per prompt: ``L`` latent steps, then at most ``max_new_tokens`` answer tokens."""
-        if prompt_mask.shape[1] == 0 or not bool((prompt_mask[:, -1] != 0).all()):
-            raise ValueError(
-                "prompts must be left-padded and non-empty: the last column must be a real token"
+        check_sampling(n, temperature, top_p, max_new_tokens)
+        index, prompt_ids, prompt_mask, generator = self._expand(prompt_ids, prompt_mask, n, greedy, seed)
+        with self._sampling_mode():
+            out = self._sample_latent(
+                prompt_ids, prompt_mask, temperature, top_p, max_new_tokens, greedy, generator
             )
-        if n < 1 or max_new_tokens < 1 or temperature <= 0 or not 0.0 < top_p <= 1.0:
-            raise ValueError("need n, max_new_tokens >= 1, temperature > 0 and 0 < top_p <= 1")
-        device = self.device
-        index = torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(n)
-        prompt_ids = prompt_ids.to(device)[index]
-        prompt_mask = prompt_mask.to(device=device, dtype=torch.long)[index]
-        generator: torch.Generator | list[torch.Generator] | None = None
-        if seed is not None and not greedy:
-            if isinstance(seed, (int, np.integer)):
-                generator = torch.Generator(device=device).manual_seed(int(seed))
-            else:
-                seeds = [int(x) for x in seed]
-                if len(seeds) != prompt_ids.shape[0] // n:
-                    raise ValueError(f"got {len(seeds)} seeds for {prompt_ids.shape[0] // n} prompts")
-                generator = [
-                    torch.Generator(device=device).manual_seed(row_seed(seeds[i], k))
-                    for i in range(len(seeds))
-                    for k in range(n)
-                ]
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                out = self._sample_latent(
-                    prompt_ids, prompt_mask, temperature, top_p, max_new_tokens, greedy, generator
-                )
-        finally:
-            self.model.train(was_training)
         tokens, logprobs, sampling_logprobs, mask, finished, lat_ids, lat_scores = out
         L = lat_ids.shape[1]
-        cpu_tokens, cpu_mask = tokens[:, L:].cpu(), mask[:, L:].cpu().bool()
-        texts = self.tokenizer.batch_decode(
-            [row[keep].tolist() for row, keep in zip(cpu_tokens, cpu_mask)], skip_special_tokens=True
-        )
         return LatentRolloutBatch(
             prompt_ids=prompt_ids,
             prompt_mask=prompt_mask,
@@ -383,7 +342,7 @@ class LatentRolloutEngine(HFRolloutEngine):
             response_mask=mask,
             logprobs=logprobs,
             sampling_logprobs=sampling_logprobs,
-            texts=texts,
+            texts=self._decode(tokens[:, L:], mask[:, L:]),
             prompt_index=index,
             finished=finished,
             num_generated_tokens=int(mask.sum()),
@@ -419,15 +378,11 @@ class LatentRolloutEngine(HFRolloutEngine):
         lat_ids = torch.zeros(B, L, K, dtype=torch.long, device=device)
         lat_scores = torch.zeros(B, L, K, dtype=torch.float32, device=device)
         embedding = self.model.get_input_embeddings()
-        stops = torch.tensor(self.stop_token_ids, device=device)
         noisy = not greedy and s.noise_scale > 0
 
         attention = prompt_mask
         positions = positions_from_mask(prompt_mask)
-        kw: dict[str, Any] = {"logits_to_keep": 1} if self._logits_to_keep else {}
-        out = self.model(
-            input_ids=prompt_ids, attention_mask=attention, position_ids=positions, use_cache=True, **kw
-        )
+        out = self._forward(prompt_ids, attention, positions, None)
         position = positions[:, -1:] + 1
         for t in range(L):
             logits = out.logits[:, -1].float()
@@ -446,31 +401,10 @@ class LatentRolloutEngine(HFRolloutEngine):
             attention = torch.cat([attention, attention.new_ones(B, 1)], dim=1)
             out = self._step(_cache_of(out), attention, position, inputs_embeds=e[:, None])
             position = position + 1
-        alive = torch.ones(B, dtype=torch.bool, device=device)
-        steps = L
-        for t in range(L, total):
-            z = out.logits[:, -1].float() / temperature
-            log_p = torch.log_softmax(z, dim=-1)
-            if greedy:
-                token, sampled_lp = z.argmax(-1), torch.zeros(B, device=device)
-            else:
-                if top_p < 1.0:
-                    z = z.masked_fill(top_p_mask(z, top_p), float("-inf"))
-                log_q = torch.log_softmax(z, dim=-1)
-                token = _gumbel_argmax(log_q, generator)
-                sampled_lp = log_q.gather(-1, token[:, None]).squeeze(-1)
-            token = torch.where(alive, token, self.pad_token_id)
-            live = alive.to(logprobs.dtype)
-            tokens[:, t], mask[:, t] = token, alive.long()
-            logprobs[:, t] = log_p.gather(-1, token[:, None]).squeeze(-1) * live
-            sampling_logprobs[:, t] = sampled_lp * live
-            alive = alive & ~torch.isin(token, stops)
-            steps = t + 1
-            if t + 1 == total or not bool(alive.any()):
-                break
-            attention = torch.cat([attention, attention.new_ones(B, 1)], dim=1)
-            out = self._step(_cache_of(out), attention, position, input_ids=token[:, None])
-            position = position + 1
+        buffers = (tokens, logprobs, sampling_logprobs, mask)
+        steps, alive = self._sample_tokens(
+            out, attention, position, buffers, L, temperature, top_p, greedy, generator
+        )
         return (
             tokens[:, :steps],
             logprobs[:, :steps],
@@ -658,11 +592,7 @@ def latent_warmstart(
     from sppo_rl.llm.tiny import load_tokenizer
 
     tokenizer = load_tokenizer(explicit)
-    holdout = min(holdout, len(prompts) // 4)
-    n_train = len(prompts) - holdout
-    if holdout < 1 or n_train < 1:
-        raise ValueError(f"need at least 4 warm-start examples, got {len(prompts)}")
-    batch_size = min(batch_size, n_train)
+    n_train, batch_size = holdout_split(len(prompts), holdout, batch_size, "examples")
     quiet = dataclasses.replace(settings, noise_scale=0.0)
     p_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
     stages: list[dict[str, Any]] = []
@@ -675,64 +605,53 @@ def latent_warmstart(
             r_ids = [
                 tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for t in texts
             ]
-            budget = max(len(r) for r in r_ids) + 4
             stage_cfg = dataclasses.replace(quiet, steps=k)
-            engine = LatentRolloutEngine(model, tokenizer, settings=stage_cfg, add_special_tokens=False)
-            opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-            model.train()
-            history: list[tuple[int, float]] = []
-            acc, step = 0.0, 0
-            while step < steps:
-                idx = rng.sample(range(n_train), batch_size)
+
+            def batch_loss(
+                idx: list[int], r_ids: list[list[int]] = r_ids, cfg: LatentSettings = stage_cfg
+            ) -> Tensor:
                 pid, pmask = left_pad([p_ids[i] for i in idx], tokenizer.pad_token_id)
-                width = max(len(r_ids[i]) for i in idx)
-                tid = torch.full((batch_size, width), tokenizer.pad_token_id, dtype=torch.long)
-                tmask = torch.zeros((batch_size, width), dtype=torch.long)
-                for j, i in enumerate(idx):
-                    tid[j, : len(r_ids[i])] = torch.tensor(r_ids[i])
-                    tmask[j, : len(r_ids[i])] = 1
-                loss = curriculum_loss(model, pid, pmask, tid, tmask, k, stage_cfg)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
-                step += 1
-                if step % check_every == 0 or step == steps:
-                    ho = range(n_train, len(prompts))
-                    out = engine.generate(
-                        [prompts[i] for i in ho],
-                        temperature=temperature,
-                        max_new_tokens=budget,
-                        seed=seed + step,
-                    )
-                    acc = float(sum(score(out.texts, [answers[i] for i in ho])) / len(ho))
-                    model.train()
-                    history.append((step, acc))
-                    if progress:
-                        print(
-                            f"[latent warm start] stage {k}/{L} step {step}: loss {float(loss.detach()):.3f}, "
-                            f"sampled accuracy {acc:.3f}",
-                            file=sys.stderr,
-                        )
-                    if acc >= target:
-                        break
+                tid, tmask = right_pad([r_ids[i] for i in idx], tokenizer.pad_token_id)
+                return curriculum_loss(model, pid, pmask, tid, tmask, cfg.steps, cfg)
+
+            step, acc, history = fine_tune(
+                model,
+                LatentRolloutEngine(model, tokenizer, settings=stage_cfg, add_special_tokens=False),
+                batch_loss,
+                prompts,
+                answers,
+                score,
+                n_train=n_train,
+                rng=rng,
+                steps=steps,
+                lr=lr,
+                target=target,
+                temperature=temperature,
+                max_new_tokens=max(len(r) for r in r_ids) + 4,
+                batch_size=batch_size,
+                check_every=check_every,
+                seed=seed,
+                progress=progress,
+                label=f"[latent warm start] stage {k}/{L}",
+            )
             stages.append({"stage": k, "steps": step, "holdout_accuracy": acc, "history": history})
     record = {"explicit": str(explicit), "stages": stages, "settings": record_settings}
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=cache_dir))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / _DONE).write_text(json.dumps(record, indent=2) + "\n")
-        try:
-            os.rename(tmp, folder)
-        except OSError:
-            if not (folder / _DONE).is_file():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return folder, json.loads((folder / _DONE).read_text())
+    return folder, save_cached(folder, _DONE, model, tokenizer, record)
+
+
+def _warmstart_inputs(
+    cfg: Any, train: list[Any], scorer: Any
+) -> tuple[Path, list[str], list[str], dict[str, Any], Callable[[list[str], list[str]], list[float]]]:
+    """What both warm starts of ``cfg`` take: the cache folder, the prompts and answers of ``train``, the
+    data part of their cache keys and ``scorer`` as ``score(texts, truths) -> list[float]``."""
+    from sppo_rl.llm.setup import default_cache_dir
+
+    def score(texts: list[str], truths: list[str]) -> list[float]:
+        return scorer.score(texts, truths).scores.tolist()
+
+    cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+    key = {"level": list(cfg.level), "data_seed": cfg.data_seed, "train_size": cfg.train_size}
+    return cache, [str(e.prompt) for e in train], [e.answer for e in train], key, score
 
 
 def explicit_model(
@@ -741,31 +660,25 @@ def explicit_model(
     """Stage 0 of the curriculum: the embedded tiny model fine-tuned on responses with explicit reasoning
     lines (:func:`reasoning_lines`), cached by :func:`sppo_rl.llm.sft.supervised_warmstart`; also the
     lines and boxes of ``train``. For ``scratchpad`` it is the task's own embedded warm start."""
-    from sppo_rl.llm.setup import TINY_CHARSET, default_cache_dir, generated_task, tiny_settings
-    from sppo_rl.llm.sft import supervised_warmstart
+    from sppo_rl.llm.setup import TINY_CHARSET, generated_task, tiny_settings
     from sppo_rl.llm.tiny import ensure_tiny_model
 
-    cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+    cache, prompts, answers, key, score = _warmstart_inputs(cfg, train, scorer)
     base = ensure_tiny_model(cache, TINY_CHARSET, **tiny_settings(cfg.task))
     generated_task(cfg.task)  # refuses a task without an embedded model
     lines, boxes = zip(*[reasoning_lines(cfg.task, e) for e in train]) if train else ((), ())
     responses = [stage_response(ln, b, 0) for ln, b in zip(lines, boxes)]
-    key = {"level": list(cfg.level), "data_seed": cfg.data_seed, "train_size": cfg.train_size}
     if cfg.task != "arithmetic":
-        key["task"] = cfg.task  # scratchpad: the key (and so the folder) of its own embedded warm start
+        key["task"] = cfg.task  # scratchpad: stage 0 is its own reference response; the task keeps the key apart
     else:
         key["reasoning"] = "column-sums"
     max_len = max(len(r) for r in responses) + 1 + 4
-
-    def score(texts: list[str], truths: list[str]) -> list[float]:
-        return scorer.score(texts, truths).scores.tolist()
-
     folder, record = supervised_warmstart(
         base,
         cache,
-        [str(e.prompt) for e in train],
+        prompts,
         responses,
-        [e.answer for e in train],
+        answers,
         score,
         steps=cfg.sft_steps,
         lr=cfg.sft_lr,
@@ -784,21 +697,15 @@ def embedded_latent_model(
 ) -> tuple[Path, dict[str, Any]]:
     """The embedded tiny model made a latent reasoner: stage 0 (:func:`explicit_model`), then stages
     ``1..L`` (:func:`latent_warmstart`), each built once into the cache."""
-    from sppo_rl.llm.setup import default_cache_dir
-
     folder0, record0, lines, boxes = explicit_model(cfg, train, scorer)
-    cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
-
-    def score(texts: list[str], truths: list[str]) -> list[float]:
-        return scorer.score(texts, truths).scores.tolist()
-
+    cache, prompts, answers, key, score = _warmstart_inputs(cfg, train, scorer)
     folder, record = latent_warmstart(
         folder0,
         cache,
-        [str(e.prompt) for e in train],
+        prompts,
         lines,
         boxes,
-        [e.answer for e in train],
+        answers,
         score,
         settings,
         steps=cfg.latent_sft_steps,
@@ -806,12 +713,7 @@ def embedded_latent_model(
         target=cfg.sft_target,
         temperature=cfg.temperature,
         seed=cfg.seed,
-        key_settings={
-            "task": cfg.task,
-            "level": list(cfg.level),
-            "data_seed": cfg.data_seed,
-            "train_size": cfg.train_size,
-        },
+        key_settings={"task": cfg.task, **key},
         progress=cfg.progress,
     )
     return folder, {"explicit": {"folder": str(folder0), **record0}, "latent": record}

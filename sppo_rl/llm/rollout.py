@@ -25,7 +25,8 @@ The nucleus keeps the most probable tokens while the probability mass ranked bef
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from typing import Any, Protocol, runtime_checkable
 
@@ -284,6 +285,32 @@ class HFRolloutEngine:
         one process drawing the whole batch would.
         """
         check_sampling(n, temperature, top_p, max_new_tokens)
+        prompt_index, prompt_ids, prompt_mask, generator = self._expand(
+            prompt_ids, prompt_mask, n, greedy, seed
+        )
+        with self._sampling_mode():
+            tokens, logprobs, sampling_logprobs, mask, finished = self._sample(
+                prompt_ids, prompt_mask, temperature, top_p, max_new_tokens, greedy, generator
+            )
+        return RolloutBatch(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            response_ids=tokens,
+            response_mask=mask,
+            logprobs=logprobs,
+            sampling_logprobs=sampling_logprobs,
+            texts=self._decode(tokens, mask),
+            prompt_index=prompt_index,
+            finished=finished,
+            num_generated_tokens=int(mask.sum()),
+        )
+
+    def _expand(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, n: int, greedy: bool, seed: int | Sequence[int] | None
+    ) -> tuple[Tensor, Tensor, Tensor, torch.Generator | list[torch.Generator] | None]:
+        """``(prompt_index, prompt_ids, prompt_mask, generator)``: the left-padded prompts (checked) repeated
+        ``n`` times on the model's device, and the sampling generator of ``seed`` (None when greedy or
+        unseeded; one per row, seeded :func:`row_seed`, for a sequence of seeds)."""
         if prompt_mask.shape[1] == 0 or not bool((prompt_mask[:, -1] != 0).all()):
             raise ValueError(
                 "prompts must be left-padded and non-empty: the last column must be a real token"
@@ -305,32 +332,24 @@ class HFRolloutEngine:
                     for i in range(len(seeds))
                     for k in range(n)
                 ]
+        return prompt_index, prompt_ids, prompt_mask, generator
 
+    @contextmanager
+    def _sampling_mode(self) -> Iterator[None]:
+        """Eval mode under ``torch.no_grad()``, the model's previous mode restored afterwards."""
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad():
-                tokens, logprobs, sampling_logprobs, mask, finished = self._sample(
-                    prompt_ids, prompt_mask, temperature, top_p, max_new_tokens, greedy, generator
-                )
+                yield
         finally:
             self.model.train(was_training)
 
+    def _decode(self, tokens: Tensor, mask: Tensor) -> list[str]:
+        """The texts of the ``mask``-ed tokens of each row, special tokens removed."""
         cpu_tokens, cpu_mask = tokens.cpu(), mask.cpu().bool()
-        texts = self.tokenizer.batch_decode(
+        return self.tokenizer.batch_decode(
             [row[keep].tolist() for row, keep in zip(cpu_tokens, cpu_mask)], skip_special_tokens=True
-        )
-        return RolloutBatch(
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
-            response_ids=tokens,
-            response_mask=mask,
-            logprobs=logprobs,
-            sampling_logprobs=sampling_logprobs,
-            texts=texts,
-            prompt_index=prompt_index,
-            finished=finished,
-            num_generated_tokens=int(cpu_mask.sum()),
         )
 
     def _forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache: Any) -> Any:
@@ -356,19 +375,52 @@ class HFRolloutEngine:
         generator: torch.Generator | list[torch.Generator] | None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         B, device = prompt_ids.shape[0], prompt_ids.device
-        stops = torch.tensor(self.stop_token_ids, device=device)
         tokens = torch.full((B, max_new_tokens), self.pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros(B, max_new_tokens, dtype=torch.float32, device=device)
         sampling_logprobs = torch.zeros_like(logprobs)
         mask = torch.zeros(B, max_new_tokens, dtype=torch.long, device=device)
-        alive = torch.ones(B, dtype=torch.bool, device=device)
 
-        attention_mask = prompt_mask
         positions = positions_from_mask(prompt_mask)
-        out = self._forward(prompt_ids, attention_mask, positions, None)
-        position = positions[:, -1:] + 1
-        steps = 0
-        for t in range(max_new_tokens):
+        out = self._forward(prompt_ids, prompt_mask, positions, None)
+        steps, alive = self._sample_tokens(
+            out,
+            prompt_mask,
+            positions[:, -1:] + 1,
+            (tokens, logprobs, sampling_logprobs, mask),
+            0,
+            temperature,
+            top_p,
+            greedy,
+            generator,
+        )
+        finished = ~alive
+        return tokens[:, :steps], logprobs[:, :steps], sampling_logprobs[:, :steps], mask[:, :steps], finished
+
+    def _sample_tokens(
+        self,
+        out: Any,
+        attention_mask: Tensor,
+        position: Tensor,
+        buffers: tuple[Tensor, Tensor, Tensor, Tensor],
+        start: int,
+        temperature: float,
+        top_p: float,
+        greedy: bool,
+        generator: torch.Generator | list[torch.Generator] | None,
+    ) -> tuple[int, Tensor]:
+        """Sample tokens into columns ``start, start + 1, ...`` of ``buffers = (tokens, logprobs,
+        sampling_logprobs, mask)`` ``[B, total]`` (see the module docstring for the two log-probs), one
+        KV-cached forward per token; ``out`` is the model output over everything before column
+        ``start`` (attention ``attention_mask``), ``position`` ``[B, 1]`` the position of the first token.
+        A row stops at its first stop token; the loop ends when every row has stopped or the buffers
+        are full. Returns the number of columns written (``start`` included) and ``alive`` ``[B]`` bool
+        (rows that never stopped)."""
+        tokens, logprobs, sampling_logprobs, mask = buffers
+        B, total, device = tokens.shape[0], tokens.shape[1], tokens.device
+        stops = torch.tensor(self.stop_token_ids, device=device)
+        alive = torch.ones(B, dtype=torch.bool, device=device)
+        steps = start
+        for t in range(start, total):
             z = out.logits[:, -1].float() / temperature
             log_p = torch.log_softmax(z, dim=-1)
             if greedy:
@@ -388,13 +440,12 @@ class HFRolloutEngine:
             sampling_logprobs[:, t] = sampled_lp * live
             alive = alive & ~torch.isin(token, stops)
             steps = t + 1
-            if t + 1 == max_new_tokens or not bool(alive.any()):
+            if t + 1 == total or not bool(alive.any()):
                 break
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(B, 1)], dim=1)
             out = self._forward(token[:, None], attention_mask, position, _cache_of(out))
             position = position + 1
-        finished = ~alive
-        return tokens[:, :steps], logprobs[:, :steps], sampling_logprobs[:, :steps], mask[:, :steps], finished
+        return steps, alive
 
 
 def row_seed(prompt_seed: int, k: int) -> int:

@@ -15,12 +15,12 @@ import random
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from sppo_rl.llm.models import load_actor, sequence_logprobs
 from sppo_rl.llm.rollout import HFRolloutEngine, left_pad
@@ -40,13 +40,88 @@ def encode_pairs(
     p_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
     r_ids = [tokenizer(r, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for r in responses]
     prompt_ids, prompt_mask = left_pad(p_ids, pad)
-    T = max(len(r) for r in r_ids)
-    resp = torch.full((len(r_ids), T), pad, dtype=torch.long)
-    resp_mask = torch.zeros((len(r_ids), T), dtype=torch.long)
-    for i, r in enumerate(r_ids):
-        resp[i, : len(r)] = torch.tensor(r)
-        resp_mask[i, : len(r)] = 1
-    return torch.cat([prompt_ids, resp], 1), torch.cat([prompt_mask, resp_mask], 1), T
+    resp, resp_mask = right_pad(r_ids, pad)
+    return torch.cat([prompt_ids, resp], 1), torch.cat([prompt_mask, resp_mask], 1), resp.shape[1]
+
+
+def right_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """``(ids, mask)`` ``[B, T]`` long with each (non-empty) sequence left-aligned (right padding)."""
+    T = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), T), dtype=torch.long)
+    for i, s in enumerate(sequences):
+        ids[i, : len(s)] = torch.tensor(s)
+        mask[i, : len(s)] = 1
+    return ids, mask
+
+
+def holdout_split(num: int, holdout: int, batch_size: int, what: str = "pairs") -> tuple[int, int]:
+    """``(n_train, batch_size)``: the first ``n_train`` of ``num`` warm-start ``what`` train, the last
+    ``min(holdout, num // 4)`` are held out for the accuracy checks; ``batch_size`` at most ``n_train``."""
+    holdout = min(holdout, num // 4)
+    n_train = num - holdout
+    if holdout < 1 or n_train < 1:
+        raise ValueError(f"need at least 4 warm-start {what}, got {num}")
+    return n_train, min(batch_size, n_train)
+
+
+def fine_tune(
+    model: nn.Module,
+    engine: Any,
+    batch_loss: Callable[[list[int]], Tensor],
+    prompts: Sequence[str],
+    answers: Sequence[str],
+    score: Any,
+    *,
+    n_train: int,
+    rng: random.Random,
+    steps: int,
+    lr: float,
+    target: float,
+    temperature: float,
+    max_new_tokens: int,
+    batch_size: int,
+    check_every: int,
+    seed: int,
+    progress: bool,
+    label: str = "[warm start]",
+) -> tuple[int, float, list[tuple[int, float]]]:
+    """The supervised loop of the warm starts: at most ``steps`` updates of a fresh AdamW (``lr``, no
+    weight decay, gradient norm clipped to 1) on ``batch_loss(idx)``, ``idx`` ``batch_size`` indices
+    drawn by ``rng`` from the first ``n_train`` pairs. Every ``check_every`` steps and at the last,
+    ``engine`` samples the held-out prompts ``prompts[n_train:]`` (seed ``seed + step``) and
+    ``score(texts, truths) -> list[float]`` gives their accuracy; the loop ends at the first check that
+    reaches ``target``. Returns ``(steps taken, last accuracy, [(step, accuracy), ...])``."""
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    history: list[tuple[int, float]] = []
+    acc, step = 0.0, 0
+    while step < steps:
+        loss = batch_loss(rng.sample(range(n_train), batch_size))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if step % check_every == 0 or step == steps:
+            ho = range(n_train, len(prompts))
+            out = engine.generate(
+                [prompts[i] for i in ho],
+                temperature=temperature,
+                max_new_tokens=max_new_tokens,
+                seed=seed + step,
+            )
+            acc = float(sum(score(out.texts, [answers[i] for i in ho])) / len(ho))
+            model.train()
+            history.append((step, acc))
+            if progress:
+                print(
+                    f"{label} step {step}: loss {float(loss.detach()):.3f}, sampled accuracy {acc:.3f}",
+                    file=sys.stderr,
+                )
+            if acc >= target:
+                break
+    return step, acc, history
 
 
 def sft_key(base: Path, settings: dict[str, Any]) -> str:
@@ -87,59 +162,55 @@ def supervised_warmstart(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = load_actor(base)
-        model.train()
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-        holdout = min(holdout, len(prompts) // 4)
-        n_train = len(prompts) - holdout
-        if holdout < 1 or n_train < 1:
-            raise ValueError(f"need at least 4 warm-start pairs, got {len(prompts)}")
-        batch_size = min(batch_size, n_train)
-        rng = random.Random(seed)
-        engine = HFRolloutEngine(model, tokenizer)
-        history: list[tuple[int, float]] = []
-        acc, step = 0.0, 0
-        while step < steps:
-            idx = rng.sample(range(n_train), batch_size)
+        n_train, batch_size = holdout_split(len(prompts), holdout, batch_size)
+
+        def batch_loss(idx: list[int]) -> Tensor:
             ids, mask, T = encode_pairs(tokenizer, [prompts[i] for i in idx], [responses[i] for i in idx])
             logp, _ = sequence_logprobs(model, ids, mask, T)
             rmask = mask[:, -T:].float()
-            loss = -(logp * rmask).sum() / rmask.sum()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            step += 1
-            if step % check_every == 0 or step == steps:
-                ho = range(n_train, len(prompts))
-                out = engine.generate(
-                    [prompts[i] for i in ho],
-                    temperature=temperature,
-                    max_new_tokens=max_new_tokens,
-                    seed=seed + step,
-                )
-                acc = float(sum(score(out.texts, [answers[i] for i in ho])) / len(ho))
-                model.train()
-                history.append((step, acc))
-                if progress:
-                    print(
-                        f"[warm start] step {step}: loss {float(loss):.3f}, sampled accuracy {acc:.3f}",
-                        file=sys.stderr,
-                    )
-                if acc >= target:
-                    break
+            return -(logp * rmask).sum() / rmask.sum()
+
+        step, acc, history = fine_tune(
+            model,
+            HFRolloutEngine(model, tokenizer),
+            batch_loss,
+            prompts,
+            answers,
+            score,
+            n_train=n_train,
+            rng=random.Random(seed),
+            steps=steps,
+            lr=lr,
+            target=target,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            check_every=check_every,
+            seed=seed,
+            progress=progress,
+        )
     record = {"steps": step, "holdout_accuracy": acc, "history": history, "settings": settings}
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=cache_dir))
+    return folder, save_cached(folder, _DONE, model, tokenizer, record)
+
+
+def save_cached(
+    folder: Path, done: str, model: Any, tokenizer: Any, record: dict[str, Any]
+) -> dict[str, Any]:
+    """Write ``model``, ``tokenizer`` and ``record`` (as ``folder/done``, the completion marker) into a
+    temporary sibling and rename it to ``folder``, so that concurrent builders never see a half-written
+    folder (the first to finish wins); returns the record read back from ``folder``."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / _DONE).write_text(json.dumps(record, indent=2) + "\n")
+        (tmp / done).write_text(json.dumps(record, indent=2) + "\n")
         try:
             os.rename(tmp, folder)
         except OSError:
-            if not (folder / _DONE).is_file():
+            if not (folder / done).is_file():
                 raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return folder, json.loads((folder / _DONE).read_text())
+    return json.loads((folder / done).read_text())
