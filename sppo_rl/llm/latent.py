@@ -669,7 +669,9 @@ def explicit_model(
     lines, boxes = zip(*[reasoning_lines(cfg.task, e) for e in train]) if train else ((), ())
     responses = [stage_response(ln, b, 0) for ln, b in zip(lines, boxes)]
     if cfg.task != "arithmetic":
-        key["task"] = cfg.task  # scratchpad: stage 0 is its own reference response; the task keeps the key apart
+        key["task"] = (
+            cfg.task
+        )  # scratchpad: stage 0 is its own reference response; the task keeps the key apart
     else:
         key["reasoning"] = "column-sums"
     max_len = max(len(r) for r in responses) + 1 + 4
