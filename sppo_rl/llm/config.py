@@ -149,6 +149,9 @@ class LLMConfig(RunConfig):
     """vLLM: fraction of accelerator memory for its weights and KV cache."""
     vllm_sleep: bool = False
     """vLLM: put the engine to sleep during training (frees its KV cache; where the platform supports it)."""
+    vllm_dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """vLLM: the sampler's own dtype (default: --dtype, the trainer's). A bfloat16 sampler beside a float32
+    trainer is the rollout/trainer mismatch that --tis-cap corrects, reproducible on a CPU."""
     collective_timeout: float = 600.0
     """Seconds any collective (and weight sync) may take before the run fails with an error instead of hanging."""
     gradient_checkpointing: bool = False
@@ -202,7 +205,6 @@ class LLMConfig(RunConfig):
             ("overlong_penalty", ge(0), ">= 0"),
             ("dynamic_sampling_rounds", ge(0), ">= 0 (extra generation rounds; 0: off)"),
             ("max_prompt_tokens", optional(ge(1)), ">= 1, or None for the model's context"),
-            ("max_prompt_tokens", optional(ge(1)), ">= 1, or None for the model's context"),
             ("weight_decay", ge(0), ">= 0"),
             ("kl_coef", ge(0), ">= 0"),
             ("reward_timeout", gt(0), "> 0 seconds"),
@@ -210,6 +212,7 @@ class LLMConfig(RunConfig):
             ("zero_stage", lambda v: v in (2, 3), "2 or 3"),
             ("vllm_max_model_len", optional(ge(1)), ">= 1, or None for the model's own limit"),
             ("vllm_gpu_memory_utilization", within(0, 1, open_lo=True), "in (0, 1]"),
+            ("vllm_dtype", lambda v: v is None or self.rollout == "vllm", "left unset unless --rollout vllm"),
             ("collective_timeout", gt(0), "> 0 seconds"),
             ("latent_steps", optional(ge(1)), ">= 1, or None for the task's most reasoning lines"),
             ("latent_topk", ge(1), ">= 1"),

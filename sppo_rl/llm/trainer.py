@@ -359,7 +359,7 @@ class LLMRun:
             engine = VLLMRolloutEngine(
                 actor_path,
                 self.tokenizer,
-                dtype=cfg.dtype,
+                dtype=cfg.vllm_dtype or cfg.dtype,
                 seed=cfg.seed,
                 add_special_tokens=False,
                 max_model_len=cfg.vllm_max_model_len,
