@@ -62,7 +62,7 @@ def _strip(rows, timing):
     return [{k: v for k, v in r.items() if k not in timing} for r in rows]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
 def test_control_preempted_then_resumed_equals_uninterrupted(tmp_path, sig):
     full = tmp_path / "full"
     subprocess.run(_control_args(full, 1280), check=True, capture_output=True, timeout=600)

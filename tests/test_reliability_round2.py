@@ -172,7 +172,7 @@ def _cli(args: list[str]) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("how", ["truncated", "missing-state"])
+@pytest.mark.parametrize("how", ["truncated", pytest.param("missing-state", marks=pytest.mark.slow)])
 def test_control_resume_skips_a_damaged_checkpoint_and_equals_an_uninterrupted_run(tmp_path, how):
     full, part = tmp_path / "full", tmp_path / "part"
     assert _cli(_control(full)).returncode == 0
