@@ -39,22 +39,22 @@ def episode_cost(rows: list[dict], tail: float) -> float | None:
     return (b["wall_time_s"] - a["wall_time_s"]) / (b["episodes"] - a["episodes"])
 
 
-def find_runs(folders: list[Path]) -> list[Path]:
-    """Finished control runs under ``folders``: folders with ``summary.json`` holding a ``task``."""
+def find_runs(folders: list[Path]) -> list[tuple[Path, dict]]:
+    """Finished control runs under ``folders``: ``(folder, summary)`` for each ``summary.json`` holding a
+    ``task`` beside a ``metrics.jsonl``."""
     out = []
     for folder in folders:
-        for summary in sorted(folder.rglob("summary.json")):
-            data = json.loads(summary.read_text())
-            if "task" in data and (summary.parent / "metrics.jsonl").exists():
-                out.append(summary.parent)
+        for path in sorted(folder.rglob("summary.json")):
+            summary = json.loads(path.read_text())
+            if "task" in summary and (path.parent / "metrics.jsonl").exists():
+                out.append((path.parent, summary))
     return out
 
 
-def costs(runs: list[Path], tail: float) -> dict[tuple[str, str], list[float]]:
+def costs(runs: list[tuple[Path, dict]], tail: float) -> dict[tuple[str, str], list[float]]:
     """``(task, algo) -> [c per run]``."""
     out: dict[tuple[str, str], list[float]] = {}
-    for run in runs:
-        summary = json.loads((run / "summary.json").read_text())
+    for run, summary in runs:
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
         c = episode_cost(rows, tail)
         if c is not None:
