@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from paths import assert_rows_match
+from paths import assert_rows_match, free_port
 
 pytest.importorskip("deepspeed")
 
@@ -113,7 +113,7 @@ def test_two_process_zero_matches_one_process(tiny, reference, tmp_path, stage, 
         "--nproc-per-node",
         "2",
         "--master-port",
-        str(29500 + stage + 10 * len(split)),
+        str(free_port()),
     ]
     _run(
         [
@@ -167,7 +167,7 @@ def test_two_process_zero_with_lora_matches_one_process(tiny, lora_reference, tm
     modules after each update and still samples what the trainer scores."""
     out = tmp_path / "ds"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    torchrun += ["--master-port", str(29540 + stage)]
+    torchrun += ["--master-port", str(free_port())]
     _run(
         [
             *torchrun,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from paths import LLM_TIMING, reward_file
+from paths import LLM_TIMING, free_port, reward_file
 
 from sppo_rl.agents.algorithms import GROUP_KINDS, group_signal
 from sppo_rl.config import ConfigError
@@ -182,7 +182,7 @@ def test_two_deepspeed_ranks_agree_on_the_rounds(tmp_path, tiny):
     pytest.importorskip("deepspeed")
     cfg = _cfg(tmp_path, tiny, steps=2)
     args = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29641",
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
         "-m", "sppo_rl", "llm", "--algo", "grpo", "--group-size", "4", "--model", str(tiny),
         "--steps", "2", "--prompts-per-step", "4", "--train-size", "32", "--val-size", "4",
         "--eval-samples", "1", "--eval-every", "0", "--max-new-tokens", "8", "--temperature", "2.0",

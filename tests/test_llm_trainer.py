@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -312,3 +313,22 @@ def test_kl_to_the_reference_is_logged_and_grows_from_zero(tmp_path, tiny):
     run_llm(cfg)
     rows = [r for r in read_metrics(Path(cfg.out_dir) / "metrics.jsonl") if r["step"] > 0]
     assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-6) and rows[1]["kl"] > 1e-6
+
+
+def test_the_process_group_is_destroyed_before_the_interpreter_tears_down():
+    """gloo's worker threads outliving the interpreter abort a finished rank (SIGABRT, "terminate called
+    without an active exception") now and then; the group must be gone when the exit hooks run. A hook
+    registered before the group runs after the group's own (atexit is last in, first out)."""
+    code = (
+        "import atexit, torch\n"
+        "atexit.register(lambda: print('up at exit:', torch.distributed.is_initialized()))\n"
+        "from sppo_rl.llm.engines import init_process_group\n"
+        "d = init_process_group(60, always=True)\n"
+        "print('world', torch.distributed.get_world_size(), d.rank)\n"
+    )
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK")
+    }
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == ["world 1 0", "up at exit: False"], done.stdout

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from paths import CONTROL_TIMING, LLM_TIMING
+from paths import CONTROL_TIMING, LLM_TIMING, free_port
 
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.data import fit_prompts, load_examples
@@ -536,7 +536,7 @@ def test_two_process_deepspeed_resume_skips_a_checkpoint_with_a_damaged_rank_sha
     pytest.importorskip("deepspeed")
     out = tmp_path / "run"
     args = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29631",
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
         "-m", "sppo_rl", "llm", "--algo", "sppo", "--steps", "3", "--model", str(tiny), "--prompts-per-step",
         "4", "--train-size", "32", "--val-size", "4", "--max-new-tokens", "6", "--eval-every", "1000",
         "--checkpoint-every", "1", "--keep-checkpoints", "3", "--no-progress", "--no-tensorboard", "--threads",

@@ -15,7 +15,7 @@ import time
 
 import pytest
 import torch
-from paths import assert_rows_match, reward_file
+from paths import assert_rows_match, free_port, reward_file
 
 pytest.importorskip("vllm")
 
@@ -506,14 +506,6 @@ def test_close_keeps_the_callers_default_process_group(engine):
     assert t.item() == 1.0
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _trainer_run(tiny, out, launch: tuple[str, ...] = (), extra: tuple[str, ...] = ()) -> list[dict]:
     """``sppo-rl llm --rollout vllm`` (SPPO with a critic, 2 updates, a parity reward so that rewards
     vary) under ``launch`` (nothing: one process), with ``extra`` flags; its metrics rows."""
@@ -577,7 +569,7 @@ def test_two_ranks_with_vllm_rollouts_train_like_one_process(tiny, one_process_v
 
     ref_out, ref = one_process_vllm_run
     out = tmp_path / "ranks"
-    torchrun = ("-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()))
+    torchrun = ("-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()))
     rows = _trainer_run(tiny, out, torchrun, ("--engine", "deepspeed", "--zero-stage", str(stage)))
     assert [r["step"] for r in ref] == [r["step"] for r in rows] == [0, 1, 2]
     assert 0.0 < ref[1]["reward_mean"] < 1.0 or 0.0 < ref[2]["reward_mean"] < 1.0, "rewards should vary"

@@ -238,20 +238,3 @@ def rollout_rows(rb: RolloutBatch, model: Any, policy: bool, temperature: float,
         return sequence_logprobs(model, ids, attn, T, temperature) if policy else model(ids, attn, T)
 
     return fn
-
-
-def single_process_group(timeout_s: float) -> None:
-    """A process group of one (DeepSpeed needs one even without a launcher)."""
-    import datetime
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(port))
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    torch.distributed.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))

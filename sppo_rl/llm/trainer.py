@@ -74,7 +74,6 @@ from sppo_rl.llm.setup import (  # noqa: F401  (TINY_CHARSET, default_cache_dir,
     peak_memory_mb,
     quiet_transformers,
     rollout_rows,
-    single_process_group,
     start_scorer,
 )
 from sppo_rl.llm.tiny import load_tokenizer
@@ -184,9 +183,7 @@ class LLMRun:
             deepspeed_config(
                 cfg.zero_stage, cfg.max_grad_norm, cfg.offload, getattr(torch, cfg.dtype)
             )  # validates
-            self.dist = init_process_group(cfg.collective_timeout)
-            if not torch.distributed.is_initialized():  # one process: a process group of one
-                single_process_group(cfg.collective_timeout)
+            self.dist = init_process_group(cfg.collective_timeout, always=True)
         check_model_paths(cfg)  # and the data and the reward function: all before the run folder
         if cfg.lora_rank:  # LoRA targets against the models' config.json (no weights read)
             try:
