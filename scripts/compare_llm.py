@@ -299,6 +299,19 @@ def model_state_mib(folder: Path) -> float:
     return n * 4 * 4 / 2**20
 
 
+def run_facts(dirs: list[Path]) -> dict:
+    """What a method's run folders say beside its curves: the group size, the peak RSS over seeds and
+    the model state (actor, plus the critic if any) of the first seed's resolved models."""
+    summaries = [json.loads((d / "summary.json").read_text()) for d in dirs]
+    resolved = json.loads((dirs[0] / "config.json").read_text())["resolved"]
+    models = [resolved["actor"]] + ([resolved["critic"]] if resolved["critic"] != "none" else [])
+    return {
+        "group_size": summaries[0]["group_size"],
+        "peak_rss_mib": max(s["peak_memory_mb"] for s in summaries),
+        "model_state_mib": sum(model_state_mib(Path(m)) for m in models),
+    }
+
+
 def finished_with(run_dir: Path, flags: list[str]) -> bool:
     """True when ``run_dir`` holds a finished run (``summary.json``) whose saved config agrees with every
     flag of ``flags``: ``--group-size 8`` <-> ``group_size == 8`` (numbers compared as numbers, so
@@ -716,17 +729,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = {name: {seed: read_rows(out / name / f"seed{seed}") for seed in args.seeds} for name in names}
     report = compare(rows, args.smooth, args.target, args.target_from or NUMERATOR)
     for name in names:
-        dirs = [out / name / f"seed{seed}" for seed in args.seeds]
-        summaries = [json.loads((d / "summary.json").read_text()) for d in dirs]
-        resolved = json.loads((dirs[0] / "config.json").read_text())["resolved"]
-        state = model_state_mib(Path(resolved["actor"]))
-        if resolved["critic"] != "none":
-            state += model_state_mib(Path(resolved["critic"]))
-        report["methods"][name].update(
-            group_size=summaries[0]["group_size"],
-            peak_rss_mib=max(s["peak_memory_mb"] for s in summaries),
-            model_state_mib=state,
-        )
+        report["methods"][name].update(run_facts([out / name / f"seed{seed}" for seed in args.seeds]))
     report["settings"] = {
         k: getattr(args, k)
         for k in (
