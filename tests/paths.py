@@ -8,7 +8,6 @@ import contextlib
 import importlib.util
 import os
 import re
-import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,11 +76,3 @@ def script_module(name: str) -> Iterator[ModuleType]:
         yield module
     finally:
         sys.modules.pop(name, None)
-
-
-def free_port() -> int:
-    """A TCP port free right now, for a ``torchrun --master-port`` (fixed ports collide with anything
-    else on the machine that uses them, a second test run included)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from paths import assert_rows_match, free_port
+from paths import assert_rows_match
 
 pytest.importorskip("deepspeed")
 
 from safetensors.torch import load_file  # noqa: E402
 
+from sppo_rl.llm.engines import free_port  # noqa: E402
 from sppo_rl.runtime import read_metrics  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -26,10 +26,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from paths import CONTROL_TIMING, LLM_TIMING, free_port
+from paths import CONTROL_TIMING, LLM_TIMING
 
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.data import fit_prompts, load_examples
+from sppo_rl.llm.engines import free_port
 from sppo_rl.llm.reward import RewardScorer
 from sppo_rl.llm.trainer import run_llm
 from sppo_rl.runtime import CheckpointManager, RunError, RunLogger, read_meta, read_metrics

@@ -15,11 +15,11 @@ import time
 
 import pytest
 import torch
-from paths import assert_rows_match, free_port, reward_file
+from paths import assert_rows_match, reward_file
 
 pytest.importorskip("vllm")
 
-from sppo_rl.llm.engines import TorchEngine  # noqa: E402
+from sppo_rl.llm.engines import TorchEngine, free_port  # noqa: E402
 from sppo_rl.llm.models import load_actor, positions_from_mask, sequence_logprobs  # noqa: E402
 from sppo_rl.llm.rollout import HFRolloutEngine, RolloutEngine, left_pad, top_p_mask  # noqa: E402
 from sppo_rl.llm.tiny import ensure_tiny_model, load_tokenizer  # noqa: E402

@@ -116,17 +116,14 @@ def init_process_group(timeout_s: float = 600.0, always: bool = False) -> Dist:
     error after that long instead of waiting forever. The group is destroyed at interpreter exit,
     while Python is still whole: left to the interpreter's own teardown, gloo's worker threads
     outlive it and abort the process ("terminate called without an active exception", SIGABRT) on
-    about one exit in ten with two ranks, after a run that had finished.
+    15 of 80 exits of a two-rank gloo script measured here, after work that had finished.
     """
     d = launcher_dist()
     if (d.world > 1 or always) and not torch.distributed.is_initialized():
         if d.world == 1:
-            with socket.socket() as sock:  # a free port for the group of one
-                sock.bind(("127.0.0.1", 0))
-                port = sock.getsockname()[1]
             env = {
                 "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
+                "MASTER_PORT": str(free_port()),
                 "RANK": "0",
                 "WORLD_SIZE": "1",
                 "LOCAL_RANK": "0",
@@ -139,6 +136,13 @@ def init_process_group(timeout_s: float = 600.0, always: bool = False) -> Dist:
         torch.distributed.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
         atexit.register(leave_process_group)
     return d
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free right now (a group of one's rendezvous; a ``torchrun --master-port``)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def leave_process_group() -> None:
