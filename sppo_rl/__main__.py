@@ -1,3 +1,3 @@
-from sppo_rl.cli import main
+from sppo_rl.cli import entry
 
-main()
+entry()

@@ -187,5 +187,27 @@ def main(argv: list[str] | None = None) -> None:
     raise AssertionError(f"no runner for {type(cfg).__name__}")  # pragma: no cover
 
 
+def entry() -> None:
+    """The ``sppo-rl`` command and ``python -m sppo_rl``: :func:`main`, then, in a process that joined a
+    process group (a torchrun or DeepSpeed rank), its exit status through
+    :func:`sppo_rl.llm.engines.end_process`, which skips the interpreter's teardown. An unexpected
+    exception takes the ordinary way out (its traceback, status 1)."""
+    try:
+        main()
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            _end_process(e.code or 0)
+        raise
+    _end_process(0)
+
+
+def _end_process(code: int) -> None:
+    torch = sys.modules.get("torch")  # no process group without torch (and --help stays import-light)
+    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        from sppo_rl.llm.engines import end_process
+
+        end_process(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    entry()

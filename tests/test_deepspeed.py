@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -198,3 +199,53 @@ def test_two_process_zero_with_lora_matches_one_process(tiny, lora_reference, tm
     ca = load_file(lora_reference / "final" / "critic" / "value_head.safetensors")
     cb = load_file(out / "final" / "critic" / "value_head.safetensors")
     assert all(torch.allclose(ca[k], cb[k], atol=1e-5) for k in ca)
+
+
+_HARNESS = (
+    "import atexit, sys\n"
+    "atexit.register(lambda: print('exit hooks ran', flush=True))\n"
+    "sys.argv = ['sppo-rl', *sys.argv[1:]]\n"
+    "from sppo_rl.cli import entry\n"
+    "entry()\n"
+)
+
+
+def _entry(args: list[str]) -> subprocess.CompletedProcess:
+    """``sppo-rl`` in a fresh process (a DeepSpeed run joins a group of one) with an exit hook that
+    prints when the interpreter's normal exit runs."""
+    env = {k: v for k, v in _env().items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK")}
+    return subprocess.run(
+        [sys.executable, "-c", _HARNESS, *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=REPO,
+    )
+
+
+def test_a_rank_ends_past_the_interpreters_teardown_with_everything_written(tiny, tmp_path):
+    """ZeRO-3 keeps the process group on every parameter, so destroying it at exit leaves gloo's threads
+    alive into finalization, where they can abort a finished rank: a process that joined a group ends
+    with ``os._exit`` (the exit hooks do not run), after the run's files and its output are written."""
+    out = tmp_path / "run"
+    done = _entry([*_args(tiny, out), "--engine", "deepspeed", "--zero-stage", "3"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "exit hooks ran" not in done.stdout
+    assert "[sppo-rl] done: sppo, seed 0" in done.stdout + done.stderr, "the last lines were flushed"
+    assert json.loads((out / "summary.json").read_text())["steps"] == 2
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2]
+
+
+def test_bad_input_in_a_rank_is_one_line_and_exit_2(tiny, tmp_path):
+    """The model folder is checked after the group is joined: the error still gets its one line and
+    status 2 through the same way out, and no run folder is made."""
+    out = tmp_path / "run"
+    args = _args(tiny, out)
+    args[args.index("--model") + 1] = str(tmp_path / "no-such-model")
+    done = _entry([*args, "--engine", "deepspeed"])
+    assert done.returncode == 2, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("sppo-rl: error:")]
+    assert len(errors) == 1 and "no-such-model" in errors[0], done.stderr[-3000:]
+    assert "exit hooks ran" not in done.stdout
+    assert not out.exists()

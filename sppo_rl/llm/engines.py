@@ -27,6 +27,7 @@ import contextlib
 import datetime
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,7 +117,9 @@ def init_process_group(timeout_s: float = 600.0, always: bool = False) -> Dist:
     error after that long instead of waiting forever. The group is destroyed at interpreter exit,
     while Python is still whole: left to the interpreter's own teardown, gloo's worker threads
     outlive it and abort the process ("terminate called without an active exception", SIGABRT) on
-    9 of 30 finished two-rank jobs here, 0 of 30 with the hook (``scripts/gloo_exit.py``).
+    15 of 30 finished two-rank jobs here, 0 of 30 with the hook (``scripts/gloo_exit.py``). When
+    something else still holds the group (ZeRO-3 does), the hook is not enough: see
+    :func:`end_process`.
     """
     d = launcher_dist()
     if (d.world > 1 or always) and not torch.distributed.is_initialized():
@@ -149,6 +152,27 @@ def leave_process_group() -> None:
     """Destroy the default process group if one is up (not a collective: each rank leaves alone)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def end_process(code: int) -> None:
+    """In a process that joined a process group: flush stdout and stderr, leave the group and end with
+    ``os._exit(code)``, skipping the interpreter's finalization. Returns when no group is up.
+
+    Destroying the group at exit (the hook of :func:`init_process_group`) is not enough when something
+    else still holds it: gloo has no shutdown, destroying only forgets the group, and DeepSpeed's ZeRO-3
+    keeps it on every parameter, so its worker threads live into finalization, where one still
+    releasing a finished collective's tensors takes the GIL and aborts the process ("terminate called
+    without an active exception"): 8 of 30 finished two-rank jobs holding their group aborted with the
+    hook, 0 of 30 ended by this function (``scripts/gloo_exit.py``). Everything a run owns
+    (logs, checkpoints, the scorer's processes) is closed before the CLI calls this.
+    """
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    leave_process_group()
+    os._exit(code)
 
 
 class TrainEngine(Protocol):
