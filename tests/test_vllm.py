@@ -12,6 +12,7 @@ import logging
 import random
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,6 +29,7 @@ from sppo_rl.llm.vllm_engine import (  # noqa: E402
     VLLMEngineError,
     VLLMRolloutEngine,
     WeightSyncError,
+    _allow_amx,
     logprob_agreement,
 )
 
@@ -663,6 +665,16 @@ def test_trainer_with_lora_and_vllm_rollouts(tiny, tmp_path):
     )
     changed = {k for k in init if not torch.equal(init[k], final[k])}
     assert changed and all(k.rsplit(".", 2)[-2] in LORA_TARGETS for k in changed)
+
+
+def test_amx_is_asked_for_where_the_cpu_has_it():
+    """vLLM's bfloat16 CPU kernels run AMX instructions; without the process's request for the tile state
+    they raise SIGILL (the bfloat16 test below died so on an AMX machine). Granted exactly where the
+    CPU has AMX."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        pytest.skip("no /proc/cpuinfo")
+    assert _allow_amx() == ("amx_tile" in cpuinfo.read_text().split())
 
 
 def test_a_bfloat16_sampler_beside_a_float32_trainer_shows_the_mismatch_tis_corrects(tiny, tmp_path):

@@ -397,6 +397,17 @@ class _GlobalState:
                 signal.signal(sig, handler)
 
 
+def _allow_amx() -> bool:
+    """Ask Linux for this process's AMX tile state (``arch_prctl(ARCH_REQ_XCOMP_PERM)``, through torch).
+
+    A process must request it before its first AMX instruction, or the CPU raises SIGILL: vLLM's CPU
+    kernels use AMX for bfloat16 where the CPU has it (Sapphire Rapids and later) without asking, and
+    ``--vllm-dtype bfloat16`` died of "Illegal instruction" at the first generation here. Returns
+    whether AMX is usable; False (nothing asked) on CPUs without it."""
+    init = getattr(torch.cpu, "_init_amx", None)
+    return bool(init()) if init is not None else False
+
+
 class VLLMRolloutEngine:
     """Sampling with an in-process ``vllm.LLM``; see the module docstring for the conventions.
 
@@ -514,6 +525,8 @@ class VLLMRolloutEngine:
             self.platform = str(current_platform.device_type)
             self.is_cpu = bool(current_platform.is_cpu())
             self.sleep_supported = bool(enable_sleep_mode and current_platform.is_sleep_mode_available())
+            if self.is_cpu:
+                _allow_amx()
             if enable_sleep_mode and not self.sleep_supported:
                 logger.warning(
                     "vLLM sleep mode is not available on %s: sleep()/wake_up() do nothing", self.platform
