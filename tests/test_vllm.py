@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import logging
 import random
+import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -667,14 +667,32 @@ def test_trainer_with_lora_and_vllm_rollouts(tiny, tmp_path):
     assert changed and all(k.rsplit(".", 2)[-2] in LORA_TARGETS for k in changed)
 
 
-def test_amx_is_asked_for_where_the_cpu_has_it():
+def _xcomp(code: int) -> int | None:
+    """``arch_prctl(code, &mask)`` (x86-64 Linux): the extended-state features the kernel supports
+    (0x1021) or has granted this process (0x1022); None elsewhere or on error."""
+    import ctypes
+    import platform
+
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return None
+    mask = ctypes.c_uint64(0)
+    if ctypes.CDLL(None, use_errno=True).syscall(158, code, ctypes.byref(mask)) != 0:  # SYS_arch_prctl
+        return None
+    return mask.value
+
+
+def test_amx_is_asked_for_where_the_kernel_offers_it():
     """vLLM's bfloat16 CPU kernels run AMX instructions; without the process's request for the tile state
     they raise SIGILL (the bfloat16 test below died so on an AMX machine). Granted exactly where the
-    CPU has AMX."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.exists():
-        pytest.skip("no /proc/cpuinfo")
-    assert _allow_amx() == ("amx_tile" in cpuinfo.read_text().split())
+    kernel supports AMX tile data (feature 18), and then held by the process."""
+    tiledata = 1 << 18
+    supported = _xcomp(0x1021)
+    if supported is None:
+        pytest.skip("not x86-64 Linux")
+    granted = _allow_amx()
+    assert granted == bool(supported & tiledata)
+    if granted:
+        assert (_xcomp(0x1022) or 0) & tiledata
 
 
 def test_a_bfloat16_sampler_beside_a_float32_trainer_shows_the_mismatch_tis_corrects(tiny, tmp_path):

@@ -403,7 +403,7 @@ def _allow_amx() -> bool:
     A process must request it before its first AMX instruction, or the CPU raises SIGILL: vLLM's CPU
     kernels use AMX for bfloat16 where the CPU has it (Sapphire Rapids and later) without asking, and
     ``--vllm-dtype bfloat16`` died of "Illegal instruction" at the first generation here. Returns
-    whether AMX is usable; False (nothing asked) on CPUs without it."""
+    whether AMX is usable; False where the CPU or the kernel lacks it."""
     init = getattr(torch.cpu, "_init_amx", None)
     return bool(init()) if init is not None else False
 
