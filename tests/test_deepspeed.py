@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from paths import assert_rows_match
+from paths import assert_rows_match, outside_a_launcher
 
 pytest.importorskip("deepspeed")
 
@@ -213,7 +213,7 @@ _HARNESS = (
 def _entry(args: list[str]) -> subprocess.CompletedProcess:
     """``sppo-rl`` in a fresh process (a DeepSpeed run joins a group of one) with an exit hook that
     prints when the interpreter's normal exit runs."""
-    env = {k: v for k, v in _env().items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK")}
+    env = outside_a_launcher(_env())
     return subprocess.run(
         [sys.executable, "-c", _HARNESS, *args],
         capture_output=True,

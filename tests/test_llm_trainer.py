@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from paths import reward_file
+from paths import outside_a_launcher, reward_file
 
 from sppo_rl.agents import get_algorithm
 from sppo_rl.llm.config import LLMConfig
@@ -326,9 +326,7 @@ def test_the_process_group_is_destroyed_before_the_interpreter_tears_down():
         "d = init_process_group(60, always=True)\n"
         "print('world', torch.distributed.get_world_size(), d.rank)\n"
     )
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK")
-    }
+    env = outside_a_launcher(dict(os.environ))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[:2] == ["world 1 0", "up at exit: False"], done.stdout
