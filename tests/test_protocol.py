@@ -1,0 +1,236 @@
+"""sppo_rl.experiments.protocol: each function on numbers worked by hand (interpolation, the common
+window and grid, the area, the time below the target, "final", the target rule, the paired bootstrap,
+the A/A splits and the verdict), and the A/A test: two IDENTICAL learning curves at very different
+update costs (6.6 s and 1.2 s per update, an evaluation every 5 updates) through the old time-to-target
+rule (trailing mean over 3 evaluations, target = one method's best, first evaluation at or above it)
+give a ratio far from 1; through the protocol, ratios near 1 whose intervals contain 1."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from sppo_rl.experiments import protocol as P
+from sppo_rl.experiments.stats import trailing_mean
+
+
+def curve(seconds, acc, tokens_per_second: float = 100.0) -> P.Curve:
+    s = np.asarray(seconds, dtype=float)
+    return P.Curve(s, s * tokens_per_second, np.arange(len(s), dtype=float), np.asarray(acc, dtype=float))
+
+
+# ---------------------------------------------------------------------------------- hand-made numbers
+
+
+def test_final_is_the_mean_of_the_last_tenth_at_least_one():
+    assert P.final_value(range(1, 21)) == 19.5  # last 2 of 20
+    assert P.final_value(range(1, 31)) == 29  # last 3 of 30 (0.1 * 30 = 3.0000000000000004 in floats)
+    assert P.final_value([0.4, 0.9]) == 0.9  # at least one: not the mean 0.65, not the best
+    assert P.final_value([0.2, None, 0.6, 0.8], frac=0.5) == 0.7  # missing values are not logged values
+    assert math.isnan(P.final_value([]))
+    # the sweep used the last 10 updates: over 20 updates rising 0.05 per update it said 0.725
+    assert P.final_value([0.05 * i for i in range(1, 21)]) == pytest.approx(0.975)
+
+
+def test_value_and_first_crossing_are_interpolated_between_raw_evaluations():
+    x, y = [0, 10, 30], [0.2, 0.4, 0.8]
+    assert P.value_at(x, y, 20) == pytest.approx(0.6)
+    assert math.isnan(P.value_at(x, y, 31))  # no extrapolation
+    # 0.5 is reached a quarter of the way from 10 s (0.4) to 30 s (0.8): 15 s, not the evaluation at 30 s
+    assert P.crossing(x, y, 0.5) == pytest.approx(15.0)
+    assert P.crossing(x, y, 0.1) == 0.0
+    assert P.crossing(x, y, 0.9) is None
+
+
+def test_time_below_the_target_counts_each_excursion():
+    x, y = [0, 10, 20, 30, 40], [0.0, 1.0, 0.0, 1.0, 1.0]
+    # below 0.5 on [0, 5), (15, 25): 5 + 10 = 15 s; the first crossing is at 5 s
+    assert P.time_below(x, y, 0.5, 0, 40) == pytest.approx(15.0)
+    assert P.crossing(x, y, 0.5) == pytest.approx(5.0)
+    # on a window [8, 22]: below on (15, 22]: 7 s
+    assert P.time_below(x, y, 0.5, 8, 22) == pytest.approx(7.0)
+    # a rising curve that crosses once: the time below is its crossing time
+    assert P.time_below([0, 10, 30], [0.2, 0.4, 0.8], 0.5, 0, 30) == pytest.approx(15.0)
+    assert math.isnan(P.time_below(x, y, 0.5, 0, 50))  # the curve does not cover the window
+
+
+def test_area_is_the_mean_of_the_piecewise_linear_curve_over_the_window():
+    x, y = [0, 10, 30], [0.2, 0.4, 0.8]
+    # trapezoids: 10 * 0.3 + 20 * 0.6 = 15 over 30 s
+    assert P.area(x, y, 0, 30) == pytest.approx(0.5)
+    # [5, 20]: y(5) = 0.3, y(10) = 0.4, y(20) = 0.6: 5 * 0.35 + 10 * 0.5 = 6.75 over 15 s
+    assert P.area(x, y, 5, 20) == pytest.approx(0.45)
+    assert math.isnan(P.area(x, y, 0, 40))
+
+
+def test_window_and_grid_are_common_to_every_run():
+    a = curve([0, 33, 66, 99], [0.1, 0.3, 0.5, 0.7])
+    b = curve([2, 8, 14, 20, 26, 32, 38, 44, 50, 56, 62, 68, 74, 80], np.linspace(0.1, 0.9, 14))
+    assert P.window([a, b], "seconds") == (2.0, 80.0)  # the latest start, the earliest end
+    assert P.window([a, b], "tokens") == (200.0, 8000.0)
+    grid, y = P.on_grid([a, b], "seconds", points=5)
+    assert grid.tolist() == [2.0, 21.5, 41.0, 60.5, 80.0]
+    # a at 41 s: 0.3 + (8 / 33) * 0.2
+    assert y.shape == (2, 5) and y[0, 2] == pytest.approx(0.3 + 8 / 33 * 0.2)
+    assert y[1, 0] == pytest.approx(0.1) and y[1, -1] == pytest.approx(0.9)
+
+
+def test_target_is_set_by_pooled_finals_not_by_a_method_s_best():
+    # runs start at 0.3, 0.3, 0.3, 0.4 (mean 0.325); finals 0.5, 0.6, 0.7, 0.9 (median 0.65)
+    assert P.target_of([0.3, 0.3, 0.3, 0.4], [0.5, 0.6, 0.7, 0.9]) == pytest.approx(0.325 + 0.5 * 0.325)
+    assert P.target_of([0.2], [0.6], gain=1.0) == pytest.approx(0.6)
+
+
+def test_paired_bootstrap_resamples_seed_pairs_together():
+    # the same seed gives the same noise to both methods: paired, the difference is 0 in every resample
+    a = [0.3, 0.9, 0.5, 0.7]
+    assert P.paired_bootstrap(a, a, "difference") == (0.0, 0.0, 0.0)
+    # a twice b in every seed: the ratio of means is 2 in every resample (unpaired it would scatter)
+    assert P.paired_bootstrap([2, 6, 4], [1, 3, 2], "ratio") == pytest.approx((2.0, 2.0, 2.0))
+    # differences 0 and 2: a resample's mean is 0, 1 or 2 (p 1/4, 1/2, 1/4): the 95 % interval is [0, 2]
+    assert P.paired_bootstrap([1, 3], [1, 1], "difference", reps=400) == (1.0, 0.0, 2.0)
+    # seeded and deterministic; one pair gives no interval
+    x, y = [0.1, 0.5, 0.4, 0.8, 0.3], [0.2, 0.3, 0.5, 0.6, 0.1]
+    assert P.paired_bootstrap(x, y, "ratio", seed=3) == P.paired_bootstrap(x, y, "ratio", seed=3)
+    assert P.paired_bootstrap(x, y, "ratio", seed=3) != P.paired_bootstrap(x, y, "ratio", seed=4)
+    point, lo, hi = P.paired_bootstrap([1.0], [2.0], "ratio")
+    assert point == 0.5 and math.isnan(lo) and math.isnan(hi)
+
+
+def test_aa_null_splits_one_method_s_seeds_into_two_pseudo_methods():
+    assert P.splits(3) == [
+        ((0,), (1, 2)),
+        ((1, 2), (0,)),
+        ((1,), (0, 2)),
+        ((0, 2), (1,)),
+        ((2,), (0, 1)),
+        ((0, 1), (2,)),
+    ]
+    assert P.splits(1) == []
+    # seeds 1, 2, 3, 4: halves {1,2}-{3,4} = -2, {1,3}-{2,4} = -1, {1,4}-{2,3} = 0, and each the other way
+    lo, hi, n = P.aa_null([[1, 2, 3, 4]], "difference")
+    assert (lo, hi, n) == (-2.0, 2.0, 12)
+    # pooled over the two methods; a ratio: 1 vs 2 seeds of [1, 1, 4]: 1/2.5, 2.5/1, 4/1, 1/4 (x2 for 1)
+    lo, hi, n = P.aa_null([[1, 1, 4], [5]], "ratio")
+    values = sorted([1 / 2.5, 2.5, 1 / 2.5, 2.5, 4.0, 0.25])
+    assert n == 6 and (lo, hi) == pytest.approx(tuple(np.quantile(values, [0.025, 0.975])))
+    assert math.isnan(P.aa_null([[1], [2]], "ratio")[0])
+
+
+def test_verdict():
+    # excludes 1 and outside the null: a difference, with 5 pairs; with 3: too few seeds
+    assert P.verdict("ratio", 1.5, 1.2, 1.8, 0.8, 1.25, 5) == "difference measured"
+    assert P.verdict("ratio", 1.5, 1.2, 1.8, 0.8, 1.25, 3) == "too few seeds (< 5)"
+    # an interval inside the null interval: nothing, though it excludes 1
+    assert P.verdict("ratio", 1.15, 1.05, 1.2, 0.8, 1.25, 5) == "no difference measured"
+    assert P.verdict("ratio", 1.3, 0.9, 1.6, 0.8, 1.25, 5) == "no difference measured"  # contains 1
+    assert P.verdict("difference", -0.1, -0.15, -0.05, -0.04, 0.04, 6) == "difference measured"
+    assert P.verdict("difference", 0.1, math.nan, math.nan, -0.1, 0.1, 1) == "no interval"
+
+
+def test_protocol_end_to_end_on_hand_made_runs():
+    a = {0: curve([0, 10, 20], [0.2, 0.6, 0.8]), 1: curve([0, 10, 20], [0.2, 0.4, 0.6])}
+    b = {0: curve([0, 4, 8, 12, 16, 24], [0.2, 0.3, 0.4, 0.5, 0.6, 0.7])}
+    r = P.protocol({"a": a, "b": b}, [("a", "b")], reps=200)
+    assert r["windows"]["seconds"] == [0.0, 20.0]
+    # starts 0.2 (s0 0.2); finals 0.8, 0.6, 0.7 (the last 1 of 3, 1 of 6): median 0.7 -> target 0.45
+    assert r["target"]["value"] == pytest.approx(0.45)
+    ra, rb = r["runs"]["a"][1], r["runs"]["b"][0]
+    assert ra["seconds_to_target"] == pytest.approx(12.5) and ra["reached_seconds"]  # 0.4 -> 0.6 over 10-20 s
+    assert rb["seconds_to_target"] == pytest.approx(10.0)  # 0.4 at 8 s, 0.5 at 12 s
+    assert rb["acc_at_seconds"] == pytest.approx(0.6 + 4 / 8 * 0.1)  # at the window's end, 20 s
+    assert ra["auc_seconds"] == pytest.approx((10 * 0.3 + 10 * 0.5) / 20)
+    pair = r["pairs"]["a_vs_b"]
+    # only seed 0 is in both: one pair, no interval; the null comes from a's two seeds (1 vs 1, each split in both orders twice)
+    t = pair["seconds_to_target"]
+    assert t["seeds"] == [0] and t["per_seed"] == [pytest.approx(6.25 / 10)] and t["verdict"] == "no interval"
+    assert t["null_splits"] == 4 and t["null"][0] < 1 < t["null"][1]
+
+
+# ------------------------------------------------------------------------------------------ the A/A test
+
+
+def learning_curve(t):
+    """The same curve for both methods: 0.3 -> 0.7, 95 % of the way at 150 s."""
+    return 0.3 + 0.4 * (1 - np.exp(-t / 50))
+
+
+def simulated_run(rng, seconds_per_update: float, budget: float = 300, every: int = 5, val: int = 64):
+    """An evaluation every ``every`` updates (and at the end) on ``val`` prompts: binomial noise around
+    :func:`learning_curve`; tokens proportional to seconds (the curves are identical on both axes)."""
+    updates = int(math.ceil(budget / seconds_per_update))
+    steps = np.arange(0, updates + 1, every)
+    steps = steps if steps[-1] == updates else np.append(steps, updates)
+    t = steps * seconds_per_update
+    return P.Curve(t, t * 1000.0, steps.astype(float), rng.binomial(val, learning_curve(t)) / val)
+
+
+def old_time_ratio(slow: list[P.Curve], fast: list[P.Curve], window: int = 3) -> float:
+    """Yesterday's compare_llm rule: each seed's curve smoothed by a trailing mean over ``window``
+    evaluations; the target the best of the slow method's mean smoothed curve (seeds cut to the
+    shortest); the seconds at the first evaluation whose smoothed value reaches it; the median over seed
+    pairs of slow / fast."""
+    smooth = [[trailing_mean(c.accuracy, window) for c in m] for m in (slow, fast)]
+    n = min(len(s) for s in smooth[0])
+    target = np.mean([s[:n] for s in smooth[0]], axis=0).max()
+
+    def reach(c, s):
+        hit = np.flatnonzero(s >= target - 1e-9)
+        return c.seconds[hit[0]] if len(hit) else None
+
+    pairs = [(reach(a, sa), reach(b, sb)) for a, sa, b, sb in zip(slow, smooth[0], fast, smooth[1])]
+    return float(np.median([a / b for a, b in pairs if a is not None and b is not None and b > 0]))
+
+
+def aa_repetitions(reps: int, seeds: int = 5):
+    rng = np.random.default_rng(2026)
+    for _ in range(reps):
+        slow = {k: simulated_run(rng, 6.6) for k in range(seeds)}  # "GRPO": evaluated every 33 s
+        fast = {k: simulated_run(rng, 1.2) for k in range(seeds)}  # "SPPO": every 6 s
+        yield slow, fast
+
+
+def test_old_rule_reports_a_ratio_for_identical_curves():
+    """The bias the issue describes: identical curves, 5 seeds, 200 repetitions; the old rule says the
+    slow-update method needs ~1.5x the wall-clock (10-90 %: 1.14-2.0x), more than 1x in 96 % of them."""
+    ratios = np.array([old_time_ratio(list(s.values()), list(f.values())) for s, f in aa_repetitions(200)])
+    assert np.median(ratios) > 1.3
+    assert np.quantile(ratios, 0.1) > 1.05 and np.mean(ratios > 1) >= 0.9
+
+
+def test_interpolated_first_crossing_alone_is_still_biased():
+    """Interpolating between raw evaluations removes the smoothing lag but not the extra chances of the
+    method evaluated 5x more often to cross a noisy target early: ~1.25x. Hence the time below the
+    target."""
+    ratios = []
+    for slow, fast in aa_repetitions(40):
+        r = P.protocol({"slow": slow, "fast": fast}, [], reps=10)["runs"]
+        first = [np.mean([r[m][k]["seconds_first_crossing"] for k in r[m]]) for m in ("slow", "fast")]
+        ratios.append(first[0] / first[1])
+    assert np.median(ratios) > 1.15
+
+
+def test_aa_protocol_finds_no_difference_between_identical_curves():
+    """The same simulated runs through the protocol: every ratio's median over repetitions within 5 % of
+    1, every difference's within 0.02 of 0; the interval contains no difference in most repetitions (a
+    percentile bootstrap over 5 seeds covers ~85-90 %, not 95 %) and the verdict is "no difference
+    measured" in >= 90 % of them; the null interval contains no difference in every repetition."""
+    results = []
+    for slow, fast in aa_repetitions(40):
+        pair = P.protocol({"slow": slow, "fast": fast}, [("slow", "fast")], reps=1000)["pairs"][
+            "slow_vs_fast"
+        ]
+        results.append(pair)
+    for name in (*P.DIFFERENCES, *P.RATIOS):
+        none = 0.0 if name in P.DIFFERENCES else 1.0
+        points = np.array([r[name]["point"] for r in results])
+        covered = np.mean([r[name]["interval"][0] <= none <= r[name]["interval"][1] for r in results])
+        quiet = np.mean([r[name]["verdict"] == "no difference measured" for r in results])
+        assert abs(np.median(points) - none) < (0.02 if none == 0 else 0.05), name
+        assert covered >= 0.75 and quiet >= 0.9, (name, covered, quiet)
+        assert all(r[name]["null"][0] <= none <= r[name]["null"][1] for r in results), name
+    # the first repetition, as the script would print it: the time ratio's interval contains 1
+    lo, hi = results[0]["seconds_to_target"]["interval"]
+    assert lo < 1 < hi
