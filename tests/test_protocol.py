@@ -28,7 +28,9 @@ def test_final_is_the_mean_of_the_last_tenth_at_least_one():
     assert P.final_value(range(1, 21)) == 19.5  # last 2 of 20
     assert P.final_value(range(1, 31)) == 29  # last 3 of 30 (0.1 * 30 = 3.0000000000000004 in floats)
     assert P.final_value([0.4, 0.9]) == 0.9  # at least one: not the mean 0.65, not the best
-    assert P.final_value([0.2, None, 0.6, 0.8], frac=0.5) == 0.7  # missing values are not logged values
+    assert (
+        P.final_value([0.2, None, 0.6, math.nan, 0.8], frac=0.5) == 0.7
+    )  # rows without a value do not count
     assert math.isnan(P.final_value([]))
     # the sweep used the last 10 updates: over 20 updates rising 0.05 per update it said 0.725
     assert P.final_value([0.05 * i for i in range(1, 21)]) == pytest.approx(0.975)
@@ -234,3 +236,9 @@ def test_aa_protocol_finds_no_difference_between_identical_curves():
     # the first repetition, as the script would print it: the time ratio's interval contains 1
     lo, hi = results[0]["seconds_to_target"]["interval"]
     assert lo < 1 < hi
+
+
+def test_report_s_default_final_is_the_protocol_s():
+    from sppo_rl.experiments.config import ReportConfig
+
+    assert ReportConfig(inputs=("x",)).final_frac == P.FINAL_FRAC

@@ -67,8 +67,10 @@ AXES = ("seconds", "tokens")
 
 def final_value(values, frac: float = FINAL_FRAC) -> float:
     """A run's final value: ``mean(v_{n-k+1..n})`` with ``k = max(1, ceil(frac * n))`` over its ``n``
-    logged values (NaN if none); the ceiling ignores float noise (0.1 * 30 gives k = 3)."""
-    v = np.asarray([x for x in values if x is not None], dtype=float)
+    logged values (None and NaN are rows that logged none; NaN if no value); the ceiling ignores float
+    noise (0.1 * 30 gives k = 3)."""
+    v = np.asarray([math.nan if x is None else x for x in values], dtype=float)
+    v = v[~np.isnan(v)]
     if len(v) == 0:
         return math.nan
     k = max(1, math.ceil(frac * len(v) - 1e-9))

@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from sppo_rl.experiments import stats, tail
+from sppo_rl.experiments import protocol, stats, tail
 from sppo_rl.experiments.config import ReportConfig
 from sppo_rl.experiments.sweep import BOOKKEEPING
 from sppo_rl.runtime.logging import json_safe, read_metrics
@@ -279,7 +279,7 @@ def run_numbers(run: Run, cfg: ReportConfig) -> dict[str, Any]:
     smooth = stats.trailing_mean(y, cfg.smooth)
     eps = _col(run.rows, "episodes")
     last = run.rows[-1]
-    final = stats.tail_mean(y, cfg.final_frac)
+    final = protocol.final_value(y, cfg.final_frac)
     return {
         **_identity(run),
         "updates": len(run.rows),
@@ -309,7 +309,7 @@ def llm_run_numbers(run: Run, cfg: ReportConfig) -> dict[str, Any]:
     """Per-run numbers of an LLM run: final validation accuracy (mean over the last ``final_frac`` of its
     evaluations, at least one), and updates, generated tokens and training seconds of its last row."""
     y = _col(run.rows, "val_accuracy")
-    final = stats.tail_mean(y, cfg.final_frac)
+    final = protocol.final_value(y, cfg.final_frac)
     return {
         **_identity(run),
         "evaluations": len(run.rows),

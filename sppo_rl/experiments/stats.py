@@ -63,16 +63,6 @@ def first_crossing(x, y, level: float) -> float | None:
     return float(np.asarray(x, dtype=float)[hit[0]]) if len(hit) else None
 
 
-def tail_mean(y, frac: float = 0.1) -> float:
-    """Mean of the last ``k = max(1, ceil(frac * n))`` of ``n`` values (NaN if n = 0); the ceiling ignores
-    float noise (0.1 * 30 gives k = 3)."""
-    y = np.asarray(y, dtype=float)
-    if len(y) == 0:
-        return math.nan
-    k = max(1, math.ceil(frac * len(y) - 1e-9))
-    return float(y[-k:].mean())
-
-
 def pearson(x, y) -> float:
     """Pearson correlation ``r = sum (x_i - mx)(y_i - my) / sqrt(sum (x_i - mx)^2 * sum (y_i - my)^2)``;
     NaN if n < 2 or either variable is constant."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import shlex
 import signal
@@ -451,21 +452,25 @@ def sweep(cfg: SweepConfig) -> list[JobResult]:
 
 
 def headline(jobs: list[Job], results: list[JobResult], root: Path) -> str:
-    """The sweep's end: final success of each (task, algorithm) over its finished seeds (from their
-    ``summary.json``), the folder and the next commands."""
+    """The sweep's end: final success of each (task, algorithm) over its finished seeds (the protocol's
+    :func:`~sppo_rl.experiments.protocol.final_value` of each run's logged ``success_rate``, as
+    ``sppo-rl report`` computes it), the folder and the next commands."""
+    from sppo_rl.experiments.protocol import final_value
+    from sppo_rl.runtime.logging import read_metrics
+
     finals: dict[tuple[str, str], list[float]] = {}
     for job, r in zip(jobs, results):
-        summary = Path(job.out_dir) / "summary.json"
-        if r.status in FINISHED and summary.is_file():
-            value = json.loads(summary.read_text()).get("final_success_rate")
-            if value is not None:
-                finals.setdefault((job.task, job.algo), []).append(float(value))
+        metrics = Path(job.out_dir) / "metrics.jsonl"
+        if r.status in FINISHED and metrics.is_file():
+            value = final_value([row.get("success_rate") for row in read_metrics(metrics)])
+            if not math.isnan(value):
+                finals.setdefault((job.task, job.algo), []).append(value)
     lines = [
         f"  {task} / {algo}: final success {sum(v) / len(v):.3f} (mean of {len(v)} seed{'s' * (len(v) > 1)})"
         for (task, algo), v in finals.items()
     ]
     return "\n".join(
-        ["[sppo-rl] done: " + ("" if lines else "no finished run with a summary"), *lines]
+        ["[sppo-rl] done: " + ("" if lines else "no finished run with metrics"), *lines]
         + [
             f"[sppo-rl] sweep folder: {root} (sweep.json, <task>/<algo>/seed<k>/)",
             f"[sppo-rl] next: sppo-rl report {root}    tensorboard --logdir {root}",
