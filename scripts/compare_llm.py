@@ -2,8 +2,8 @@
 the same prompts per update and the same number of updates (or the same wall-clock budget), each
 (method, seed) its own ``sppo-rl llm`` process writing to ``<out>/<name>/seed<k>/``; the script then
 reads the metrics back and computes every figure itself into ``<out>/compare.json`` (every number),
-``<out>/compare.md`` (the table and one sentence per ratio, also printed) and ``<out>/compare.png``
-(mean validation accuracy over seeds with its min-max band, against updates, generated tokens and
+``<out>/compare.md`` (the two tables, also printed) and ``<out>/compare.png``
+(mean raw validation accuracy over seeds with its min-max band, against updates, generated tokens and
 wall-clock seconds).
 
     # the long-horizon comparison: SPPO (N=1), GRPO (N=8), RLOO, PPO, SPPO with a small critic
@@ -21,20 +21,22 @@ number of updates. ``--workers N`` runs N processes at a time: wall-clock figure
 on a quiet machine with N no larger than its free cores. ``--reuse`` keeps a run whose folder holds a
 finished run with the same settings.
 
-How the figures are computed (pure functions below, each tested on hand-made rows):
+How the figures are computed: by the comparison protocol of :mod:`sppo_rl.experiments.protocol`
+(stated in docs/results.md, each function tested on hand-made numbers and on simulated A/A runs in
+``tests/test_protocol.py``; this script's use of it on hand-made rows in ``tests/test_compare_llm.py``):
 
-- per seed, the validation-accuracy curve (the rows with ``val_accuracy``, every ``--eval-every``
-  updates and at the start and end) smoothed by a trailing mean over ``--smooth`` evaluations;
-- the **target**: the best value of the reference method's (``--target-from``, default GRPO) mean over
-  seeds of those smoothed curves, the seeds aligned on the evaluation index and cut to the shortest;
-  or ``--target X``. A single noisy evaluation of one seed cannot set it;
-- per method and seed: the training seconds, generated tokens and updates at the first evaluation
-  where the seed's smoothed curve reaches the target (none if never); over seeds: their mean and
-  min-max over the seeds that reached it, and how many did;
-- final accuracy (the last evaluation) and best smoothed accuracy: mean +- sample standard deviation
-  over seeds;
-- GRPO's time (and tokens) to the target over SPPO's, per seed pair (the same seed index, pairs where
-  both reached it), summarised by the median and min-max, and the ratio of the means over those pairs.
+- each seed's raw validation accuracy (every ``--eval-every`` updates and at the start and end), read as
+  straight lines between evaluations, on the seconds and tokens window every run covers;
+- the **target**: ``start + --target-gain x (median of the pooled finals of every run - start)``, the
+  same for every method (no method's own maximum), or ``--target X`` fixed before the runs;
+- per seed: accuracy at equal wall-clock and at equal generated tokens (the window's end), the area
+  under accuracy-vs-seconds (normalised), seconds and tokens to the target (the time spent below it),
+  final accuracy (the protocol's "final": the last 10 % of the evaluations, at least one);
+- every method against ``--baseline`` (default SPPO), over the seeds both have: differences of
+  accuracies and ratios of the means (AUC, time and tokens to target), each with a seed-paired bootstrap
+  interval, the A/A null interval (the same statistic between two halves of one method's seeds) and a
+  verdict ("no difference measured" unless the interval excludes no difference, the estimate lies
+  outside the null and >= 5 seed pairs stand behind it).
 
 Model-state memory is counted exactly: parameters + gradients + two AdamW moments, in float32, for the
 trainable models (actor and critic); peak RSS is the process's (the largest over seeds), dominated at
@@ -60,18 +62,23 @@ from typing import Any
 
 import numpy as np
 
+from sppo_rl.experiments import protocol
+
 REPO = Path(__file__).resolve().parents[1]
 
 SMALL = "{small}"  # stands for the small critic's folder, built on first use
 EXPLICIT = (
     "{explicit}"  # stands for the seed's explicit-reasoning warm start (Latent-GRPO's comparable start)
 )
+# token-level PPO as the project's PPO recipe (ppo-1.5b-deepscaler.json) and verl run it: whitened
+# advantages, value clipping 0.5
+PPO = ["--algo", "ppo", "--whiten", "--value-clip", "0.5"]
 ALL = [
     ("sppo", ["--algo", "sppo"]),
     ("grpo", ["--algo", "grpo", "--group-size", "8"]),
     ("rloo", ["--algo", "rloo", "--group-size", "5"]),
     ("remax", ["--algo", "remax"]),
-    ("ppo", ["--algo", "ppo"]),
+    ("ppo", PPO),
     ("sppo-small-critic", ["--algo", "sppo", "--critic-model", SMALL]),
     ("bppo", ["--algo", "bppo", "--group-size", "8"]),
     ("lampo", ["--algo", "lampo", "--group-size", "8"]),
@@ -82,10 +89,10 @@ ALL = [
     ("reinforce++-baseline", ["--algo", "reinforce++-baseline", "--group-size", "8"]),
     # token-level PPO with VC-PPO / VAPO's critic fixes: unbiased critic targets, length-adaptive actor
     # lambda (alpha 1: lambda 0.9 at 10 tokens; VAPO's 0.05 is for responses of hundreds), value pre-training
-    ("ppo-vc", ["--algo", "ppo", "--lam-critic", "1.0", "--lam-alpha", "1.0", "--critic-warmup", "5"]),
+    ("ppo-vc", [*PPO, "--lam-critic", "1.0", "--lam-alpha", "1.0", "--critic-warmup", "5"]),
 ]
 SET_NAMES = ("long", "methods", "latent", "all")
-NUMERATOR, DENOMINATOR = "grpo", "sppo"  # the ratios: GRPO's time (tokens) to the target over SPPO's
+BASELINE = "sppo"  # every other method is compared against it (--baseline)
 
 
 def run_sets() -> dict[str, list[tuple[str, list[str]]]]:
@@ -126,41 +133,10 @@ def evaluations(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r.get("val_accuracy") is not None]
 
 
-def smooth(values: list[float], window: int) -> list[float]:
-    """Trailing mean over ``window`` evaluations: ``s_i = mean(y_j, max(0, i - window + 1) <= j <= i)``."""
-    from sppo_rl.experiments.stats import trailing_mean
-
-    return [float(v) for v in trailing_mean(values, window)]
-
-
-def align(curves: list[list[float]]) -> np.ndarray:
-    """Curves of several seeds as one ``[seeds, L]`` array, aligned on the evaluation index and cut to
-    the shortest length ``L``."""
-    n = min((len(c) for c in curves), default=0)
-    return np.array([c[:n] for c in curves], dtype=float).reshape(len(curves), n)
-
-
-def target_of(curves: list[list[float]]) -> float | None:
-    """The best value of the mean over seeds of the (smoothed) ``curves``: ``max_i (1/S) sum_s c_s[i]``
-    over the aligned indices; None when there is no index common to all seeds."""
-    a = align(curves)
-    return float(a.mean(axis=0).max()) if a.size else None
-
-
-def first_reach(evals: list[dict], smoothed: list[float], target: float, tol: float = 1e-9) -> dict | None:
-    """Update, generated tokens and training seconds at the first evaluation whose smoothed accuracy is
-    at least ``target`` (``tol`` absorbs float rounding of the means; the start evaluation counts, at 0);
-    None if it never is."""
-    for row, s in zip(evals, smoothed):
-        if s >= target - tol:
-            return {"updates": row["step"], "tokens": row["generated_tokens"], "seconds": row["wall_time_s"]}
-    return None
-
-
 def spread(values: list[float | None]) -> dict:
-    """Over the values that exist (a seed that never reached a target gives None): ``mean``, ``min``,
-    ``max``, the sample standard deviation ``sd`` (None under two values), ``n`` of ``of``."""
-    xs = [float(v) for v in values if v is not None]
+    """Over the values that exist (None and NaN do not): ``mean``, ``min``, ``max``, the sample standard
+    deviation ``sd`` (None under two values), ``n`` of ``of``."""
+    xs = [float(v) for v in values if v is not None and not math.isnan(v)]
     return {
         "mean": statistics.fmean(xs) if xs else None,
         "min": min(xs) if xs else None,
@@ -171,117 +147,76 @@ def spread(values: list[float | None]) -> dict:
     }
 
 
-def paired_ratios(num: dict[int, float | None], den: dict[int, float | None]) -> dict:
-    """``num[k] / den[k]`` for each seed ``k`` both have (a positive denominator); their median and
-    min-max, and the ratio of the means over those same pairs."""
-    pairs = [k for k in sorted(num) if num[k] is not None and den.get(k) is not None and den[k] > 0]
-    per_seed = {k: num[k] / den[k] for k in pairs}
-    ratios = list(per_seed.values())
-    return {
-        "per_seed": per_seed,
-        "pairs": len(pairs),
-        "median": statistics.median(ratios) if ratios else None,
-        "min": min(ratios) if ratios else None,
-        "max": max(ratios) if ratios else None,
-        "ratio_of_means": (
-            statistics.fmean(num[k] for k in pairs) / statistics.fmean(den[k] for k in pairs)
-            if pairs
-            else None
-        ),
-    }
-
-
-def seed_figures(rows: list[dict], window: int, target: float | None) -> dict:
-    """One seed's curve (raw and smoothed), its final and best smoothed accuracy, its totals and its
-    first reach of ``target``."""
+def seed_figures(rows: list[dict]) -> dict:
+    """One seed's raw curve and what it logged: start and final accuracy and pass@k (final: the
+    protocol's :func:`~sppo_rl.experiments.protocol.final_value` over the evaluations), the mean
+    response length over the updates, the totals of its last row."""
     evals = evaluations(rows)
     acc = [r["val_accuracy"] for r in evals]
-    s = smooth(acc, window) if acc else []
-    last = rows[-1] if rows else {}
     passk = [r.get("pass_at_k") for r in evals]
     lengths = [r["response_length"] for r in rows if r.get("response_length") is not None]
+    last = rows[-1] if rows else {}
     return {
         "curve": {
             "updates": [r["step"] for r in evals],
             "tokens": [r["generated_tokens"] for r in evals],
             "seconds": [r["wall_time_s"] for r in evals],
             "val_accuracy": acc,
-            "smoothed": s,
         },
         "start_val_accuracy": acc[0] if acc else None,
-        "final_val_accuracy": acc[-1] if acc else None,
-        "best_smoothed": max(s) if s else None,
+        "final_val_accuracy": protocol.final_value(acc) if acc else None,
         "k": evals[-1].get("val_k") if evals else None,
-        "start_pass_at_k": passk[0] if passk else None,
-        "final_pass_at_k": passk[-1] if passk else None,
+        "start_pass_at_k": passk[0] if passk and passk[0] is not None else None,
+        "final_pass_at_k": protocol.final_value(passk) if any(p is not None for p in passk) else None,
         "response_length": statistics.fmean(lengths) if lengths else None,
         "updates": last.get("step"),
         "tokens": last.get("generated_tokens"),
         "seconds": last.get("wall_time_s"),
-        "reach": first_reach(evals, s, target) if target is not None else None,
     }
+
+
+RUN_STATS = ("acc_at_seconds", "acc_at_tokens", "auc_seconds", "seconds_to_target", "tokens_to_target")
 
 
 def method_figures(per_seed: dict[int, dict]) -> dict:
-    """The summaries over seeds of :func:`seed_figures`' numbers."""
+    """The summaries over seeds (:func:`spread`) of each seed's figures and protocol statistics."""
     seeds = sorted(per_seed)
     out: dict[str, Any] = {"seeds": seeds}
-    keys = ("start_val_accuracy", "final_val_accuracy", "best_smoothed", "start_pass_at_k", "final_pass_at_k")
-    for key in (*keys, "response_length", "updates", "tokens", "seconds"):
+    keys = ("start_val_accuracy", "final_val_accuracy", "start_pass_at_k", "final_pass_at_k")
+    for key in (*keys, *RUN_STATS, "response_length", "updates", "tokens", "seconds"):
         out[key] = spread([per_seed[k][key] for k in seeds])
     ks = {per_seed[k]["k"] for k in seeds} - {None}
     out["k"] = ks.pop() if len(ks) == 1 else None
-    for key in ("seconds", "tokens", "updates"):
-        out[f"{key}_to_target"] = spread([(per_seed[k]["reach"] or {}).get(key) for k in seeds])
+    out["reached"] = {"n": sum(per_seed[k]["reached_seconds"] for k in seeds), "of": len(seeds)}
     return out
-
-
-def ratios(figures: dict[str, dict], num: str = NUMERATOR, den: str = DENOMINATOR) -> dict:
-    """``num``'s seconds and tokens to the target over ``den``'s, paired by seed (:func:`paired_ratios`)."""
-    if num not in figures or den not in figures:
-        return {}
-
-    def reach(name: str, key: str) -> dict[int, float | None]:
-        return {k: (f["reach"] or {}).get(key) for k, f in figures[name]["per_seed"].items()}
-
-    return {
-        f"{num}_over_{den}_{key}_to_target": {
-            "numerator": num,
-            "denominator": den,
-            "of": key,
-            **paired_ratios(reach(num, key), reach(den, key)),
-        }
-        for key in ("seconds", "tokens")
-    }
 
 
 def compare(
     rows: dict[str, dict[int, list[dict]]],
-    window: int,
     target: float | None = None,
-    target_from: str = NUMERATOR,
+    gain: float = protocol.TARGET_GAIN,
+    baseline: str = BASELINE,
+    reps: int = protocol.BOOTSTRAP_REPS,
 ) -> dict:
-    """Every figure from the metrics rows of each method and seed: the target (given, or the best of
-    ``target_from``'s mean over seeds of smoothed curves), each seed's figures, the summaries over
-    seeds and the paired ratios."""
-    given = target is not None
-    if not given and target_from in rows:
-        seeds = rows[target_from]
-        target = target_of(
-            [smooth([r["val_accuracy"] for r in evaluations(seeds[k])], window) for k in seeds]
-        )
+    """Every figure from the metrics rows of each method and seed, by the protocol
+    (:mod:`sppo_rl.experiments.protocol`): the common windows, the target (given, or the pooled rule),
+    each seed's figures and statistics, their summaries over seeds, and every other method against
+    ``baseline`` (seed-paired bootstrap intervals, A/A null intervals, verdicts)."""
+    curves = {
+        name: {k: protocol.Curve.of_rows(seeds[k]) for k in sorted(seeds)} for name, seeds in rows.items()
+    }
+    pairs = [(name, baseline) for name in rows if name != baseline and baseline in rows]
+    result = protocol.protocol(curves, pairs, target=target, gain=gain, reps=reps)
     figures = {}
     for name, seeds in rows.items():
-        per_seed = {k: seed_figures(seeds[k], window, target) for k in sorted(seeds)}
+        per_seed = {k: {**seed_figures(seeds[k]), **result["runs"][name][k]} for k in sorted(seeds)}
         figures[name] = {**method_figures(per_seed), "per_seed": per_seed}
     return {
-        "target": {
-            "value": target,
-            "from": "--target" if given else target_from,
-            "smooth": window,
-        },
+        "target": {**result["target"], "gain": gain},
+        "windows": result["windows"],
+        "baseline": baseline,
         "methods": figures,
-        "ratios": ratios(figures),
+        "pairs": result["pairs"],
     }
 
 
@@ -510,79 +445,101 @@ def _pass_at_k(f: dict) -> str:
     return f"k={f['k']}: {_mean_sd(f['final_pass_at_k'])}"
 
 
-def _mean_sd(s: dict) -> str:
+def _mean_sd(s: dict, fmt: str = ".3f") -> str:
     if s["mean"] is None:
         return "—"
-    return f"{s['mean']:.3f}" + ("" if s["sd"] is None else f" ± {s['sd']:.3f}")
+    return format(s["mean"], fmt) + ("" if s["sd"] is None else f" ± {s['sd']:{fmt}}")
 
 
-def ratio_sentence(r: dict, target: float | None) -> str:
-    """One sentence for one paired ratio of :func:`ratios`."""
-    num, den = r["numerator"], r["denominator"]
-    what = {"seconds": "training wall-clock", "tokens": "generated tokens"}[r["of"]]
-    if not r["pairs"]:
-        return (
-            f"No seed in which both {num.upper()} and {den.upper()} reached the target after the start: "
-            f"no ratio of {what}."
-        )
-    how = (
-        "one seed pair"
-        if r["pairs"] == 1
-        else f"median over {r['pairs']} seed pairs, {r['min']:.2f}-{r['max']:.2f}x; "
-        f"ratio of the means {r['ratio_of_means']:.2f}x"
-    )
-    return f"{num.upper()} needs {r['median']:.2f}x {den.upper()}'s {what} to reach the target {target:.3f} ({how})."
+STAT_LABELS = {
+    "acc_at_seconds": "accuracy at equal wall-clock",
+    "acc_at_tokens": "accuracy at equal generated tokens",
+    "auc_seconds": "area under accuracy-vs-seconds",
+    "seconds_to_target": "seconds to target",
+    "tokens_to_target": "tokens to target",
+}
+
+
+def _interval(lo: float, hi: float, fmt: str) -> str:
+    return "—" if math.isnan(lo) or math.isnan(hi) else f"[{lo:{fmt}}, {hi:{fmt}}]"
 
 
 def markdown(report: dict) -> str:
-    """The table (a row per method) and the sentences: the target, then each ratio."""
-    t = report["target"]
+    """The table of methods (a row per method), the window and target lines, and the table of
+    comparisons against the baseline: for every statistic the seeds, the per-seed spread, the point
+    estimate, its paired bootstrap interval, the A/A null interval and the verdict."""
+    t, w = report["target"], report["windows"]
     lines = [
-        "| run | samples/prompt | seeds | start | final | best (smoothed) | pass@k final | length | "
-        "s to target | tokens to target | updates to target | reached | wall s | gen tokens | peak RSS MiB | "
-        "model-state MiB |",
-        "|" + "---|" * 16,
+        "| run | samples/prompt | seeds | start | final | acc @ equal s | acc @ equal tokens | AUC (s) | "
+        "s to target | tokens to target | reached | pass@k final | length | wall s | gen tokens | "
+        "peak RSS MiB | model-state MiB |",
+        "|" + "---|" * 17,
     ]
     for name, f in report["methods"].items():
-        reached = f["seconds_to_target"]
-        count = f"{reached['n']}/{reached['of']}" if t["value"] is not None else "—"
         lines.append(
             f"| {name} | {f['group_size']} | {len(f['seeds'])} | {_mean_sd(f['start_val_accuracy'])} | "
-            f"{_mean_sd(f['final_val_accuracy'])} | {_mean_sd(f['best_smoothed'])} | "
-            f"{_pass_at_k(f)} | {_mean_range(f['response_length'], '.1f')} | "
-            f"{_mean_range(reached, '.0f')} | {_mean_range(f['tokens_to_target'], ',.0f')} | "
-            f"{_mean_range(f['updates_to_target'], '.0f')} | "
-            f"{count} | "
-            f"{_mean_range(f['seconds'], '.0f')} | {_mean_range(f['tokens'], ',.0f')} | "
-            f"{f['peak_rss_mib']:.0f} | {f['model_state_mib']:.1f} |"
+            f"{_mean_sd(f['final_val_accuracy'])} | {_mean_sd(f['acc_at_seconds'])} | "
+            f"{_mean_sd(f['acc_at_tokens'])} | {_mean_sd(f['auc_seconds'])} | "
+            f"{_mean_sd(f['seconds_to_target'], '.0f')} | {_mean_sd(f['tokens_to_target'], ',.0f')} | "
+            f"{f['reached']['n']}/{f['reached']['of']} | {_pass_at_k(f)} | "
+            f"{_mean_range(f['response_length'], '.1f')} | {_mean_range(f['seconds'], '.0f')} | "
+            f"{_mean_range(f['tokens'], ',.0f')} | {f['peak_rss_mib']:.0f} | {f['model_state_mib']:.1f} |"
         )
-    lines.append("")
-    if t["value"] is None:
-        lines.append(f"No target: no {t['from']} runs here and no --target.")
-    else:
-        origin = (
-            "given (--target)"
-            if t["from"] == "--target"
-            else (
-                f"the best of {t['from'].upper()}'s mean over seeds of validation accuracy smoothed over "
-                f"{t['smooth']} evaluations"
+    lines += [
+        "",
+        f"Common window (every run covers it): 0-{w['seconds'][1]:.0f} training seconds, "
+        f"0-{w['tokens'][1]:,.0f} generated tokens (from {w['seconds'][0]:.0f} s, {w['tokens'][0]:,.0f}).",
+        (
+            f"Target {t['value']:.3f}: "
+            + (
+                "given (--target)."
+                if t["rule"] == "given"
+                else f"start + {t['gain']:g} x (median of the pooled finals of every run - start)."
             )
+        ),
+    ]
+    if not report["pairs"]:
+        lines.append(
+            f"No comparison: the baseline ({report['baseline']}) is not among the runs (--baseline NAME)."
         )
-        lines.append(f"Target {t['value']:.3f}: {origin}.")
-    for r in report["ratios"].values():
-        lines.append(ratio_sentence(r, t["value"]))
+    else:
+        lines += [
+            "",
+            "| A vs B | statistic | seed pairs | per seed (min-max) | A - B or A / B | 95% paired bootstrap | "
+            "A/A null 95% | verdict |",
+            "|" + "---|" * 8,
+        ]
+    for pair in report["pairs"].values():
+        for name, label in STAT_LABELS.items():
+            s = pair[name]
+            fmt = "+.3f" if s["kind"] == "difference" else ".2f"
+            per = [v for v in s["per_seed"] if not math.isnan(v)]
+            what = "A - B" if s["kind"] == "difference" else "A / B"
+            lines.append(
+                f"| {pair['a']} vs {pair['b']} | {label} ({what}) | {len(s['seeds'])} | "
+                f"{f'{min(per):{fmt}} to {max(per):{fmt}}' if per else '—'} | "
+                f"{'—' if math.isnan(s['point']) else format(s['point'], fmt)} | "
+                f"{_interval(*s['interval'], fmt)} | {_interval(*s['null'], fmt)} | {s['verdict']} |"
+            )
     lines.append(
-        "Cells: mean (min-max) over the seeds that reached the target; accuracies mean ± sample sd over seeds; "
-        "pass@k: a validation prompt solved by any of its k samples (k = --eval-samples), at the last "
-        "evaluation; length: mean response length in positions (tokens, or latent steps plus answer "
-        "tokens) over the updates, mean (min-max) over seeds."
+        "Cells: mean ± sample sd over seeds. Each run is read as the straight lines between its raw "
+        "evaluations: acc @ equal s (tokens) at the window's end, AUC the mean accuracy over the seconds "
+        "window, s (tokens) to target the time spent below the target in the window (a run that never "
+        "reaches it counts the whole window; reached: seeds whose curve reaches it). final: mean over the "
+        f"last {protocol.FINAL_FRAC:.0%} of a run's evaluations (at least one). A vs B: over the seeds "
+        "both have, mean of the differences or ratio of the means; bootstrap resampling seed pairs; the "
+        "null: the same statistic between two halves of one method's seeds (every split of A's and of "
+        f"B's); 'difference measured' needs the interval to exclude no difference, the estimate outside "
+        f"the null and >= {protocol.MIN_SEEDS} seed pairs. pass@k: a validation prompt solved by any of "
+        "its k samples; length: mean response length in positions over the updates."
     )
     return "\n".join(lines)
 
 
 def plot(report: dict, path: Path, title: str) -> None:
-    """Mean smoothed validation accuracy over seeds (aligned on the evaluation index; x the mean over
-    seeds too) with its min-max band, against updates, generated tokens and seconds."""
+    """Mean raw validation accuracy over seeds with its min-max band, each method on a grid over the
+    part of the axis all its seeds cover (straight lines between evaluations), against updates,
+    generated tokens and seconds; the target dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -591,13 +548,21 @@ def plot(report: dict, path: Path, title: str) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(16.5, 4), sharey=True)
     for name, f in report["methods"].items():
         curves = [f["per_seed"][k]["curve"] for k in f["seeds"]]
-        y = align([c["smoothed"] for c in curves])
-        if not y.size:
+        runs = [
+            protocol.Curve(
+                *(np.asarray(c[key], dtype=float) for key in ("seconds", "tokens", "updates", "val_accuracy"))
+            )
+            for c in curves
+            if c["val_accuracy"]
+        ]
+        if not runs:
             continue
+        color = None
         for ax, key in zip(axes, ("updates", "tokens", "seconds")):
-            x = align([c[key] for c in curves]).mean(axis=0)
-            (line,) = ax.plot(x, y.mean(axis=0), marker="o", ms=3, label=f"{name} ({len(curves)} seeds)")
-            ax.fill_between(x, y.min(axis=0), y.max(axis=0), color=line.get_color(), alpha=0.15)
+            x, y = protocol.on_grid(runs, key, points=101)
+            (line,) = ax.plot(x, y.mean(axis=0), color=color, label=f"{name} ({len(runs)} seeds)")
+            color = line.get_color()
+            ax.fill_between(x, y.min(axis=0), y.max(axis=0), color=color, alpha=0.15)
     target = report["target"]["value"]
     for ax, label in zip(
         axes, ("optimizer steps (updates)", "generated tokens", "training wall-clock seconds")
@@ -606,7 +571,7 @@ def plot(report: dict, path: Path, title: str) -> None:
             ax.axhline(target, color="grey", ls="--", lw=1)
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel(f"validation accuracy, trailing mean of {report['target']['smooth']}")
+    axes[0].set_ylabel("validation accuracy (raw evaluations)")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center right")
     fig.suptitle(title)
@@ -643,12 +608,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seconds", type=float, default=None, help="equal training wall-clock budget per run")
     ap.add_argument("--prompts-per-step", type=int, default=32)
     ap.add_argument("--eval-every", type=int, default=10)
-    ap.add_argument("--smooth", type=int, default=3, help="trailing-mean window, in evaluations (default 3)")
+    ap.add_argument("--target", type=float, default=None, help="the accuracy to reach, fixed before the runs")
     ap.add_argument(
-        "--target", type=float, default=None, help="the accuracy to reach, instead of GRPO's best"
+        "--target-gain",
+        type=float,
+        default=protocol.TARGET_GAIN,
+        help="target = start + GAIN x (median pooled final - start) (default 0.5)",
     )
     ap.add_argument(
-        "--target-from", default=None, help="the run whose best mean smoothed curve is the target"
+        "--baseline", default=None, help="the method every other is compared with (default sppo, if run)"
+    )
+    ap.add_argument(
+        "--bootstrap-reps", type=int, default=protocol.BOOTSTRAP_REPS, help="paired bootstrap resamples"
     )
     ap.add_argument("--workers", type=int, default=1, help="runs at a time (wall-clock: keep <= free cores)")
     ap.add_argument(
@@ -682,16 +653,15 @@ def problems(args: argparse.Namespace, names: list[str]) -> str | None:
         ("--seconds", args.seconds, args.seconds is None or args.seconds > 0),
         ("--prompts-per-step", args.prompts_per_step, args.prompts_per_step >= 1),
         ("--eval-every", args.eval_every, args.eval_every >= 1),
-        ("--smooth", args.smooth, args.smooth >= 1),
+        ("--target-gain", args.target_gain, 0 < args.target_gain <= 1),
+        ("--bootstrap-reps", args.bootstrap_reps, args.bootstrap_reps >= 100),
         ("--workers", args.workers, args.workers >= 1),
         ("--target", args.target, args.target is None or 0 <= args.target <= 1),
     ):
         if not ok:
             return f"{flag} {value}: out of range"
-    if args.target is not None and args.target_from is not None:
-        return "give --target or --target-from, not both"
-    if args.target_from is not None and args.target_from not in names:
-        return f"--target-from {args.target_from}: not among the runs ({', '.join(names)})"
+    if args.baseline is not None and args.baseline not in names:
+        return f"--baseline {args.baseline}: not among the runs ({', '.join(names)})"
     try:
         shlex.split(args.llm_args)
     except ValueError as e:
@@ -727,7 +697,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{len(errors)} of {len(jobs)} runs failed; the finished ones are kept (--reuse)")
 
     rows = {name: {seed: read_rows(out / name / f"seed{seed}") for seed in args.seeds} for name in names}
-    report = compare(rows, args.smooth, args.target, args.target_from or NUMERATOR)
+    report = compare(rows, args.target, args.target_gain, args.baseline or BASELINE, args.bootstrap_reps)
     for name in names:
         report["methods"][name].update(run_facts([out / name / f"seed{seed}" for seed in args.seeds]))
     report["settings"] = {
@@ -741,7 +711,10 @@ def main(argv: list[str] | None = None) -> None:
             "seconds",
             "prompts_per_step",
             "eval_every",
-            "smooth",
+            "target",
+            "target_gain",
+            "baseline",
+            "bootstrap_reps",
         )
     } | {"llm_args": args.llm_args, "workers": args.workers}
     md = markdown(report)

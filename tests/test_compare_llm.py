@@ -7,7 +7,6 @@ model with two seeds."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -45,66 +44,71 @@ def rows_of(
     return rows
 
 
-def test_smoothing_is_a_trailing_mean_over_evaluations(cmp):
-    assert cmp.smooth([0.2, 0.5, 0.8, 0.2], 3) == pytest.approx([0.2, 0.35, 0.5, 0.5])
-    assert cmp.smooth([0.2, 0.5, 0.8, 0.2], 1) == pytest.approx([0.2, 0.5, 0.8, 0.2])
-    # only the evaluation rows count: the update rows between them carry no accuracy
-    assert [r["step"] for r in cmp.evaluations(rows_of([0.1, 0.2, 0.3]))] == [0, 10, 20]
-
-
-def test_target_is_the_best_mean_over_seeds_of_smoothed_curves_not_one_noisy_maximum(cmp):
-    # seed 0 has one lucky evaluation (0.9 at update 10); today's rule took its maximum, 0.9
+def test_target_is_the_pooled_rule_not_a_method_s_best(cmp):
+    # grpo seed 0 has one lucky evaluation (0.9 at update 10); yesterday's rule took GRPO's best mean
+    # smoothed curve as the target. Now: starts all 0.3; finals (the last 1 of 5 evaluations) 0.6, 0.6,
+    # 0.5, 0.7: median 0.6 -> target 0.3 + 0.5 * (0.6 - 0.3) = 0.45, whichever method is which
     grpo = {0: rows_of([0.3, 0.9, 0.4, 0.5, 0.6]), 1: rows_of([0.3, 0.4, 0.5, 0.5, 0.6])}
-    report = cmp.compare({"grpo": grpo}, window=3)
-    # smoothed: seed 0 [0.3, 0.6, 0.5333, 0.6, 0.5], seed 1 [0.3, 0.35, 0.4, 0.4667, 0.5333];
-    # mean [0.3, 0.475, 0.4667, 0.5333, 0.5167]: best (1.8 + 1.4) / 6 at evaluation 3
-    assert report["target"]["value"] == pytest.approx(3.2 / 6)
-    assert report["target"]["from"] == "grpo"
+    sppo = {0: rows_of([0.3, 0.4, 0.4, 0.5, 0.5]), 1: rows_of([0.3, 0.5, 0.6, 0.7, 0.7])}
+    report = cmp.compare({"grpo": grpo, "sppo": sppo}, reps=200)
+    assert report["target"]["value"] == pytest.approx(0.45)
+    assert cmp.compare({"x": grpo, "sppo": sppo}, reps=200)["target"]["value"] == pytest.approx(0.45)
+    # grpo seed 0 (evaluations at 0, 20, ..., 80 s): below 0.45 from 0 to 5 s (0.3 -> 0.9 over 0-20 s) and
+    # from 38 s (0.9 -> 0.4 over 20-40 s) to 50 s (0.4 -> 0.5 over 40-60 s): 5 + 12 = 17 s; the first
+    # crossing alone says 5 s
     seeds = report["methods"]["grpo"]["per_seed"]
-    # seed 0's smoothed curve passes it at evaluation 1 (0.6); seed 1 only at evaluation 4, where
-    # (0.5 + 0.5 + 0.6) / 3 equals the target up to float rounding
-    assert seeds[0]["reach"] == {"updates": 10, "tokens": 1000, "seconds": 20.0}
-    assert seeds[1]["reach"] == {"updates": 40, "tokens": 4000, "seconds": 80.0}
-    s = report["methods"]["grpo"]["seconds_to_target"]
-    assert (s["mean"], s["min"], s["max"], s["n"], s["of"]) == (50.0, 20.0, 80.0, 2, 2)
-    assert seeds[0]["best_smoothed"] == pytest.approx(0.6)
+    assert seeds[0]["seconds_to_target"] == pytest.approx(5.0 + 12.0)
+    assert seeds[0]["seconds_first_crossing"] == pytest.approx(5.0)
     assert seeds[1]["final_val_accuracy"] == 0.6
+    given = cmp.compare({"grpo": grpo, "sppo": sppo}, target=0.55, reps=200)
+    assert given["target"] == {"value": 0.55, "rule": "given", "gain": 0.5}
 
 
-def test_seeds_are_aligned_on_the_evaluation_index_and_cut_to_the_shortest(cmp):
-    # seed 0 ran longer (a wall-clock budget): its late 0.9s have no partner in seed 1 and must not count
-    curves = [[0.2, 0.4, 0.3, 0.9, 0.9], [0.2, 0.4, 0.3]]
-    assert cmp.align(curves).shape == (2, 3)
-    assert cmp.target_of(curves) == pytest.approx(0.4)
-    assert cmp.target_of([[0.5], []]) is None
-
-
-def test_a_seed_that_never_reaches_the_target_is_counted_apart(cmp):
+def test_every_run_is_read_on_the_window_all_runs_cover(cmp):
+    # grpo at 6 s per update (evaluated every 60 s), sppo at 1 s (every 10 s): the window ends at sppo's
+    # 40 s; grpo's accuracy there is read between its raw evaluations 0.3 (0 s) and 0.7 (60 s): 0.5667,
+    # not its next evaluation 0.7 at 60 s
     rows = {
-        "grpo": {0: rows_of([0.3, 0.5, 0.7]), 1: rows_of([0.3, 0.5, 0.7])},
-        "sppo": {
-            0: rows_of([0.3, 0.8, 0.8], seconds_per_update=1.0),
-            1: rows_of([0.3, 0.4, 0.5], seconds_per_update=1.0),  # never reaches 0.7
-            2: rows_of([0.3, 0.6, 0.8], seconds_per_update=1.0),
-        },
+        "grpo": {0: rows_of([0.3, 0.7, 0.7], seconds_per_update=6.0, tokens_per_update=800)},
+        "sppo": {0: rows_of([0.3, 0.4, 0.5, 0.5, 0.6], seconds_per_update=1.0)},
     }
-    report = cmp.compare(rows, window=1)
-    assert report["target"]["value"] == pytest.approx(0.7)
-    sppo = report["methods"]["sppo"]
-    assert sppo["per_seed"][1]["reach"] is None
-    s = sppo["seconds_to_target"]
-    assert (s["mean"], s["min"], s["max"], s["n"], s["of"]) == (15.0, 10.0, 20.0, 2, 3)
-    assert sppo["updates_to_target"]["mean"] == 15.0
-    assert sppo["tokens_to_target"]["mean"] == 1500.0
-    # final accuracy: mean and sample sd over all three seeds
-    final = sppo["final_val_accuracy"]
-    assert final["mean"] == pytest.approx(0.7)
-    assert final["sd"] == pytest.approx(math.sqrt((0.01 + 0.04 + 0.01) / 2))  # finals 0.8, 0.5, 0.8
-    # the ratio pairs seed 0 with seed 0 (40 s / 10 s) only: seed 1's SPPO never reached, seed 2 has no GRPO
-    r = report["ratios"]["grpo_over_sppo_seconds_to_target"]
-    assert r["per_seed"] == {0: pytest.approx(4.0)} and r["pairs"] == 1
-    sentence = cmp.ratio_sentence(r, report["target"]["value"])
-    assert sentence.startswith("GRPO needs 4.00x SPPO's training wall-clock to reach the target 0.700")
+    report = cmp.compare(rows, target=0.45, reps=200)
+    assert report["windows"] == {"seconds": [0.0, 40.0], "tokens": [0.0, 4000.0]}
+    grpo, sppo = report["methods"]["grpo"]["per_seed"][0], report["methods"]["sppo"]["per_seed"][0]
+    assert grpo["acc_at_seconds"] == pytest.approx(0.3 + 0.4 * 40 / 60)
+    assert grpo["acc_at_tokens"] == pytest.approx(0.3 + 0.4 * 4000 / 8000)  # 8000 tokens at 60 s
+    assert sppo["acc_at_seconds"] == pytest.approx(0.6)
+    # AUC over 0-40 s: sppo (10 * 0.35 + 10 * 0.45 + 10 * 0.5 + 10 * 0.55) / 40
+    assert sppo["auc_seconds"] == pytest.approx(18.5 / 40)
+    # seconds to 0.45: grpo 0.3 -> 0.7 over 60 s crosses at 22.5 s; sppo 0.4 -> 0.5 over 10-20 s at 15 s
+    assert grpo["seconds_to_target"] == pytest.approx(22.5) and sppo["seconds_to_target"] == pytest.approx(15)
+    pair = report["pairs"]["grpo_vs_sppo"]
+    assert pair["seconds_to_target"]["point"] == pytest.approx(1.5)
+    assert pair["acc_at_seconds"]["verdict"] == "no interval"  # one seed pair
+
+
+def test_comparisons_pair_seeds_and_print_the_interval_and_the_null(cmp):
+    # five seeds; sppo better by 0.1 at the end in every seed
+    grpo = {k: rows_of([0.3, 0.4 + 0.02 * k, 0.5 + 0.01 * k]) for k in range(5)}
+    sppo = {k: rows_of([0.3, 0.5 + 0.02 * k, 0.6 + 0.01 * k]) for k in range(5)}
+    sppo[5] = rows_of([0.3, 0.55, 0.65])  # a seed grpo does not have: in sppo's null, in no pair
+    report = cmp.compare({"grpo": grpo, "sppo": sppo}, reps=500)
+    acc = report["pairs"]["grpo_vs_sppo"]["acc_at_seconds"]
+    assert acc["seeds"] == [0, 1, 2, 3, 4] and acc["per_seed"] == pytest.approx([-0.1] * 5)
+    assert acc["point"] == pytest.approx(-0.1) and acc["interval"] == pytest.approx([-0.1, -0.1])
+    # the null: halves of grpo's seeds (0.50-0.54 at the end) and of sppo's six (0.60-0.65): within +-0.04
+    assert acc["null"][0] < 0 < acc["null"][1] and acc["verdict"] == "difference measured"
+    for name in ("grpo", "sppo"):
+        report["methods"][name].update(group_size=1, peak_rss_mib=1.0, model_state_mib=1.0)
+    md = cmp.markdown(report)
+    line = next(x for x in md.splitlines() if x.startswith("| grpo vs sppo | accuracy at equal wall-clock"))
+    null = f"[{acc['null'][0]:+.3f}, {acc['null'][1]:+.3f}]"
+    assert line == (
+        f"| grpo vs sppo | accuracy at equal wall-clock (A - B) | 5 | -0.100 to -0.100 | -0.100 | "
+        f"[-0.100, -0.100] | {null} | difference measured |"
+    )
+    # finals 0.50-0.54 and 0.60-0.65 (11 runs): median 0.60 -> target 0.3 + 0.5 * 0.3
+    assert "Target 0.450: start + 0.5 x (median of the pooled finals" in md
 
 
 def test_pass_at_k_and_length_columns(cmp):
@@ -121,7 +125,7 @@ def test_pass_at_k_and_length_columns(cmp):
         return rows
 
     seeds = {0: with_extras([0.5, 0.6, 0.8], [10.0, 30.0]), 1: with_extras([0.5, 0.7, 0.6], [20.0, 20.0])}
-    report = cmp.compare({"latent-grpo": seeds}, window=1, target=0.9)
+    report = cmp.compare({"latent-grpo": seeds}, target=0.9, reps=200)
     f = report["methods"]["latent-grpo"]
     assert f["per_seed"][0]["final_pass_at_k"] == 0.8 and f["per_seed"][0]["start_pass_at_k"] == 0.5
     assert f["per_seed"][0]["response_length"] == pytest.approx(20.0)  # 10 updates at 10, 10 at 30
@@ -131,30 +135,10 @@ def test_pass_at_k_and_length_columns(cmp):
     f.update(extra)
     assert "| k=4: 0.700 ± 0.141 | 20.0 |" in cmp.markdown(report).splitlines()[2]
     seeds[1] = with_extras([0.5, 0.7, 0.6], [20.0, 20.0], k=2)
-    mixed = cmp.compare({"x": seeds}, window=1, target=0.9)
+    mixed = cmp.compare({"x": seeds}, target=0.9, reps=200)
     assert mixed["methods"]["x"]["k"] is None
     mixed["methods"]["x"].update(extra)
     assert "| — | 20.0 |" in cmp.markdown(mixed).splitlines()[2]
-
-
-def test_ratios_pair_the_same_seed_index(cmp):
-    grpo = {0: 200.0, 1: 300.0, 2: None, 3: 90.0}
-    sppo = {3: 0.0, 2: 80.0, 1: 50.0, 0: 100.0}  # listed in another order; seed 3 reached at the start
-    r = cmp.paired_ratios(grpo, sppo)
-    assert r["per_seed"] == {0: 2.0, 1: 6.0}
-    assert (r["pairs"], r["median"], r["min"], r["max"]) == (2, 4.0, 2.0, 6.0)
-    assert r["ratio_of_means"] == pytest.approx(250 / 75)  # not 4.0, the mean of the ratios
-    assert cmp.paired_ratios({0: None}, {0: 10.0})["median"] is None
-
-
-def test_a_given_target_and_another_reference(cmp):
-    rows = {"grpo": {0: rows_of([0.2, 0.4])}, "sppo": {0: rows_of([0.2, 0.6])}}
-    given = cmp.compare(rows, window=1, target=0.5)
-    assert given["target"] == {"value": 0.5, "from": "--target", "smooth": 1}
-    assert given["methods"]["grpo"]["per_seed"][0]["reach"] is None
-    other = cmp.compare(rows, window=1, target_from="sppo")
-    assert other["target"]["value"] == pytest.approx(0.6)
-    assert cmp.compare({"sppo": rows["sppo"]}, window=1)["target"]["value"] is None
 
 
 def test_finished_with_compares_numbers_lists_and_switches(cmp, tmp_path):
@@ -189,6 +173,12 @@ def test_run_sets(cmp):
     else:
         assert "--dynamic-sampling-rounds" not in dapo
     assert [n for n, _ in sets["all"]] == [n for n, _ in cmp.ALL]
+    # token-level PPO as the project's PPO recipe runs it: whitened advantages, value clipping 0.5
+    recipe = json.loads((REPO / "sppo_rl" / "recipes" / "ppo-1.5b-deepscaler.json").read_text())
+    assert (recipe["whiten"], recipe["value_clip"]) == (True, 0.5)
+    for name in ("ppo", "ppo-vc"):
+        flags = methods[name]
+        assert "--whiten" in flags and flags[flags.index("--value-clip") + 1] == "0.5", name
     latent = dict(sets["latent"])
     assert list(latent) == ["latent-grpo", "latent-grpo-naive", "grpo", "sppo"]
     for explicit in ("grpo", "sppo"):  # explicit runs start from the curriculum's explicit stage
@@ -214,9 +204,9 @@ def test_latent_set_passes_the_flag_check_without_building_its_warm_start(cmp):
         (["--set", "long", "--only", "gspo"], "--only gspo: not in --set long"),
         (["--seeds", "0", "0"], "--seeds 0 0"),
         (["--seeds", "x"], "invalid int value"),
-        (["--smooth", "0"], "--smooth 0"),
-        (["--target", "0.5", "--target-from", "sppo"], "not both"),
-        (["--only", "sppo", "--target-from", "grpo"], "--target-from grpo: not among the runs"),
+        (["--target-gain", "0"], "--target-gain 0"),
+        (["--bootstrap-reps", "10"], "--bootstrap-reps 10"),
+        (["--only", "sppo", "--baseline", "grpo"], "--baseline grpo: not among the runs"),
         (["--only", "sppo", "--llm-args", "--bogus 1"], "sppo: sppo-rl llm refuses its flags: Unrecognized"),
         (["--only", "sppo", "--llm-args", "--max-new-tokens 0"], "--max-new-tokens must be >= 1"),
         (["--only", "grpo", "--llm-args", "--model /no/such/folder"], "--model /no/such/folder"),
@@ -252,8 +242,6 @@ def _compare(out: Path, tiny: Path, cache: Path, steps: int, *names: str) -> sub
         "4",
         "--eval-every",
         "1",
-        "--smooth",
-        "2",
         "--workers",
         "2",
         "--reuse",
@@ -272,28 +260,36 @@ def test_two_seeds_end_to_end_and_finished_runs_are_reused(tmp_path, tiny):
     proc = _compare(out, tiny, tmp_path / "cache", 2, "sppo", "grpo")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "compare.json").read_text())
-    # the target from the runs' own metrics, recomputed here: GRPO's smoothed (window 2) curves, mean over seeds
-    curves = []
-    for seed in (0, 1):
-        run = out / "grpo" / f"seed{seed}"
-        assert json.loads((run / "config.json").read_text())["seed"] == seed
-        acc = [
-            json.loads(line).get("val_accuracy") for line in (run / "metrics.jsonl").read_text().splitlines()
-        ]
-        acc = [a for a in acc if a is not None]
-        assert len(acc) == 3  # the start and after each of the 2 updates
-        curves.append([acc[0], (acc[0] + acc[1]) / 2, (acc[1] + acc[2]) / 2])
-    target = max((a + b) / 2 for a, b in zip(*curves))
+    # the target from the runs' own metrics, recomputed here: start + 0.5 (median pooled final - start),
+    # final = the last of 3 evaluations (10 %, at least one)
+    starts, finals = [], []
+    for name in ("sppo", "grpo"):
+        for seed in (0, 1):
+            run = out / name / f"seed{seed}"
+            assert json.loads((run / "config.json").read_text())["seed"] == seed
+            acc = [
+                json.loads(line).get("val_accuracy")
+                for line in (run / "metrics.jsonl").read_text().splitlines()
+            ]
+            acc = [a for a in acc if a is not None]
+            assert len(acc) == 3  # the start and after each of the 2 updates
+            starts.append(acc[0])
+            finals.append(acc[-1])
+    s0 = sum(starts) / 4
+    target = s0 + 0.5 * (sorted(finals)[1] / 2 + sorted(finals)[2] / 2 - s0)
     assert report["target"]["value"] == pytest.approx(target)
     grpo, sppo = report["methods"]["grpo"], report["methods"]["sppo"]
-    assert grpo["seconds_to_target"]["n"] >= 1  # the mean is reached by at least one seed
     assert grpo["group_size"] == 8 and sppo["group_size"] == 1
     assert sppo["updates"]["mean"] == 2 and sppo["tokens"]["n"] == 2
     assert sppo["model_state_mib"] > grpo["model_state_mib"] > 0  # the critic's state
     table = (out / "compare.md").read_text()
     assert "| grpo | 8 | 2 |" in table and "| sppo | 1 | 2 |" in table
-    assert f"Target {target:.3f}: the best of GRPO's mean over seeds" in table
-    assert table.count("SPPO's") == 2 or "No seed in which both GRPO and SPPO reached" in table
+    assert f"Target {target:.3f}: start + 0.5 x (median of the pooled finals" in table
+    rows = [line for line in table.splitlines() if line.startswith("| grpo vs sppo |")]
+    assert len(rows) == 5 and all(line.count("|") == 9 for line in rows)
+    assert all(
+        "too few seeds" in line or "no difference measured" in line or "no interval" in line for line in rows
+    )
     assert (out / "compare.png").stat().st_size > 0
 
     # --reuse keeps finished runs whose settings match, and reruns those whose settings changed

@@ -11,9 +11,9 @@ import math
 
 import numpy as np
 import pytest
+from paths import script_module
 
 from sppo_rl.experiments import protocol as P
-from sppo_rl.experiments.stats import trailing_mean
 
 
 def curve(seconds, acc, tokens_per_second: float = 100.0) -> P.Curve:
@@ -154,88 +154,43 @@ def test_protocol_end_to_end_on_hand_made_runs():
 # ------------------------------------------------------------------------------------------ the A/A test
 
 
-def learning_curve(t):
-    """The same curve for both methods: 0.3 -> 0.7, 95 % of the way at 150 s."""
-    return 0.3 + 0.4 * (1 - np.exp(-t / 50))
+@pytest.fixture(scope="module")
+def aa():
+    """scripts/aa_null.py: the simulated A/A runs (identical curves, 6.6 s vs 1.2 s per update, an
+    evaluation every 5 updates, 5 seeds) and yesterday's compare_llm rule."""
+    with script_module("aa_null") as module:
+        yield module
 
 
-def simulated_run(rng, seconds_per_update: float, budget: float = 300, every: int = 5, val: int = 64):
-    """An evaluation every ``every`` updates (and at the end) on ``val`` prompts: binomial noise around
-    :func:`learning_curve`; tokens proportional to seconds (the curves are identical on both axes)."""
-    updates = int(math.ceil(budget / seconds_per_update))
-    steps = np.arange(0, updates + 1, every)
-    steps = steps if steps[-1] == updates else np.append(steps, updates)
-    t = steps * seconds_per_update
-    return P.Curve(t, t * 1000.0, steps.astype(float), rng.binomial(val, learning_curve(t)) / val)
-
-
-def old_time_ratio(slow: list[P.Curve], fast: list[P.Curve], window: int = 3) -> float:
-    """Yesterday's compare_llm rule: each seed's curve smoothed by a trailing mean over ``window``
-    evaluations; the target the best of the slow method's mean smoothed curve (seeds cut to the
-    shortest); the seconds at the first evaluation whose smoothed value reaches it; the median over seed
-    pairs of slow / fast."""
-    smooth = [[trailing_mean(c.accuracy, window) for c in m] for m in (slow, fast)]
-    n = min(len(s) for s in smooth[0])
-    target = np.mean([s[:n] for s in smooth[0]], axis=0).max()
-
-    def reach(c, s):
-        hit = np.flatnonzero(s >= target - 1e-9)
-        return c.seconds[hit[0]] if len(hit) else None
-
-    pairs = [(reach(a, sa), reach(b, sb)) for a, sa, b, sb in zip(slow, smooth[0], fast, smooth[1])]
-    return float(np.median([a / b for a, b in pairs if a is not None and b is not None and b > 0]))
-
-
-def aa_repetitions(reps: int, seeds: int = 5):
-    rng = np.random.default_rng(2026)
-    for _ in range(reps):
-        slow = {k: simulated_run(rng, 6.6) for k in range(seeds)}  # "GRPO": evaluated every 33 s
-        fast = {k: simulated_run(rng, 1.2) for k in range(seeds)}  # "SPPO": every 6 s
-        yield slow, fast
-
-
-def test_old_rule_reports_a_ratio_for_identical_curves():
+def test_old_rule_reports_a_ratio_for_identical_curves(aa):
     """The bias the issue describes: identical curves, 5 seeds, 200 repetitions; the old rule says the
     slow-update method needs ~1.5x the wall-clock (10-90 %: 1.14-2.0x), more than 1x in 96 % of them."""
-    ratios = np.array([old_time_ratio(list(s.values()), list(f.values())) for s, f in aa_repetitions(200)])
+    ratios = np.array([aa.old_time_ratio(list(s.values()), list(f.values())) for s, f in aa.repetitions(200)])
     assert np.median(ratios) > 1.3
     assert np.quantile(ratios, 0.1) > 1.05 and np.mean(ratios > 1) >= 0.9
 
 
-def test_interpolated_first_crossing_alone_is_still_biased():
-    """Interpolating between raw evaluations removes the smoothing lag but not the extra chances of the
-    method evaluated 5x more often to cross a noisy target early: ~1.25x. Hence the time below the
-    target."""
-    ratios = []
-    for slow, fast in aa_repetitions(40):
-        r = P.protocol({"slow": slow, "fast": fast}, [], reps=10)["runs"]
-        first = [np.mean([r[m][k]["seconds_first_crossing"] for k in r[m]]) for m in ("slow", "fast")]
-        ratios.append(first[0] / first[1])
-    assert np.median(ratios) > 1.15
-
-
-def test_aa_protocol_finds_no_difference_between_identical_curves():
-    """The same simulated runs through the protocol: every ratio's median over repetitions within 5 % of
+def test_aa_protocol_finds_no_difference_between_identical_curves(aa):
+    """The same simulated runs through the protocol (40 repetitions): every ratio's median within 5 % of
     1, every difference's within 0.02 of 0; the interval contains no difference in most repetitions (a
     percentile bootstrap over 5 seeds covers ~85-90 %, not 95 %) and the verdict is "no difference
-    measured" in >= 90 % of them; the null interval contains no difference in every repetition."""
-    results = []
-    for slow, fast in aa_repetitions(40):
-        pair = P.protocol({"slow": slow, "fast": fast}, [("slow", "fast")], reps=1000)["pairs"][
-            "slow_vs_fast"
-        ]
-        results.append(pair)
+    measured" in >= 90 % of them; the null interval contains no difference in every repetition. The
+    interpolated first crossing alone stays biased (~1.25x: the method evaluated 5x more often has more
+    chances to cross a noisy target early): hence the time below the target."""
+    m = aa.measure(40)
     for name in (*P.DIFFERENCES, *P.RATIOS):
         none = 0.0 if name in P.DIFFERENCES else 1.0
-        points = np.array([r[name]["point"] for r in results])
-        covered = np.mean([r[name]["interval"][0] <= none <= r[name]["interval"][1] for r in results])
-        quiet = np.mean([r[name]["verdict"] == "no difference measured" for r in results])
+        s = [p[name] for p in m["pairs"]]
+        points = np.array([x["point"] for x in s])
+        covered = np.mean([x["interval"][0] <= none <= x["interval"][1] for x in s])
+        quiet = np.mean([x["verdict"] == "no difference measured" for x in s])
         assert abs(np.median(points) - none) < (0.02 if none == 0 else 0.05), name
         assert covered >= 0.75 and quiet >= 0.9, (name, covered, quiet)
-        assert all(r[name]["null"][0] <= none <= r[name]["null"][1] for r in results), name
-    # the first repetition, as the script would print it: the time ratio's interval contains 1
-    lo, hi = results[0]["seconds_to_target"]["interval"]
+        assert all(x["null"][0] <= none <= x["null"][1] for x in s), name
+    # the first repetition, as compare_llm would print it: the time ratio's interval contains 1
+    lo, hi = m["pairs"][0]["seconds_to_target"]["interval"]
     assert lo < 1 < hi
+    assert np.median(m["first_crossing"]) > 1.15
 
 
 def test_report_s_default_final_is_the_protocol_s():
