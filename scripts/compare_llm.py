@@ -697,6 +697,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{len(errors)} of {len(jobs)} runs failed; the finished ones are kept (--reuse)")
 
     rows = {name: {seed: read_rows(out / name / f"seed{seed}") for seed in args.seeds} for name in names}
+    silent = [f"{n} seed {k}" for n in names for k in args.seeds if not evaluations(rows[n][k])]
+    if silent:  # no validation: nothing to compare (e.g. --llm-args "--val-size 0")
+        raise SystemExit(
+            f"no validation accuracy logged by {', '.join(silent)}: nothing to compare (--val-size)"
+        )
     report = compare(rows, args.target, args.target_gain, args.baseline or BASELINE, args.bootstrap_reps)
     for name in names:
         report["methods"][name].update(run_facts([out / name / f"seed{seed}" for seed in args.seeds]))
@@ -720,7 +725,9 @@ def main(argv: list[str] | None = None) -> None:
     md = markdown(report)
     print(md)
     (out / "compare.md").write_text(md + "\n")
-    (out / "compare.json").write_text(json.dumps(report, indent=2) + "\n")
+    from sppo_rl.runtime.logging import json_safe
+
+    (out / "compare.json").write_text(json.dumps(json_safe(report), indent=2) + "\n")
     plot(report, out / "compare.png", f"tiny Qwen2 on {args.task}, same warm start, seeds {args.seeds}")
 
 

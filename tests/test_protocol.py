@@ -197,3 +197,9 @@ def test_report_s_default_final_is_the_protocol_s():
     from sppo_rl.experiments.config import ReportConfig
 
     assert ReportConfig(inputs=("x",)).final_frac == P.FINAL_FRAC
+
+
+def test_a_run_without_evaluations_is_refused_not_dropped():
+    a = {0: curve([0, 10], [0.2, 0.4]), 1: curve([], [])}
+    with pytest.raises(ValueError, match="no evaluation in a seed 1"):
+        P.protocol({"a": a}, [])

@@ -327,6 +327,11 @@ def protocol(
     """The whole protocol on every method's per-seed curves: the windows, the target (given, or
     :func:`target_of` over all runs), every run's :func:`run_statistics` and, for each ``(A, B)`` of
     ``pairs``, :func:`compare_pair`."""
+    empty = [
+        f"{name} seed {k}" for name, seeds in curves.items() for k, c in seeds.items() if not len(c.accuracy)
+    ]
+    if empty:
+        raise ValueError(f"no evaluation in {', '.join(empty)}: nothing to compare")
     runs = [c for seeds in curves.values() for c in seeds.values()]
     windows = {axis: window(runs, axis) for axis in AXES}
     rule = "given"
