@@ -1,6 +1,7 @@
 """scripts/compare_llm.py: the figures of a multi-seed comparison, worked by hand on made-up metrics rows
-(the smoothed mean-over-seeds target that a single noisy evaluation cannot set, seeds cut to the
-shortest, a seed that never reaches the target, ratios paired by seed), the run sets, ``--reuse``'s
+(the pooled target rule that no method's lucky evaluation can set, every run read on the common window
+between its raw evaluations, comparisons paired by seed with their interval, A/A null and verdict in
+the printed table), the run sets (PPO as the project's recipe runs it), ``--reuse``'s
 settings check, bad input refused before any file is touched; and the script end to end on a tiny
 model with two seeds."""
 
