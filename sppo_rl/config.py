@@ -118,7 +118,7 @@ class RunConfig:
     """Settings every training run has: algorithm, seed, the PPO update, the run folder, logging."""
 
     algo: str = "sppo"
-    """Algorithm (`sppo-rl info` lists them): ppo, sppo, grpo, drgrpo, gspo, gspo-token, cispo, reinforce++,
+    """Algorithm (`sppo-rl info` lists them): ppo, sppo, grpo, drgrpo, gspo, cispo, reinforce++,
     rloo, remax, reinforce, bppo, lampo, ... or the ablation ppo-bce."""
     seed: int = 0
     """Seed of everything: contexts (start states / prompt order), sampling, minibatch order, network init."""
@@ -133,8 +133,8 @@ class RunConfig:
     """Token (step) budget of a pass: rows are packed longest first while (rows x longest row) fits, each
     micro-batch cut to its own longest row (verl's dynamic batch size)."""
     clip: float | None = None
-    """PPO clip range epsilon (both sides). None: the algorithm's own (gspo, gspo-token: 3e-4 with
-    --clip-high 4e-4, the GSPO paper's), else 0.2."""
+    """PPO clip range epsilon (both sides). None: the algorithm's own (gspo: 3e-4 with --clip-high 4e-4,
+    the GSPO paper's), else 0.2."""
     clip_high: float | None = None
     """Upper clip range if different from --clip (asymmetric clipping); CISPO's weight cap 1 + clip_high.
     None: --clip (or, with --clip unset too, the algorithm's own)."""
@@ -149,8 +149,8 @@ class RunConfig:
     ratio_level: Literal["token", "sequence", "sequence-token"] | None = None
     """Importance ratio per token (PPO), or per sequence: the geometric mean of its token ratios, clipped
     as a whole (GSPO); sequence-token: that ratio's value with each token's own gradient (GSPO-token, for
-    per-token advantages); any estimator can use each. None: the algorithm's own (gspo, sppo-seq:
-    sequence; gspo-token: sequence-token)."""
+    per-token advantages; `--algo gspo --ratio-level sequence-token` is GSPO-token); any estimator can
+    use each. None: the algorithm's own (gspo, sppo-seq: sequence)."""
     policy_loss: Literal["ppo", "cispo"] | None = None
     """Surrogate: PPO's clipped ratio, or CISPO's REINFORCE weighted by a clipped stop-gradient ratio
     (no token's gradient is ever dropped). None: the algorithm's own (cispo: cispo)."""

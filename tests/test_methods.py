@@ -239,7 +239,7 @@ def test_algorithms_bring_their_own_defaults_and_a_run_setting_wins():
     assert (
         resolved(algo="sppo-seq").ratio_level == "sequence" and resolved(algo="cispo").policy_loss == "cispo"
     )
-    assert resolved(algo="gspo-token").ratio_level == "sequence-token"
+    assert resolved(algo="gspo", ratio_level="sequence-token").ratio_level == "sequence-token"  # GSPO-token
 
 
 def test_gspo_runs_at_its_papers_clip_range_unless_the_user_sets_one():
@@ -252,7 +252,10 @@ def test_gspo_runs_at_its_papers_clip_range_unless_the_user_sets_one():
         lc = LearnerConfig.from_run(cfg, 30, get_algorithm(cfg.algo).defaults)
         return lc.clip, lc.clip if lc.clip_high is None else lc.clip_high
 
-    assert clips(algo="gspo") == (3e-4, 4e-4) and clips(algo="gspo-token") == (3e-4, 4e-4)
+    assert clips(algo="gspo") == (3e-4, 4e-4) and clips(algo="gspo", ratio_level="sequence-token") == (
+        3e-4,
+        4e-4,
+    )
     assert clips(algo="gspo", clip=0.1) == (0.1, 0.1)
     assert clips(algo="gspo", clip_high=1e-3) == (3e-4, 1e-3)
     assert clips(algo="grpo") == (0.2, 0.2) and clips(algo="grpo", clip=0.1, clip_high=0.28) == (0.1, 0.28)

@@ -100,16 +100,8 @@ ALGORITHMS: dict[str, Algorithm] = {
             "none",
             8,
             "GSPO: GRPO advantages, one importance ratio per sequence (geometric mean), clipped per "
-            "sequence to [1 - 3e-4, 1 + 4e-4]",
+            "sequence to [1 - 3e-4, 1 + 4e-4]; GSPO-token: --ratio-level sequence-token",
             defaults=GSPO_DEFAULTS,
-        ),
-        Algorithm(
-            "gspo-token",
-            "grpo",
-            "none",
-            8,
-            "GSPO-token: GSPO's sequence ratio and clip, each token keeping its own advantage's gradient",
-            defaults={**GSPO_DEFAULTS, "ratio_level": "sequence-token"},
         ),
         Algorithm(
             "sppo-seq",
