@@ -290,8 +290,9 @@ def value_units(algo: Algorithm, critic_out: Tensor) -> Tensor:
 def compute_advantages(batch: SequenceBatch, algo: Algorithm, **params: object) -> SequenceBatch:
     """Fill ``batch.advantages``, ``batch.returns`` and ``batch.loss_mask``.
 
-    Passes exactly what the estimator declares: ``values`` (``batch.values``, converted by
-    :func:`critic_values`), ``group_ids``, ``baseline_rewards``, ``logp_old``; ``params`` are
+    Passes every estimator ``token_rewards``, ``mask`` and ``rewards`` (the outcome alone), and exactly
+    what it declares: ``values`` (``batch.values``, converted by :func:`critic_values`), ``group_ids``,
+    ``baseline_rewards``, ``logp_old``; ``params`` are
     estimator and selector parameters (``gamma``, ``lam``, ``whiten``, ``std``, ``eps``, ...). The
     loss mask is ``batch.mask``, or what the algorithm's selector keeps of it.
 
