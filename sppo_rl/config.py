@@ -118,7 +118,8 @@ class RunConfig:
     """Settings every training run has: algorithm, seed, the PPO update, the run folder, logging."""
 
     algo: str = "sppo"
-    """Algorithm: ppo, sppo, grpo, drgrpo, rloo, remax, reinforce, bppo, lampo, or the ablation ppo-bce."""
+    """Algorithm (`sppo-rl info` lists them): ppo, sppo, grpo, drgrpo, gspo, cispo, reinforce++,
+    rloo, remax, reinforce, bppo, lampo, ... or the ablation ppo-bce."""
     seed: int = 0
     """Seed of everything: contexts (start states / prompt order), sampling, minibatch order, network init."""
     group_size: int | None = None
@@ -131,10 +132,12 @@ class RunConfig:
     max_tokens_per_micro_batch: int | None = None
     """Token (step) budget of a pass: rows are packed longest first while (rows x longest row) fits, each
     micro-batch cut to its own longest row (verl's dynamic batch size)."""
-    clip: float = 0.2
-    """PPO clip range epsilon (both sides)."""
+    clip: float | None = None
+    """PPO clip range epsilon (both sides). None: the algorithm's own (gspo: 3e-4 with --clip-high 4e-4,
+    the GSPO paper's), else 0.2."""
     clip_high: float | None = None
-    """Upper clip range if different from --clip (asymmetric clipping)."""
+    """Upper clip range if different from --clip (asymmetric clipping); CISPO's weight cap 1 + clip_high.
+    None: --clip (or, with --clip unset too, the algorithm's own)."""
     dual_clip: float | None = None
     """Dual-clip constant c > 1 for negative advantages (off by default)."""
     value_clip: float | None = None
@@ -143,9 +146,11 @@ class RunConfig:
     """Loss aggregation over positions: token-mean (every step/token equal; verl's default and the paper's),
     seq-mean-token-mean (every sequence equal), seq-mean-token-sum-norm (sum over positions / horizon).
     None: the algorithm's own (Dr. GRPO: seq-mean-token-sum-norm; GSPO: seq-mean-token-mean; else token-mean)."""
-    ratio_level: Literal["token", "sequence"] | None = None
+    ratio_level: Literal["token", "sequence", "sequence-token"] | None = None
     """Importance ratio per token (PPO), or per sequence: the geometric mean of its token ratios, clipped
-    as a whole (GSPO); any estimator can use either. None: the algorithm's own (gspo, sppo-seq: sequence)."""
+    as a whole (GSPO); sequence-token: that ratio's value with each token's own gradient (GSPO-token, for
+    per-token advantages; `--algo gspo --ratio-level sequence-token` is GSPO-token); any estimator can
+    use each. None: the algorithm's own (gspo, sppo-seq: sequence)."""
     policy_loss: Literal["ppo", "cispo"] | None = None
     """Surrogate: PPO's clipped ratio, or CISPO's REINFORCE weighted by a clipped stop-gradient ratio
     (no token's gradient is ever dropped). None: the algorithm's own (cispo: cispo)."""
@@ -214,7 +219,7 @@ class RunConfig:
             ("group_size", optional(ge(1)), ">= 1, or None for the algorithm's default"),
             ("micro_batch_size", optional(ge(1)), ">= 1, or None for a whole minibatch per pass"),
             ("max_tokens_per_micro_batch", optional(ge(1)), ">= 1, or None for no token budget"),
-            ("clip", gt(0), "> 0"),
+            ("clip", optional(gt(0)), "> 0, or None for the algorithm's default"),
             ("clip_high", optional(gt(0)), "> 0, or None for --clip"),
             ("dual_clip", optional(gt(1)), "> 1, or None for off"),
             ("value_clip", optional(gt(0)), "> 0, or None for plain MSE"),

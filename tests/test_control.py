@@ -115,7 +115,10 @@ ALGOS += ["gspo", "sppo-seq", "cispo", "reinforce++", "reinforce++-baseline"]
 
 @pytest.mark.parametrize("algo", ALGOS)
 def test_each_algorithm_solves_the_easy_sparse_task(tmp_path, algo):
-    summary = run_control(_cfg(tmp_path, algo=algo, total_episodes=1536, eval_episodes=64))
+    # GSPO's own clip range (3e-4 / 4e-4 on the sequence ratio, for LLM responses) stops most of 4 epochs
+    # x 4 minibatches here after the first step (0.27 success after 1536 episodes): PPO's 0.2 instead
+    extra = {"clip": 0.2} if algo == "gspo" else {}
+    summary = run_control(_cfg(tmp_path, algo=algo, total_episodes=1536, eval_episodes=64, **extra))
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert rows[0]["success_rate"] < 0.5, "the task must start hard for a random policy"
     last = float(np.mean([r["success_rate"] for r in rows[-3:]]))

@@ -3,6 +3,7 @@ fixes, the curriculum warm start and a short run, on hand-computed numbers and t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -65,13 +66,26 @@ def test_latent_step_mixture_and_logprob_by_hand():
     lp = latent_logprob(step.scores, step.logp.gather(-1, step.ids))
     assert float(lp) == pytest.approx((phi(2) + phi(1)) / 2, abs=1e-6)
     assert float(lp) == pytest.approx(-1.7516, abs=1e-4)
-    # noise scale 2: x = [1, 0.5] and the density's - log 2
-    lp2 = latent_logprob(step.scores, step.logp.gather(-1, step.ids), scale=2.0)
-    assert float(lp2) == pytest.approx((phi(1) + phi(0.5)) / 2 - math.log(2), abs=1e-6)
     # a policy that doubles p(i_1) = p(token 2) moves x_1 from 2 to 2 - ln 2
     moved = latent_logprob(step.scores, step.logp.gather(-1, step.ids) + torch.tensor([[math.log(2), 0.0]]))
     assert float(moved) == pytest.approx((phi(2 - math.log(2)) + phi(1)) / 2, abs=1e-6)
     assert gumbel_logpdf(torch.tensor(0.0)).item() == pytest.approx(-1.0)
+
+
+def test_latent_logprob_at_a_noise_scale_is_the_authors_phi_of_the_scaled_noise():
+    """The authors' code evaluates ``phi(s_k - log p(i_k)) = phi(sigma * g_k)``: no division by sigma and
+    no ``- log sigma``. At sigma = 0.5, noise g = [1, 1], K = 2: x = [0.5, 0.5], value phi(0.5) = -1.1065
+    and d log pi / d log p(i_k) = (1 - e^-0.5) / 2 = 0.1967 per candidate. The exact density of the
+    sampled noise (phi(g) - log sigma) would give (1 - e^-1) / (0.5 * 2) = 0.632 instead."""
+    sigma = 0.5
+    logp = torch.tensor([[math.log(0.5), math.log(0.25)]], requires_grad=True)
+    scores = logp.detach() + sigma * torch.tensor([[1.0, 1.0]])
+    lp = latent_logprob(scores, logp)
+    value = float(lp.detach())
+    assert value == pytest.approx(phi(0.5), abs=1e-6) and value == pytest.approx(-1.1065, abs=1e-4)
+    lp.sum().backward()
+    assert logp.grad[0].tolist() == pytest.approx([(1 - math.exp(-0.5)) / 2] * 2, abs=1e-6)
+    assert float(logp.grad[0, 0]) == pytest.approx(0.1967, abs=1e-4)
 
 
 def test_one_sided_noise_never_negative_and_aligns_every_candidate_with_the_advantage():
@@ -154,6 +168,24 @@ def test_latent_grpo_advantages_mask_invalid_rows_and_select_one_first_step():
     assert batch.advantages[:, 0].tolist() == pytest.approx([0.0, a, 0.0, 0.0, 0.0], abs=1e-4)
 
 
+def test_latent_grpo_gives_the_lone_valid_member_of_a_group_its_outcome():
+    """The authors' code takes a group with one valid member at mean 0 and std 1: ``A = R`` (1 for a lone
+    correct row, 0 for a lone wrong one), not 0. Groups: 0 = [1, invalid, invalid], 1 = [0, invalid],
+    2 = [1, 0] (sample std 0.7071: A = +-0.7071). Explicit GRPO keeps 0 for a lone member."""
+    batch = SequenceBatch(
+        mask=torch.ones(7, 2),
+        logp_old=torch.full((7, 2), -0.5),
+        rewards=torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]),
+        group_ids=torch.tensor([0, 0, 0, 1, 1, 2, 2]),
+        valid=torch.tensor([True, False, False, True, False, True, True]),
+    )
+    compute_advantages(batch, get_algorithm("latent-grpo"))
+    a = 0.5 / math.sqrt(0.5)
+    assert batch.advantages[:, 1].tolist() == pytest.approx([1.0, 0, 0, 0, 0, a, -a], abs=1e-5)
+    compute_advantages(batch, get_algorithm("grpo"))
+    assert batch.advantages[:, 1].tolist() == pytest.approx([0.0, 0, 0, 0, 0, a, -a], abs=1e-5)
+
+
 class _Recorder:
     """An engine that keeps the gradient of each step instead of stepping."""
 
@@ -223,8 +255,15 @@ def test_rollout_logprobs_are_recomputed_by_the_learner(tiny):
     m = rb.response_mask.float()
     assert float(((lp - rb.logprobs) * m).abs().max()) < 1e-4
     assert bool((ent[:, :3] > 0).all())
-    # a latent step's log-prob is the Gumbel density of its noise: at most phi(0) - log(0.7)
-    assert float(rb.logprobs[:, :3].max()) <= -1.0 - math.log(0.7) + 1e-5
+    # the authors' rule: a latent step's log-prob is phi(s_k - log p(i_k)), at most phi(0) = -1, and the
+    # same whatever the noise scale that made the stored scores (the exact density would add - log 0.7
+    # and divide the noise by 0.7)
+    assert float(rb.logprobs[:, :3].max()) <= -1.0 + 1e-5
+    with torch.no_grad():
+        lp1, _ = latent_rows(rb, model, 1.0, dataclasses.replace(s, noise_scale=1.0), "cpu")(
+            torch.arange(6), rb.response_len
+        )
+    assert torch.allclose(lp1, lp, atol=1e-6)
     greedy = engine.generate(["12+35="], greedy=True, max_new_tokens=4)
     assert float(greedy.logprobs[0, :3].abs().sum()) == 0.0  # noise-free latent steps carry no log-prob
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import threading
 
 import pytest
@@ -279,3 +280,45 @@ def test_a_non_finite_loss_reaches_the_guard_before_any_step():
         w.update("grpo", LearnerConfig(), guard=guard)
     assert seen == ["policy_loss"]
     assert torch.equal(w.weights().nan_to_num(), before.nan_to_num())
+
+
+class _GradOf:
+    """An engine that keeps the gradient of ``param`` at each step instead of stepping."""
+
+    def __init__(self, param: torch.Tensor) -> None:
+        self.param, self.grads = param, []
+
+    def boundary(self, last: bool) -> None:
+        pass
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> float:
+        self.grads.append(self.param.grad.clone())
+        self.param.grad = None
+        return 0.0
+
+
+def test_truncated_importance_weight_is_pi_old_over_mu_capped_in_the_learner():
+    """``ppo_update`` with ``tis_cap = C = 2`` weighs each token's loss by ``min(pi_old / mu, C)``, ``mu``
+    the sampler's log-probs. Two tokens, logp = logp_old = 0 (ratio 1), A = 1, token-mean:
+    ``d loss / d logp_t = -w_t / 2``. pi_old / mu = e^(0 - (-ln 3)) = 3 -> capped 2, and e^(0 - ln 2) = 0.5:
+    gradient [-1, -0.25]. The flipped ratio mu / pi_old (1/3 and 2) would give [-1/6, -1]; no weight
+    [-0.5, -0.5]."""
+    theta = torch.zeros(1, 2, requires_grad=True)
+
+    def actor(rows: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return theta[rows, :T], torch.zeros(len(rows), T)
+
+    def grad(tis_cap: float | None) -> list[float]:
+        batch = SequenceBatch(mask=torch.ones(1, 2), logp_old=torch.zeros(1, 2), rewards=torch.ones(1))
+        batch.logp_rollout = torch.tensor([[-math.log(3.0), math.log(2.0)]])
+        batch.advantages, batch.loss_mask = torch.ones(1, 2), torch.ones(1, 2)
+        batch.returns = torch.ones(1)
+        engine = _GradOf(theta)
+        ppo_update(batch, get_algorithm("grpo"), LearnerConfig(tis_cap=tis_cap), actor, engine)
+        return engine.grads[0][0].tolist()
+
+    assert grad(2.0) == pytest.approx([-1.0, -0.25], abs=1e-6)
+    assert grad(None) == pytest.approx([-0.5, -0.5], abs=1e-6)

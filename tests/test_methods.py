@@ -8,7 +8,16 @@ import pytest
 import torch
 from paths import reward_file
 
-from sppo_rl.agents import LearnerConfig, SequenceBatch, get_algorithm, get_estimator, kl_penalty, policy_loss
+from sppo_rl.agents import (
+    LearnerConfig,
+    SequenceBatch,
+    compute_advantages,
+    get_algorithm,
+    get_estimator,
+    kl_penalty,
+    policy_loss,
+)
+from sppo_rl.agents.algorithms import with_algorithm_defaults
 from sppo_rl.agents.batch import terminal_rewards
 from sppo_rl.agents.learner import group_stats_summary, rollout_mismatch
 
@@ -33,16 +42,47 @@ def test_gspo_sequence_ratio_is_the_geometric_mean_clipped_per_sequence():
     assert mt["clipfrac"] == pytest.approx(3 / 5)
 
 
-def test_cispo_keeps_the_gradient_of_clipped_tokens_with_a_clipped_weight():
-    # r = e^0.5 = 1.6487 with A = +1 -> weight clip(r, 0.8, 1.2) = 1.2: d loss / d logp = -1.2 * 1 / 2 (token mean)
-    # r = e^-0.6931 = 0.5 with A = -1 -> weight 0.8: d loss / d logp = -0.8 * -1 / 2 = +0.4
+def test_gspo_token_keeps_each_tokens_advantage_where_the_sequence_ratio_averages_them():
+    """One sequence of two tokens, A = [1, -1], logp = logp_old (s = 1), seq-mean-token-mean:
+    GSPO-token's ``s_t = sg[s] * pi_t / sg[pi_t]`` gives ``l = -(A_1 s_1 + A_2 s_2) / 2`` with
+    ``d s_t / d logp_t = s = 1``: ``d loss / d logp = [-1/2, +1/2]``. The sequence ratio gives every
+    token ``d s / d logp_t = s / 2``, times the summed advantage 0: ``[0, 0]``."""
+    adv, mask = torch.tensor([[1.0, -1.0]]), torch.ones(1, 2)
+    grads = {}
+    for level in ("sequence-token", "sequence"):
+        logp = torch.zeros(1, 2, requires_grad=True)
+        loss, _ = policy_loss(
+            logp, torch.zeros(1, 2), adv, mask, agg="seq-mean-token-mean", ratio_level=level
+        )
+        loss.backward()
+        grads[level] = logp.grad[0].tolist()
+    assert grads["sequence-token"] == pytest.approx([-0.5, 0.5], abs=1e-7)
+    assert grads["sequence"] == pytest.approx([0.0, 0.0], abs=1e-7)
+    # with one advantage per sequence GSPO-token is GSPO: the numbers of the test above, clipping included
+    logp_old = torch.zeros(2, 3)
+    logp = torch.tensor([[0.1, 0.3, -0.1], [0.5, 0.5, 0.0]], requires_grad=True)
+    m2 = torch.tensor([[1.0, 1, 1], [1, 1, 0]])
+    loss, m = policy_loss(
+        logp, logp_old, m2.clone(), m2, agg="seq-mean-token-mean", ratio_level="sequence-token"
+    )
+    loss.backward()
+    assert float(loss.detach()) == pytest.approx(-1.1525855, abs=1e-6) and m["clipfrac"] == pytest.approx(
+        2 / 5
+    )
+    assert torch.allclose(logp.grad, torch.tensor([[-0.1841952] * 3, [0.0, 0.0, 0.0]]), atol=1e-6)
+
+
+def test_cispo_weight_is_bounded_above_only_and_keeps_the_gradient_of_clipped_tokens():
+    """MiniMax-M1 sets no lower bound on the IS weight. r = e^0.5 = 1.6487 with A = +1: weight
+    min(r, 1.2) = 1.2, d loss / d logp = -1.2 * 1 / 2 (token mean) = -0.6; r = 0.5 with A = -1: weight 0.5
+    (a floor at 1 - eps would make it 0.8), d loss / d logp = -0.5 * -1 / 2 = +0.25."""
     logp = torch.tensor([[0.5, math.log(0.5)]], requires_grad=True)
     adv = torch.tensor([[1.0, -1.0]])
     mask = torch.ones(1, 2)
-    loss, m = policy_loss(logp, torch.zeros(1, 2), adv, mask, mode="cispo")
+    loss, m = policy_loss(logp, torch.zeros(1, 2), adv, mask, clip_low=0.2, clip_high=0.2, mode="cispo")
     loss.backward()
-    assert torch.allclose(logp.grad, torch.tensor([[-0.6, 0.4]]), atol=1e-6)
-    assert m["clipfrac"] == 1.0
+    assert torch.allclose(logp.grad, torch.tensor([[-0.6, 0.25]]), atol=1e-6)
+    assert m["clipfrac"] == 0.5  # only the first token's weight is capped
     # PPO drops both: A > 0 above 1 + eps, A < 0 below 1 - eps
     logp2 = logp.detach().clone().requires_grad_(True)
     ppo, _ = policy_loss(logp2, torch.zeros(1, 2), adv, mask)
@@ -73,14 +113,68 @@ def test_reinforce_plus_plus_standardises_returns_over_the_batch():
     assert torch.equal(ret, R)
 
 
-def test_reinforce_plus_plus_baseline_centres_per_group_and_scales_by_the_batch_std():
+def test_reinforce_plus_plus_baseline_centres_per_group_and_whitens_over_the_batch():
     mask = torch.ones(4, 2)
     R = torch.tensor([1.0, 1.0, 0.0, 0.0])
     adv, _ = get_estimator("reinforce++-baseline")(
         token_rewards=terminal_rewards(R, mask), mask=mask, group_ids=torch.zeros(4, dtype=torch.long)
     )
-    # centred +-0.5 on 8 positions: unbiased std sqrt(8 * 0.25 / 7) = 0.534522 -> +-0.935414
+    # centred +-0.5 on 8 positions, mean 0: unbiased std sqrt(8 * 0.25 / 7) = 0.534522 -> +-0.935414
     assert torch.allclose(adv[:, 0], torch.tensor([0.935414, 0.935414, -0.935414, -0.935414]), atol=1e-5)
+
+
+def test_reinforce_plus_plus_baseline_subtracts_the_batch_mean_over_tokens():
+    """verl / OpenRLHF whiten the centred outcomes over the batch's valid TOKENS. One group R = [1, 0] of
+    lengths 10 and 30: c = [0.5, -0.5]; token mean (10 * 0.5 - 30 * 0.5) / 40 = -0.25; unbiased variance
+    (10 * 0.75^2 + 30 * 0.25^2) / 39 = 7.5 / 39, std 0.43853: A = 0.75 / 0.43853 = +1.7103 and
+    -0.25 / 0.43853 = -0.5701 (dividing by the std alone gives +-0.5 / 0.43853 = +-1.1402)."""
+    mask = torch.zeros(2, 30)
+    mask[0, :10] = 1
+    mask[1] = 1
+    R = torch.tensor([1.0, 0.0])
+    adv, _ = get_estimator("reinforce++-baseline")(
+        token_rewards=terminal_rewards(R, mask), mask=mask, group_ids=torch.zeros(2, dtype=torch.long)
+    )
+    sd = math.sqrt(7.5 / 39)
+    assert float(adv[0, 0]) == pytest.approx(0.75 / sd, abs=1e-4) and float(adv[0, 0]) == pytest.approx(
+        1.7103, abs=1e-4
+    )
+    assert float(adv[1, 0]) == pytest.approx(-0.25 / sd, abs=1e-4) and float(adv[1, 0]) == pytest.approx(
+        -0.5701, abs=1e-4
+    )
+    assert float(adv[0, 10:].abs().sum()) == 0.0
+
+
+def test_reinforce_plus_plus_baseline_adds_a_kl_reward_per_token_before_the_return_to_go():
+    """OpenRLHF: the group baseline is over the outcome; the KL penalty stays on its token and enters the
+    return-to-go. One group R = [1, 0], two tokens each, KL reward -0.2 on each token of row 0:
+    per-token rewards row 0 = [-0.2, 0.5 - 0.2], row 1 = [0, -0.5]; returns-to-go [0.1, 0.3] and
+    [-0.5, -0.5]; mean -0.15; deviations [0.25, 0.45, -0.35, -0.35], unbiased variance 0.51 / 3 = 0.17:
+    A = [0.6063, 1.0914, -0.8489, -0.8489]. Summing the KL into R (R = [0.6, 0], centred +-0.3) would give
+    one advantage per row, +-0.866."""
+    mask = torch.ones(2, 2)
+    R = torch.tensor([1.0, 0.0])
+    kl_reward = torch.tensor([[-0.2, -0.2], [0.0, 0.0]])
+    adv, _ = get_estimator("reinforce++-baseline")(
+        token_rewards=terminal_rewards(R, mask) + kl_reward,
+        mask=mask,
+        group_ids=torch.zeros(2, dtype=torch.long),
+        rewards=R,
+    )
+    sd = math.sqrt(0.17)
+    expected = torch.tensor([[0.25, 0.45], [-0.35, -0.35]]) / sd
+    assert torch.allclose(adv, expected, atol=1e-5)
+    assert adv[0].tolist() == pytest.approx([0.6063, 1.0914], abs=1e-4)
+    # through compute_advantages: the batch's outcome is the baseline's R, the KL stays per token
+    b = SequenceBatch(
+        mask=mask,
+        logp_old=torch.zeros(2, 2),
+        rewards=R,
+        token_rewards=terminal_rewards(R, mask) + kl_reward,
+        group_ids=torch.zeros(2, dtype=torch.long),
+    )
+    compute_advantages(b, get_algorithm("reinforce++-baseline"))
+    assert torch.allclose(b.advantages, expected, atol=1e-5)
 
 
 def test_gae_with_a_critic_lambda_and_a_length_adaptive_actor_lambda():
@@ -145,6 +239,44 @@ def test_algorithms_bring_their_own_defaults_and_a_run_setting_wins():
     assert (
         resolved(algo="sppo-seq").ratio_level == "sequence" and resolved(algo="cispo").policy_loss == "cispo"
     )
+    assert resolved(algo="gspo", ratio_level="sequence-token").ratio_level == "sequence-token"  # GSPO-token
+
+
+def test_gspo_runs_at_its_papers_clip_range_unless_the_user_sets_one():
+    """GSPO Sec. 5.1: 3e-4 left, 4e-4 right on the sequence ratio. A user's --clip sets both sides (the
+    algorithm's right side does not sneak in); a user's --clip-high alone keeps GSPO's left side."""
+    from sppo_rl.control.config import ControlConfig
+
+    def clips(**kw):
+        cfg = ControlConfig(**kw)
+        lc = LearnerConfig.from_run(cfg, 30, get_algorithm(cfg.algo).defaults)
+        return lc.clip, lc.clip if lc.clip_high is None else lc.clip_high
+
+    assert clips(algo="gspo") == (3e-4, 4e-4) and clips(algo="gspo", ratio_level="sequence-token") == (
+        3e-4,
+        4e-4,
+    )
+    assert clips(algo="gspo", clip=0.1) == (0.1, 0.1)
+    assert clips(algo="gspo", clip_high=1e-3) == (3e-4, 1e-3)
+    assert clips(algo="grpo") == (0.2, 0.2) and clips(algo="grpo", clip=0.1, clip_high=0.28) == (0.1, 0.28)
+    # the resolved run config (what the trainers save) states the same
+    cfg = with_algorithm_defaults(ControlConfig(algo="gspo"), get_algorithm("gspo"))
+    assert (cfg.clip, cfg.clip_high, cfg.ratio_level) == (3e-4, 4e-4, "sequence")
+
+
+def test_reinforce_plus_plus_puts_a_k1_kl_in_the_reward_by_default():
+    """REINFORCE++ (arXiv 2501.03262) has a token-level KL penalty in the reward; coefficient 0.01 as
+    OpenRLHF's REINFORCE++ example. Other methods keep KL off; a user's --kl-coef 0 wins."""
+    from sppo_rl.llm.config import LLMConfig
+
+    def kl(**kw):
+        cfg = with_algorithm_defaults(LLMConfig(**kw), get_algorithm(kw["algo"]))
+        return cfg.kl_coef, cfg.kl_in, cfg.kl_estimator
+
+    assert kl(algo="reinforce++") == (0.01, "reward", "k1")
+    assert kl(algo="reinforce++", kl_coef=0.0) == (0.0, "reward", "k1")
+    assert kl(algo="reinforce++", kl_in="loss", kl_estimator="k3") == (0.01, "loss", "k3")
+    assert kl(algo="grpo") == (0.0, "loss", "k3") and kl(algo="reinforce++-baseline") == (0.0, "loss", "k3")
 
 
 @pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])

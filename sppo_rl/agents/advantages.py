@@ -8,6 +8,9 @@ keyword contract::
 - ``token_rewards`` ``[B, T]``: reward per position (the outcome sits on the last valid position).
   A sequence's outcome is ``R_b = sum_t token_rewards[b, t] * mask[b, t]``.
 - ``mask`` ``[B, T]``: 1 on valid positions, 0 on right padding.
+- ``rewards`` ``[B]``: the outcome alone (``SequenceBatch.rewards``), when ``token_rewards`` also holds
+  per-position terms (a KL penalty, DAPO's overlong punishment); an estimator that does not read it
+  uses ``R_b`` above.
 - ``values``: ``[B, T]`` per-position values (``gae``) or ``[B]`` per-sequence logits (``sppo``).
 - ``group_ids`` ``[B]``: sequences from the same context share an id (group methods).
 - ``baseline_rewards`` ``[B]``: the greedy rollout's outcome for each sequence's context (``remax``).
@@ -32,6 +35,8 @@ from typing import Literal
 
 import torch
 from torch import Tensor
+
+from sppo_rl.agents.batch import terminal_rewards
 
 CriticKind = Literal["none", "step", "sequence"]
 
@@ -241,6 +246,7 @@ def grpo(
     std: Literal["population", "sample"] = "sample",
     eps: float = 1e-6,
     std_threshold: float = 0.05,
+    lone: Literal["zero", "reward"] = "zero",
     **_: object,
 ) -> tuple[Tensor, Tensor]:
     """Group-relative advantage ``A_i = (R_i - mean_g) / (std_g + eps)``, broadcast to the sequence.
@@ -252,15 +258,21 @@ def grpo(
     With binary outcomes a mixed group of ``G`` has a sample std of at least ``1/sqrt(G)`` (0.125 for
     ``G = 64``), so the default 0.05 only ever zeroes groups whose outcomes are all equal.
     Example ``R = [1, 1, 0, 0]``: population -> ``[1, 1, -1, -1]``, sample -> ``~[.866, .866, -.866, -.866]``.
+    ``lone="reward"`` gives a group of ONE (e.g. the only valid member of its group) ``A = R`` instead of
+    0: Latent-GRPO's code (and verl's GRPO) take a singleton's mean as 0 and its std as 1.
     """
     if std not in ("population", "sample"):
         raise ValueError(f"std must be 'population' or 'sample', got {std!r}")
+    if lone not in ("zero", "reward"):
+        raise ValueError(f"lone must be 'zero' or 'reward', got {lone!r}")
     R = sequence_scores(token_rewards, mask)
     g = group_stats(R, group_ids)
     denom = g.count if std == "population" else (g.count - 1).clamp(min=1)
     sd = torch.sqrt(g.centered_sq / denom)
     flat = g.degenerate | (sd <= std_threshold)
     a = torch.where(flat, torch.zeros_like(sd), (R.double() - g.mean) / (sd + eps))
+    if lone == "reward":
+        a = torch.where(g.count == 1, R.double(), a)
     return broadcast(a.to(R.dtype), mask), R
 
 
@@ -318,27 +330,53 @@ def reinforce(
 def reinforce_pp(
     *, token_rewards: Tensor, mask: Tensor, gamma: float = 1.0, **_: object
 ) -> tuple[Tensor, Tensor]:
-    """REINFORCE++ (Hu et al. 2025): the return-to-go ``G_t = sum_{s >= t} gamma^(s-t) r_s`` (the outcome
-    plus any per-token KL penalty), standardised over the whole batch's valid positions:
-    ``A = (G - mean) / std``. No critic, no groups: the batch is the baseline."""
+    """REINFORCE++ (Hu et al., arXiv 2501.03262): the return-to-go ``G_t = sum_{s >= t} gamma^(s-t) r_s``
+    (the outcome plus any per-token KL penalty in ``token_rewards``), whitened over the whole batch's
+    valid positions: ``A = (G - mean) / sqrt(var + 1e-8)``, masked mean and unbiased masked variance
+    (verl's ``compute_reinforce_plus_plus_outcome_advantage``). No critic, no groups: the batch is the
+    baseline. A batch whose returns are all equal gets 0."""
     mask = mask.to(token_rewards.dtype)
     G = _gae_recursion(token_rewards, mask, torch.zeros_like(token_rewards), gamma, torch.ones(mask.shape[0]))
-    return masked_whiten(G, mask) if float(G[mask > 0].std()) > 0 else torch.zeros_like(G), sequence_scores(
-        token_rewards, mask
-    )
+    return _whiten_or_zero(G, mask), sequence_scores(token_rewards, mask)
 
 
 @register_estimator("reinforce++-baseline", Requirements(groups=True))
 @torch.no_grad()
 def reinforce_pp_baseline(
-    *, token_rewards: Tensor, mask: Tensor, group_ids: Tensor, **_: object
+    *,
+    token_rewards: Tensor,
+    mask: Tensor,
+    group_ids: Tensor,
+    rewards: Tensor | None = None,
+    gamma: float = 1.0,
+    **_: object,
 ) -> tuple[Tensor, Tensor]:
-    """REINFORCE++ with a group baseline: ``A_i = R_i - mean_g``, then divided by the std of those
-    centred values over the whole batch's valid positions (not per group: a group's own tiny std never
-    inflates its advantages). Equal-reward groups get 0."""
-    R = sequence_scores(token_rewards, mask)
+    """REINFORCE++ with a baseline (arXiv 2501.03262), as OpenRLHF (the paper's code) computes it:
+
+    1. the outcome minus its group's mean, ``c_i = R_i - mean_g R`` (a group of one: 0);
+    2. per-position rewards ``c_i`` on the last valid position plus every other term of
+       ``token_rewards`` (``token_rewards - R`` at the end: a per-token KL penalty stays on its token);
+    3. the return-to-go of those, whitened over the batch's valid positions (masked mean, unbiased
+       masked variance, as verl's ``masked_whiten``): ``A = (G - mean) / sqrt(var + 1e-8)``.
+
+    ``rewards`` is the outcome ``R`` (None: ``R_b = sum_t token_rewards``, no per-token terms). Worked
+    example: one group ``R = [1, 0]`` of lengths 10 and 30: ``c = [0.5, -0.5]``, token mean -0.25,
+    unbiased variance ``(10 * 0.75^2 + 30 * 0.25^2) / 39 = 0.1923``: ``A = [+1.710, -0.570]``. A batch
+    whose returns are all equal gets 0."""
+    mask = mask.to(token_rewards.dtype)
+    score = sequence_scores(token_rewards, mask)
+    R = score if rewards is None else rewards.to(token_rewards.dtype)
     g = group_stats(R, group_ids)
-    a = broadcast(torch.where(g.degenerate, torch.zeros_like(g.mean), R.double() - g.mean).to(R.dtype), mask)
-    m = mask > 0
-    sd = a[m].std() if int(m.sum()) > 1 else torch.tensor(0.0)
-    return (a / (sd + 1e-8) if float(sd) > 0 else a) * mask, R
+    centred = (R.double() - g.mean).to(token_rewards.dtype)
+    per_pos = token_rewards - terminal_rewards(R, mask) + terminal_rewards(centred, mask)
+    G = _gae_recursion(per_pos, mask, torch.zeros_like(per_pos), gamma, torch.ones(mask.shape[0]))
+    return _whiten_or_zero(G, mask), R
+
+
+def _whiten_or_zero(x: Tensor, mask: Tensor) -> Tensor:
+    """:func:`masked_whiten`, or 0 where the valid values are all equal (nothing to compare: whitening
+    would blow rounding up by ``1 / sqrt(1e-8)``)."""
+    valid = x[mask > 0]
+    if valid.numel() < 2 or bool((valid == valid[0]).all()):
+        return torch.zeros_like(x)
+    return masked_whiten(x, mask)

@@ -7,8 +7,9 @@ then calls :func:`compute_advantages` and :func:`critic_loss`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -33,8 +34,11 @@ class Algorithm:
         summary: one line for ``--help`` and the README.
         selector: key in :data:`sppo_rl.agents.selection.SELECTORS` choosing which positions the
             policy loss is taken over (None: every valid position).
-        defaults: the update settings the method is defined with (``agg``, ``ratio_level``,
-            ``policy_loss``), used where a run leaves them unset (None).
+        defaults: the run settings the method is defined with (``agg``, ``ratio_level``,
+            ``policy_loss``, ``clip`` / ``clip_high``, ``kl_coef`` / ``kl_in`` / ``kl_estimator``), used
+            where a run leaves them unset (None): :func:`resolve_defaults`.
+        estimator_params: estimator parameters the method is defined with (Latent-GRPO's
+            ``lone="reward"``); parameters a caller passes to :func:`compute_advantages` win.
         latent: None for a token policy; for a latent-reasoning policy (LLM world only,
             :mod:`sppo_rl.llm.latent`) the Latent-GRPO fixes it runs with by default:
             ``{"one_sided": bool, "mask_invalid": bool}``.
@@ -47,12 +51,32 @@ class Algorithm:
     summary: str
     selector: str | None = None
     defaults: dict = field(default_factory=dict, compare=False, hash=False)
+    estimator_params: dict = field(default_factory=dict, compare=False, hash=False)
     latent: dict | None = field(default=None, compare=False, hash=False)
 
     @property
     def requires(self) -> Requirements:
         return get_estimator(self.estimator).requires  # type: ignore[attr-defined]
 
+
+GSPO_DEFAULTS: dict[str, Any] = {
+    "ratio_level": "sequence",
+    "agg": "seq-mean-token-mean",
+    "clip": 3e-4,
+    "clip_high": 4e-4,
+}
+"""GSPO as its paper runs it (arXiv 2507.18071, Sec. 5.1: clip 3e-4 left / 4e-4 right on the sequence
+ratio; verl's GSPO example and TRL's GSPO docs use the same): at PPO's 0.2 the sequence ratios of a
+short run (0.998-1.008 on the tiny model) are never clipped. The objective is a mean over sequences."""
+
+REINFORCE_PP_DEFAULTS: dict[str, Any] = {"kl_coef": 0.01, "kl_in": "reward", "kl_estimator": "k1"}
+"""REINFORCE++'s token-level KL penalty in the reward (arXiv 2501.03262:
+``r_t = 1[t = end] R - beta KL_t``, ``KL_t = log pi_old / pi_ref``, i.e. k1) with OpenRLHF's coefficient
+(``examples/scripts/train_reinforce_llama_ray.sh``: ``--advantage_estimator reinforce --init_kl_coef
+0.01``, KL in the reward, k1 by default). LLM world only (the control world has no reference policy)."""
+
+UNSET: dict[str, Any] = {"clip": 0.2, "kl_coef": 0.0, "kl_in": "loss", "kl_estimator": "k3"}
+"""What a run setting left None means where its algorithm has no default of its own."""
 
 ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
@@ -75,8 +99,9 @@ ALGORITHMS: dict[str, Algorithm] = {
             "grpo",
             "none",
             8,
-            "GSPO: GRPO advantages, one importance ratio per sequence (geometric mean), clipped per sequence",
-            defaults={"ratio_level": "sequence", "agg": "seq-mean-token-mean"},
+            "GSPO: GRPO advantages, one importance ratio per sequence (geometric mean), clipped per "
+            "sequence to [1 - 3e-4, 1 + 4e-4]; GSPO-token: --ratio-level sequence-token",
+            defaults=GSPO_DEFAULTS,
         ),
         Algorithm(
             "sppo-seq",
@@ -91,18 +116,23 @@ ALGORITHMS: dict[str, Algorithm] = {
             "grpo",
             "none",
             8,
-            "CISPO: GRPO advantages, REINFORCE weighted by a clipped stop-gradient importance ratio",
+            "CISPO: GRPO advantages, REINFORCE weighted by a stop-gradient importance ratio capped at 1 + eps_high",
             defaults={"policy_loss": "cispo"},
         ),
         Algorithm(
-            "reinforce++", "reinforce++", "none", 1, "REINFORCE++: return-to-go standardised over the batch"
+            "reinforce++",
+            "reinforce++",
+            "none",
+            1,
+            "REINFORCE++: per-token KL (k1, 0.01) in the reward, return-to-go whitened over the batch",
+            defaults=REINFORCE_PP_DEFAULTS,
         ),
         Algorithm(
             "reinforce++-baseline",
             "reinforce++-baseline",
             "none",
             8,
-            "REINFORCE++ with a group-mean baseline, standardised by the batch's std",
+            "REINFORCE++ with a baseline: outcome minus its group mean, return-to-go whitened over the batch",
         ),
         Algorithm("rloo", "rloo", "none", 5, "RLOO: leave-one-out group baseline"),
         Algorithm("remax", "remax", "none", 1, "ReMax: baseline = outcome of one greedy rollout"),
@@ -129,6 +159,7 @@ ALGORITHMS: dict[str, Algorithm] = {
             "Latent-GRPO: GRPO on latent reasoning steps; invalid rollouts masked, one-sided noise, "
             "one correct path's first step",
             selector="first-token",
+            estimator_params={"lone": "reward"},
             latent={"one_sided": True, "mask_invalid": True},
         ),
         Algorithm(
@@ -149,6 +180,35 @@ def get_algorithm(name: str) -> Algorithm:
         return ALGORITHMS[name]
     except KeyError:
         raise ValueError(f"unknown algorithm {name!r}; valid: {', '.join(ALGORITHMS)}") from None
+
+
+def resolve_defaults(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``values`` (a run's settings by name) with every setting that is None and that ``defaults`` (an
+    algorithm's) names set to the default: a setting the user gave always wins. ``clip_high`` takes the
+    algorithm's only while ``clip`` is unset too: ``--clip 0.1`` alone means 0.1 on both sides, not
+    0.1 on the left and the algorithm's right. Example (``gspo``): ``{clip: None, clip_high: None}`` ->
+    ``3e-4 / 4e-4``; ``{clip: 0.1, clip_high: None}`` -> ``0.1 / None`` (= 0.1)."""
+    out = dict(values)
+    for name, value in defaults.items():
+        if name not in out or out[name] is not None:
+            continue
+        if name == "clip_high" and values.get("clip") is not None:
+            continue
+        out[name] = value
+    return out
+
+
+def with_algorithm_defaults(cfg: Any, algo: Algorithm) -> Any:
+    """The run config ``cfg`` (a dataclass) with its unset (None) settings resolved: the algorithm's
+    defaults (:func:`resolve_defaults`), then :data:`UNSET` for the fields that have no None meaning of
+    their own. The LLM trainer runs on it (its ``config.json`` keeps the settings as given, and
+    ``resolved.unset`` what the unset ones became); the control world needs only
+    :meth:`~sppo_rl.agents.learner.LearnerConfig.from_run` (it has no KL settings)."""
+    values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    out = resolve_defaults(values, algo.defaults)
+    out = resolve_defaults(out, {k: v for k, v in UNSET.items() if k != "clip_high"})
+    changed = {k: v for k, v in out.items() if v is not values[k]}
+    return dataclasses.replace(cfg, **changed) if changed else cfg
 
 
 def default_group_size(algo: Algorithm, rows: int | None = None) -> int:
@@ -230,19 +290,23 @@ def value_units(algo: Algorithm, critic_out: Tensor) -> Tensor:
 def compute_advantages(batch: SequenceBatch, algo: Algorithm, **params: object) -> SequenceBatch:
     """Fill ``batch.advantages``, ``batch.returns`` and ``batch.loss_mask``.
 
-    Passes exactly what the estimator declares: ``values`` (``batch.values``, converted by
-    :func:`critic_values`), ``group_ids``, ``baseline_rewards``, ``logp_old``; ``params`` are
+    Passes every estimator ``token_rewards``, ``mask`` and ``rewards`` (the outcome alone), and exactly
+    what it declares: ``values`` (``batch.values``, converted by :func:`critic_values`), ``group_ids``,
+    ``baseline_rewards``, ``logp_old``; ``params`` are
     estimator and selector parameters (``gamma``, ``lam``, ``whiten``, ``std``, ``eps``, ...). The
     loss mask is ``batch.mask``, or what the algorithm's selector keeps of it.
 
     Invalid rows (``batch.valid`` False: outcome unknown) are masked here, once for every estimator
     and selector: they run on the valid rows alone, so a group's mean, std and leave-one-out
     baselines, LamPO's pairs, BPPO's accuracy and any batch whitening are over valid rows only, and a
-    group left with fewer than two valid members gets 0 from a group estimator (as a singleton does).
+    group left with fewer than two valid members gets 0 from a group estimator (as a singleton does;
+    Latent-GRPO's ``lone="reward"``: ``A = R`` for one valid member).
     An invalid row gets advantage 0, a zero ``loss_mask`` row and a return of 0 (the critic loss gives
-    it no weight). Example (GRPO, one group ``R = [1, 0, invalid, 1]``): the advantages of ``[1, 0, 1]``
+    it no weight). ``params`` go over the algorithm's own :attr:`Algorithm.estimator_params` (Latent-GRPO
+    gives a lone valid member ``A = R``). Example (GRPO, one group ``R = [1, 0, invalid, 1]``): the advantages of ``[1, 0, 1]``
     (sample std: ``[0.577, -1.155, 0.577]``) and 0 for the invalid row, not those of ``[1, 0, 0, 1]``.
     """
+    params = {**algo.estimator_params, **params}
     valid = batch.valid
     if valid is None or bool(valid.all()):
         batch.advantages, batch.returns, batch.loss_mask = _estimate(batch, algo, params)
@@ -265,7 +329,12 @@ def _estimate(batch: SequenceBatch, algo: Algorithm, params: dict) -> tuple[Tens
     ``batch``."""
     est = get_estimator(algo.estimator)
     req = algo.requires
-    kwargs: dict[str, object] = {"token_rewards": batch.token_rewards, "mask": batch.mask, **params}
+    kwargs: dict[str, object] = {
+        "token_rewards": batch.token_rewards,
+        "mask": batch.mask,
+        "rewards": batch.rewards,
+        **params,
+    }
     if req.critic != "none":
         if batch.values is None:
             raise ValueError(f"{algo.name} needs critic values in the batch")

@@ -26,7 +26,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from sppo_rl.agents.algorithms import Algorithm, critic_loss, critic_values
+from sppo_rl.agents.algorithms import Algorithm, critic_loss, critic_values, resolve_defaults
 from sppo_rl.agents.batch import SequenceBatch
 from sppo_rl.agents.losses import (
     AggMode,
@@ -118,6 +118,7 @@ class LearnerConfig:
     minibatches: int = 1
     clip: float = 0.2
     clip_high: float | None = None
+    """The upper clip range (None: ``clip``); CISPO's weight cap ``1 + clip_high``."""
     dual_clip: float | None = None
     agg: AggMode = "token-mean"
     length_budget: int | None = None
@@ -136,17 +137,23 @@ class LearnerConfig:
         cls, run_cfg: object, length_budget: int, defaults: dict | None = None, **overrides: object
     ) -> LearnerConfig:
         """The fields a world's run config names alike (``epochs``, ``clip``, ``agg``, ...); where the
-        run leaves one of ``defaults``' fields None (an algorithm's own defaults, e.g. Dr. GRPO's
-        aggregation), that default; then ``overrides``. Fields the run config lacks keep their defaults."""
+        run leaves one of them None, the algorithm's default in ``defaults`` (Dr. GRPO's aggregation,
+        GSPO's clip range: :func:`~sppo_rl.agents.algorithms.resolve_defaults`), else this class's
+        default; then ``overrides``. Fields the run config lacks keep this class's defaults."""
         kw = {f.name: getattr(run_cfg, f.name) for f in fields(cls) if hasattr(run_cfg, f.name)}
-        for name, value in (defaults or {}).items():
-            if kw.get(name) is None:
-                kw[name] = value
+        kw = resolve_defaults(kw, defaults or {})
         kw = {k: v for k, v in kw.items() if v is not None or k not in _NOT_NONE}
         return cls(**{**kw, "length_budget": length_budget, **overrides})
 
 
-_NOT_NONE = {"agg", "ratio_level", "policy_loss"}  # None in a run config means "the algorithm's default"
+_NOT_NONE = {
+    "agg",
+    "ratio_level",
+    "policy_loss",
+    "clip",
+    "kl_coef",
+    "kl_estimator",
+}  # None in a run config means "the algorithm's default"
 
 
 def micro_batches(

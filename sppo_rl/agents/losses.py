@@ -15,7 +15,8 @@ from torch import Tensor
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KLEstimator = Literal["k1", "k2", "k3"]
-RatioLevel = Literal["token", "sequence"]
+RatioLevel = Literal["token", "sequence", "sequence-token"]
+RATIO_LEVELS: tuple[str, ...] = ("token", "sequence", "sequence-token")
 LossMode = Literal["ppo", "cispo"]
 
 
@@ -76,38 +77,54 @@ def policy_loss(
     mode: LossMode = "ppo",
     weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """PPO clipped surrogate, or CISPO's clipped importance-weighted REINFORCE.
+    """PPO clipped surrogate, or CISPO's importance-weighted REINFORCE.
 
-    ``ratio = exp(logp - logp_old)`` per position (``ratio_level="token"``), or GSPO's sequence ratio
-    (``"sequence"``): ``s_b = exp(mean_t (logp - logp_old))`` over the sequence's positions in
-    ``mask`` (the geometric mean of its token ratios), the same on each of them, so one sequence is
-    clipped as a whole. ``mode="ppo"``: ``l = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)``;
-    with ``dual_clip = c > 1``, positions with ``A < 0`` are further bounded: ``l = min(l, -c * A)``
-    (verl uses ``c = 3``). ``mode="cispo"`` (MiniMax-M1): ``l = -sg(clip(ratio, 1 - clip_low, 1 + clip_high))
-    * A * logp``: the clipped weight carries no gradient, so no position's gradient is ever dropped.
+    The importance ratio, by ``ratio_level``:
+
+    - ``"token"``: ``r_t = exp(logp_t - logp_old_t)`` per position (PPO);
+    - ``"sequence"`` (GSPO, arXiv 2507.18071 Sec. 4.1): ``s_b = exp(mean_t (logp - logp_old))`` over the
+      sequence's positions in ``mask`` (the geometric mean of its token ratios), the same on each of
+      them, so one sequence is clipped as a whole; its gradient reaches every position as
+      ``s_b / |y_b|`` times the SUM of the sequence's advantages, so per-token advantages are averaged
+      (``A = [1, -1]`` over one sequence's two tokens gives the gradient ``[0, 0]``);
+    - ``"sequence-token"`` (GSPO-token, the paper's Sec. 4.3): ``s_t = sg[s_b] * pi_t / sg[pi_t]``, whose
+      value is ``s_b`` on every position (clipped as a whole, as above) and whose gradient is
+      ``s_b * grad log pi_t``: each position keeps its own advantage (``A = [1, -1]`` under
+      ``seq-mean-token-mean`` gives ``d loss / d logp = [-0.5, +0.5]`` at ``s_b = 1``). With one
+      advantage per sequence it equals ``"sequence"`` in value and gradient.
+
+    ``mode="ppo"``: ``l = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)``; with
+    ``dual_clip = c > 1``, positions with ``A < 0`` are further bounded: ``l = min(l, -c * A)`` (verl uses
+    ``c = 3``). ``mode="cispo"`` (MiniMax-M1, arXiv 2506.13585 eqs. 4-5):
+    ``l = -sg(min(ratio, 1 + clip_high)) * A * logp``: the weight is bounded above only (the paper sets no
+    lower bound, so ``clip_low`` is not used: a ratio of 0.5 weighs 0.5) and carries no gradient, so no
+    position's gradient is ever dropped.
     ``weights`` (no gradient; e.g. truncated importance weights ``min(pi_old / mu, C)`` against the
     sampler's own log-probs ``mu``) multiply each position's loss.
     Returns ``(agg_loss(l), metrics)``; metrics: ``clipfrac`` (fraction of valid positions where the
-    clipped term is the active one; for CISPO where the weight is clipped), ``approx_kl`` (k1:
+    clipped term is the active one; for CISPO where the weight is capped), ``approx_kl`` (k1:
     ``mean(logp_old - logp)``), ``approx_kl_k3`` (``mean((r - 1) - log r)``, token ratios),
     ``ratio_min``, ``ratio_max``, ``dual_clipfrac``.
     """
     mask = mask.to(logp.dtype)
     token_log_ratio = (logp - logp_old).clamp(-20.0, 20.0)
-    if ratio_level == "sequence":
+    if ratio_level in ("sequence", "sequence-token"):
         n_b = mask.sum(-1, keepdim=True).clamp(min=1)
         log_ratio = ((token_log_ratio * mask).sum(-1, keepdim=True) / n_b).expand_as(logp)
+        if ratio_level == "sequence-token":  # value s_b, gradient s_b * d logp_t
+            log_ratio = logp - logp.detach() + log_ratio.detach()
     elif ratio_level == "token":
         log_ratio = token_log_ratio
     else:
-        raise ValueError(f"ratio_level must be token or sequence, got {ratio_level!r}")
+        raise ValueError(f"ratio_level must be one of {', '.join(RATIO_LEVELS)}, got {ratio_level!r}")
     ratio = torch.exp(log_ratio)
-    clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     dual_active = torch.zeros_like(ratio, dtype=torch.bool)
     if mode == "cispo":
-        per_pos = -clipped_ratio.detach() * advantages * logp
-        clip_active = clipped_ratio != ratio
+        weight = torch.clamp(ratio, max=1.0 + clip_high).detach()
+        per_pos = -weight * advantages * logp
+        clip_active = ratio > 1.0 + clip_high
     elif mode == "ppo":
+        clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
         unclipped = -advantages * ratio
         clipped = -advantages * clipped_ratio
         per_pos = torch.maximum(unclipped, clipped)

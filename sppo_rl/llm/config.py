@@ -88,12 +88,14 @@ class LLMConfig(RunConfig):
     """Minibatches per epoch (rows split evenly; samples of a prompt may land in different minibatches)."""
     lam: float = 1.0
     """GAE lambda (ppo)."""
-    kl_coef: float = 0.0
-    """KL-to-reference coefficient (0: off, as in the paper's SPPO/GRPO/PPO runs)."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    """KL estimator."""
-    kl_in: Literal["reward", "loss"] = "loss"
-    """Where the KL penalty goes: subtracted from token rewards, or added to the actor loss."""
+    kl_coef: float | None = None
+    """KL-to-reference coefficient. None: the algorithm's own (reinforce++: 0.01, OpenRLHF's REINFORCE++
+    example), else 0 (off, as in the paper's SPPO/GRPO/PPO runs)."""
+    kl_estimator: Literal["k1", "k2", "k3"] | None = None
+    """KL estimator. None: the algorithm's own (reinforce++: k1, the REINFORCE++ paper's), else k3."""
+    kl_in: Literal["reward", "loss"] | None = None
+    """Where the KL penalty goes: subtracted from token rewards, or added to the actor loss. None: the
+    algorithm's own (reinforce++: reward), else loss."""
     lampo_temperature: float = 1.0
     """LamPO: temperature of the confidence weighting of pairwise reward differences. 1.0 here (0.1 in
     the control world): on the tiny arithmetic task 0.1 keeps almost only the misordered pairs, which
@@ -206,7 +208,7 @@ class LLMConfig(RunConfig):
             ("dynamic_sampling_rounds", ge(0), ">= 0 (extra generation rounds; 0: off)"),
             ("max_prompt_tokens", optional(ge(1)), ">= 1, or None for the model's context"),
             ("weight_decay", ge(0), ">= 0"),
-            ("kl_coef", ge(0), ">= 0"),
+            ("kl_coef", optional(ge(0)), ">= 0, or None for the algorithm's default"),
             ("reward_timeout", gt(0), "> 0 seconds"),
             ("eval_samples", ge(1), ">= 1"),
             ("zero_stage", lambda v: v in (2, 3), "2 or 3"),

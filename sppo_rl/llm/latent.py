@@ -25,15 +25,19 @@ at most ``L`` lines, see the warm start), then the answer is decoded as ordinary
 temperature and scored by the task's verifier.
 
 **The log-probability of a latent step** (what makes the PPO ratio computable). Under a policy ``theta``
-the noise that turns its log-probs into the stored scores is ``x_k = (s_k - log p_theta(i_k)) / sigma``;
-the step's log-probability is the mean Gumbel log-density of that noise over the K candidates::
+the shift that turns its log-probs into the stored scores is ``x_k = s_k - log p_theta(i_k)``; the step's
+log-probability is the mean standard-Gumbel log-density of it over the K candidates, as the authors'
+``logprobs_from_logits_topk_gumbel`` computes it::
 
-    log pi_theta(z_t) = (1 / K) sum_k phi(x_k) - log sigma,   phi(x) = -x - exp(-x)
+    log pi_theta(z_t) = (1 / K) sum_k phi(x_k),   phi(x) = -x - exp(-x)
 
-(``phi`` is the standard Gumbel log-density; the authors' code takes ``sigma = 1`` and omits the
-constant ``- log sigma``, which cancels in every ratio). At sampling time ``x_k`` is exactly the
-noise drawn, so the rollout's own value is ``mean_k phi(g_k) - log sigma``; recomputed later from the
-stored ``(i_k, s_k)`` it is a differentiable function of the policy's log-probs of the K candidates.
+At sampling time ``x_k = sigma * g_k`` (the scaled noise drawn), so the rollout's own value is
+``mean_k phi(sigma * g_k)``; recomputed later from the stored ``(i_k, s_k)`` it is a differentiable
+function of the policy's log-probs of the K candidates, with ``d log pi / d log p(i_k) = (1 - exp(-x_k)) / K``.
+This is the authors' rule at every ``sigma``. It is not the density of the sampled noise when
+``sigma != 1`` (that would be ``mean_k phi(x_k / sigma) - log sigma``, with gradient
+``(1 - exp(-x_k / sigma)) / (sigma K)``: at ``sigma = 0.5`` and ``g = 1``, 0.632 per candidate for K = 2
+against the authors' 0.197); at the released scripts' ``sigma = 1`` the two agree.
 Answer tokens keep the usual ``log softmax(l / T)[token]``. The rollout stores ``(i_k, s_k)`` per latent
 step (:class:`LatentRolloutBatch`); the learner's ``actor(rows, T)`` rebuilds the same input
 embeddings from them (the mixture weights come from the stored scores, so they are constants) and
@@ -47,10 +51,12 @@ returns the latent positions' log-probs, then the answer tokens'.
     end token (cut at ``--max-new-tokens``) or has no parseable ``\\boxed{...}`` answer: both mean the
     latent steps led the model off the format it was trained on. Invalid rows become
     ``SequenceBatch.valid = False`` (advantage 0, no loss, out of the group statistics:
-    :func:`~sppo_rl.agents.algorithms.compute_advantages`). :func:`valid_rows`.
+    :func:`~sppo_rl.agents.algorithms.compute_advantages`). :func:`valid_rows`. A group left with ONE
+    valid member gets ``A = R`` as in the authors' code (its mean taken as 0, its std as 1: the
+    ``latent-grpo`` algorithm's estimator parameter ``lone="reward"``), where explicit GRPO gives 0.
 (b) *One-sided noise sampling* (bottleneck: trajectory rewards giving wrong per-step updates). The
     clipped noise is shifted by ``+1.5``: ``g' = clip(g, -1.5, 3) + 1.5`` lies in ``[0, 4.5]``, so every
-    candidate's ``x_k >= 0`` at sampling. Since ``d log pi / d log p(i_k) = (1 - exp(-x_k)) / (sigma K)``,
+    candidate's ``x_k >= 0`` at sampling. Since ``d log pi / d log p(i_k) = (1 - exp(-x_k)) / K``,
     a positive advantage then raises (and a negative one lowers) the probability of every candidate
     of the step; with two-sided noise about 37 % of the candidates (``P(G < 0) = 1/e``) have
     ``x_k < 0`` and move against their advantage. :func:`latent_noise`.
@@ -78,7 +84,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import random
 import sys
 from collections.abc import Callable, Sequence
@@ -153,11 +158,11 @@ def gumbel_logpdf(x: Tensor) -> Tensor:
     return -x - torch.exp(-x)
 
 
-def latent_logprob(scores: Tensor, logp_chosen: Tensor, scale: float = 1.0) -> Tensor:
-    """``mean_k phi((s_k - log p(i_k)) / scale) - log scale`` over the last axis (the K candidates):
-    the log-probability of a latent step whose stored scores are ``scores`` under a policy giving its
-    candidates the log-probs ``logp_chosen``."""
-    return gumbel_logpdf((scores - logp_chosen) / scale).mean(-1) - math.log(scale)
+def latent_logprob(scores: Tensor, logp_chosen: Tensor) -> Tensor:
+    """``mean_k phi(s_k - log p(i_k))`` over the last axis (the K candidates): the log-probability of a
+    latent step whose stored scores are ``scores`` under a policy giving its candidates the log-probs
+    ``logp_chosen`` (the authors' rule: the noise scale sigma that made the scores is not divided out)."""
+    return gumbel_logpdf(scores - logp_chosen).mean(-1)
 
 
 def mixture(embedding: nn.Module, ids: Tensor, scores: Tensor, tau: float) -> Tensor:
@@ -395,7 +400,7 @@ class LatentRolloutEngine(HFRolloutEngine):
             lat_ids[:, t], lat_scores[:, t] = step.ids, step.scores
             tokens[:, t], mask[:, t] = step.ids[:, 0], 1
             if noisy:
-                lp = latent_logprob(step.scores, step.logp.gather(-1, step.ids), s.noise_scale)
+                lp = latent_logprob(step.scores, step.logp.gather(-1, step.ids))
                 logprobs[:, t] = sampling_logprobs[:, t] = lp
             e = mixture(embedding, step.ids, step.scores, s.tau)  # = sum_k step.weights_k E[i_k]
             attention = torch.cat([attention, attention.new_ones(B, 1)], dim=1)
@@ -450,7 +455,7 @@ def latent_rows(
         )
         logits = out.logits[:, -(T + 1) : -1]
         lat = torch.log_softmax(logits[:, :Lc].float(), dim=-1)
-        lat_lp = latent_logprob(scores, lat.gather(-1, ids), settings.noise_scale) if Lc else lat[..., 0]
+        lat_lp = latent_logprob(scores, lat.gather(-1, ids)) if Lc else lat[..., 0]
         lat_ent = -(lat.exp() * lat).sum(-1)
         tok_lp, tok_ent = logprobs_from_logits(logits[:, Lc:], rb.response_ids[rows, Lc:T], temperature)
         return torch.cat([lat_lp, tok_lp], 1), torch.cat([lat_ent, tok_ent], 1)

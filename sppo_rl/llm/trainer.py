@@ -43,7 +43,13 @@ from sppo_rl.agents import (
     ppo_update,
     terminal_rewards,
 )
-from sppo_rl.agents.algorithms import GROUP_KINDS, default_group_size, estimator_params, group_signal
+from sppo_rl.agents.algorithms import (
+    GROUP_KINDS,
+    default_group_size,
+    estimator_params,
+    group_signal,
+    with_algorithm_defaults,
+)
 from sppo_rl.agents.batch import overlong_penalty
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.data import Example, fit_prompts, render_prompt
@@ -151,8 +157,9 @@ class LLMRun:
     def __init__(self, cfg: LLMConfig) -> None:
         quiet_transformers()
         cfg.validate()
-        self.cfg = cfg
         self.algo = get_algorithm(cfg.algo)
+        given = cfg  # saved and compared on --resume as the user gave it
+        self.cfg = cfg = with_algorithm_defaults(cfg, self.algo)  # unset settings: the method's own
         req = self.algo.requires
         G = cfg.group_size if cfg.group_size is not None else default_group_size(self.algo)
         check_setup(self.algo, G, cfg.prompts_per_step * G, use_critic=cfg.critic_model != "none")
@@ -200,7 +207,7 @@ class LLMRun:
         def prepare() -> Path:
             out = prepare_run_dir(cfg.out_dir, resume=cfg.resume, overwrite=cfg.overwrite)
             if cfg.resume:
-                check_resume(out, cfg)
+                check_resume(out, given)
             return out
 
         try:
@@ -296,11 +303,12 @@ class LLMRun:
             "reward_fn": reward_fn,
             "device": str(self.device),
             "learner": dataclasses.asdict(self.learner_cfg),  # the update's settings in force
+            "unset": {k: getattr(cfg, k) for k, v in dataclasses.asdict(given).items() if v is None},
             "latent": dataclasses.asdict(self.latent.settings) if self.latent else None,
         }
         self.logger: RunLogger | NullLogger = NullLogger()
         if self.dist.main:
-            self.logger = start_logging(self.out, cfg, self.resolved, ckpt, world="llm")
+            self.logger = start_logging(self.out, given, self.resolved, ckpt, world="llm")
 
     def _fit_prompts(self, actor_path: Path) -> None:
         """Drop the training and validation prompts longer than ``--max-prompt-tokens`` (at most the
