@@ -89,7 +89,13 @@ def _build(source: EnvSource | gym.Env, render_mode: str | None = None) -> gym.E
 def default_horizon(source: EnvSource | gym.Env, env: gym.Env | None = None) -> int:
     """The Gymnasium spec's ``max_episode_steps`` of ``source`` (an id, or the env built from a factory);
     ``ValueError`` in one line when it has none."""
-    spec = gym.spec(source) if isinstance(source, str) else getattr(env, "spec", None)
+    if isinstance(source, str):
+        module, _, env_name = source.rpartition(":")  # gymnasium.make's "module:Id" (gym.spec lacks it)
+        if module:
+            importlib.import_module(module)
+        spec = gym.spec(env_name)
+    else:
+        spec = getattr(env, "spec", None)
     steps = getattr(spec, "max_episode_steps", None)
     if not steps:
         raise ValueError(
