@@ -22,8 +22,10 @@ policy.save("policy.pt"); print(Policy.load("policy.pt").predict(obs), policy.su
 
 Your own task: any Gymnasium env (an id, or a function returning a new env) with a success test
 ``success(obs, info, terminated, truncated) -> bool`` called on the episode's last step, and a horizon
-(:mod:`sppo_rl.envs.custom`). A plain Gymnasium id needs no registration (``train_control("CartPole-v1")``,
-``sppo-rl control --task CartPole-v1``): its success is "ran to ``max_episode_steps`` without terminating".
+(:mod:`sppo_rl.envs.custom`). A stock Gymnasium id needs no registration (``train_control("MountainCar-v0")``,
+``sppo-rl control --task MountainCar-v0``): it is judged by the env's own success (:mod:`sppo_rl.envs.stock`:
+CartPole survived, MountainCar and Acrobot reached the goal, LunarLander landed, ...); any other id (also
+``module:Id``) needs ``success=`` (a function, or ``"survived"``, ``"terminated"``, ``"return:X"``).
 The policy's observation is the env's plus the time left ``(H - t) / H`` as the last feature:
 
 ```python
@@ -55,6 +57,24 @@ function defined at the top level of a module (``reward=mymodule.score`` becomes
 function typed into a notebook cannot be imported there and is refused with a message saying so: put it
 in a ``.py`` file and import it. (A function of the main script is loaded from the script's file, whose
 work must then sit under ``if __name__ == "__main__":``, as for any spawned process.)
+
+As in Stable-Baselines3: ``predict`` also takes the env's own observation (the policy counts the steps
+and adds the time left; mark each episode's first observation with ``episode_start=True``),
+:func:`evaluate_policy` returns the mean and std of the return (and the success rate), a ``callback``
+sees each update's metrics row and stops the run by returning ``False``, and ``lr_schedule`` anneals
+the learning rates (``"linear"`` as CleanRL, ``"cosine"`` after ``warmup_updates`` as TRL/verl):
+
+```python
+import gymnasium as gym
+from sppo_rl import evaluate_policy, train_control
+policy = train_control("CartPole-v1", algo="ppo", total_episodes=32, init_from="none", lr_schedule="linear",
+                       callback=lambda row: row["episode_length"] < 400)  # False: stop there
+env = gym.make("CartPole-v1")
+obs, _ = env.reset(seed=0)
+action = policy.predict(obs, episode_start=True)  # the env's 4 features; the policy adds the time left
+mean, std = evaluate_policy(policy, env, n_eval_episodes=5, seed=0)
+print(action, round(mean, 1), evaluate_policy(policy, env, 5, seed=0).success_rate)
+```
 """
 
 from __future__ import annotations

@@ -353,3 +353,23 @@ def test_llm_schedule_and_callback(tmp_path, tiny):
     # warm-up 1/2, 2/2, then cosine over K - W = 2 updates: p = 0 -> 1.0
     assert [r["learning_rate"] for r in rows] == pytest.approx([0.5e-4, 1e-4, 1e-4])
     assert (tmp_path / "run" / "final" / "actor").is_dir()
+
+
+def test_api_docstring_sb3_example_runs_as_written(tmp_path, monkeypatch):
+    import contextlib
+    import io
+    import re
+
+    monkeypatch.chdir(tmp_path)
+    code = re.findall(r"^```python\n(.*?)^```", api.__doc__, re.S | re.M)[3]
+    assert "evaluate_policy" in code
+    ns: dict = {}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "sppo_rl.api docstring, example 4", "exec"), ns)
+    policy = ns["policy"]
+    assert policy.summary["episodes"] == 32 and "stopped_by_callback" not in policy.summary
+    rows = read_metrics(policy.run_dir / "metrics.jsonl")
+    assert [r["learning_rate"] for r in rows] == pytest.approx([3e-4, 1.5e-4])  # linear over 2 updates
+    action, mean, rate = out.getvalue().split()
+    assert int(action) in (0, 1) and float(mean) == round(ns["mean"], 1) and rate == "0.0"
