@@ -65,15 +65,11 @@ sees each update's metrics row and stops the run by returning ``False``, and ``l
 the learning rates (``"linear"`` as CleanRL, ``"cosine"`` after ``warmup_updates`` as TRL/verl):
 
 ```python
-import gymnasium as gym
-from sppo_rl import evaluate_policy, train_control
+import gymnasium as gym; from sppo_rl import evaluate_policy, train_control
 policy = train_control("CartPole-v1", algo="ppo", total_episodes=32, init_from="none", lr_schedule="linear",
-                       callback=lambda row: row["episode_length"] < 400)  # False: stop there
-env = gym.make("CartPole-v1")
-obs, _ = env.reset(seed=0)
-action = policy.predict(obs, episode_start=True)  # the env's 4 features; the policy adds the time left
-mean, std = evaluate_policy(policy, env, n_eval_episodes=5, seed=0)
-print(action, round(mean, 1), evaluate_policy(policy, env, 5, seed=0).success_rate)
+                       callback=lambda row: row["episode_length"] < 400)  # returning False stops the run
+obs, _ = (env := gym.make("CartPole-v1")).reset(seed=0); mean, std = evaluate_policy(policy, env, 5, seed=0)
+print(policy.predict(obs, episode_start=True), round(mean, 1))  # the env's own observation: 4 features
 ```
 """
 

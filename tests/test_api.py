@@ -89,10 +89,10 @@ def test_import_sppo_rl_stays_light_and_resolves_the_api_lazily():
         sppo_rl.nope  # noqa: B018
 
 
-def test_the_docstring_has_three_five_line_examples():
+def test_the_docstring_has_four_five_line_examples():
     blocks = examples()
-    assert len(blocks) == 3
-    assert [len(b.strip().splitlines()) for b in blocks] == [5, 5, 5]
+    assert len(blocks) == 4
+    assert [len(b.strip().splitlines()) for b in blocks] == [5, 5, 5, 5]
 
 
 # ------------------------------------------------------------------------------- the docstring's examples
