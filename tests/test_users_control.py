@@ -99,6 +99,10 @@ def test_box2d_and_mujoco_rules_read_the_env_reward_and_position():
         assert env_id in gym.registry, env_id
     for env_id in ("HalfCheetah-v5", "Swimmer-v5"):  # the return rules are the spec's own thresholds
         assert STOCK[env_id][0].threshold == gym.spec(env_id).reward_threshold
+    from sppo_rl.envs.stock import predicate_name, success_rule
+
+    rule = success_rule(predicate_name(STOCK["Swimmer-v5"][0]))[0]  # recorded as "return:360"
+    assert rule(o, {"base_return": 360.0}, False, True) and not rule(o, {"base_return": 359.9}, False, True)
     # a random lander crashes: the env's -100 reaches the test, which says failure
     lander = SparseOutcome("LunarLander-v3", success=STOCK["LunarLander-v3"][0])
     lander.reset(seed=0)

@@ -148,6 +148,8 @@ def predicate_name(fn: Callable[..., Any]) -> str:
     kept in :data:`PREDICATES` for this process (a module-level one also imports by that name later)."""
     if not callable(fn):
         raise TypeError(f"success must be a function (obs, info, terminated, truncated) -> bool, got {fn!r}")
+    if isinstance(fn, ReturnAtLeast):
+        return repr(fn)  # "return:X", which success_rule parses anywhere
     name = f"{getattr(fn, '__module__', None) or 'python'}:{getattr(fn, '__qualname__', type(fn).__name__)}"
     PREDICATES[name] = fn
     return name
