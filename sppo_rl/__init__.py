@@ -2,7 +2,8 @@
 
 ``sppo_rl.agents`` is the shared core; ``sppo_rl.envs`` the control testbed (registered with Gymnasium
 on import when Gymnasium is installed); ``sppo_rl.control`` and ``sppo_rl.llm`` the two worlds' trainers.
-The Python API (:mod:`sppo_rl.api`: ``train_control``, ``train_llm``, ``Policy``, ``LLMPolicy``;
+The Python API (:mod:`sppo_rl.api`: ``train_control``, ``train_llm``, ``Policy``, ``LLMPolicy``,
+``evaluate_policy``;
 ``register_custom_task`` and ``SparseOutcome`` from :mod:`sppo_rl.envs.custom`) is importable from here
 and loaded on first use, so ``import sppo_rl`` stays light.
 """
@@ -21,6 +22,7 @@ _LAZY = {
     "train_llm": "sppo_rl.api",
     "Policy": "sppo_rl.api",
     "LLMPolicy": "sppo_rl.api",
+    "evaluate_policy": "sppo_rl.api",
     "register_custom_task": "sppo_rl.envs.custom",
     "SparseOutcome": "sppo_rl.envs.custom",
 }

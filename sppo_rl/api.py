@@ -22,8 +22,10 @@ policy.save("policy.pt"); print(Policy.load("policy.pt").predict(obs), policy.su
 
 Your own task: any Gymnasium env (an id, or a function returning a new env) with a success test
 ``success(obs, info, terminated, truncated) -> bool`` called on the episode's last step, and a horizon
-(:mod:`sppo_rl.envs.custom`). A plain Gymnasium id needs no registration (``train_control("CartPole-v1")``,
-``sppo-rl control --task CartPole-v1``): its success is "ran to ``max_episode_steps`` without terminating".
+(:mod:`sppo_rl.envs.custom`). A stock Gymnasium id needs no registration (``train_control("MountainCar-v0")``,
+``sppo-rl control --task MountainCar-v0``): it is judged by the env's own success (:mod:`sppo_rl.envs.stock`:
+CartPole survived, MountainCar and Acrobot reached the goal, LunarLander landed, ...); any other id (also
+``module:Id``) needs ``success=`` (a function, or ``"survived"``, ``"terminated"``, ``"return:X"``).
 The policy's observation is the env's plus the time left ``(H - t) / H`` as the last feature:
 
 ```python
@@ -55,6 +57,20 @@ function defined at the top level of a module (``reward=mymodule.score`` becomes
 function typed into a notebook cannot be imported there and is refused with a message saying so: put it
 in a ``.py`` file and import it. (A function of the main script is loaded from the script's file, whose
 work must then sit under ``if __name__ == "__main__":``, as for any spawned process.)
+
+As in Stable-Baselines3: ``predict`` also takes the env's own observation (the policy counts the steps
+and adds the time left; mark each episode's first observation with ``episode_start=True``),
+:func:`evaluate_policy` returns the mean and std of the return (and the success rate), a ``callback``
+sees each update's metrics row and stops the run by returning ``False``, and ``lr_schedule`` anneals
+the learning rates (``"linear"`` as CleanRL, ``"cosine"`` after ``warmup_updates`` as TRL/verl):
+
+```python
+import gymnasium as gym; from sppo_rl import evaluate_policy, train_control
+policy = train_control("CartPole-v1", algo="ppo", total_episodes=32, init_from="none", lr_schedule="linear",
+                       callback=lambda row: row["episode_length"] < 400)  # returning False stops the run
+obs, _ = (env := gym.make("CartPole-v1")).reset(seed=0); mean, std = evaluate_policy(policy, env, 5, seed=0)
+print(policy.predict(obs, episode_start=True), round(mean, 1))  # the env's own observation: 4 features
+```
 """
 
 from __future__ import annotations
@@ -73,7 +89,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LLMPolicy", "Policy", "reward_spec", "train_control", "train_llm"]
+__all__ = [
+    "Evaluation",
+    "LLMPolicy",
+    "Policy",
+    "evaluate_policy",
+    "reward_spec",
+    "train_control",
+    "train_llm",
+]
 
 
 # ------------------------------------------------------------------------------------- shared
@@ -126,6 +150,7 @@ class Policy:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.meta = dict(meta or {})
         self.summary = dict(summary if summary is not None else self.meta.get("summary") or {})
+        self._t: np.ndarray | None = None  # predict's step counter, one per batch row
 
     @property
     def task(self) -> str | None:
@@ -140,8 +165,54 @@ class Policy:
     def discrete(self) -> bool:
         return bool(self.actor.discrete)
 
-    def predict(self, obs: Any, greedy: bool = True, seed: int | None = None) -> np.ndarray:
+    @property
+    def horizon(self) -> int | None:
+        """The task's horizon ``H`` (from the file, else from the task table; None if unknown)."""
+        H = (self.meta.get("observation") or {}).get("horizon")
+        if H is None and self.task is not None:
+            try:
+                from sppo_rl.envs import get_task
+
+                H = get_task(self.task).horizon
+            except (ValueError, TypeError):
+                H = None
+        return int(H) if H is not None else None
+
+    @property
+    def _time_only(self) -> bool:
+        """Whether the only feature the task appends to the env's observation is the time left."""
+        appended = (self.meta.get("observation") or {}).get("appended")
+        if appended is None and self.task is not None:
+            try:
+                from sppo_rl.envs import get_task
+
+                appended = get_task(self.task).appended
+            except (ValueError, TypeError):
+                appended = None
+        return appended == "(H - t) / H"
+
+    def reset(self) -> None:
+        """Forget the step counter of :meth:`predict` (the next call starts a new episode)."""
+        self._t = None
+
+    def predict(
+        self,
+        obs: Any,
+        greedy: bool = True,
+        seed: int | None = None,
+        *,
+        episode_start: Any = None,
+    ) -> np.ndarray:
         """The action for ``obs`` (``[obs_dim]``) or the actions for a batch (``[..., obs_dim]``).
+
+        ``obs`` is either the task env's observation (``obs_dim`` features, the last the time left
+        ``(H - t) / H``), used as is, or the base Gymnasium env's own (``obs_dim - 1``, for tasks that
+        append only the time left: every Gymnasium id and the classic-control tasks). For the latter the
+        policy counts the steps itself: ``t`` is the number of ``predict`` calls since the episode began,
+        one counter per batch row; ``episode_start`` (a bool, or one per row, as SB3's ``predict`` takes
+        it) marks the first observation of a new episode and sets that row's ``t`` to 0; so does
+        :meth:`reset`, a first call, or a batch of another size. A call at ``t >= H`` (a new episode not
+        marked) is refused. Returns the action only (SB3 returns ``(action, state)``).
 
         Discrete tasks: int64 action(s) (a 0-d array for one observation); continuous: float32
         ``[..., action_dim]``, the Gaussian's mean when ``greedy`` (unclipped: the env clips, as in
@@ -150,13 +221,40 @@ class Policy:
         import torch
 
         x = np.asarray(obs, dtype=np.float32)
-        if x.ndim == 0 or x.shape[-1] != self.obs_dim:
+        counted = x.ndim > 0 and x.shape[-1] == self.obs_dim - 1 and self._time_only
+        if x.ndim == 0 or (x.shape[-1] != self.obs_dim and not counted):
+            own = (
+                f" or the env's own {self.obs_dim - 1} (the policy adds the time left)"
+                if self._time_only
+                else ""
+            )
             raise ValueError(
-                f"observation of shape {x.shape}; the policy takes {self.obs_dim} features (the task's "
-                "observation, whose last feature is the time left (H - t) / H)"
+                f"observation of shape {x.shape}; the policy takes the task's {self.obs_dim} features (the "
+                f"last is the time left (H - t) / H){own}"
             )
         lead = x.shape[:-1]
-        batch = torch.from_numpy(np.ascontiguousarray(x.reshape(-1, self.obs_dim)))
+        rows = x.reshape(-1, x.shape[-1])
+        if counted:
+            H = self.horizon
+            if H is None:
+                raise ValueError(
+                    "this policy's file does not say its horizon H: pass the task's observation (with the "
+                    "time left (H - t) / H as the last feature)"
+                )
+            n = rows.shape[0]
+            t = getattr(self, "_t", None)
+            if t is None or t.shape != (n,):
+                t = np.zeros(n, dtype=np.int64)
+            if episode_start is not None:
+                t[np.broadcast_to(np.asarray(episode_start, dtype=bool).reshape(-1), (n,))] = 0
+            if (t >= H).any():
+                raise ValueError(
+                    f"step {int(t.max()) + 1} of an episode of horizon {H}: pass episode_start=True with "
+                    "the first observation of each episode (or call policy.reset())"
+                )
+            rows = np.concatenate([rows, ((H - t) / H).astype(np.float32)[:, None]], axis=1)
+            self._t = t + 1
+        batch = torch.from_numpy(np.ascontiguousarray(rows))
         # greedy acting draws nothing that matters; a private generator leaves torch's global RNG alone
         gen = torch.Generator().manual_seed(int(seed or 0)) if seed is not None or greedy else None
         flags = torch.full((batch.shape[0],), bool(greedy)) if greedy else None
@@ -201,24 +299,131 @@ class Policy:
         return f"Policy(task={self.task!r}, obs_dim={self.obs_dim}, {kind}, run_dir={self.run_dir})"
 
 
-def train_control(task: str = "precision-cartpole", algo: str = "sppo", **settings: Any) -> Policy:
+def train_control(
+    task: str = "precision-cartpole",
+    algo: str = "sppo",
+    *,
+    success: str | Callable[..., Any] | None = None,
+    callback: Callable[[dict[str, Any]], Any] | None = None,
+    **settings: Any,
+) -> Policy:
     """Train ``algo`` on control task ``task`` and return the final :class:`Policy`.
 
     ``task``: a built-in task (``sppo-rl info``), a name added with
-    :func:`~sppo_rl.envs.custom.register_custom_task`, or a Gymnasium id with a ``max_episode_steps``
-    (success: it ran to the limit without terminating). ``settings``: fields of
-    :class:`~sppo_rl.control.config.ControlConfig` (``total_episodes``, ``seed``, ``init_from``, ``out_dir``,
-    ``resume``, ...). Errors are the command line's, one line each (``RunError``, ``ValueError``).
+    :func:`~sppo_rl.envs.custom.register_custom_task`, or a Gymnasium id (``Id`` or ``module:Id``) with a
+    ``max_episode_steps``, judged by its shipped success test (:mod:`sppo_rl.envs.stock`) or by
+    ``success``: a function ``f(obs, info, terminated, truncated) -> bool`` or a ``--success`` name
+    (``"survived"``, ``"terminated"``, ``"return:X"``, ``"module:function"``). ``callback(row)`` is called
+    with each update's metrics row; returning ``False`` stops the run there (the summary says
+    ``stopped_by_callback``). ``settings``: fields of :class:`~sppo_rl.control.config.ControlConfig`
+    (``total_episodes``, ``seed``, ``init_from``, ``lr_schedule``, ``out_dir``, ``resume``, ...). Errors are
+    the command line's, one line each (``RunError``, ``ValueError``).
     """
     from sppo_rl.control.config import ControlConfig
     from sppo_rl.control.trainer import run_control
+    from sppo_rl.envs.stock import predicate_name
 
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be a function of the metrics row, got {callback!r}")
+    if success is not None:
+        settings["success"] = success if isinstance(success, str) else predicate_name(success)
     settings.setdefault("out_dir", str(_new_run_dir("control", task, algo)))
     cfg = _config(ControlConfig, "train_control", {"task": task, "algo": algo, **settings})
-    summary = run_control(cfg)
+    summary = run_control(cfg, callback=callback)
     policy = Policy.load(Path(cfg.out_dir) / "final.pt")
     policy.summary = dict(summary)
     return policy
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    """What :func:`evaluate_policy` measured; ``mean, std = evaluate_policy(...)`` unpacks like SB3's.
+
+    ``returns``: each episode's return of the env's own reward; ``std_return`` the population std
+    (``numpy.std``, as SB3); ``success_rate``: the mean of ``successes`` (None where the env's
+    success cannot be judged: see :func:`evaluate_policy`)."""
+
+    mean_return: float
+    std_return: float
+    success_rate: float | None
+    mean_length: float
+    returns: tuple[float, ...]
+    lengths: tuple[int, ...]
+    successes: tuple[bool, ...] | None
+
+    def __iter__(self):
+        return iter((self.mean_return, self.std_return))
+
+
+def evaluate_policy(
+    policy: Policy,
+    env: Any,
+    n_eval_episodes: int = 10,
+    deterministic: bool = True,
+    seed: int | None = None,
+) -> Evaluation:
+    """Run ``n_eval_episodes`` episodes of ``policy`` on ``env`` (SB3's ``evaluate_policy``).
+
+    ``env``: a Gymnasium env or an id (``gymnasium.make``; a built-in task's short name makes its task
+    env). It may be the task env (the policy reads its time-left feature) or the plain base env (the
+    policy counts the steps, :meth:`Policy.predict`). Episode ``i`` resets with ``seed + i`` (unseeded
+    when ``seed`` is None) and ends when the env terminates or truncates. ``deterministic``: the
+    greedy action, else sampled. Success: the env's ``info["success"]`` on the last step (the task
+    envs), else the policy's ``--success`` test or the stock test of ``env``'s id
+    (:mod:`sppo_rl.envs.stock`) on the last step; None if neither applies.
+    """
+    import gymnasium as gym
+
+    from sppo_rl.envs.stock import stock_success, success_rule
+
+    if isinstance(n_eval_episodes, bool) or not isinstance(n_eval_episodes, int) or n_eval_episodes < 1:
+        raise ValueError(f"n_eval_episodes must be an integer >= 1, got {n_eval_episodes!r}")
+    if isinstance(env, str):
+        from sppo_rl.envs import TASKS
+
+        env = gym.make(TASKS[env].env_id if env in TASKS else env)
+    test = None
+    own = (policy.meta.get("config") or {}).get("success")
+    if own:
+        try:
+            test = success_rule(own)[0]
+        except ValueError:
+            test = None
+    if test is None and getattr(env, "spec", None) is not None:
+        found = stock_success(env.spec.id)
+        test = found[0] if found else None
+    returns, lengths, successes = [], [], []
+    for i in range(n_eval_episodes):
+        obs, info = env.reset(seed=None if seed is None else seed + i)
+        total, steps, start, success = 0.0, 0, True, None
+        while True:
+            action = policy.predict(obs, greedy=deterministic, episode_start=start)
+            start = False
+            action = int(action) if policy.discrete else np.asarray(action, dtype=np.float32)
+            obs, reward, terminated, truncated, info = env.step(action)
+            total += float(reward)
+            steps += 1
+            if terminated or truncated:
+                break
+        if "success" in info:
+            success = bool(info["success"])
+        elif test is not None:
+            success = bool(
+                test(obs, {**info, "base_reward": float(reward), "base_return": total}, terminated, truncated)
+            )
+        returns.append(total)
+        lengths.append(steps)
+        successes.append(success)
+    judged = None if any(s is None for s in successes) else tuple(bool(s) for s in successes)
+    return Evaluation(
+        mean_return=float(np.mean(returns)),
+        std_return=float(np.std(returns)),
+        success_rate=float(np.mean(judged)) if judged is not None else None,
+        mean_length=float(np.mean(lengths)),
+        returns=tuple(returns),
+        lengths=tuple(lengths),
+        successes=judged,
+    )
 
 
 # ------------------------------------------------------------------------------------- LLM
@@ -430,6 +635,7 @@ def train_llm(
     algo: str = "sppo",
     *,
     val_examples: Iterable[Any] | None = None,
+    callback: Callable[[dict[str, Any]], Any] | None = None,
     **settings: Any,
 ) -> LLMPolicy:
     """Train ``algo`` on a causal LM and return the final :class:`LLMPolicy`.
@@ -440,12 +646,16 @@ def train_llm(
     ``"arithmetic"``; None: the ``task`` setting (default ``arithmetic``). ``val_examples``: the same for
     the validation set (none by default for examples). ``reward``: see :func:`reward_spec` (None: the
     task's default, math-verify for data). ``settings``: fields of :class:`~sppo_rl.llm.config.LLMConfig`
-    (``model`` is needed for anything but arithmetic, ``steps``, ``group_size``, ``out_dir``, ...).
+    (``model`` is needed for anything but arithmetic, ``steps``, ``group_size``, ``lr_schedule``,
+    ``out_dir``, ...). ``callback(row)`` is called with each update's metrics row; returning ``False``
+    stops the run there (the summary says ``stopped_by_callback``).
     """
     from sppo_rl.llm.config import LLMConfig
     from sppo_rl.llm.trainer import check_model_paths, run_llm
     from sppo_rl.runtime.run import RunError, _has_run
 
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be a function of the metrics row, got {callback!r}")
     for given, key in ((examples, "task"), (val_examples, "val_data"), (reward, "reward_fn")):
         if given is not None and key in settings:
             raise TypeError(f"train_llm: give the {key} setting or its argument, not both")
@@ -470,7 +680,7 @@ def train_llm(
     check_model_paths(cfg)
     for key, path in files.items():
         _write_data(path, texts[key])
-    summary = run_llm(cfg)
+    summary = run_llm(cfg, callback=callback)
     for key, path in files.items():  # --overwrite cleared the folder after the trainer read them: put back
         _write_data(path, texts[key])
     return LLMPolicy(out / "final" / "actor", out, summary, max_new_tokens=cfg.max_new_tokens)

@@ -159,6 +159,11 @@ class RunConfig:
     is weighted by min(pi_old / mu, C); the mismatch |log pi_old - log mu| is logged either way."""
     critic_warmup: int = 0
     """Updates during which only the critic is trained (the actor waits; VAPO's value pre-training)."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning rates of the actor and the critic over the run's K updates (after --warmup-updates W):
+    constant, linear (anneal to 0 as CleanRL: factor 1 - k/K), cosine (TRL/verl's decay). sppo_rl/runtime/schedule.py."""
+    warmup_updates: int = 0
+    """Linear learning-rate warm-up: update k < W runs at (k + 1) / W of the base rate."""
     lam_critic: float | None = None
     """GAE lambda of the critic's targets when it differs from the actor's --lam (VC-PPO: 1.0). None: --lam."""
     lam_alpha: float | None = None
@@ -225,6 +230,7 @@ class RunConfig:
             ("value_clip", optional(gt(0)), "> 0, or None for plain MSE"),
             ("tis_cap", optional(gt(0)), "> 0, or None for off"),
             ("critic_warmup", ge(0), ">= 0 (updates)"),
+            ("warmup_updates", ge(0), ">= 0 (updates)"),
             ("lam_critic", optional(within(0, 1)), "in [0, 1], or None for --lam"),
             ("lam_alpha", optional(gt(0)), "> 0, or None for --lam"),
             ("group_std_threshold", ge(0), ">= 0"),

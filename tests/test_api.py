@@ -89,10 +89,10 @@ def test_import_sppo_rl_stays_light_and_resolves_the_api_lazily():
         sppo_rl.nope  # noqa: B018
 
 
-def test_the_docstring_has_three_five_line_examples():
+def test_the_docstring_has_four_five_line_examples():
     blocks = examples()
-    assert len(blocks) == 3
-    assert [len(b.strip().splitlines()) for b in blocks] == [5, 5, 5]
+    assert len(blocks) == 4
+    assert [len(b.strip().splitlines()) for b in blocks] == [5, 5, 5, 5]
 
 
 # ------------------------------------------------------------------------------- the docstring's examples
@@ -182,7 +182,7 @@ def test_policy_predict_shapes_sampling_and_save_load(tmp_path):
     a = disc.predict(np.repeat(obs[0, :1], 256, 0), greedy=False, seed=3)
     assert np.array_equal(a, disc.predict(np.repeat(obs[0, :1], 256, 0), greedy=False, seed=3))
     assert len(set(a.tolist())) > 1, "sampling draws different actions"
-    with pytest.raises(ValueError, match="takes 5 features"):
+    with pytest.raises(ValueError, match="takes the task.s 5 features"):
         disc.predict(np.zeros(4))
 
     cont = api.Policy(Actor(4, 2, False))

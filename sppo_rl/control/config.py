@@ -17,8 +17,14 @@ class ControlConfig(RunConfig):
     """Stage 3 of the pipeline: RL on a sparse terminal-reward control task, from a warm start."""
 
     task: str = "precision-cartpole"
-    """Task short name (precision-cartpole, mountaincar, hopper, lunarlander, pendulum, ...) or Gymnasium id.
-    Any other Gymnasium id with a max_episode_steps works too (success: it ran that long without terminating)."""
+    """Task short name (precision-cartpole, mountaincar, hopper, lunarlander, pendulum, ...) or a Gymnasium id
+    (Id, or module:Id to import module first) with a max_episode_steps. Stock ids are judged by the env's own
+    success (CartPole survived, MountainCar/Acrobot goal reached, LunarLander landed, ...: docs/control.md);
+    any other id needs --success."""
+    success: str | None = None
+    """Success test of a Gymnasium id task (None: the id's shipped test): survived, terminated (goal reached),
+    return:X (the env's return >= X), or module:function / path/to/file.py:function, called as
+    f(obs, info, terminated, truncated) -> bool on the last step. Built-in tasks keep their own."""
     total_episodes: int = 4096
     """Training budget in episodes (sampled episodes; ReMax's greedy episodes are counted in env_steps only)."""
     episodes_per_update: int | None = None

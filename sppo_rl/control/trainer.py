@@ -56,6 +56,7 @@ from sppo_rl.runtime.checkpoint import atomic_write_text, torch_load, torch_save
 from sppo_rl.runtime.logging import start_logging
 from sppo_rl.runtime.loop import Schedule, announce, progress_bar, run_loop
 from sppo_rl.runtime.run import RunError, check_resume, set_threads, unlock_run_dir
+from sppo_rl.runtime.schedule import lr_factor, set_lr
 from sppo_rl.runtime.trace import TRACE_FILE, write_trace
 
 EVAL_SEED_BASE = 2_000_000_000  # evaluation start states: seeds EVAL_SEED_BASE + i, never drawn for training
@@ -79,7 +80,8 @@ class ControlRun:
     """State and loop of one control run. ``run()`` trains to the budget and returns the summary."""
 
     def __init__(self, cfg: ControlConfig) -> None:
-        from sppo_rl.envs import get_task, make_episode_env
+        from sppo_rl.envs import make_episode_env
+        from sppo_rl.envs.custom import resolve_task
 
         cfg.validate()
         self.cfg = cfg
@@ -87,7 +89,7 @@ class ControlRun:
         if self.algo.latent is not None:
             raise RunError(f"{self.algo.name} trains a latent-reasoning language model: use sppo-rl llm")
         try:
-            self.spec = get_task(cfg.task)
+            self.spec = resolve_task(cfg.task, cfg.success)
         except (KeyError, ValueError) as e:
             raise RunError(str(e).strip("'\"")) from None
         req = self.algo.requires
@@ -151,7 +153,7 @@ class ControlRun:
             if self.critic is not None
             else None
         )
-        self.env = make_episode_env(self.spec.name, num_envs=E + n_greedy, dense=cfg.dense)
+        self.env = make_episode_env(self.spec, num_envs=E + n_greedy, dense=cfg.dense)
         self._eval_env = None
 
         # randomness: start states, action sampling, minibatch order
@@ -288,6 +290,7 @@ class ControlRun:
         batch = self._batch(ep, groups[:n], greedy_success)
         compute_advantages(batch, algo, **estimator_params(cfg))
         check_finite(self.update_idx + 1, advantages=batch.advantages)
+        lr = self._schedule_lr()
         stats = self._optimise(ep, batch)
         # observation statistics move only after the update, so that within it the log-probs are
         # recomputed on exactly the inputs they were sampled on (the first ratio is exactly 1)
@@ -308,11 +311,23 @@ class ControlRun:
             "sps": self.env_steps / max(self.elapsed, 1e-9),
             "update_sps": ep_all.env_steps / dt,
             "collect_frac": t_collect / dt,
+            "learning_rate": lr,
         }
         if greedy_success is not None:
             row["greedy_success_rate"] = float(greedy_success.mean())
         row.update(stats)
         return row
+
+    def _schedule_lr(self) -> float:
+        """Set both optimizers' learning rates for the update about to run (``--lr-schedule``, from the
+        update index: :mod:`sppo_rl.runtime.schedule`); returns the actor's."""
+        cfg = self.cfg
+        K = math.ceil(cfg.total_episodes / self.resolved.episodes_per_update)
+        f = lr_factor(cfg.lr_schedule, self.update_idx, K, cfg.warmup_updates)
+        set_lr(self.actor_opt, cfg.actor_lr * f)
+        if self.critic_opt is not None:
+            set_lr(self.critic_opt, cfg.critic_lr * f)
+        return cfg.actor_lr * f
 
     def _optimise(self, ep: Episodes, batch: SequenceBatch) -> dict[str, Any]:
         self.actor.train()
@@ -340,7 +355,7 @@ class ControlRun:
         from sppo_rl.envs import make_episode_env
 
         if self._eval_env is None or self._eval_env.num_envs != episodes:
-            self._eval_env = make_episode_env(self.spec.name, num_envs=episodes, dense=self.cfg.dense)
+            self._eval_env = make_episode_env(self.spec, num_envs=episodes, dense=self.cfg.dense)
         seeds = EVAL_SEED_BASE + np.arange(episodes)
         gen = torch.Generator().manual_seed(12345)
         flags = np.full(episodes, greedy)
@@ -355,7 +370,7 @@ class ControlRun:
 
         if self.critic is None:
             return None
-        env = make_episode_env(self.spec.name, num_envs=contexts * samples, dense=self.cfg.dense)
+        env = make_episode_env(self.spec, num_envs=contexts * samples, dense=self.cfg.dense)
         seeds = np.repeat(EVAL_SEED_BASE + 10_000 + np.arange(contexts), samples)
         ep = collect(
             env, self.actor, seeds, self.resolved.horizon, None, torch.Generator().manual_seed(54321)
@@ -375,7 +390,7 @@ class ControlRun:
 
         if self.critic is None:
             return
-        env = make_episode_env(self.spec.name, num_envs=episodes, dense=self.cfg.dense)
+        env = make_episode_env(self.spec, num_envs=episodes, dense=self.cfg.dense)
         seeds = EVAL_SEED_BASE + 20_000 + np.arange(episodes)
         ep = collect(env, self.actor, seeds, self.resolved.horizon, None, torch.Generator().manual_seed(4242))
         env.close()
@@ -414,7 +429,9 @@ class ControlRun:
         if cal is not None:
             atomic_write_text(self.out / "calibration.json", json.dumps(cal) + "\n")
         self.critic_trace(self.out / TRACE_FILE)
-        save_actor_file(self.out / "final.pt", self.actor, {"summary": summary, "config": asdict(cfg)})
+        meta = {"summary": summary, "config": asdict(cfg)}
+        meta["observation"] = {"horizon": self.resolved.horizon, "appended": self.spec.appended}
+        save_actor_file(self.out / "final.pt", self.actor, meta)
         return summary
 
     def close(self) -> None:
@@ -422,7 +439,8 @@ class ControlRun:
         self.env.close()
         unlock_run_dir(self.out)
 
-    def run(self) -> dict[str, Any]:
+    def run(self, callback: Any = None) -> dict[str, Any]:
+        """Train to the budget; ``callback(row)`` after each update, ``False`` stops (:func:`run_loop`)."""
         cfg, E = self.cfg, self.resolved.episodes_per_update
         total = math.ceil(cfg.total_episodes / E)
         bar = progress_bar(cfg.progress, total, self.update_idx, f"{self.algo.name}/{self.spec.name}")
@@ -438,13 +456,15 @@ class ControlRun:
             resume_hint=f"sppo-rl control --out-dir {self.out} --resume",
             bar=bar,
             postfix=lambda r: {"success": f"{r['success_rate']:.2f}", "sps": f"{r['sps']:.0f}"},
+            callback=callback,
         )
 
 
-def run_control(cfg: ControlConfig) -> dict[str, Any]:
-    """Entry point of ``sppo-rl control``; ends with the headline numbers and where to look next."""
+def run_control(cfg: ControlConfig, callback: Any = None) -> dict[str, Any]:
+    """Entry point of ``sppo-rl control``; ends with the headline numbers and where to look next.
+    ``callback(row) -> False`` stops the run after that update (:func:`~sppo_rl.runtime.loop.run_loop`)."""
     run = ControlRun(cfg)
-    s = run.run()
+    s = run.run(callback)
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     headline = (
         f"{s['algo']} on {s['task']}, seed {s['seed']}: success {fmt(s['final_success_rate'])} (last 10 updates)"

@@ -12,19 +12,26 @@ once, on the step where the episode ends:
   ``terminated`` is the base environment's; ``truncated`` is True when the base environment truncated
   *or* the horizon ``H`` was reached.
 
-The default test, :func:`survived`, is **"the episode lasted the full horizon without terminating"**
-(``truncated and not terminated``), and the default horizon is the Gymnasium spec's
-``max_episode_steps``: so ``sppo-rl control --task CartPole-v1`` trains on "keep the pole up for 500
-steps". An id without ``max_episode_steps`` has no horizon and is refused (register it with an explicit
-``horizon``). ``dense=True`` adds the base environment's own reward on every step (a shaping for
-stage 1 of the warm-start pipeline; the outcome is unchanged).
+``info`` also carries ``base_reward`` (the base environment's reward of that step) and ``base_return``
+(its sum over the episode), so a test can read a landing bonus or a return threshold.
+
+The default test of :class:`SparseOutcome` and :func:`register_custom_task`, :func:`survived`, is **"the
+episode lasted the full horizon without terminating"** (``truncated and not terminated``), and the default
+horizon is the Gymnasium spec's ``max_episode_steps``. A Gymnasium id used as a task by name
+(``sppo-rl control --task MountainCar-v0``, also ``module:Id``, which imports ``module`` first as
+``gymnasium.make`` does) is judged by its shipped test (:data:`sppo_rl.envs.stock.STOCK`: goal reached
+for MountainCar and Acrobot, landed for LunarLander, ...), or by the test the user names
+(``--success``, :func:`resolve_task`); an id with neither is refused in one line. An id without
+``max_episode_steps`` has no horizon and is refused (register it with an explicit ``horizon``).
+``dense=True`` adds the base environment's own reward on every step (a shaping for stage 1 of the
+warm-start pipeline; the outcome is unchanged).
 
 :class:`SparseOutcomeVectorEnv` runs ``N`` copies in episode mode (autoreset disabled, ended copies
 frozen until ``reset``, ``reset(seed=[...])`` one seed per copy), as :func:`sppo_rl.envs.make_episode_env`
 gives for the built-in tasks. :func:`register_custom_task` adds a :class:`~sppo_rl.envs.tasks.TaskSpec`
 under a name, so ``sppo_rl.train_control(task=name)``, ``ControlConfig(task=name)`` and
-``make_episode_env(name)`` work in this process; a plain Gymnasium id (``CartPole-v1``) is registered with
-the defaults on first use, so it also works on the command line. Observations must be a flat ``Box``
+``make_episode_env(name)`` work in this process; a stock Gymnasium id (``CartPole-v1``) is registered
+with its shipped test on first use, so it also works on the command line. Observations must be a flat ``Box``
 and actions ``Discrete`` or a flat ``Box`` (wrap others, e.g. ``gymnasium.wrappers.FlattenObservation``).
 
 ```python
@@ -36,6 +43,7 @@ register_custom_task("cartpole-right", "CartPole-v1", horizon=100,
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Callable
 from typing import Any
@@ -45,6 +53,7 @@ import numpy as np
 from gymnasium import spaces
 
 from sppo_rl.envs.core import EpisodeSyncVectorEnv, extended_box
+from sppo_rl.envs.stock import RULES, stock_success, success_rule, survived
 from sppo_rl.envs.tasks import TaskSpec
 
 Success = Callable[[np.ndarray, dict, bool, bool], Any]
@@ -56,11 +65,6 @@ CUSTOM_TASKS: dict[str, TaskSpec] = {}
 """Tasks added by :func:`register_custom_task` (and Gymnasium ids used as tasks), by name."""
 _SOURCES: dict[str, Callable[..., Any]] = {}  # entry-point name -> env / vector-env creator
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$")
-
-
-def survived(obs: np.ndarray, info: dict, terminated: bool, truncated: bool) -> bool:
-    """The default success test: the episode ran to the horizon (or the time limit) without terminating."""
-    return bool(truncated) and not bool(terminated)
 
 
 def _describe(source: Any) -> str:
@@ -85,7 +89,13 @@ def _build(source: EnvSource | gym.Env, render_mode: str | None = None) -> gym.E
 def default_horizon(source: EnvSource | gym.Env, env: gym.Env | None = None) -> int:
     """The Gymnasium spec's ``max_episode_steps`` of ``source`` (an id, or the env built from a factory);
     ``ValueError`` in one line when it has none."""
-    spec = gym.spec(source) if isinstance(source, str) else getattr(env, "spec", None)
+    if isinstance(source, str):
+        module, _, env_name = source.rpartition(":")  # gymnasium.make's "module:Id" (gym.spec lacks it)
+        if module:
+            importlib.import_module(module)
+        spec = gym.spec(env_name)
+    else:
+        spec = getattr(env, "spec", None)
     steps = getattr(spec, "max_episode_steps", None)
     if not steps:
         raise ValueError(
@@ -148,6 +158,7 @@ class SparseOutcome(gym.Env[np.ndarray, Any]):
             raise ValueError(f"{name}: action space {act_space} is neither Discrete(n) nor a flat Box")
         self.observation_space = extended_box(obs_space, (), ())
         self.t = 0
+        self.base_return = 0.0
         self.ended = True  # until the first reset
 
     def _observe(self, obs: Any) -> np.ndarray:
@@ -160,6 +171,7 @@ class SparseOutcome(gym.Env[np.ndarray, Any]):
         super().reset(seed=seed)
         obs, info = self.base.reset(seed=seed, options=options)
         self.t = 0
+        self.base_return = 0.0
         self.ended = False
         return self._observe(obs), info
 
@@ -179,7 +191,8 @@ class SparseOutcome(gym.Env[np.ndarray, Any]):
         terminated, truncated = bool(terminated), bool(truncated) or self.t >= self.horizon
         ended = terminated or truncated
         reward = 0.0
-        info = dict(info)
+        self.base_return += float(base_reward)
+        info = {**info, "base_reward": float(base_reward), "base_return": self.base_return}
         if ended:
             success = bool(self.success_fn(obs, info, terminated, truncated))
             reward = float(success)
@@ -241,29 +254,26 @@ def __getattr__(name: str) -> Any:  # the entry points of the TaskSpecs register
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
 
 
-def register_custom_task(
-    name: str,
-    env: EnvSource,
-    success: Success | None = None,
-    horizon: int | None = None,
-    episodes_per_update: int = 16,
-) -> TaskSpec:
-    """Add task ``name``: ``env`` (a Gymnasium id or a factory of new envs) with the outcome ``success``.
-
-    ``success(obs, info, terminated, truncated) -> bool`` defaults to :func:`survived` and ``horizon`` to
-    the env's ``max_episode_steps`` (see the module docstring for when it is called and what it sees).
-    One env is built here to read the spaces. Registering a name again replaces the earlier task; the
-    built-in names are refused. The task lives in this process (a sweep's worker processes, or a later
-    ``--resume``, must register it again; a plain Gymnasium id needs nothing).
-
-    Returns the :class:`~sppo_rl.envs.tasks.TaskSpec` that ``get_task(name)`` now returns.
-    """
+def _check_name(name: str) -> None:
     from sppo_rl.envs.tasks import _BY_ID, TASKS
 
     if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
         raise ValueError(f"task name {name!r}: use letters, digits and _ . : / - (no '..')")
     if name in TASKS or name in _BY_ID:
         raise ValueError(f"{name!r} is a built-in task; choose another name")
+
+
+def build_custom_task(
+    name: str,
+    env: EnvSource,
+    success: Success | None = None,
+    horizon: int | None = None,
+    episodes_per_update: int = 16,
+    rule: str | None = None,
+) -> TaskSpec:
+    """The :class:`~sppo_rl.envs.tasks.TaskSpec` of :func:`register_custom_task` without registering it
+    (``rule``: the success test in words, for the spec and ``sppo-rl info``)."""
+    _check_name(name)
     if isinstance(env, gym.Env):
         raise TypeError("pass a Gymnasium id or a function returning a new env (one per copy), not an env")
     if (
@@ -294,12 +304,13 @@ def register_custom_task(
             env, success, H, num_envs=num_envs, dense=dense, render_mode=render_mode
         )
 
-    rule = (
-        "survived: ran to the horizon without terminating"
-        if success in (None, survived)
-        else _describe(success)
-    )
-    spec = TaskSpec(
+    if rule is None:
+        rule = (
+            "survived: ran to the horizon without terminating"
+            if success in (None, survived)
+            else _describe(success)
+        )
+    return TaskSpec(
         name=name,
         env_id=env if isinstance(env, str) else name,
         horizon=H,
@@ -315,14 +326,90 @@ def register_custom_task(
         entry_point=_entry(name, "env", single),
         vector_entry_point=_entry(name, "vector_env", vector),
     )
+
+
+def register_custom_task(
+    name: str,
+    env: EnvSource,
+    success: Success | None = None,
+    horizon: int | None = None,
+    episodes_per_update: int = 16,
+) -> TaskSpec:
+    """Add task ``name``: ``env`` (a Gymnasium id or a factory of new envs) with the outcome ``success``.
+
+    ``success(obs, info, terminated, truncated) -> bool`` defaults to :func:`survived` and ``horizon`` to
+    the env's ``max_episode_steps`` (see the module docstring for when it is called and what it sees).
+    One env is built here to read the spaces. Registering a name again replaces the earlier task; the
+    built-in names are refused. The task lives in this process (a sweep's worker processes, or a later
+    ``--resume``, must register it again; a stock Gymnasium id needs nothing).
+
+    Returns the :class:`~sppo_rl.envs.tasks.TaskSpec` that ``get_task(name)`` now returns.
+    """
+    spec = build_custom_task(name, env, success, horizon, episodes_per_update)
     CUSTOM_TASKS[name] = spec
+    _AUTO.discard(name)
     return spec
+
+
+_AUTO: set[str] = set()  # names in CUSTOM_TASKS that are Gymnasium ids registered on first use
+
+
+def gym_id(name: str) -> bool:
+    """Whether ``name`` is a Gymnasium id ``gymnasium.make`` accepts: ``Id``, or ``module:Id`` (the
+    module is imported first, so that it registers ``Id``; one that fails to import is a ``ValueError``)."""
+    if not isinstance(name, str) or not name:
+        return False
+    if ":" in name:
+        module, _, env_name = name.partition(":")
+        if not module or not env_name:
+            return False
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ValueError(f"task {name!r}: cannot import module {module!r} ({e})") from None
+        return env_name in gym.registry
+    return name in gym.registry
+
+
+def _refuse_unjudged(name: str) -> None:
+    """Refuse a Gymnasium id with no shipped success test (after its horizon and spaces are checked,
+    whose refusals come first)."""
+    SparseOutcome(name).close()
+    raise ValueError(
+        f"no success test is known for {name}: pass one with --success ({RULES}; from Python: "
+        "success=f, f(obs, info, terminated, truncated) -> bool)"
+    )
 
 
 def custom_task(name: str) -> TaskSpec | None:
-    """The custom task ``name``; a Gymnasium id not registered yet is registered with the defaults
-    (:func:`survived`, ``max_episode_steps``; refused in one line without one). None for anything else."""
+    """The custom task ``name``; a stock Gymnasium id (:data:`sppo_rl.envs.stock.STOCK`, also as
+    ``module:Id``) is registered on first use with its shipped success test and ``max_episode_steps``;
+    any other Gymnasium id is refused in one line (``ValueError``: give a success test, see
+    :func:`resolve_task`). None for a name that is no task at all."""
     spec = CUSTOM_TASKS.get(name)
-    if spec is None and isinstance(name, str) and name in gym.registry:
-        spec = register_custom_task(name, name)
+    if spec is None and gym_id(name):
+        found = stock_success(name)
+        if found is None:
+            _refuse_unjudged(name)
+        spec = build_custom_task(name, name, found[0], rule=found[1])
+        CUSTOM_TASKS[name] = spec
+        _AUTO.add(name)
     return spec
+
+
+def resolve_task(task: str, success: str | None = None) -> TaskSpec:
+    """The task a run trains on: :func:`~sppo_rl.envs.tasks.get_task` ``(task)``, or with ``success``
+    (a :func:`~sppo_rl.envs.stock.success_rule` name) a Gymnasium id ``task`` judged by that test
+    instead (an unregistered spec, so ``get_task(task)`` is unchanged). Built-in and registered tasks
+    keep their own test: ``success`` with one of them is refused."""
+    from sppo_rl.envs.tasks import _BY_ID, TASKS, get_task
+
+    if success is None:
+        return get_task(task)
+    if task in TASKS or task in _BY_ID or (task in CUSTOM_TASKS and task not in _AUTO):
+        own = get_task(task).success
+        raise ValueError(f"--success is for Gymnasium ids; task {task!r} has its own success test ({own})")
+    if not gym_id(task):
+        get_task(task)  # the unknown-task message
+    fn, rule = success_rule(success)
+    return build_custom_task(task, task, fn, rule=rule)

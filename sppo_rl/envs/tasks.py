@@ -256,10 +256,11 @@ _BY_ID = {spec.env_id: spec for spec in _SPECS}
 
 def get_task(name: str | TaskSpec) -> TaskSpec:
     """The :class:`TaskSpec` of a short name (``"hopper"``) or Gymnasium id (``"sppo_rl/SparseHopper-v0"``),
-    of a task added with :func:`sppo_rl.envs.custom.register_custom_task`, or of any other Gymnasium id
-    (success: the episode ran to its ``max_episode_steps`` without terminating; see that module).
+    of a task added with :func:`sppo_rl.envs.custom.register_custom_task`, or of a stock Gymnasium id
+    (``Id`` or ``module:Id``) judged by its shipped success test (:mod:`sppo_rl.envs.stock`).
 
-    An unknown name raises ``ValueError`` listing the valid names.
+    An unknown name raises ``ValueError`` listing the valid names; a Gymnasium id with no shipped test,
+    one saying to give a success test.
     """
     if isinstance(name, TaskSpec):
         return name
@@ -271,7 +272,8 @@ def get_task(name: str | TaskSpec) -> TaskSpec:
     if spec is None:
         raise ValueError(
             f"unknown task {name!r}; valid: {', '.join(TASKS)} (or their ids: {', '.join(_BY_ID)}), a "
-            "Gymnasium id with a max_episode_steps, or a name added with sppo_rl.register_custom_task"
+            "Gymnasium id (Id or module:Id) with a max_episode_steps, or a name added with "
+            "sppo_rl.register_custom_task"
         )
     return spec
 

@@ -93,6 +93,7 @@ from sppo_rl.runtime.checkpoint import read_meta, torch_load, torch_save
 from sppo_rl.runtime.logging import check_metrics_length, start_logging
 from sppo_rl.runtime.loop import Schedule, announce, progress_bar, run_loop
 from sppo_rl.runtime.run import Preempted, RunError, check_resume, preemption_stop_now, unlock_run_dir
+from sppo_rl.runtime.schedule import lr_factor, set_lr
 from sppo_rl.runtime.trace import TRACE_FILE
 
 
@@ -634,6 +635,7 @@ class LLMRun:
         if cfg.overlong_filter:  # DAPO: a truncated response teaches nothing about its (unseen) answer
             batch.loss_mask = batch.loss_mask * (~cut).to(batch.mask.dtype)[:, None]
             batch.advantages = batch.advantages * batch.loss_mask
+        lr = self._schedule_lr()
         stats = self._optimise(rb, batch, cost)
         if latent_invalid is not None:
             stats["latent_invalid"] = self.dist.all_sum([float(latent_invalid)], self.device)[0]
@@ -695,6 +697,7 @@ class LLMRun:
             "wall_time_s": self.elapsed,
             "rollout_logp_diff": stats.get("rollout_mismatch_mean", float("nan")),
             "peak_memory_mb": peak_memory_mb(self.device),
+            "learning_rate": lr,
         }
         if cfg.dynamic_sampling_rounds:
             mixed, correct, wrong, few = tot[13:17]
@@ -728,6 +731,16 @@ class LLMRun:
         if policy and self.latent is not None:
             return self.latent.rows(rb, model, self.cfg.temperature, self.device)
         return rollout_rows(rb, model, policy, self.cfg.temperature, self.device)
+
+    def _schedule_lr(self) -> float:
+        """Set both engines' learning rates for the update about to run (``--lr-schedule`` over ``--steps``,
+        from the update index: :mod:`sppo_rl.runtime.schedule`); returns the actor's."""
+        cfg = self.cfg
+        f = lr_factor(cfg.lr_schedule, self.step_idx, cfg.steps, cfg.warmup_updates)
+        set_lr(self.actor_engine.optimizer, cfg.actor_lr * f)
+        if self.critic_engine is not None:
+            set_lr(self.critic_engine.optimizer, cfg.critic_lr * f)
+        return cfg.actor_lr * f
 
     def _optimise(self, rb: RolloutBatch, batch: SequenceBatch, cost: Tensor) -> dict[str, Any]:
         cfg = self.cfg
@@ -791,7 +804,8 @@ class LLMRun:
             "warmstart": self.warmstart,
         }
 
-    def run(self) -> dict[str, Any]:
+    def run(self, callback: Any = None) -> dict[str, Any]:
+        """Train for ``steps`` updates; ``callback(row)`` after each (rank 0), ``False`` stops (:func:`run_loop`)."""
         cfg = self.cfg
 
         def postfix(row: dict[str, Any]) -> dict[str, str]:
@@ -819,6 +833,7 @@ class LLMRun:
             postfix=postfix,
             agree=lambda flag: bool(self.dist.all_max([float(flag)], self.device)[0]),
             main=self.dist.main,
+            callback=callback,
         )
         return self.dist.broadcast(summary if self.dist.main else None)
 
@@ -840,10 +855,11 @@ class LLMRun:
         unlock_run_dir(self.out)
 
 
-def run_llm(cfg: LLMConfig) -> dict[str, Any]:
-    """Entry point of ``sppo-rl llm``; ends with the headline numbers and where to look next."""
+def run_llm(cfg: LLMConfig, callback: Any = None) -> dict[str, Any]:
+    """Entry point of ``sppo-rl llm``; ends with the headline numbers and where to look next.
+    ``callback(row) -> False`` stops the run after that update (:func:`~sppo_rl.runtime.loop.run_loop`)."""
     run = LLMRun(cfg)
-    s = run.run()
+    s = run.run(callback)
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     headline = (
         f"{s['algo']}, seed {s['seed']}: val accuracy {fmt(s.get('start_val_accuracy'))} -> "

@@ -58,6 +58,7 @@ LLM_TAGS: dict[str, str] = {
     "approx_kl": "actor/approx_kl",
     "approx_kl_k3": "actor/approx_kl_k3",
     "grad_norm": "actor/grad_norm",
+    "learning_rate": "actor/lr",
     "kl_loss": "actor/kl_loss",
     "kl": "actor/kl",
     "loss_frac": "actor/loss_frac",

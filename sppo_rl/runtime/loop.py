@@ -68,6 +68,7 @@ def run_loop(
     postfix: Callable[[dict[str, Any]], dict[str, str]] = lambda row: {},
     agree: Callable[[bool], bool] = lambda flag: flag,
     main: bool = True,
+    callback: Callable[[dict[str, Any]], Any] | None = None,
 ) -> dict[str, Any]:
     """Train until the schedule ends, then ``run.finish(rows of metrics.jsonl)``; rank 0 writes the
     summary it returns to ``summary.json``. ``agree(flag)`` is True on every rank when any rank's flag
@@ -79,7 +80,12 @@ def run_loop(
     before it) and redone on resume; an evaluation due after the signal, or cut short by it, is
     deferred: the checkpoint keeps the update's row (``meta.json`` key :data:`DEFERRED`) and the
     resumed run evaluates and logs it first. Either way the resumed run logs what an uninterrupted
-    one would have."""
+    one would have.
+
+    ``callback(row)`` (rank 0) is called with a copy of each update's metrics row once it is logged;
+    returning ``False`` (not merely falsy) stops the run there: a checkpoint is saved, the run is
+    finished as at the end of its budget, and the summary says ``stopped_by_callback`` (the update);
+    ``--resume`` continues it. An exception from the callback propagates."""
     done = run.updates >= schedule.total_updates or (
         schedule.max_seconds is not None and run.elapsed >= schedule.max_seconds
     )
@@ -94,6 +100,7 @@ def run_loop(
         return json.loads((run.out / "summary.json").read_text())
     ckpts = getattr(run, "ckpts", None)
     deferred = ((ckpts.resumed_meta if ckpts is not None else None) or {}).get(DEFERRED)
+    stopped = None  # the update after which the callback stopped the run
     try:
         with Preemption() as pre:
 
@@ -154,13 +161,21 @@ def run_loop(
                     bar.set_postfix(postfix(row))
                 if agree(pre.requested is not None):
                     stop()
-                if run.updates % schedule.checkpoint_every == 0 or last:
+                halt = callback is not None and agree(main and callback(dict(row)) is False)
+                if run.updates % schedule.checkpoint_every == 0 or last or halt:
                     run.save_checkpoint()
+                if halt:
+                    stopped = run.updates
+                    break
     finally:
         if bar is not None:
             bar.close()
     rows = read_metrics(run.out / "metrics.jsonl") if main else []
     summary = run.finish(rows)
+    if stopped is not None:
+        summary["stopped_by_callback"] = stopped
+        if main:
+            print(f"[sppo-rl] the callback stopped the run after update {stopped}", file=sys.stderr)
     run.close()
     if main:
         text = json.dumps(json_safe(summary), indent=2, default=str, allow_nan=False)
