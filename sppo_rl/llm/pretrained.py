@@ -29,6 +29,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,7 +217,13 @@ def _ensure(ref: ModelRef, cache_dir: Path, build: Callable[[Path], None]) -> Pa
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=cache_dir))
     try:
+        start = time.perf_counter()
         build(tmp)
+        size = sum(p.stat().st_size for p in tmp.iterdir() if p.is_file())
+        print(
+            f"[sppo-rl] built {ref.folder_name} in {time.perf_counter() - start:.1f} s ({size / 1e6:.1f} MB)",
+            file=sys.stderr,
+        )
         record = {"format": PRETRAINED_FORMAT_VERSION, "files": file_digests(tmp)}
         (tmp / CHECKSUMS).write_text(json.dumps(record, indent=2) + "\n")
         if folder.exists():  # damaged: moved aside, then removed, so the rename below can land
