@@ -373,3 +373,5 @@ def test_smollm2_builds_loads_and_trains_two_sppo_steps(tmp_path):
         default_cache_dir() / "smollm2-135m-layers4-v1", local_files_only=True
     )
     assert critic.config.num_hidden_layers == 4
+    # 49,152 x 576 embeddings + 4 x 3,540,096 per layer + 576 (final norm); the output layer is tied
+    assert sum(p.numel() for p in critic.parameters()) == 42_472_512
