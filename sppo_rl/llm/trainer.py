@@ -67,6 +67,7 @@ from sppo_rl.llm.models import (
     check_same_tokenizer,
     load_actor,
 )
+from sppo_rl.llm.prompts import render_examples
 from sppo_rl.llm.rollout import HFRolloutEngine, RolloutBatch
 from sppo_rl.llm.setup import (  # noqa: F401  (TINY_CHARSET, default_cache_dir, rollout_rows: imported from here too)
     TINY_CHARSET,
@@ -77,7 +78,9 @@ from sppo_rl.llm.setup import (  # noqa: F401  (TINY_CHARSET, default_cache_dir,
     embedded_model,
     load_task,
     model_context,
+    model_folder,
     peak_memory_mb,
+    prompt_format,
     quiet_transformers,
     rollout_rows,
     start_scorer,
@@ -196,7 +199,8 @@ class LLMRun:
         if cfg.lora_rank:  # LoRA targets against the models' config.json (no weights read)
             try:
                 no_critic = req.critic == "none" or cfg.critic_model == "none"
-                check_lora_targets_of(cfg.lora_targets, cfg.model, False if no_critic else cfg.critic_model)
+                critic_folder = False if no_critic else model_folder(cfg, cfg.critic_model)
+                check_lora_targets_of(cfg.lora_targets, model_folder(cfg, cfg.model), critic_folder)
             except ValueError as e:
                 raise RunError(str(e)) from None
         self.train_set, self.val_set, reward_fn = load_task(cfg)
@@ -233,11 +237,18 @@ class LLMRun:
                 )
             )
         else:
-            actor_path = Path(cfg.model)
+            actor_path = self._main_first(lambda: model_folder(cfg, cfg.model))  # a named model: built once
             if not (actor_path / "config.json").is_file():
                 raise RunError(f"--model {actor_path}: not a Hugging Face model folder (no config.json)")
         self.actor_path = actor_path
         self.tokenizer = load_tokenizer(actor_path)
+        try:  # every prompt rendered once (chat template, system prompt, instruction): the text the model reads
+            fmt = prompt_format(cfg)
+            self.train_set, self.val_set = (
+                render_examples(s, self.tokenizer, fmt) for s in (self.train_set, self.val_set)
+            )
+        except ValueError as e:
+            raise RunError(str(e)) from None
         self._fit_prompts(actor_path)
         dtype = getattr(torch, cfg.dtype)
         self.actor = load_actor(actor_path, dtype=dtype, device=self.device)
@@ -251,7 +262,11 @@ class LLMRun:
             self.ref = load_actor(actor_path, dtype=dtype, device=self.device).eval().requires_grad_(False)
         self.critic: SequenceCritic | TokenCritic | None = None
         if req.critic != "none":
-            critic_path = Path(cfg.critic_model) if cfg.critic_model else actor_path
+            critic_path = (
+                self._main_first(lambda: model_folder(cfg, cfg.critic_model))
+                if cfg.critic_model
+                else actor_path
+            )
             if cfg.critic_model:
                 check_same_tokenizer(self.tokenizer, load_tokenizer(critic_path))
             cls = CRITICS[req.critic]

