@@ -136,11 +136,12 @@ def check_model_paths(cfg: LLMConfig) -> None:
             raise RunError(f"{flag} {value}: not a Hugging Face model folder ({what})")
 
 
-def start_scorer(reward_fn: str, timeout_s: float) -> RewardScorer:
+def start_scorer(reward_fn: str, timeout_s: float, weights: tuple[float, ...] | None = None) -> RewardScorer:
     """The reward workers, started (the function loaded) before any work: a reward function that cannot
-    be loaded, or whose file exits, crashes or hangs when imported, is refused in one line."""
+    be loaded, or whose file exits, crashes or hangs when imported, is refused in one line. ``reward_fn``
+    may name several functions, comma-separated, weighted by ``weights``."""
     try:
-        return RewardScorer(reward_fn, timeout_s=timeout_s)
+        return RewardScorer(reward_fn, timeout_s=timeout_s, weights=weights)
     except (RewardFnError, RewardWorkerError) as e:
         raise RunError(f"--reward-fn {reward_fn}: {e}") from None
 

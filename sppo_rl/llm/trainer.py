@@ -45,6 +45,7 @@ from sppo_rl.agents import (
 )
 from sppo_rl.agents.algorithms import GROUP_KINDS, default_group_size, estimator_params, group_signal
 from sppo_rl.agents.batch import overlong_penalty
+from sppo_rl.llm.completions import CompletionLog
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.data import Example, fit_prompts, render_prompt
 from sppo_rl.llm.engines import init_process_group, launcher_dist, make_engine
@@ -86,7 +87,14 @@ from sppo_rl.runtime import (
 from sppo_rl.runtime.checkpoint import read_meta, torch_load, torch_save
 from sppo_rl.runtime.logging import check_metrics_length, start_logging
 from sppo_rl.runtime.loop import Schedule, announce, progress_bar, run_loop
-from sppo_rl.runtime.run import Preempted, RunError, check_resume, preemption_stop_now, unlock_run_dir
+from sppo_rl.runtime.run import (
+    Preempted,
+    RunError,
+    RunFailed,
+    check_resume,
+    preemption_stop_now,
+    unlock_run_dir,
+)
 from sppo_rl.runtime.trace import TRACE_FILE
 
 
@@ -195,7 +203,7 @@ class LLMRun:
         if not self.train_set:
             raise RunError(f"{cfg.task}: no training examples")
         self.algo, self.latent = configure_latent(cfg, self.algo, self.train_set)  # None: a token policy
-        self.scorer = start_scorer(reward_fn, cfg.reward_timeout)
+        self.scorer = start_scorer(reward_fn, cfg.reward_timeout, cfg.reward_weights or None)
 
         def prepare() -> Path:
             out = prepare_run_dir(cfg.out_dir, resume=cfg.resume, overwrite=cfg.overwrite)
@@ -301,6 +309,12 @@ class LLMRun:
         self.logger: RunLogger | NullLogger = NullLogger()
         if self.dist.main:
             self.logger = start_logging(self.out, cfg, self.resolved, ckpt, world="llm")
+        every = cfg.log_completions_every if self.dist.main else 0
+        self.completions = CompletionLog(self.out, every, getattr(self.logger, "text", None))
+        self._fail_streak = 0  # consecutive updates without one valid reward (--reward-fail-limit)
+        self._last_error: str | None = None
+        self._failed_row: dict[str, Any] = {}
+        self._fn_stats = np.zeros((len(self.scorer.names), 3))  # per reward function: sum, valid, errors
 
     def _fit_prompts(self, actor_path: Path) -> None:
         """Drop the training and validation prompts longer than ``--max-prompt-tokens`` (at most the
@@ -443,15 +457,54 @@ class LLMRun:
 
     # ------------------------------------------------------------------------------------- one update
 
-    def _score_items(self, texts: list[str], truths: list[str]) -> tuple[Tensor, int, Tensor]:
-        """``(scores [n], verifier errors, valid [n] bool)``; an invalid item's score is a 0.0 placeholder."""
-        res = self.scorer.score(texts, truths, stop=preemption_stop_now)
+    def _score_items(
+        self, texts: list[str], truths: list[str], examples: list[Example] | None = None, train: bool = False
+    ) -> tuple[Tensor, int, Tensor]:
+        """``(scores [n], verifier errors, valid [n] bool)``; an invalid item's score is a 0.0 placeholder.
+        ``examples[i]`` (item ``i``'s) gives TRL-style reward functions their ``prompts`` and the data's
+        other columns; ``train``: the items count in the update's per-function reward metrics."""
+        columns = [{"prompts": e.prompt, **e.meta} for e in examples] if examples is not None else None
+        res = self.scorer.score(texts, truths, stop=preemption_stop_now, columns=columns)
         self._scoring_cut = self._scoring_cut or res.interrupted > 0
+        if res.error_samples:
+            self._last_error = res.error_samples[0]
+        if train:
+            known = ~np.isnan(res.parts)
+            self._fn_stats += np.stack(
+                [np.where(known, res.parts, 0.0).sum(0), known.sum(0), np.array(res.fn_errors)], 1
+            )
         return torch.from_numpy(res.scores.astype(np.float32)), res.errors, torch.from_numpy(res.valid.copy())
 
-    def _score(self, texts: list[str], truths: list[str]) -> tuple[Tensor, int]:
-        R, errors, _ = self._score_items(texts, truths)
+    def _score(
+        self, texts: list[str], truths: list[str], examples: list[Example] | None = None
+    ) -> tuple[Tensor, int]:
+        R, errors, _ = self._score_items(texts, truths, examples)
         return R, errors
+
+    def log_completions(
+        self,
+        split: str,
+        prompts: list[str],
+        rb: RolloutBatch,
+        truths: list[str],
+        R: Tensor,
+        valid: Any = None,
+        step: int | None = None,
+    ) -> None:
+        """The first rows of ``rb`` (prompt ``prompts[prompt_index]``, reference ``truths[prompt_index]``)
+        with their rewards to ``completions.jsonl`` (:class:`~sppo_rl.llm.completions.CompletionLog`), at
+        ``step`` (default: the updates done)."""
+        k = min(len(rb.texts), self.completions.max_rows)
+        index = [int(i) for i in rb.prompt_index[:k]]
+        self.completions.write(
+            self.step_idx if step is None else step,
+            split,
+            [prompts[i] for i in index],
+            rb.texts[:k],
+            [truths[i] for i in index],
+            R[:k].tolist(),
+            None if valid is None else valid[:k].tolist(),
+        )
 
     def _give_up_if_scoring_was_cut(self) -> None:
         """Raise :class:`Preempted` on every rank if a preemption's grace ran out during any rank's
@@ -492,11 +545,17 @@ class LLMRun:
         if self.algo.requires.greedy_baseline:
             greedy_rb = self.rollout.generate(prompts, n=1, greedy=True, max_new_tokens=cfg.max_new_tokens)
         t1 = time.perf_counter()
-        truths = [examples[int(i)].answer for i in rb.prompt_index]
-        R, errors, valid = self._score_items(rb.texts, truths)
+        rows = [examples[int(i)] for i in rb.prompt_index]
+        R, errors, valid = self._score_items(rb.texts, [e.answer for e in rows], rows, train=True)
+        if index == 0 and self.completions.due(self.step_idx + 1):
+            self.log_completions(
+                "train", prompts, rb, [e.answer for e in examples], R, valid, self.step_idx + 1
+            )
         baseline = baseline_valid = None
         if greedy_rb is not None:
-            g_scores, g_err, g_valid = self._score_items(greedy_rb.texts, [e.answer for e in examples])
+            g_scores, g_err, g_valid = self._score_items(
+                greedy_rb.texts, [e.answer for e in examples], examples, train=True
+            )
             errors += g_err
             baseline, baseline_valid = g_scores[rb.prompt_index.cpu()], g_valid[rb.prompt_index.cpu()]
             valid = valid & baseline_valid  # no baseline, no advantage
@@ -538,6 +597,7 @@ class LLMRun:
         t0 = time.perf_counter()
         before = (list(self.order), self.data_rng.getstate(), torch.get_rng_state())  # if given up
         self._t_gen = self._t_score = 0.0
+        self._fn_stats[:] = 0.0
         try:
             rounds, groups = self._collect()
         except Preempted:  # nothing was trained yet: back to the state before this update
@@ -702,6 +762,19 @@ class LLMRun:
                     "dynamic_sampling/short": int(cfg.prompts_per_step - tot[12]),
                 }
             )
+        if len(self.scorer.names) > 1:  # each reward function on its own: mean over its valid scores
+            fn = self.dist.all_sum(self._fn_stats.flatten().tolist(), self.device)
+            for j, name in enumerate(self.scorer.names):
+                row[f"rewards/{name}"] = fn[3 * j] / max(fn[3 * j + 1], 1.0)
+                row[f"reward_errors/{name}"] = int(fn[3 * j + 2])
+        self._fail_streak = self._fail_streak + 1 if tot[1] == 0 else 0
+        if cfg.reward_fail_limit and self._fail_streak >= cfg.reward_fail_limit:
+            self._failed_row = row
+            raise RunFailed(
+                f"no response got a valid reward in {self._fail_streak} consecutive updates (--reward-fail-limit "
+                f"{cfg.reward_fail_limit}): {int(tot[6])} verifier errors in update {self.step_idx}, e.g. "
+                f"{self._last_error or 'unknown'}; the run stopped (summary.json)"
+            )
         if baseline is not None:
             row["greedy_reward_mean"] = tot[7] / max(tot[8], 1.0)
         if kl_tok is not None:
@@ -801,18 +874,46 @@ class LLMRun:
             eval_last=True,
             log_step=lambda r: r["step"],
         )
-        summary = run_loop(
-            self,
-            schedule,
-            resume_hint=f"sppo-rl llm --out-dir {self.out} --resume ...",
-            bar=progress_bar(
-                cfg.progress and self.dist.main, cfg.steps, self.step_idx, f"{self.algo.name}/llm"
-            ),
-            postfix=postfix,
-            agree=lambda flag: bool(self.dist.all_max([float(flag)], self.device)[0]),
-            main=self.dist.main,
-        )
+        try:
+            summary = run_loop(
+                self,
+                schedule,
+                resume_hint=f"sppo-rl llm --out-dir {self.out} --resume ...",
+                bar=progress_bar(
+                    cfg.progress and self.dist.main, cfg.steps, self.step_idx, f"{self.algo.name}/llm"
+                ),
+                postfix=postfix,
+                agree=lambda flag: bool(self.dist.all_max([float(flag)], self.device)[0]),
+                main=self.dist.main,
+            )
+        except RunFailed as e:
+            self._stopped(str(e))
+            raise
         return self.dist.broadcast(summary if self.dist.main else None)
+
+    def _stopped(self, reason: str) -> None:
+        """A run stopped by :class:`RunFailed`: its last update's row to ``metrics.jsonl``, and a
+        ``summary.json`` with ``stopped`` (the reason) and the update's counts; then the run is closed."""
+        import json
+
+        from sppo_rl.runtime.checkpoint import atomic_write_text
+        from sppo_rl.runtime.logging import json_safe
+
+        if self.dist.main:
+            if self._failed_row:
+                self.logger.log(self._failed_row, step=self._failed_row["step"])
+            summary = {
+                "algo": self.algo.name,
+                "seed": self.cfg.seed,
+                "steps": self.step_idx,
+                "stopped": reason,
+                "reward_failed_updates": self._fail_streak,
+                "verifier_errors": self._failed_row.get("verifier_errors"),
+                "last_error": self._last_error,
+            }
+            text = json.dumps(json_safe(summary), indent=2, default=str, allow_nan=False)
+            atomic_write_text(self.out / "summary.json", text + "\n")
+        self.close()
 
     def export(self, folder: Path) -> None:
         """``folder/actor`` (a transformers folder with its tokenizer) and ``folder/critic``; all ranks

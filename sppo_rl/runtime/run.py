@@ -24,6 +24,11 @@ class RunError(RuntimeError):
     """A run cannot start or continue; the message says why and what to do."""
 
 
+class RunFailed(RuntimeError):
+    """A started run that had to stop on a failure it cannot train through (``sppo-rl`` exits with status 1,
+    the message on one line; ``summary.json`` records why)."""
+
+
 class NonFiniteError(RunError):
     """A loss or gradient became NaN/Inf. Nothing from the bad step was written."""
 
