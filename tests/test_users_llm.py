@@ -224,3 +224,193 @@ def test_completions_reach_tensorboard_as_text(tmp_path, tiny, rewards):
 def test_log_completions_every_0_writes_nothing(tmp_path, tiny, rewards):
     run_llm(_cfg(tmp_path, tiny, reward_fn=f"{rewards}:even", steps=1, eval_every=1, log_completions_every=0))
     assert not (tmp_path / "run" / "completions.jsonl").exists()
+
+
+# ------------------------------------------------------------------------------------- item 8: data columns
+
+
+def test_trl_prompt_and_solution_columns_load_without_flags(tmp_path):
+    from sppo_rl.llm.data import load_examples
+
+    path = tmp_path / "trl.jsonl"
+    rows = [
+        {"prompt": [{"role": "user", "content": "Half of 1?"}], "solution": "So it is $\\boxed{\\frac12}$."},
+        {"prompt": "2+2?", "solution": "\\boxed{4}", "level": 1},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    a, b = load_examples(path)
+    assert a.prompt == rows[0]["prompt"] and a.answer == "\\frac12"
+    assert a.meta["solution"] == rows[0]["solution"]  # a TRL-style reward gets the column as it is
+    assert (b.prompt, b.answer, b.meta["level"]) == ("2+2?", "4", 1)
+
+
+def test_an_unknown_layout_names_the_cli_flags(tmp_path):
+    from sppo_rl.llm.data import DataError, load_examples
+
+    path = tmp_path / "odd.jsonl"
+    path.write_text(json.dumps({"text": "hi", "gold": "1"}) + "\n")
+    with pytest.raises(DataError, match="--prompt-key and --answer-key") as e:
+        load_examples(path)
+    assert "prompt_key" not in str(e.value)
+    path.write_text(json.dumps({"prompt": "hi"}) + "\n")
+    with pytest.raises(DataError, match=r"missing key 'answer' \(keys: prompt\); --answer-key names"):
+        load_examples(path, format="plain")
+
+
+# ------------------------------------------------------------------------------------- item 8: sampling
+
+
+def test_filters_by_hand():
+    import torch
+
+    from sppo_rl.llm.rollout import SamplingOptions, filter_logits, repetition_penalty
+
+    z = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = lambda top_p, **kw: torch.isfinite(filter_logits(z, top_p, SamplingOptions(**kw)))[0].tolist()  # noqa: E731
+    # min_p 0.2: threshold 0.2 * 0.5 = 0.1 drops 0.05 only
+    assert kept(1.0, min_p=0.2) == [True, True, True, False]
+    assert kept(1.0, top_k=2) == [True, True, False, False]
+    # min_p first, then top_p on what is left: [0.5, 0.3, 0.15] / 0.95 has mass 0.842 >= 0.82 before the third
+    assert kept(0.82, min_p=0.2) == [True, True, False, False]
+    # top_p alone: the mass before the third is 0.8 < 0.82 (kept), before the fourth 0.95 (dropped)
+    assert kept(0.82) == [True, True, True, False]
+    seen = torch.tensor([[True, True, False]])
+    assert repetition_penalty(torch.tensor([[2.0, -1.0, 0.5]]), seen, 2.0).tolist() == [[1.0, -2.0, 0.5]]
+    with pytest.raises(ValueError, match="top_k"):
+        SamplingOptions(top_k=-1)
+
+
+def _engine(tiny, **options):
+    from sppo_rl.llm.models import load_actor
+    from sppo_rl.llm.rollout import HFRolloutEngine, SamplingOptions
+    from sppo_rl.llm.tiny import load_tokenizer
+
+    model = load_actor(tiny, dtype="float32").eval()
+    return HFRolloutEngine(model, load_tokenizer(tiny), sampling=SamplingOptions(**options))
+
+
+PROMPTS = ["12+35=", "7+8=", "99+1="]
+
+
+def test_top_k_1_and_min_p_near_1_sample_the_argmax(tiny):
+    greedy = _engine(tiny).generate(PROMPTS, greedy=True, max_new_tokens=6)
+    for options in (dict(top_k=1), dict(min_p=0.999)):
+        rb = _engine(tiny, **options).generate(PROMPTS, n=2, max_new_tokens=6, seed=[1, 2, 3])
+        for row in range(6):
+            g = greedy.response_ids[row // 2][greedy.response_mask[row // 2].bool()]
+            assert rb.response_ids[row][rb.response_mask[row].bool()].tolist() == g.tolist(), options
+        # one token left: its sampling log-prob is log 1; logprobs stay the untruncated ones
+        assert float(rb.sampling_logprobs.abs().max()) < 1e-6
+        assert torch_allclose(rb.logprobs[::2, : greedy.response_len], greedy.logprobs)
+
+
+def torch_allclose(a, b) -> bool:
+    import torch
+
+    return bool(torch.allclose(a, b, atol=1e-5))
+
+
+def test_repetition_penalty_samples_from_the_penalised_distribution(tiny):
+    import torch
+
+    from sppo_rl.llm.models import sequence_logprobs
+    from sppo_rl.llm.rollout import repetition_penalty
+
+    engine, rho, T = _engine(tiny, repetition_penalty=1.7), 1.7, 0.8
+    rb = engine.generate(PROMPTS, n=2, temperature=T, max_new_tokens=6, seed=[4, 5, 6])
+    with torch.no_grad():
+        logits = engine.model(input_ids=rb.input_ids, attention_mask=rb.attention_mask).logits.float()
+    P = rb.prompt_ids.shape[1]
+    V = logits.shape[-1]
+    for b in range(rb.batch_size):
+        seen = torch.zeros(1, V, dtype=torch.bool)
+        seen[0, rb.prompt_ids[b][rb.prompt_mask[b].bool()]] = True
+        for t in range(int(rb.response_lengths[b])):
+            z = logits[b : b + 1, P + t - 1] / T
+            token = int(rb.response_ids[b, t])
+            want = torch.log_softmax(repetition_penalty(z, seen, rho), -1)[0, token]
+            assert float(rb.sampling_logprobs[b, t]) == pytest.approx(float(want), abs=1e-4)
+            seen[0, token] = True
+    # the trainer's log-probs (no penalty) are what the engine reports as logprobs
+    lp, _ = sequence_logprobs(engine.model, rb.input_ids, rb.attention_mask, rb.response_len, T)
+    assert torch_allclose(lp * rb.response_mask, rb.logprobs)
+    assert float((rb.sampling_logprobs - rb.logprobs).abs().max()) > 1e-3  # the penalty did change q
+
+
+def test_sampling_flags_reach_the_run_and_are_checked(tmp_path, tiny, rewards):
+    from sppo_rl.config import ConfigError
+
+    cfg = _cfg(tmp_path, tiny, reward_fn=f"{rewards}:even", steps=1, top_k=1, log_completions_every=1)
+    run_llm(cfg)
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert rows[-1]["rollout_logp_diff"] < 1e-4  # logp_old still equals the sampler's logprobs
+    for bad, flag in (
+        (dict(top_k=-1), "--top-k"),
+        (dict(min_p=1.0), "--min-p"),
+        (dict(repetition_penalty=0.0), "--repetition-penalty"),
+    ):
+        with pytest.raises(ConfigError, match=flag):
+            LLMConfig(**bad).validate()
+
+
+# ------------------------------------------------------------------------------------- item 8: LoRA
+
+
+def test_all_linear_wraps_every_linear_module_but_the_head(tiny):
+    from sppo_rl.llm.models import apply_lora, load_actor, lora_layers
+
+    model = apply_lora(load_actor(tiny, dtype="float32"), 2, 4.0, ("all-linear",), seed=0)
+    names = {n.rsplit(".", 1)[-1] for n in lora_layers(model)}
+    assert names == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert "lm_head" not in {n for n in lora_layers(model)}
+
+
+def test_gpt2_conv1d_layers_take_lora_and_merge_exactly():
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from sppo_rl.llm.models import apply_lora, lora_layers, merged_state_items
+
+    config = GPT2Config(
+        n_embd=16, n_layer=1, n_head=2, vocab_size=50, n_positions=32, bos_token_id=0, eos_token_id=0
+    )
+    torch.manual_seed(0)
+    model = apply_lora(GPT2LMHeadModel(config), 2, 4.0, ("c_attn", "c_proj", "c_fc"), seed=0).eval()
+    assert {n.rsplit(".", 1)[-1] for n in lora_layers(model)} == {"c_attn", "c_proj", "c_fc"}
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    plain = GPT2LMHeadModel(config).eval()
+    state = dict(merged_state_items(model))
+    plain.load_state_dict({**state, "lm_head.weight": state["transformer.wte.weight"]})
+    ids = torch.tensor([[3, 4, 5, 6, 7]])
+    with torch.no_grad():
+        # Conv1D keeps W as [in, out]: the merge must add (B A)^T, else the outputs differ
+        assert float((plain(ids).logits - model(ids).logits).abs().max()) < 1e-5
+
+
+def test_export_adapter_writes_a_peft_folder_that_computes_the_merged_actor(tmp_path, tiny, rewards):
+    import torch
+    from peft import PeftModel
+
+    from sppo_rl.llm.models import load_actor
+
+    cfg = _cfg(tmp_path, tiny, reward_fn=f"{rewards}:even", steps=2, lora_rank=4, export_adapter=True)
+    cfg.actor_lr = 1e-2  # so that the adapters move visibly from B = 0
+    run_llm(cfg)
+    final = tmp_path / "run" / "final"
+    assert sorted(p.name for p in (final / "actor-adapter").iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        merged = load_actor(final / "actor", dtype="float32").eval()(ids).logits
+        base = load_actor(tiny, dtype="float32").eval()
+        plain = base(ids).logits
+        adapted = PeftModel.from_pretrained(base, str(final / "actor-adapter")).eval()(ids).logits
+    assert float((adapted - merged).abs().max()) < 1e-5
+    assert float((plain - merged).abs().max()) > 1e-4  # the adapters did train
+    with pytest.raises(Exception, match="--export-adapter"):
+        LLMConfig(export_adapter=True).validate()

@@ -61,8 +61,10 @@ from sppo_rl.llm.models import (
     check_lora_targets_of,
     check_same_tokenizer,
     load_actor,
+    lora_config,
+    save_adapter,
 )
-from sppo_rl.llm.rollout import HFRolloutEngine, RolloutBatch
+from sppo_rl.llm.rollout import HFRolloutEngine, RolloutBatch, SamplingOptions
 from sppo_rl.llm.setup import (  # noqa: F401  (TINY_CHARSET, default_cache_dir, rollout_rows: imported from here too)
     TINY_CHARSET,
     TINY_SETTINGS,
@@ -203,6 +205,11 @@ class LLMRun:
         if not self.train_set:
             raise RunError(f"{cfg.task}: no training examples")
         self.algo, self.latent = configure_latent(cfg, self.algo, self.train_set)  # None: a token policy
+        self.sampling = SamplingOptions(cfg.top_k, cfg.min_p, cfg.repetition_penalty)
+        if self.latent is not None and not self.sampling.default:
+            raise RunError(
+                f"{self.algo.name} samples with --temperature and --top-p only (not --top-k, --min-p, --repetition-penalty)"
+            )
         self.scorer = start_scorer(reward_fn, cfg.reward_timeout, cfg.reward_weights or None)
 
         def prepare() -> Path:
@@ -244,7 +251,11 @@ class LLMRun:
         if cfg.gradient_checkpointing:
             self.actor.gradient_checkpointing_enable()
         lora = dict(alpha=cfg.lora_alpha, targets=cfg.lora_targets, dropout=cfg.lora_dropout)
+        self._adapter_config = None
         if cfg.lora_rank:
+            self._adapter_config = lora_config(
+                self.actor, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets, cfg.lora_dropout
+            )
             apply_lora(self.actor, cfg.lora_rank, seed=cfg.seed, **lora)
         self.ref = None
         if cfg.kl_coef > 0 and not cfg.lora_rank:  # with LoRA: the actor with its adapters off (below)
@@ -377,18 +388,19 @@ class LLMRun:
                 gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
                 enable_sleep_mode=cfg.vllm_sleep,
                 sync_timeout_s=cfg.collective_timeout,
+                sampling=self.sampling,
             )
             self._separate_rollout = True
             return engine
         if cfg.engine == "torch":
             self._separate_rollout = False
             return (self.latent.engine if self.latent else HFRolloutEngine)(
-                self.actor, self.tokenizer, add_special_tokens=False
+                self.actor, self.tokenizer, add_special_tokens=False, sampling=self.sampling
             )
         self._separate_rollout = True
         replica = load_actor(actor_path, dtype=dtype, device=self.device).eval().requires_grad_(False)
         return (self.latent.engine if self.latent else HFRolloutEngine)(
-            replica, self.tokenizer, add_special_tokens=False
+            replica, self.tokenizer, add_special_tokens=False, sampling=self.sampling
         )
 
     def sync_rollout(self) -> float:
@@ -916,11 +928,22 @@ class LLMRun:
         self.close()
 
     def export(self, folder: Path) -> None:
-        """``folder/actor`` (a transformers folder with its tokenizer) and ``folder/critic``; all ranks
-        call this (ZeRO-3 gathers the weights), rank 0 writes."""
+        """``folder/actor`` (a transformers folder with its tokenizer), ``folder/critic`` and with
+        ``--export-adapter`` ``folder/actor-adapter`` (the actor's LoRA adapters alone, a peft folder);
+        all ranks call this (ZeRO-3 gathers the weights), rank 0 writes."""
         self.actor_engine.save_pretrained(folder / "actor")
         if self.dist.main:
             self.tokenizer.save_pretrained(folder / "actor")
+        if self.cfg.export_adapter and self._adapter_config is not None:  # the adapters alone, for peft
+            engine = self.actor_engine
+            save_adapter(
+                getattr(engine, "inner", engine.module),
+                folder / "actor-adapter",
+                self._adapter_config,
+                self.actor_path,
+                getattr(engine, "_gather", None),
+                write=self.dist.main,
+            )
         if self.critic_engine is not None:
             state = {n: t.detach().to("cpu", copy=True) for n, t in self.critic_engine.full_state_items()}
             if self.dist.main:
