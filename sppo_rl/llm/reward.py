@@ -600,7 +600,7 @@ class RewardScorer:
                     result.parts[i, j] = p
             if tb is not None and not self._traceback_shown:
                 self._traceback_shown = True
-                j = bad[0][0] if bad else 0
+                j = next((j for j, p in bad if not p.startswith(RewardRangeError.__name__)), 0)
                 print(
                     f"[sppo-rl] reward function {self.names[j]!r} failed (its first traceback, shown once; "
                     f"every failure counts in verifier_errors):\n{tb.rstrip()}",
