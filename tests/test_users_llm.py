@@ -414,3 +414,38 @@ def test_export_adapter_writes_a_peft_folder_that_computes_the_merged_actor(tmp_
     assert float((plain - merged).abs().max()) > 1e-4  # the adapters did train
     with pytest.raises(Exception, match="--export-adapter"):
         LLMConfig(export_adapter=True).validate()
+
+
+def test_a_gpt2_folder_trains_sppo_with_all_linear_lora(tmp_path, tiny, rewards):
+    """GPT-2's linear layers are Conv1D: before, --lora-targets could name none of them."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from sppo_rl.llm.models import load_actor
+    from sppo_rl.llm.tiny import load_tokenizer
+
+    tok = load_tokenizer(tiny)
+    folder = tmp_path / "gpt2"
+    config = GPT2Config(
+        n_embd=32, n_layer=1, n_head=2, vocab_size=len(tok), n_positions=64,
+        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    GPT2LMHeadModel(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    cfg = _cfg(tmp_path, folder, algo="sppo", group_size=None, reward_fn=f"{rewards}:even", lora_rank=2)
+    cfg.lora_targets, cfg.export_adapter, cfg.actor_lr = ("all-linear",), True, 1e-2
+    run_llm(cfg)
+    adapter = json.loads((tmp_path / "run" / "final" / "actor-adapter" / "adapter_config.json").read_text())
+    assert sorted(adapter["target_modules"]) == ["c_attn", "c_fc", "c_proj"] and adapter["fan_in_fan_out"]
+    base = load_file_dict(folder / "model.safetensors")
+    merged = load_file_dict(tmp_path / "run" / "final" / "actor" / "model.safetensors")
+    changed = {k.rsplit(".", 2)[-2] for k in base if not torch.equal(base[k], merged[k])}
+    assert changed == {"c_attn", "c_fc", "c_proj"}  # only the adapted layers, merged back
+    assert load_actor(tmp_path / "run" / "final" / "actor", dtype="float32") is not None
+
+
+def load_file_dict(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
