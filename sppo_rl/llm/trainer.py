@@ -566,7 +566,7 @@ class LLMRun:
         baseline = baseline_valid = None
         if greedy_rb is not None:
             g_scores, g_err, g_valid = self._score_items(
-                greedy_rb.texts, [e.answer for e in examples], examples, train=True
+                greedy_rb.texts, [e.answer for e in examples], examples
             )
             errors += g_err
             baseline, baseline_valid = g_scores[rb.prompt_index.cpu()], g_valid[rb.prompt_index.cpu()]
