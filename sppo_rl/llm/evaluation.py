@@ -92,8 +92,8 @@ def write_critic_trace(self: LLMRun, path: Path) -> None:
     if mine:
         prompts = [render_prompt(self.val_set[i], self.tokenizer) for i in mine]
         rb = self.sample(prompts, cfg.eval_samples, -2, mine).to(self.device)
-        rows = [self.val_set[mine[int(i)]] for i in rb.prompt_index]
-        R, _ = self._score(rb.texts, [e.answer for e in rows], rows)
+        items = [self.val_set[mine[int(i)]] for i in rb.prompt_index]
+        R, _ = self._score(rb.texts, [e.answer for e in items], items)
         lengths = rb.response_lengths.cpu()
         cost = (rb.prompt_mask.sum(-1) + rb.response_lengths).cpu()
         red = self.dist.on(self.device)
