@@ -141,7 +141,7 @@ def recipe_names() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from sppo_rl.runtime.run import RunError
+    from sppo_rl.runtime.run import RunError, RunFailed
 
     args = list(sys.argv[1:] if argv is None else argv)
     commands = _commands()
@@ -183,6 +183,9 @@ def main(argv: list[str] | None = None) -> None:
             except (RunError, ValueError) as e:
                 print(f"sppo-rl: error: {e}", file=sys.stderr)
                 sys.exit(2)
+            except RunFailed as e:  # the run started, then had to stop (summary.json says why)
+                print(f"sppo-rl: error: {e}", file=sys.stderr)
+                sys.exit(1)
             return
     raise AssertionError(f"no runner for {type(cfg).__name__}")  # pragma: no cover
 

@@ -67,6 +67,13 @@ class LLMConfig(RunConfig):
     """Rollout temperature (the paper's recipes use 0.6 on real models)."""
     top_p: float = 1.0
     """Rollout nucleus mass."""
+    top_k: int = 0
+    """Rollout: sample among the k most likely tokens only (0: off)."""
+    min_p: float = 0.0
+    """Rollout: drop tokens whose probability is below min_p times the most likely token's (0: off)."""
+    repetition_penalty: float = 1.0
+    """Rollout: divide the positive logits (multiply the negative ones) of every token already in the prompt or
+    the response by this (1: off; CTRL's / transformers' rule)."""
     max_new_tokens: int | None = None
     """Longest response in tokens. Default (None): the task's: 16 for arithmetic and for data files; for
     scratchpad the longest reference response of the chosen --level(s) plus its EOS plus 16 (level 1: 100,
@@ -137,7 +144,17 @@ class LLMConfig(RunConfig):
     reward_fn: str = "auto"
     """Reward: 'auto' (integer check for arithmetic, math-verify otherwise), 'integer', 'math', or 'file.py:function'
     returning a score in [0, 1] (a value outside it is refused: counted in verifier_errors, with a warning, and the
-    rollout is masked out of the update as invalid)."""
+    rollout is masked out of the update as invalid): f(response, answer) -> float, or TRL's f(completions,
+    **columns) -> list[float] (told apart by a parameter named 'completions'). Several, comma-separated
+    ('math,fmt.py:tags'): R = sum w_i r_i / sum w_i with --reward-weights, each logged as rewards/NAME."""
+    reward_weights: tuple[float, ...] = ()
+    """One weight >= 0 per --reward-fn function (default: all 1); normalised to sum 1 so R stays in [0, 1]."""
+    reward_fail_limit: int = 3
+    """Stop the run (exit status 1, the reason in summary.json) after this many consecutive updates in which no
+    response got a valid reward (every reward call raised, timed out or returned no number in [0, 1]); 0: never."""
+    log_completions_every: int = 10
+    """Write sampled prompts, responses and rewards to completions.jsonl (and TensorBoard text) at every
+    evaluation and every this many updates (at most 8 rows each, texts cut at 2,000 characters); 0: off."""
     reward_timeout: float = 5.0
     """Seconds allowed per verification; a timeout or an exception counts in verifier_errors and makes the rollout
     invalid (masked out of the update, counted in invalid_rollouts), not a failure."""
@@ -175,9 +192,14 @@ class LLMConfig(RunConfig):
     lora_alpha: float = 16.0
     """LoRA scale: each adapted weight is W + (alpha / r) * B A."""
     lora_targets: tuple[str, ...] = LORA_TARGETS
-    """Linear modules (by name) that get LoRA adapters; default the attention and MLP projections of Qwen2/Llama."""
+    """Linear modules (by name; GPT-2's Conv1D layers too: c_attn, c_proj, c_fc) that get LoRA adapters, or
+    'all-linear' (every linear layer but the output head); default the attention and MLP projections of
+    Qwen2/Llama."""
     lora_dropout: float = 0.0
     """Dropout on the LoRA adapters' input while training."""
+    export_adapter: bool = False
+    """With --lora-rank: also write the actor's adapter alone (peft's adapter_config.json and
+    adapter_model.safetensors, loadable with peft over the base model) to final/actor-adapter."""
     device: str = "auto"
     """'auto' (cuda if available), 'cpu' or 'cuda'."""
     out_dir: str = "runs/llm"
@@ -220,6 +242,22 @@ class LLMConfig(RunConfig):
             ("weight_decay", ge(0), ">= 0"),
             ("kl_coef", optional(ge(0)), ">= 0, or None for the algorithm's default"),
             ("reward_timeout", gt(0), "> 0 seconds"),
+            (
+                "reward_weights",
+                lambda v: all(ge(0)(w) for w in v) and (not v or sum(v) > 0),
+                ">= 0 with a positive sum",
+            ),
+            (
+                "reward_weights",
+                lambda v: not v or len(v) == len(self.reward_fn.split(",")),
+                "one weight per --reward-fn function (comma-separated), or none",
+            ),
+            ("reward_fail_limit", ge(0), ">= 0 (0: never stop)"),
+            ("log_completions_every", ge(0), ">= 0 (0: off)"),
+            ("top_k", ge(0), ">= 0 (0: off)"),
+            ("min_p", lambda v: within(0, 1)(v) and v < 1, "in [0, 1) (0: off)"),
+            ("repetition_penalty", gt(0), "> 0 (1: off)"),
+            ("export_adapter", lambda v: not v or self.lora_rank > 0, "only with --lora-rank"),
             ("eval_samples", ge(1), ">= 1"),
             ("zero_stage", lambda v: v in (2, 3), "2 or 3"),
             ("vllm_max_model_len", optional(ge(1)), ">= 1, or None for the model's own limit"),

@@ -12,10 +12,12 @@ format        detected by keys            prompt / answer
 ``math``      ``problem``, ``solution``     text / ``answer`` if present, else the last ``\\boxed{}``
                                             of ``solution``
 ``plain``     ``prompt``, ``answer``        text or chat messages / ``answer``
+``trl``       ``prompt``, ``solution``      text or chat messages / ``answer`` if present, else the
+                                            last ``\\boxed{}`` of ``solution`` (TRL's math data)
 ============  ==========================  =====================================================
 
-``prompt_key`` and ``answer_key`` (dotted paths reach into nested objects, ``reward_model.ground_truth``)
-override a format's keys. A malformed record raises one :class:`DataError` naming the file and the line
+``prompt_key`` and ``answer_key`` (``--prompt-key`` / ``--answer-key``; dotted paths reach into nested
+objects, ``reward_model.ground_truth``) override a format's keys; error messages name the flags. A malformed record raises one :class:`DataError` naming the file and the line
 (JSONL, 1-based) or row (Parquet and JSON, 0-based).
 
 Oversized input never reaches a tokenizer: a record with a text field over ``max_chars`` characters
@@ -107,6 +109,7 @@ FORMATS: dict[str, Format] = {
         Format("gsm8k", "question", "answer", ("question", "answer"), _after_hashes),
         Format("math", "problem", "answer", ("problem", "solution"), _last_boxed, answer_fallback="solution"),
         Format("plain", "prompt", "answer", ("prompt", "answer")),
+        Format("trl", "prompt", "answer", ("prompt", "solution"), _last_boxed, answer_fallback="solution"),
     ]
 }
 
@@ -170,13 +173,18 @@ def _to_example(record: Any, fmt: Format, prompt_key: str, answer_key: str, inde
     try:
         prompt = _check_prompt(_get(record, prompt_key))
     except KeyError:
-        raise ValueError(f"missing key {prompt_key!r} (keys: {', '.join(sorted(record))})") from None
+        raise ValueError(
+            f"missing key {prompt_key!r} (keys: {', '.join(sorted(record))}); --prompt-key names the prompt column"
+        ) from None
     key = answer_key
     try:
         raw = _get(record, key)
     except KeyError:
         if fmt.answer_fallback is None or fmt.answer_fallback not in record:
-            raise ValueError(f"missing key {answer_key!r} (keys: {', '.join(sorted(record))})") from None
+            raise ValueError(
+                f"missing key {answer_key!r} (keys: {', '.join(sorted(record))}); --answer-key names the answer "
+                "column"
+            ) from None
         key = fmt.answer_fallback
         raw = record[key]
     answer = fmt.answer_from(_check_answer(raw))
@@ -323,7 +331,7 @@ def load_examples(
                 known = ", ".join(f"{f.name} ({'+'.join(f.signature)})" for f in FORMATS.values())
                 raise DataError(
                     f"{where}: cannot tell the record layout from its keys ({', '.join(sorted(record))}); "
-                    f"known layouts: {known}; or pass prompt_key and answer_key"
+                    f"known layouts: {known}; or name the columns with --prompt-key and --answer-key"
                 )
         try:
             examples.append(

@@ -33,10 +33,12 @@ def evaluate(self: LLMRun) -> dict[str, Any]:
         prompts = [render_prompt(self.val_set[i], self.tokenizer) for i in mine]
         truths = [self.val_set[i].answer for i in mine]
         rb = self.sample(prompts, k, -1, mine)
-        scores, err = self._score(rb.texts, [truths[int(i)] for i in rb.prompt_index])
+        rows = [self.val_set[mine[int(i)]] for i in rb.prompt_index]
+        scores, err = self._score(rb.texts, [e.answer for e in rows], rows)
+        self.log_completions("val", prompts, rb, truths, scores)
         per_prompt = scores.view(len(prompts), k)
         greedy = self.rollout.generate(prompts, greedy=True, max_new_tokens=cfg.max_new_tokens)
-        g_scores, g_err = self._score(greedy.texts, truths)
+        g_scores, g_err = self._score(greedy.texts, truths, [self.val_set[i] for i in mine])
         sums = [
             float(per_prompt.sum()),
             float((per_prompt.max(1).values > 0).sum()),
@@ -90,7 +92,8 @@ def write_critic_trace(self: LLMRun, path: Path) -> None:
     if mine:
         prompts = [render_prompt(self.val_set[i], self.tokenizer) for i in mine]
         rb = self.sample(prompts, cfg.eval_samples, -2, mine).to(self.device)
-        R, _ = self._score(rb.texts, [self.val_set[mine[int(i)]].answer for i in rb.prompt_index])
+        items = [self.val_set[mine[int(i)]] for i in rb.prompt_index]
+        R, _ = self._score(rb.texts, [e.answer for e in items], items)
         lengths = rb.response_lengths.cpu()
         cost = (rb.prompt_mask.sum(-1) + rb.response_lengths).cpu()
         red = self.dist.on(self.device)

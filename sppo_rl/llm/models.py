@@ -437,21 +437,39 @@ def _examples(tokens: list[str], k: int = 5) -> str:
 # ------------------------------------------------------------------------------------ LoRA
 
 _ADAPTER = "default"  # peft's name of the one adapter each wrapped module holds here
+ALL_LINEAR = "all-linear"
+"""``--lora-targets all-linear``: every linear module (:func:`linear_module_names`), as peft's own value."""
+
+
+def _is_linear(module: nn.Module) -> bool:
+    """``nn.Linear``, or transformers' ``Conv1D`` (GPT-2's linear layers, weight stored ``[in, out]``)."""
+    from transformers.pytorch_utils import Conv1D
+
+    return isinstance(module, (nn.Linear, Conv1D))
 
 
 def linear_module_names(model: nn.Module) -> list[str]:
-    """The distinct last names of ``model``'s ``nn.Linear`` modules (what ``--lora-targets`` may name),
-    without the output head: an adapter on a head tied to the input embedding would untie them."""
+    """The distinct last names of ``model``'s linear modules (``nn.Linear`` and GPT-2's ``Conv1D``: what
+    ``--lora-targets`` may name), without the output head: an adapter on a head tied to the input
+    embedding would untie them."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    return sorted(
-        {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear) and m is not head}
-    )
+    return sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if _is_linear(m) and m is not head})
+
+
+def resolve_lora_targets(model: nn.Module, targets: Sequence[str]) -> list[str]:
+    """``targets`` as module names: ``("all-linear",)`` becomes every linear module of ``model``."""
+    if tuple(targets) == (ALL_LINEAR,):
+        return linear_module_names(model)
+    return list(targets)
 
 
 def check_lora_targets(model: nn.Module, targets: Sequence[str], what: str = "the model") -> None:
-    """``ValueError`` in one line unless every name of ``targets`` is a linear module of ``model``;
-    the message lists the model's linear modules."""
+    """``ValueError`` in one line unless every name of ``targets`` is a linear module of ``model``
+    (``all-linear``: unless it has one); the message lists the model's linear modules."""
     names = linear_module_names(model)
+    if ALL_LINEAR in targets and len(targets) > 1:
+        raise ValueError(f"--lora-targets {ALL_LINEAR} stands alone (it names every linear module)")
+    targets = resolve_lora_targets(model, targets)
     missing = [t for t in targets if t not in names]
     if not targets or missing:
         raise ValueError(
@@ -501,6 +519,9 @@ def apply_lora(
 
         y = W x + b + (alpha / r) * B A dropout(x),   A [r, in] (Kaiming-uniform), B [out, r] (zeros)
 
+    ``targets`` are module names (``nn.Linear`` or GPT-2's ``Conv1D``, whose adapters peft keeps with
+    ``fan_in_fan_out``) or ``("all-linear",)`` (:func:`resolve_lora_targets`).
+
     so the wrapped model starts exactly as the base model (``B = 0``). Every other parameter of
     ``model`` is frozen: only the adapters' ``A`` and ``B`` get gradients (and optimizer state). A
     critic's value head is trainable because it lies outside the backbone passed here. The model
@@ -510,14 +531,12 @@ def apply_lora(
     seeded with it (the global state left as it was: the adapters are the same on every rank and do
     not shift any later draw).
     """
-    from peft import LoraConfig, inject_adapter_in_model
+    from peft import inject_adapter_in_model
 
     if rank < 1:
         raise ValueError(f"--lora-rank must be >= 1 to apply LoRA, got {rank}")
     check_lora_targets(model, targets)
-    config = LoraConfig(
-        r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets), bias="none"
-    )
+    config = lora_config(model, rank, alpha, targets, dropout)
     if seed is None:
         inject_adapter_in_model(config, model)
     else:
@@ -533,6 +552,56 @@ def apply_lora(
     if checkpointing and hasattr(model, "enable_input_require_grads"):
         model.enable_input_require_grads()  # reentrant checkpoints need an input that requires grad
     return model
+
+
+def lora_config(
+    model: nn.Module, rank: int, alpha: float, targets: Sequence[str], dropout: float = 0.0
+) -> Any:
+    """The peft ``LoraConfig`` of :func:`apply_lora` (``fan_in_fan_out`` where the targets are ``Conv1D``)."""
+    from peft import LoraConfig
+    from transformers.pytorch_utils import Conv1D
+
+    names = resolve_lora_targets(model, targets)
+    hit = [m for n, m in model.named_modules() if n.rsplit(".", 1)[-1] in names and _is_linear(m)]
+    return LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=names,
+        bias="none",
+        fan_in_fan_out=bool(hit) and all(isinstance(m, Conv1D) for m in hit),
+    )
+
+
+def save_adapter(
+    model: nn.Module,
+    folder: str | os.PathLike,
+    config: Any,
+    base: str | os.PathLike,
+    gather: Callable[[list[nn.Parameter]], Any] | None = None,
+    write: bool = True,
+) -> Path | None:
+    """Write the LoRA adapters of ``model`` alone as a peft adapter folder (``adapter_config.json`` with
+    ``base_model_name_or_path = base``, ``adapter_model.safetensors`` with peft's key names
+    ``base_model.model.<module>.lora_A.weight``): ``PeftModel.from_pretrained(base model, folder)``
+    computes what ``model`` computes. ``gather`` as in :func:`merged_state_items`; ``write`` False (ranks
+    other than 0) only takes part in the gathers."""
+    state: dict[str, Tensor] = {}
+    enter = gather or (lambda params: contextlib.nullcontext())
+    for name, p in model.named_parameters():
+        if ".lora_" not in name:
+            continue
+        with enter([p]):
+            key = "base_model.model." + name.replace(f".{_ADAPTER}.", ".")
+            state[key] = p.detach().to("cpu", copy=True).contiguous()
+    if not write:
+        return None
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config.base_model_name_or_path = str(base)
+    config.save_pretrained(str(folder))
+    save_file(state, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    return folder
 
 
 def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
@@ -551,10 +620,14 @@ def _lora_parts(layer: nn.Module) -> tuple[Tensor, Tensor, Tensor, float]:
 
 
 def merged_weight(layer: nn.Module) -> Tensor:
-    """``W + (alpha / r) * B @ A`` of a LoRA layer (computed in float32, returned in ``W``'s dtype): the
-    plain weight that computes what the wrapped module computes in eval mode."""
+    """``W + (alpha / r) * B @ A`` of a LoRA layer (its transpose added for a ``Conv1D``, whose ``W`` is
+    ``[in, out]``; computed in float32, returned in ``W``'s dtype): the plain weight that computes what
+    the wrapped module computes in eval mode."""
     W, A, B, scaling = _lora_parts(layer)
-    return (W.detach().float() + scaling * (B.detach().float() @ A.detach().float())).to(W.dtype)
+    delta = B.detach().float() @ A.detach().float()
+    if getattr(layer, "fan_in_fan_out", False):  # GPT-2's Conv1D keeps its weight [in, out]
+        delta = delta.T
+    return (W.detach().float() + scaling * delta).to(W.dtype)
 
 
 def merged_state_items(

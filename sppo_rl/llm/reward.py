@@ -24,8 +24,26 @@ function (Linux/macOS ``RLIMIT_AS``).
 
 The reward function is ``"math"`` (:func:`sppo_rl.llm.verify.verify_math`), ``"integer"``
 (:func:`sppo_rl.llm.verify.verify_integer`), a path ``"path/to/file.py:function"``, a module
-``"package.module:function"``, or a picklable module-level callable; its signature is
-``fn(response: str, ground_truth: str) -> float``.
+``"package.module:function"``, or a picklable module-level callable. The worker tells its calling
+convention from its signature (:func:`call_style`):
+
+- ``fn(response: str, ground_truth: str) -> float`` (this project's; the built-ins), called per item;
+- TRL's, any function with a parameter named ``completions``: ``fn(completions: list[str], **columns)
+  -> list[float]``, called by keyword with lists over the batch: ``completions``, ``prompts`` (the
+  prompts as the data gives them: text or chat messages), ``answer`` (the reference the data's answer
+  column gives, as the built-ins get it) and every other column of the data (``solution``, ``level``,
+  ...: ``Example.meta``). A function without ``**kwargs`` gets only the columns it names (a column it
+  names that the data lacks is an error for each item). The batch here is one item (lists of length
+  1), so every item keeps its own deadline and a failure costs that item only; a function that needs
+  several completions at once (a diversity bonus) does not fit.
+
+Several functions ``f_1 .. f_k`` (a list, or one string ``"a,b"``) with weights ``w_j >= 0`` score
+each item ``R = sum_j w_j r_j / sum_j w_j`` (weights default to 1): the weights are normalised, so
+``R`` stays an outcome in ``[0, 1]`` (TRL sums them unnormalised; for group-normalised advantages the
+scale makes no difference). An item is valid only when every function gave it a valid score;
+``ScoreResult.parts`` holds each function's score (NaN where it failed) and ``fn_errors`` each one's
+error count. The first failure of a function that raises is shown once with its traceback on stderr;
+every later one is counted.
 
 The reward contract: a score is an outcome in ``[0, 1]`` (1 right, 0 wrong; partial credit in between;
 a bool counts as 0 or 1). The trainers rely on it: SPPO's critic is trained with binary cross-entropy
@@ -46,6 +64,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import inspect
 import math
 import multiprocessing as mp
 import numbers
@@ -55,9 +74,10 @@ import signal
 import sys
 import threading
 import time
+import traceback
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from multiprocessing.connection import Connection, wait
@@ -96,6 +116,10 @@ class ScoreResult:
         interrupted: items not scored because ``stop`` became true (counted in timeouts and errors).
         seconds: wall time of the call.
         error_samples: the first few error messages, ``"item 3: ZeroDivisionError: ..."``.
+        parts: ``float32 [n, k]``, function ``j``'s score of item ``i`` (NaN where it failed or the item
+            was not scored); ``scores`` is their weighted mean where every part is valid.
+        fn_errors: per function, the items it failed on (raised, or returned no number in [0, 1]);
+            timeouts and dead workers are counted in ``errors`` only.
     """
 
     scores: np.ndarray
@@ -105,10 +129,14 @@ class ScoreResult:
     interrupted: int = 0
     seconds: float = 0.0
     error_samples: list[str] = field(default_factory=list)
+    parts: np.ndarray = None  # type: ignore[assignment]  (filled in by __post_init__)
+    fn_errors: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.valid is None:
             self.valid = np.ones(len(self.scores), dtype=bool)
+        if self.parts is None:
+            self.parts = np.full((len(self.scores), max(1, len(self.fn_errors))), np.nan, dtype=np.float32)
 
 
 # ------------------------------------------------------------------------------- function specs
@@ -152,6 +180,94 @@ def _resolve_spec(fn: str | Callable[..., Any]) -> tuple[str, Any]:
     if found is None:
         raise RewardFnError(f"reward module not found: {target!r} (in {fn!r})")
     return "module", (target, name)
+
+
+def split_specs(fn: str | Callable[..., Any] | Sequence[str | Callable[..., Any]]) -> list[Any]:
+    """The reward functions ``fn`` names: a list as is, a string split at commas (``"math,f.py:g"``),
+    anything else alone."""
+    if isinstance(fn, str):
+        parts = [p.strip() for p in fn.split(",")]
+        if len(parts) > 1 and not all(parts):
+            raise RewardFnError(f"empty name in the reward function list {fn!r}")
+        return parts
+    if isinstance(fn, (list, tuple)):
+        if not fn:
+            raise RewardFnError("no reward function given")
+        return list(fn)
+    return [fn]
+
+
+def spec_name(fn: str | Callable[..., Any]) -> str:
+    """A short name of a reward function for its metrics: ``math``, the function of ``f.py:name``."""
+    if isinstance(fn, str):
+        return fn.rpartition(":")[2] or fn
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def call_style(fn: Callable[..., Any]) -> str:
+    """``"trl"`` if ``fn`` has a parameter named ``completions`` (TRL's ``f(completions, **columns)``
+    over a batch), else ``"pair"`` (``f(response, ground_truth)``); a callable whose signature cannot be
+    read is ``"pair"``."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return "pair"
+    return "trl" if "completions" in params else "pair"
+
+
+def _trl_call(fn: Callable[..., Any], response: str, truth: str, columns: Mapping[str, Any]) -> Any:
+    """One item through a TRL-style function: keyword lists of length 1; its one value."""
+    given = {k: [v] for k, v in columns.items() if k not in ("completions", "answer")}
+    given.update(completions=[response], answer=[truth])
+    params = inspect.signature(fn).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        needed = [
+            n
+            for n, p in params.items()
+            if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and n not in given
+        ]
+        if needed:
+            raise TypeError(f"needs column(s) {', '.join(needed)}; the data gives {', '.join(sorted(given))}")
+        given = {k: v for k, v in given.items() if k in params}
+    out = fn(**given)
+    if isinstance(out, np.ndarray):
+        out = out.tolist()
+    if not isinstance(out, (list, tuple)) or len(out) != 1:
+        what = f"{len(out)} values" if isinstance(out, (list, tuple)) else type(out).__name__
+        raise TypeError(
+            f"returned {what} for 1 completion (a TRL-style function returns a list, one per completion)"
+        )
+    return out[0]
+
+
+_TRACEBACK_SENT = False  # in a worker: whether it has sent a traceback already (one per process)
+
+
+def _score_parts(
+    fns: list[tuple[Callable[..., Any], str]], response: str, truth: str, columns: Mapping[str, Any]
+) -> tuple[list[float | str], str | None]:
+    """Inside the worker: each function's checked score of one item, or its error message; and the
+    traceback of the first failure this process met (None after that)."""
+    global _TRACEBACK_SENT
+    parts: list[float | str] = []
+    tb = None
+    for fn, style in fns:
+        try:
+            value = _trl_call(fn, response, truth, columns) if style == "trl" else fn(response, truth)
+            parts.append(_check_value(value))
+        except BaseException as e:  # SystemExit from a reward function included
+            parts.append(_describe(e))
+            if not _TRACEBACK_SENT and not isinstance(e, RewardRangeError):
+                _TRACEBACK_SENT = True
+                tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))[-4000:]
+    return parts, tb
+
+
+def _load_all(kind: str, spec: Any, inner_timeout_s: float) -> list[tuple[Callable[..., Any], str]]:
+    """Inside the worker: the callables (each with its :func:`call_style`) of a ``"several"`` spec."""
+    specs = spec if kind == "several" else [(kind, spec)]
+    fns = [_load(k, s, inner_timeout_s) for k, s in specs]
+    return [(fn, call_style(fn)) for fn in fns]
 
 
 def _load(kind: str, spec: Any, inner_timeout_s: float) -> Callable[[str, str], Any]:
@@ -242,12 +358,12 @@ def _describe(e: BaseException) -> str:
 def _worker_main(
     conn: Connection, kind: str, spec: Any, inner_timeout_s: float, memory_mb: int | None, parent_pid: int
 ) -> None:
-    """Load the function, answer ``("ready",)`` or ``("error", msg)``, then score chunks until told to
-    stop: for each item send ``("ok", i, score)`` or ``("err", i, message)``."""
+    """Load the functions, answer ``("ready",)`` or ``("error", msg)``, then score chunks until told to
+    stop: for each item send ``("ok", i, (parts, traceback))`` (:func:`_score_parts`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     try:
-        fn = _load(kind, spec, inner_timeout_s)
+        fns = _load_all(kind, spec, inner_timeout_s)
     except BaseException as e:
         conn.send(("error", _describe(e)))
         return
@@ -260,12 +376,8 @@ def _worker_main(
             return
         if msg[0] == "stop":
             return
-        for i, response, truth in msg[1]:
-            try:
-                reply: tuple[str, int, Any] = ("ok", i, _check_value(fn(response, truth)))
-            except BaseException as e:  # SystemExit from a reward function included
-                reply = ("err", i, _describe(e))
-            conn.send(reply)
+        for i, response, truth, columns in msg[1]:
+            conn.send(("ok", i, _score_parts(fns, response, truth, columns)))
 
 
 class _Worker:
@@ -307,9 +419,9 @@ class _Worker:
             self.kill()
             raise RewardFnError(f"cannot load the reward function: {msg[1]}")
 
-    def send(self, items: list[tuple[int, str, str]], timeout_s: float) -> None:
+    def send(self, items: list[tuple[int, str, str, Any]], timeout_s: float) -> None:
         assert self.conn is not None
-        self.pending.extend(i for i, _, _ in items)
+        self.pending.extend(item[0] for item in items)
         self.conn.send(("score", items))
         self.deadline = time.monotonic() + timeout_s
 
@@ -349,7 +461,10 @@ class RewardScorer:
 
     Args:
         fn: ``"math"``, ``"integer"``, ``"path/to/file.py:function"``, ``"module:function"`` or a
-            picklable module-level callable ``fn(response, ground_truth) -> float``.
+            picklable module-level callable, ``fn(response, ground_truth) -> float`` or TRL-style
+            ``fn(completions, **columns) -> list[float]``; or several of them, a list or one string
+            ``"a,b"`` (see the module docstring).
+        weights: one weight ``>= 0`` per function (their sum ``> 0``); default all 1.
         timeout_s: seconds each item may take; past that its worker is killed and restarted. The
             built-in ``"math"`` verifier also gets an internal deadline of ``0.8 * timeout_s``, which
             ends slow symbolic work without a restart (scoring 0.0, not counted as a timeout).
@@ -366,10 +481,11 @@ class RewardScorer:
 
     def __init__(
         self,
-        fn: str | Callable[[str, str], float] = "math",
+        fn: str | Callable[..., Any] | Sequence[str | Callable[..., Any]] = "math",
         timeout_s: float = 5.0,
         workers: int = 1,
         *,
+        weights: Sequence[float] | None = None,
         memory_limit_mb: int | None = 4096,
         start_timeout_s: float = 60.0,
         batch_timeout_s: float | None = None,
@@ -378,8 +494,18 @@ class RewardScorer:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
-        kind, spec = _resolve_spec(fn)
+        fns = split_specs(fn)
+        specs = [_resolve_spec(f) for f in fns]
+        self.weights = [1.0] * len(fns) if weights is None else [float(w) for w in weights]
+        if len(self.weights) != len(fns):
+            raise RewardFnError(f"{len(self.weights)} reward weights for {len(fns)} reward functions")
+        if not all(math.isfinite(w) and w >= 0 for w in self.weights) or sum(self.weights) <= 0:
+            raise RewardFnError(f"reward weights must be >= 0 with a positive sum, got {self.weights}")
+        names = [spec_name(f) for f in fns]
+        self.names = [n if names.count(n) == 1 else f"{n}_{j}" for j, n in enumerate(names)]
+        kind, spec = ("several", specs) if len(specs) > 1 else specs[0]
         self.fn = fn
+        self._traceback_shown = False
         self.timeout_s = float(timeout_s)
         self.batch_timeout_s = batch_timeout_s
         self.restarts = 0
@@ -423,9 +549,15 @@ class RewardScorer:
         w.start()
 
     def score(
-        self, responses: Sequence[str], truths: Sequence[str], *, stop: Callable[[], bool] | None = None
+        self,
+        responses: Sequence[str],
+        truths: Sequence[str],
+        *,
+        stop: Callable[[], bool] | None = None,
+        columns: Sequence[Mapping[str, Any]] | None = None,
     ) -> ScoreResult:
-        """Score ``responses[i]`` against ``truths[i]``; see :class:`ScoreResult`.
+        """Score ``responses[i]`` against ``truths[i]``; see :class:`ScoreResult`. ``columns[i]`` (picklable
+        values: ``prompts`` and the data's other columns) goes to TRL-style functions as keyword lists.
 
         Items go to the workers in chunks; each worker answers its items in order. ``stop`` is polled
         at least every 0.5 s; once it returns True, the items left score 0.0 and count in
@@ -437,6 +569,8 @@ class RewardScorer:
             raise RuntimeError("RewardScorer is closed")
         if len(responses) != len(truths):
             raise ValueError(f"{len(responses)} responses but {len(truths)} ground truths")
+        if columns is not None and len(columns) != len(responses):
+            raise ValueError(f"{len(responses)} responses but {len(columns)} column rows")
         for name, seq in (("response", responses), ("ground truth", truths)):
             for i, x in enumerate(seq):
                 if not isinstance(x, str):
@@ -444,7 +578,7 @@ class RewardScorer:
         t0 = time.monotonic()
         n = len(responses)
         scores = np.zeros(n, dtype=np.float32)
-        result = ScoreResult(scores)
+        result = ScoreResult(scores, fn_errors=[0] * len(self.names))
         if n == 0:
             return result
 
@@ -455,6 +589,38 @@ class RewardScorer:
             if len(result.error_samples) < MAX_ERROR_SAMPLES:
                 result.error_samples.append(f"item {i}: {message}")
 
+        def take(i: int, value: Any) -> None:
+            """Combine one item's parts (:func:`_score_parts`) into its score, or fail it."""
+            parts, tb = value
+            bad = [(j, p) for j, p in enumerate(parts) if isinstance(p, str)]
+            for j, p in enumerate(parts):
+                if isinstance(p, str):
+                    result.fn_errors[j] += 1
+                else:
+                    result.parts[i, j] = p
+            if tb is not None and not self._traceback_shown:
+                self._traceback_shown = True
+                j = next((j for j, p in bad if not p.startswith(RewardRangeError.__name__)), 0)
+                print(
+                    f"[sppo-rl] reward function {self.names[j]!r} failed (its first traceback, shown once; "
+                    f"every failure counts in verifier_errors):\n{tb.rstrip()}",
+                    file=sys.stderr,
+                )
+            if bad:
+                j, message = bad[0]
+                fail(i, message if len(parts) == 1 else f"{self.names[j]}: {message}")
+                if message.startswith(RewardRangeError.__name__) and not self._range_warned:
+                    self._range_warned = True
+                    print(
+                        f"[sppo-rl] warning: reward function {self.names[j]!r} {message.split(': ', 1)[-1]}; "
+                        "rewards must be in [0, 1]: such items score 0 and count as verifier errors",
+                        file=sys.stderr,
+                    )
+                return
+            w = self.weights
+            scores[i] = sum(wj * float(p) for wj, p in zip(w, parts)) / sum(w)
+
+        cols = columns if columns is not None else [{}] * n
         todo = deque(range(n))
         chunk = max(1, min(64, math.ceil(n / (4 * len(self._workers)))))
         batch_deadline = t0 + self.batch_timeout_s if self.batch_timeout_s else math.inf
@@ -465,7 +631,7 @@ class RewardScorer:
                     cut = "scoring stopped (the run is being preempted)"
                     for w in self._workers:
                         if w.pending:
-                            self._receive(w, scores, fail, todo)  # results already waiting still count
+                            self._receive(w, take, fail, todo)  # results already waiting still count
                         if w.pending:
                             for i in w.pending:
                                 fail(i, cut, timeout=True)
@@ -480,14 +646,14 @@ class RewardScorer:
                     if not w.pending and todo:
                         if w.conn is None:  # killed by an earlier stop
                             self._restart(w)
-                        take = [todo.popleft() for _ in range(min(chunk, len(todo)))]
-                        w.send([(i, responses[i], truths[i]) for i in take], self.timeout_s)
+                        take_ = [todo.popleft() for _ in range(min(chunk, len(todo)))]
+                        w.send([(i, responses[i], truths[i], cols[i]) for i in take_], self.timeout_s)
                 busy = [w for w in self._workers if w.pending]
                 now = time.monotonic()
                 if now >= batch_deadline:
                     late = f"batch deadline of {self.batch_timeout_s} s passed"
                     for w in busy:
-                        self._receive(w, scores, fail, todo)  # results already waiting still count
+                        self._receive(w, take, fail, todo)  # results already waiting still count
                         if w.pending:
                             for i in w.pending:
                                 fail(i, late, timeout=True)
@@ -500,7 +666,7 @@ class RewardScorer:
                 ready = wait([w.conn for w in busy if w.conn is not None], timeout=wait_s)
                 for w in busy:
                     if w.conn in ready:
-                        self._receive(w, scores, fail, todo)
+                        self._receive(w, take, fail, todo)
                     elif time.monotonic() >= w.deadline and not (w.conn is not None and w.conn.poll()):
                         i = w.pending.popleft()
                         fail(i, f"timed out after {self.timeout_s} s", timeout=True)
@@ -517,7 +683,9 @@ class RewardScorer:
         result.seconds = time.monotonic() - t0
         return result
 
-    def _receive(self, w: _Worker, scores: np.ndarray, fail: Callable[..., None], todo: deque[int]) -> None:
+    def _receive(
+        self, w: _Worker, take: Callable[[int, Any], None], fail: Callable[..., None], todo: deque[int]
+    ) -> None:
         """Drain every message already waiting on ``w``'s pipe."""
         assert w.conn is not None
         while w.pending:
@@ -537,16 +705,9 @@ class RewardScorer:
                 return
             w.pending.popleft()  # a worker answers its items in order
             if kind == "ok":
-                scores[i] = value
+                take(i, value)
             else:
                 fail(i, value)
-                if value.startswith(RewardRangeError.__name__) and not self._range_warned:
-                    self._range_warned = True
-                    print(
-                        f"[sppo-rl] warning: reward function {self.fn!r} {value.split(': ', 1)[-1]}; rewards "
-                        "must be in [0, 1]: such items score 0 and count as verifier errors",
-                        file=sys.stderr,
-                    )
             w.deadline = time.monotonic() + self.timeout_s
 
     def __repr__(self) -> str:

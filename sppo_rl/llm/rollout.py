@@ -21,6 +21,16 @@ log-probs of the token it emitted:
 
 The nucleus keeps the most probable tokens while the probability mass ranked before them is below
 ``top_p`` (the top token is always kept), the same rule as transformers' ``TopPLogitsWarper``.
+
+:class:`SamplingOptions` (``top_k``, ``min_p``, ``repetition_penalty``; fixed for an engine's life, given
+to both engines at construction) changes the distribution sampled from, in vLLM's order: the repetition
+penalty on ``z`` (a token already in the prompt or the response has ``z / penalty`` if ``z > 0``, else
+``z * penalty``: transformers' rule on the raw logits, the same after division by ``T > 0``), then
+``min_p`` (drop tokens whose probability is below ``min_p`` times the top token's), ``top_k``, ``top_p``.
+``sampling_logprobs`` are under that distribution; ``logprobs`` stay ``log softmax(z)[token]`` without
+any of it (what the trainer recomputes), so with these options the sampler is off-policy by exactly
+``sampling_logprobs - logprobs`` per token. Greedy decoding takes the argmax after the repetition
+penalty (the filters never remove the argmax).
 """
 
 from __future__ import annotations
@@ -124,6 +134,61 @@ class RolloutEngine(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class SamplingOptions:
+    """Sampling settings beyond ``temperature`` and ``top_p`` (see the module docstring for their order).
+
+    Attributes:
+        top_k: keep the ``k`` most probable tokens (0: all).
+        min_p: drop tokens with ``p < min_p * max p`` (0: none).
+        repetition_penalty: ``rho > 0``; a token already in the prompt or the response gets ``z / rho``
+            where ``z > 0`` and ``z * rho`` otherwise (1: off; > 1 discourages repeats).
+    """
+
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0: off), got {self.top_k!r}")
+        if not 0.0 <= self.min_p < 1.0:
+            raise ValueError(f"min_p must be in [0, 1) (0: off), got {self.min_p!r}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1: off), got {self.repetition_penalty!r}")
+
+    @property
+    def filters(self) -> bool:
+        """Whether ``min_p`` or ``top_k`` removes tokens."""
+        return self.top_k > 0 or self.min_p > 0.0
+
+    @property
+    def default(self) -> bool:
+        """Whether every option is off (the sampled distribution is ``softmax(z)`` cut by ``top_p`` only)."""
+        return not self.filters and self.repetition_penalty == 1.0
+
+
+def repetition_penalty(z: Tensor, seen: Tensor, penalty: float) -> Tensor:
+    """``z`` ``[B, V]`` with every ``seen`` (``[B, V]`` bool) entry divided by ``penalty`` where positive and
+    multiplied by it otherwise."""
+    return torch.where(seen, torch.where(z > 0, z / penalty, z * penalty), z)
+
+
+def filter_logits(z: Tensor, top_p: float, options: SamplingOptions) -> Tensor:
+    """``z`` ``[B, V]`` with the tokens outside ``min_p``, then ``top_k``, then the ``top_p`` nucleus set to
+    ``-inf`` (the most probable token is always kept)."""
+    if options.min_p > 0.0:
+        log_p = torch.log_softmax(z, dim=-1)
+        top = log_p.max(-1, keepdim=True).values
+        z = z.masked_fill(log_p < top + float(np.log(options.min_p)), float("-inf"))
+    if 0 < options.top_k < z.shape[-1]:
+        kth = torch.topk(z, options.top_k, dim=-1).values[..., -1:]
+        z = z.masked_fill(z < kth, float("-inf"))
+    if top_p < 1.0:
+        z = z.masked_fill(top_p_mask(z, top_p), float("-inf"))
+    return z
+
+
 def top_p_mask(z: Tensor, top_p: float) -> Tensor:
     """``[..., V]`` bool, True on tokens OUTSIDE the nucleus of ``softmax(z)``.
 
@@ -191,6 +256,7 @@ class HFRolloutEngine:
         add_special_tokens: passed to the tokenizer for prompts (False for prompts that already went
             through a chat template which adds BOS).
         stop_token_ids: token ids that end a response; default as described above.
+        sampling: ``top_k``, ``min_p`` and the repetition penalty of every call (default: off).
     """
 
     def __init__(
@@ -200,8 +266,10 @@ class HFRolloutEngine:
         *,
         add_special_tokens: bool = True,
         stop_token_ids: Iterable[int] | None = None,
+        sampling: SamplingOptions | None = None,
     ) -> None:
         self.model = model
+        self.sampling = sampling or SamplingOptions()
         self.tokenizer = tokenizer
         self.add_special_tokens = add_special_tokens
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -382,6 +450,10 @@ class HFRolloutEngine:
 
         positions = positions_from_mask(prompt_mask)
         out = self._forward(prompt_ids, prompt_mask, positions, None)
+        seen = None
+        if self.sampling.repetition_penalty != 1.0:  # the prompt's tokens count as seen
+            V = out.logits.shape[-1]
+            seen = torch.zeros(B, V, device=device).scatter_add_(1, prompt_ids, prompt_mask.float()) > 0
         steps, alive = self._sample_tokens(
             out,
             prompt_mask,
@@ -392,6 +464,7 @@ class HFRolloutEngine:
             top_p,
             greedy,
             generator,
+            seen=seen,
         )
         finished = ~alive
         return tokens[:, :steps], logprobs[:, :steps], sampling_logprobs[:, :steps], mask[:, :steps], finished
@@ -407,6 +480,7 @@ class HFRolloutEngine:
         top_p: float,
         greedy: bool,
         generator: torch.Generator | list[torch.Generator] | None,
+        seen: Tensor | None = None,
     ) -> tuple[int, Tensor]:
         """Sample tokens into columns ``start, start + 1, ...`` of ``buffers = (tokens, logprobs,
         sampling_logprobs, mask)`` ``[B, total]`` (see the module docstring for the two log-probs), one
@@ -414,27 +488,34 @@ class HFRolloutEngine:
         ``start`` (attention ``attention_mask``), ``position`` ``[B, 1]`` the position of the first token.
         A row stops at its first stop token; the loop ends when every row has stopped or the buffers
         are full. Returns the number of columns written (``start`` included) and ``alive`` ``[B]`` bool
-        (rows that never stopped)."""
+        (rows that never stopped). ``seen`` ``[B, V]`` bool: the tokens the repetition penalty counts as
+        already there (updated in place with every token sampled; None: only the tokens sampled here)."""
         tokens, logprobs, sampling_logprobs, mask = buffers
         B, total, device = tokens.shape[0], tokens.shape[1], tokens.device
         stops = torch.tensor(self.stop_token_ids, device=device)
         alive = torch.ones(B, dtype=torch.bool, device=device)
         steps = start
+        opts, rows = self.sampling, torch.arange(B, device=device)
         for t in range(start, total):
             z = out.logits[:, -1].float() / temperature
             log_p = torch.log_softmax(z, dim=-1)
+            if opts.repetition_penalty != 1.0:
+                if seen is None:
+                    seen = torch.zeros(z.shape, dtype=torch.bool, device=device)
+                z = repetition_penalty(z, seen, opts.repetition_penalty)
             if greedy:
                 token = z.argmax(-1)
                 sampled_lp = torch.zeros(B, device=device)
             else:
-                if top_p < 1.0:
-                    z = z.masked_fill(top_p_mask(z, top_p), float("-inf"))
+                z = filter_logits(z, top_p, opts)
                 log_q = torch.log_softmax(z, dim=-1)
                 token = _gumbel_argmax(log_q, generator)
                 sampled_lp = log_q.gather(-1, token[:, None]).squeeze(-1)
             token = torch.where(alive, token, self.pad_token_id)
             live = alive.to(logprobs.dtype)
             tokens[:, t] = token
+            if seen is not None:
+                seen[rows, token] = True
             mask[:, t] = alive.long()
             logprobs[:, t] = log_p.gather(-1, token[:, None]).squeeze(-1) * live
             sampling_logprobs[:, t] = sampled_lp * live

@@ -179,11 +179,12 @@ def prompt_format(cfg: LLMConfig) -> Any:
     return PromptFormat(cfg.chat_template, cfg.system_prompt, cfg.instruction)
 
 
-def start_scorer(reward_fn: str, timeout_s: float) -> RewardScorer:
+def start_scorer(reward_fn: str, timeout_s: float, weights: tuple[float, ...] | None = None) -> RewardScorer:
     """The reward workers, started (the function loaded) before any work: a reward function that cannot
-    be loaded, or whose file exits, crashes or hangs when imported, is refused in one line."""
+    be loaded, or whose file exits, crashes or hangs when imported, is refused in one line. ``reward_fn``
+    may name several functions, comma-separated, weighted by ``weights``."""
     try:
-        return RewardScorer(reward_fn, timeout_s=timeout_s)
+        return RewardScorer(reward_fn, timeout_s=timeout_s, weights=weights)
     except (RewardFnError, RewardWorkerError) as e:
         raise RunError(f"--reward-fn {reward_fn}: {e}") from None
 

@@ -51,6 +51,7 @@ from sppo_rl.agents.algorithms import (
     with_algorithm_defaults,
 )
 from sppo_rl.agents.batch import overlong_penalty
+from sppo_rl.llm.completions import CompletionLog
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.data import Example, fit_prompts, render_prompt
 from sppo_rl.llm.engines import init_process_group, launcher_dist, make_engine
@@ -66,9 +67,11 @@ from sppo_rl.llm.models import (
     check_lora_targets_of,
     check_same_tokenizer,
     load_actor,
+    lora_config,
+    save_adapter,
 )
 from sppo_rl.llm.prompts import render_examples
-from sppo_rl.llm.rollout import HFRolloutEngine, RolloutBatch
+from sppo_rl.llm.rollout import HFRolloutEngine, RolloutBatch, SamplingOptions
 from sppo_rl.llm.setup import (  # noqa: F401  (TINY_CHARSET, default_cache_dir, rollout_rows: imported from here too)
     TINY_CHARSET,
     TINY_SETTINGS,
@@ -95,7 +98,14 @@ from sppo_rl.runtime import (
 from sppo_rl.runtime.checkpoint import read_meta, torch_load, torch_save
 from sppo_rl.runtime.logging import check_metrics_length, start_logging
 from sppo_rl.runtime.loop import Schedule, announce, progress_bar, run_loop
-from sppo_rl.runtime.run import Preempted, RunError, check_resume, preemption_stop_now, unlock_run_dir
+from sppo_rl.runtime.run import (
+    Preempted,
+    RunError,
+    RunFailed,
+    check_resume,
+    preemption_stop_now,
+    unlock_run_dir,
+)
 from sppo_rl.runtime.schedule import lr_factor, set_lr
 from sppo_rl.runtime.trace import TRACE_FILE
 
@@ -207,7 +217,12 @@ class LLMRun:
         if not self.train_set:
             raise RunError(f"{cfg.task}: no training examples")
         self.algo, self.latent = configure_latent(cfg, self.algo, self.train_set)  # None: a token policy
-        self.scorer = start_scorer(reward_fn, cfg.reward_timeout)
+        self.sampling = SamplingOptions(cfg.top_k, cfg.min_p, cfg.repetition_penalty)
+        if self.latent is not None and not self.sampling.default:
+            raise RunError(
+                f"{self.algo.name} samples with --temperature and --top-p only (not --top-k, --min-p, --repetition-penalty)"
+            )
+        self.scorer = start_scorer(reward_fn, cfg.reward_timeout, cfg.reward_weights or None)
 
         def prepare() -> Path:
             out = prepare_run_dir(cfg.out_dir, resume=cfg.resume, overwrite=cfg.overwrite)
@@ -255,7 +270,11 @@ class LLMRun:
         if cfg.gradient_checkpointing:
             self.actor.gradient_checkpointing_enable()
         lora = dict(alpha=cfg.lora_alpha, targets=cfg.lora_targets, dropout=cfg.lora_dropout)
+        self._adapter_config = None
         if cfg.lora_rank:
+            self._adapter_config = lora_config(
+                self.actor, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets, cfg.lora_dropout
+            )
             apply_lora(self.actor, cfg.lora_rank, seed=cfg.seed, **lora)
         self.ref = None
         if cfg.kl_coef > 0 and not cfg.lora_rank:  # with LoRA: the actor with its adapters off (below)
@@ -325,6 +344,12 @@ class LLMRun:
         self.logger: RunLogger | NullLogger = NullLogger()
         if self.dist.main:
             self.logger = start_logging(self.out, given, self.resolved, ckpt, world="llm")
+        every = cfg.log_completions_every if self.dist.main else 0
+        self.completions = CompletionLog(self.out, every, getattr(self.logger, "text", None))
+        self._fail_streak = 0  # consecutive updates without one valid reward (--reward-fail-limit)
+        self._last_error: str | None = None
+        self._failed_row: dict[str, Any] = {}
+        self._fn_stats = np.zeros((len(self.scorer.names), 3))  # per reward function: sum, valid, errors
 
     def _fit_prompts(self, actor_path: Path) -> None:
         """Drop the training and validation prompts longer than ``--max-prompt-tokens`` (at most the
@@ -387,18 +412,19 @@ class LLMRun:
                 gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
                 enable_sleep_mode=cfg.vllm_sleep,
                 sync_timeout_s=cfg.collective_timeout,
+                sampling=self.sampling,
             )
             self._separate_rollout = True
             return engine
         if cfg.engine == "torch":
             self._separate_rollout = False
             return (self.latent.engine if self.latent else HFRolloutEngine)(
-                self.actor, self.tokenizer, add_special_tokens=False
+                self.actor, self.tokenizer, add_special_tokens=False, sampling=self.sampling
             )
         self._separate_rollout = True
         replica = load_actor(actor_path, dtype=dtype, device=self.device).eval().requires_grad_(False)
         return (self.latent.engine if self.latent else HFRolloutEngine)(
-            replica, self.tokenizer, add_special_tokens=False
+            replica, self.tokenizer, add_special_tokens=False, sampling=self.sampling
         )
 
     def sync_rollout(self) -> float:
@@ -467,15 +493,54 @@ class LLMRun:
 
     # ------------------------------------------------------------------------------------- one update
 
-    def _score_items(self, texts: list[str], truths: list[str]) -> tuple[Tensor, int, Tensor]:
-        """``(scores [n], verifier errors, valid [n] bool)``; an invalid item's score is a 0.0 placeholder."""
-        res = self.scorer.score(texts, truths, stop=preemption_stop_now)
+    def _score_items(
+        self, texts: list[str], truths: list[str], examples: list[Example] | None = None, train: bool = False
+    ) -> tuple[Tensor, int, Tensor]:
+        """``(scores [n], verifier errors, valid [n] bool)``; an invalid item's score is a 0.0 placeholder.
+        ``examples[i]`` (item ``i``'s) gives TRL-style reward functions their ``prompts`` and the data's
+        other columns; ``train``: the items count in the update's per-function reward metrics."""
+        columns = [{"prompts": e.prompt, **e.meta} for e in examples] if examples is not None else None
+        res = self.scorer.score(texts, truths, stop=preemption_stop_now, columns=columns)
         self._scoring_cut = self._scoring_cut or res.interrupted > 0
+        if res.error_samples:
+            self._last_error = res.error_samples[0]
+        if train:
+            known = ~np.isnan(res.parts)
+            self._fn_stats += np.stack(
+                [np.where(known, res.parts, 0.0).sum(0), known.sum(0), np.array(res.fn_errors)], 1
+            )
         return torch.from_numpy(res.scores.astype(np.float32)), res.errors, torch.from_numpy(res.valid.copy())
 
-    def _score(self, texts: list[str], truths: list[str]) -> tuple[Tensor, int]:
-        R, errors, _ = self._score_items(texts, truths)
+    def _score(
+        self, texts: list[str], truths: list[str], examples: list[Example] | None = None
+    ) -> tuple[Tensor, int]:
+        R, errors, _ = self._score_items(texts, truths, examples)
         return R, errors
+
+    def log_completions(
+        self,
+        split: str,
+        prompts: list[str],
+        rb: RolloutBatch,
+        truths: list[str],
+        R: Tensor,
+        valid: Any = None,
+        step: int | None = None,
+    ) -> None:
+        """The first rows of ``rb`` (prompt ``prompts[prompt_index]``, reference ``truths[prompt_index]``)
+        with their rewards to ``completions.jsonl`` (:class:`~sppo_rl.llm.completions.CompletionLog`), at
+        ``step`` (default: the updates done)."""
+        k = min(len(rb.texts), self.completions.max_rows)
+        index = [int(i) for i in rb.prompt_index[:k]]
+        self.completions.write(
+            self.step_idx if step is None else step,
+            split,
+            [prompts[i] for i in index],
+            rb.texts[:k],
+            [truths[i] for i in index],
+            R[:k].tolist(),
+            None if valid is None else valid[:k].tolist(),
+        )
 
     def _give_up_if_scoring_was_cut(self) -> None:
         """Raise :class:`Preempted` on every rank if a preemption's grace ran out during any rank's
@@ -516,11 +581,17 @@ class LLMRun:
         if self.algo.requires.greedy_baseline:
             greedy_rb = self.rollout.generate(prompts, n=1, greedy=True, max_new_tokens=cfg.max_new_tokens)
         t1 = time.perf_counter()
-        truths = [examples[int(i)].answer for i in rb.prompt_index]
-        R, errors, valid = self._score_items(rb.texts, truths)
+        rows = [examples[int(i)] for i in rb.prompt_index]
+        R, errors, valid = self._score_items(rb.texts, [e.answer for e in rows], rows, train=True)
+        if index == 0 and self.completions.due(self.step_idx + 1):
+            self.log_completions(
+                "train", prompts, rb, [e.answer for e in examples], R, valid, self.step_idx + 1
+            )
         baseline = baseline_valid = None
         if greedy_rb is not None:
-            g_scores, g_err, g_valid = self._score_items(greedy_rb.texts, [e.answer for e in examples])
+            g_scores, g_err, g_valid = self._score_items(
+                greedy_rb.texts, [e.answer for e in examples], examples
+            )
             errors += g_err
             baseline, baseline_valid = g_scores[rb.prompt_index.cpu()], g_valid[rb.prompt_index.cpu()]
             valid = valid & baseline_valid  # no baseline, no advantage
@@ -562,6 +633,7 @@ class LLMRun:
         t0 = time.perf_counter()
         before = (list(self.order), self.data_rng.getstate(), torch.get_rng_state())  # if given up
         self._t_gen = self._t_score = 0.0
+        self._fn_stats[:] = 0.0
         try:
             rounds, groups = self._collect()
         except Preempted:  # nothing was trained yet: back to the state before this update
@@ -728,6 +800,19 @@ class LLMRun:
                     "dynamic_sampling/short": int(cfg.prompts_per_step - tot[12]),
                 }
             )
+        if len(self.scorer.names) > 1:  # each reward function on its own: mean over its valid scores
+            fn = self.dist.all_sum(self._fn_stats.flatten().tolist(), self.device)
+            for j, name in enumerate(self.scorer.names):
+                row[f"rewards/{name}"] = fn[3 * j] / max(fn[3 * j + 1], 1.0)
+                row[f"reward_errors/{name}"] = int(fn[3 * j + 2])
+        self._fail_streak = self._fail_streak + 1 if tot[1] == 0 else 0
+        if cfg.reward_fail_limit and self._fail_streak >= cfg.reward_fail_limit:
+            self._failed_row = row
+            raise RunFailed(
+                f"no response got a valid reward in {self._fail_streak} consecutive updates (--reward-fail-limit "
+                f"{cfg.reward_fail_limit}): {int(tot[6])} verifier errors in update {self.step_idx}, e.g. "
+                f"{self._last_error or 'unknown'}; the run stopped (summary.json)"
+            )
         if baseline is not None:
             row["greedy_reward_mean"] = tot[7] / max(tot[8], 1.0)
         if kl_tok is not None:
@@ -838,26 +923,65 @@ class LLMRun:
             eval_last=True,
             log_step=lambda r: r["step"],
         )
-        summary = run_loop(
-            self,
-            schedule,
-            resume_hint=f"sppo-rl llm --out-dir {self.out} --resume ...",
-            bar=progress_bar(
-                cfg.progress and self.dist.main, cfg.steps, self.step_idx, f"{self.algo.name}/llm"
-            ),
-            postfix=postfix,
-            agree=lambda flag: bool(self.dist.all_max([float(flag)], self.device)[0]),
-            main=self.dist.main,
-            callback=callback,
-        )
+        try:
+            summary = run_loop(
+                self,
+                schedule,
+                resume_hint=f"sppo-rl llm --out-dir {self.out} --resume ...",
+                bar=progress_bar(
+                    cfg.progress and self.dist.main, cfg.steps, self.step_idx, f"{self.algo.name}/llm"
+                ),
+                postfix=postfix,
+                agree=lambda flag: bool(self.dist.all_max([float(flag)], self.device)[0]),
+                main=self.dist.main,
+                callback=callback,
+            )
+        except RunFailed as e:
+            self._stopped(str(e))
+            raise
         return self.dist.broadcast(summary if self.dist.main else None)
 
+    def _stopped(self, reason: str) -> None:
+        """A run stopped by :class:`RunFailed`: its last update's row to ``metrics.jsonl``, and a
+        ``summary.json`` with ``stopped`` (the reason) and the update's counts; then the run is closed."""
+        import json
+
+        from sppo_rl.runtime.checkpoint import atomic_write_text
+        from sppo_rl.runtime.logging import json_safe
+
+        if self.dist.main:
+            if self._failed_row:
+                self.logger.log(self._failed_row, step=self._failed_row["step"])
+            summary = {
+                "algo": self.algo.name,
+                "seed": self.cfg.seed,
+                "steps": self.step_idx,
+                "stopped": reason,
+                "reward_failed_updates": self._fail_streak,
+                "verifier_errors": self._failed_row.get("verifier_errors"),
+                "last_error": self._last_error,
+            }
+            text = json.dumps(json_safe(summary), indent=2, default=str, allow_nan=False)
+            atomic_write_text(self.out / "summary.json", text + "\n")
+        self.close()
+
     def export(self, folder: Path) -> None:
-        """``folder/actor`` (a transformers folder with its tokenizer) and ``folder/critic``; all ranks
-        call this (ZeRO-3 gathers the weights), rank 0 writes."""
+        """``folder/actor`` (a transformers folder with its tokenizer), ``folder/critic`` and with
+        ``--export-adapter`` ``folder/actor-adapter`` (the actor's LoRA adapters alone, a peft folder);
+        all ranks call this (ZeRO-3 gathers the weights), rank 0 writes."""
         self.actor_engine.save_pretrained(folder / "actor")
         if self.dist.main:
             self.tokenizer.save_pretrained(folder / "actor")
+        if self.cfg.export_adapter and self._adapter_config is not None:  # the adapters alone, for peft
+            engine = self.actor_engine
+            save_adapter(
+                getattr(engine, "inner", engine.module),
+                folder / "actor-adapter",
+                self._adapter_config,
+                self.actor_path,
+                getattr(engine, "_gather", None),
+                write=self.dist.main,
+            )
         if self.critic_engine is not None:
             state = {n: t.detach().to("cpu", copy=True) for n, t in self.critic_engine.full_state_items()}
             if self.dist.main:

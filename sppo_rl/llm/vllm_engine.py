@@ -128,7 +128,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from sppo_rl.llm.models import sequence_logprobs
-from sppo_rl.llm.rollout import RolloutBatch, check_sampling, encode_prompts, left_pad
+from sppo_rl.llm.rollout import RolloutBatch, SamplingOptions, check_sampling, encode_prompts, left_pad
 
 logger = logging.getLogger(__name__)
 
@@ -450,6 +450,9 @@ class VLLMRolloutEngine:
             launcher's ``RANK`` / ``LOCAL_RANK``; False in a multi-rank job is refused (vLLM would
             try to set up its own one-process group there).
         engine_kwargs: more ``vllm.LLM`` keywords (e.g. ``{"hf_overrides": {...}}``).
+        sampling: ``top_k``, ``min_p`` and the repetition penalty of every call, passed to vLLM's own
+            ``SamplingParams`` (default: off). With any of them on, the sampled responses are rescored
+            for the untruncated ``logprobs``, as with ``top_p < 1``.
     """
 
     def __init__(
@@ -475,8 +478,10 @@ class VLLMRolloutEngine:
         clone_weights: bool = True,
         external_launcher: bool | None = None,
         engine_kwargs: dict[str, Any] | None = None,
+        sampling: SamplingOptions | None = None,
     ) -> None:
         self.model_path = Path(model_path)
+        self.sampling = sampling or SamplingOptions()
         if tokenizer is None:
             from sppo_rl.llm.tiny import load_tokenizer
 
@@ -735,11 +740,16 @@ class VLLMRolloutEngine:
             raise ValueError("give at least one prompt, each with at least one token")
         self._usable("generate")
         seeds = request_seeds(None if greedy else seed, len(prompts))
-        rescore = not greedy and top_p < 1.0
+        opts = self.sampling
+        # processed log-probs include any cut or penalty: then the untruncated ones need a rescoring pass
+        rescore = (not greedy and (top_p < 1.0 or opts.filters)) or opts.repetition_penalty != 1.0
+        extra: dict[str, Any] = {}  # only the options that are on: vLLM's defaults otherwise
+        if opts.repetition_penalty != 1.0:
+            extra["repetition_penalty"] = opts.repetition_penalty
         longest = max(len(p) for p in prompts) + max_new_tokens + (1 if rescore else 0)
         if longest > self.max_model_len:
             raise ValueError(
-                f"prompt + max_new_tokens{' + 1 (top_p < 1 scoring)' if rescore else ''} = {longest} tokens "
+                f"prompt + max_new_tokens{' + 1 (rescoring)' if rescore else ''} = {longest} tokens "
                 f"exceeds max_model_len={self.max_model_len}"
             )
 
@@ -752,12 +762,17 @@ class VLLMRolloutEngine:
                 detokenize=False,
             )
             if greedy:
-                return SamplingParams(n=1, temperature=0.0, **common)
+                return SamplingParams(n=1, temperature=0.0, **extra, **common)
+            cuts = {"top_k": opts.top_k} if opts.top_k else {}
+            if opts.min_p:
+                cuts["min_p"] = opts.min_p
             return SamplingParams(
                 n=n,
                 temperature=1.0,  # the temperature is in the logits (see the module docstring)
                 top_p=top_p,
                 seed=seeds[i],
+                **extra,
+                **cuts,
                 **common,
             )
 

@@ -225,6 +225,11 @@ class RunLogger:
         if self._wandb is not None:
             self._wandb.log({tb_tag(k, self.world): v for k, v in numbers.items()}, step=step)
 
+    def text(self, tag: str, text: str, step: int) -> None:
+        """A text (markdown) under ``tag`` at ``step`` in TensorBoard, where it is on (nothing otherwise)."""
+        if self._tb is not None:
+            self._tb.add_text(tag, text, step)
+
     def close(self) -> None:
         if not self._file.closed:
             self._file.close()

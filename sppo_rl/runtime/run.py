@@ -24,6 +24,11 @@ class RunError(RuntimeError):
     """A run cannot start or continue; the message says why and what to do."""
 
 
+class RunFailed(RuntimeError):
+    """A started run that had to stop on a failure it cannot train through (``sppo-rl`` exits with status 1,
+    the message on one line; ``summary.json`` records why)."""
+
+
 class NonFiniteError(RunError):
     """A loss or gradient became NaN/Inf. Nothing from the bad step was written."""
 
@@ -151,6 +156,7 @@ RESUMABLE = frozenset(
         "wandb", "wandb_mode", "wandb_project", "checkpoint_every", "keep_checkpoints", "eval_every",
         "eval_episodes", "calibration_contexts", "calibration_samples", "threads", "extra", "cache_dir",
         "reward_timeout", "collective_timeout", "wandb_entity", "wandb_group", "wandb_tags", "exp_name",
+        "log_completions_every", "reward_fail_limit", "export_adapter",
     }
 )  # fmt: skip
 """Settings a resumed run may change (budgets, cadence, logging, resources); any other change would
