@@ -768,7 +768,7 @@ class LLMRun:
         self.export(self.out / "final")
         self.critic_trace(self.out / TRACE_FILE)
         evals = [r for r in rows if r.get("val_accuracy") is not None]
-        return {
+        summary = {
             "algo": self.algo.name,
             "seed": self.cfg.seed,
             "steps": self.step_idx,
@@ -782,6 +782,15 @@ class LLMRun:
             "peak_memory_mb": peak_memory_mb(self.device),
             "warmstart": self.warmstart,
         }
+        if self.dist.main:  # the exported folder says what it is, and is readable as the umask allows
+            from sppo_rl.llm.card import write_model_card
+            from sppo_rl.runtime.checkpoint import follow_umask
+            from sppo_rl.runtime.watch import not_learning
+
+            warnings = [w["message"] for w in not_learning(rows)]
+            write_model_card(self.out / "final" / "actor", self.cfg, summary, rows, warnings)
+            follow_umask(self.out / "final")
+        return summary
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg

@@ -8,6 +8,7 @@ happen, so both worlds stop, save, resume and summarise alike.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from typing import Any, NoReturn, Protocol
 from sppo_rl.runtime.checkpoint import atomic_write_text
 from sppo_rl.runtime.logging import json_safe, read_metrics
 from sppo_rl.runtime.run import Preempted, Preemption, exit_preempted
+from sppo_rl.runtime.watch import FIRST_UPDATES, ProgressLines, not_learning, warn
 
 DEFERRED = "deferred_row"
 """Key in a checkpoint's ``meta.json``: the metrics row (and its log step) of the last update, whose
@@ -79,7 +81,11 @@ def run_loop(
     before it) and redone on resume; an evaluation due after the signal, or cut short by it, is
     deferred: the checkpoint keeps the update's row (``meta.json`` key :data:`DEFERRED`) and the
     resumed run evaluates and logs it first. Either way the resumed run logs what an uninterrupted
-    one would have."""
+    one would have.
+
+    A run that cannot learn says so (:func:`~sppo_rl.runtime.watch.not_learning`): on rank 0 each
+    warning is printed on stderr as soon as the first :data:`~sppo_rl.runtime.watch.FIRST_UPDATES`
+    updates of a fresh run show it, all of them again at the end (above the headline), and the summary lists them all (``"warnings"``: their messages)."""
     done = run.updates >= schedule.total_updates or (
         schedule.max_seconds is not None and run.elapsed >= schedule.max_seconds
     )
@@ -94,6 +100,19 @@ def run_loop(
         return json.loads((run.out / "summary.json").read_text())
     ckpts = getattr(run, "ckpts", None)
     deferred = ((ckpts.resumed_meta if ckpts is not None else None) or {}).get(DEFERRED)
+    seen: list[dict[str, Any]] = []  # a fresh run's first update rows, for the early warnings
+    fresh = run.updates == 0
+    warned: set[str] = set()
+
+    def watch(rows: list[dict[str, Any]], again: bool = False) -> list[str]:
+        """Print the warnings of ``rows`` not printed yet (``again``: all of them, at the end)."""
+        found = not_learning(rows)
+        for w in found:
+            if (again or w["kind"] not in warned) and main:
+                warn(w["message"], bar)
+            warned.add(w["kind"])
+        return [w["message"] for w in found]
+
     try:
         with Preemption() as pre:
 
@@ -152,6 +171,10 @@ def run_loop(
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(postfix(row))
+                if fresh and len(seen) < FIRST_UPDATES:
+                    seen.append({k: json_safe(v) for k, v in row.items()})
+                    if len(seen) == FIRST_UPDATES:
+                        watch(seen)
                 if agree(pre.requested is not None):
                     stop()
                 if run.updates % schedule.checkpoint_every == 0 or last:
@@ -163,12 +186,25 @@ def run_loop(
     summary = run.finish(rows)
     run.close()
     if main:
+        summary["warnings"] = watch(rows, again=True)
         text = json.dumps(json_safe(summary), indent=2, default=str, allow_nan=False)
         atomic_write_text(run.out / "summary.json", text + "\n")
     return summary
 
 
-STARTED = time.monotonic()  # when this process imported the run plumbing: about when the command started
+STARTED = time.monotonic()  # when this process imported the run plumbing (after Python and torch started)
+
+
+def command_seconds() -> float:
+    """Seconds since this process started: Linux's ``/proc/self/stat`` start time (clock ticks after
+    boot) against ``/proc/uptime``, so the interpreter's start and every import count; elsewhere the
+    seconds since :data:`STARTED`."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        start = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime; fields[0] is field 3
+        return max(0.0, float(Path("/proc/uptime").read_text().split()[0]) - start)
+    except (OSError, ValueError, IndexError):
+        return time.monotonic() - STARTED
 
 
 def announce(out: Path, headline: str, tensorboard: bool, main: bool = True) -> None:
@@ -179,7 +215,7 @@ def announce(out: Path, headline: str, tensorboard: bool, main: bool = True) -> 
     lines = [
         f"[sppo-rl] done: {headline}",
         f"[sppo-rl] run folder: {out} (summary.json, metrics.jsonl, config.json)",
-        f"[sppo-rl] wall time of the command: {time.monotonic() - STARTED:.1f} s",
+        f"[sppo-rl] wall time of the command: {command_seconds():.1f} s",
         f"[sppo-rl] next: sppo-rl report {out}"
         + (f"    tensorboard --logdir {out / 'tb'}" if tensorboard else ""),
     ]
@@ -187,9 +223,13 @@ def announce(out: Path, headline: str, tensorboard: bool, main: bool = True) -> 
 
 
 def progress_bar(enabled: bool, total: int, initial: int, desc: str, unit: str = "update") -> Any:
-    """A tqdm bar over updates on stderr, or None."""
+    """Progress over updates on stderr: a tqdm bar where stderr is a terminal (or in a notebook), plain
+    lines (:class:`~sppo_rl.runtime.watch.ProgressLines`) where it is a file or a pipe; None when not
+    ``enabled``."""
     if not enabled:
         return None
+    if not (sys.stderr.isatty() or "ipykernel" in sys.modules):
+        return ProgressLines(total, initial, desc, unit)
     from tqdm.auto import tqdm
 
     return tqdm(total=total, initial=initial, unit=unit, desc=desc, dynamic_ncols=True, file=sys.stderr)
