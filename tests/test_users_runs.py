@@ -8,6 +8,7 @@ import json
 import os
 import pty
 import re
+import signal
 import struct
 import subprocess
 import sys
@@ -186,19 +187,19 @@ def _modes(root: Path) -> dict[str, int]:
     return {p.relative_to(root).as_posix(): p.stat().st_mode & 0o777 for p in root.rglob("*")}
 
 
-def _run_with_umask(tmp_path: Path, args: list[str]) -> dict[str, int]:
+def _run_with_umask(tmp_path: Path, args: list[str]) -> tuple[dict[str, int], str]:
     script = tmp_path / "umask_main.py"
     script.write_text(UMASK_SCRIPT)
     r = subprocess.run(
         [sys.executable, str(script), *args], capture_output=True, text=True, env=_env(), timeout=600
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    return _modes(Path(args[args.index("--out-dir") + 1]))
+    return _modes(Path(args[args.index("--out-dir") + 1])), r.stdout + r.stderr
 
 
 def test_control_run_files_follow_the_umask(tmp_path):
     out = tmp_path / "run"
-    modes = _run_with_umask(tmp_path, _control(out, "--no-progress")[3:])
+    modes, _ = _run_with_umask(tmp_path, _control(out, "--no-progress")[3:])
     for name in (
         "config.json",
         "summary.json",
@@ -216,7 +217,8 @@ def test_llm_run_files_follow_the_umask(tmp_path, tiny):
     args = ["llm", "--task", "arithmetic", "--model", str(tiny), "--steps", "1", "--prompts-per-step", "2",
             "--train-size", "16", "--val-size", "4", "--eval-samples", "1", "--max-new-tokens", "4",
             "--no-progress", "--no-tensorboard", "--cache-dir", str(tmp_path / "cache"), "--out-dir", str(out)]  # fmt: skip
-    modes = _run_with_umask(tmp_path, args)
+    modes, output = _run_with_umask(tmp_path, args)
+    assert "Setting accelerator to CPU" not in output  # DeepSpeed's warning, on every --engine torch run
     for name in ("config.json", "summary.json", "metrics.jsonl", "final/actor/model.safetensors",
                  "final/critic/value_head.safetensors", "final/actor/README.md"):  # fmt: skip
         assert modes[name] == 0o644, (name, oct(modes[name]))  # safetensors' files were 0600
@@ -233,3 +235,65 @@ def test_atomic_writes_keep_a_stricter_umask(tmp_path, mask):
     f = tmp_path / "f.json"
     subprocess.run([sys.executable, "-c", code], env={**_env(), "F": str(f)}, check=True, timeout=60)
     assert f.stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+# ----------------------------------------------------------------------------------- messages
+
+
+def test_control_sigint_message_says_nothing_of_reward_scoring(tmp_path):
+    proc = subprocess.Popen(_control(tmp_path / "run", "--total-episodes", "1000000"), stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True, env=_env())  # fmt: skip
+    assert proc.stderr is not None
+    for line in proc.stderr:  # the first progress line: the run loop (and its signal handler) is on
+        if " update 1/" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=120) == 130
+    assert "[sppo-rl] SIGINT received: finishing this update, then saving a checkpoint\n" in rest
+    assert "reward scoring" not in rest  # the control world scores no rewards
+
+
+def test_critic_from_a_causal_lm_folder_prints_no_head_load_report(tmp_path, capfd):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from sppo_rl.llm.models import SequenceCritic
+
+    lm = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False))  # fmt: skip
+    lm.save_pretrained(tmp_path / "lm")
+    capfd.readouterr()
+    SequenceCritic.from_backbone(tmp_path / "lm")
+    assert "LOAD REPORT" not in capfd.readouterr().err  # was a table: lm_head.weight | UNEXPECTED
+
+
+def test_head_only_report_filter_keeps_every_other_report():
+    import logging
+
+    from sppo_rl.llm.models import _HeadOnlyReport
+
+    def kept(table: str) -> bool:
+        text = "\x1b[1mLlamaModel LOAD REPORT\x1b[0m from: x\nKey | Status | |\n----+----+-+-\n" + table
+        return _HeadOnlyReport().filter(logging.LogRecord("t", logging.WARNING, "", 0, text, None, None))
+
+    assert not kept("lm_head.weight | UNEXPECTED | |\n")
+    assert kept("lm_head.weight | UNEXPECTED | |\nlayers.0.mlp.up_proj.weight | MISSING | |\n")
+    assert kept("norm.weight | UNEXPECTED | |\n")
+
+
+def test_first_embedded_llm_run_says_up_front_it_builds_the_warm_start(tmp_path, capsys):
+    from sppo_rl.llm.config import LLMConfig
+    from sppo_rl.llm.trainer import run_llm
+
+    def run(name: str) -> str:
+        cfg = LLMConfig(task="arithmetic", steps=1, prompts_per_step=2, train_size=16, val_size=4, eval_samples=1,
+                        max_new_tokens=4, sft_steps=1, out_dir=str(tmp_path / name), progress=False,
+                        tensorboard=False, cache_dir=str(tmp_path / "cache"))  # fmt: skip
+        run_llm(cfg)
+        return capsys.readouterr().err
+
+    first = run("a")
+    notice = "[sppo-rl] building the warm start of the embedded model once (up to 1 supervised steps; "
+    assert notice in first and first.index(notice) < first.index("[sppo-rl] done:")
+    assert "cached in " + str(tmp_path / "cache" / "sft-") in first
+    assert notice not in run("b")  # cached: no notice, no wait

@@ -23,6 +23,7 @@ The trainer reads ``algo.requires`` and ``algo.critic_loss``; it never tests the
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import time
 from pathlib import Path
@@ -148,6 +149,8 @@ class LLMRun:
     the loss of the whole batch. Rank 0 writes the logs and the exports.
     """
 
+    waits_on = "reward scoring"  # what a preemption's grace period may give up (:class:`Preemption`)
+
     def __init__(self, cfg: LLMConfig) -> None:
         quiet_transformers()
         cfg.validate()
@@ -214,6 +217,10 @@ class LLMRun:
             self.device = torch.device(cfg.device)
         if self.device.type == "cpu":
             torch.set_num_threads(max(1, cfg.threads))
+            if (
+                cfg.engine == "torch"
+            ):  # transformers imports DeepSpeed when saving; tell it the device it would
+                os.environ.setdefault("DS_ACCELERATOR", "cpu")  # find, rather than warn that it found no GPU
         torch.manual_seed(cfg.seed)
 
         self._scoring_cut = False

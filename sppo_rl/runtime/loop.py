@@ -114,7 +114,7 @@ def run_loop(
         return [w["message"] for w in found]
 
     try:
-        with Preemption() as pre:
+        with Preemption(getattr(run, "waits_on", None)) as pre:
 
             def stop(row: dict[str, Any] | None = None, step: int = 0) -> NoReturn:
                 """Save (with ``row``, whose evaluation is deferred to the resumed run) and exit."""
