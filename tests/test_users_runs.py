@@ -297,3 +297,35 @@ def test_first_embedded_llm_run_says_up_front_it_builds_the_warm_start(tmp_path,
     assert notice in first and first.index(notice) < first.index("[sppo-rl] done:")
     assert "cached in " + str(tmp_path / "cache" / "sft-") in first
     assert notice not in run("b")  # cached: no notice, no wait
+
+
+# ----------------------------------------------------------------------------------- packaging
+
+
+def test_license_types_and_gymnasium_are_declared():
+    import tomllib
+
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    project = pyproject["project"]
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    assert (REPO / "LICENSE").read_text().split()[:3] == ["Apache", "License", "Version"]
+    assert (REPO / "sppo_rl" / "py.typed").is_file()
+    assert "py.typed" in pyproject["tool"]["setuptools"]["package-data"]["sppo_rl"]
+    assert any(
+        d.startswith("gymnasium") for d in project["dependencies"]
+    )  # `pip install sppo-rl` can run control
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_license_types_and_gymnasium(tmp_path):
+    import zipfile
+
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path)], check=True, timeout=300, capture_output=True)  # fmt: skip
+    (wheel,) = tmp_path.glob("sppo_rl-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "sppo_rl/py.typed" in names
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
+    assert "sppo_rl/recipes/grpo-7b-dapo.json" in names
+    meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "License-Expression: Apache-2.0" in meta and "Requires-Dist: gymnasium<2,>=1.1\n" in meta
