@@ -227,6 +227,9 @@ def main(argv: list[str] | None = None) -> None:
         )
     for cls, run in commands.values():
         if type(cfg) is cls:
+            import sppo_rl.runtime.loop
+
+            sppo_rl.runtime.loop.COMMAND = True  # the wall time printed at the end is the process's
             try:
                 if hasattr(cfg, "validate"):
                     cfg.validate()  # every setting's type and range, before any work

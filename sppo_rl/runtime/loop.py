@@ -86,6 +86,7 @@ def run_loop(
     A run that cannot learn says so (:func:`~sppo_rl.runtime.watch.not_learning`): on rank 0 each
     warning is printed on stderr as soon as the first :data:`~sppo_rl.runtime.watch.FIRST_UPDATES`
     updates of a fresh run show it, all of them again at the end (above the headline), and the summary lists them all (``"warnings"``: their messages)."""
+    _LOOP_STARTED[:] = [time.monotonic()]
     done = run.updates >= schedule.total_updates or (
         schedule.max_seconds is not None and run.elapsed >= schedule.max_seconds
     )
@@ -193,6 +194,10 @@ def run_loop(
 
 
 STARTED = time.monotonic()  # when this process imported the run plumbing (after Python and torch started)
+COMMAND = False
+"""True in the ``sppo-rl`` command (:func:`sppo_rl.cli.main` sets it): :func:`announce` then times the
+whole process; called from Python (``train_control``, a notebook), it times the last run loop."""
+_LOOP_STARTED: list[float] = []  # when run_loop last began, in this process
 
 
 def command_seconds() -> float:
@@ -208,14 +213,19 @@ def command_seconds() -> float:
 
 
 def announce(out: Path, headline: str, tensorboard: bool, main: bool = True) -> None:
-    """The end of a command on stderr: the headline numbers, the run folder, the command's wall time
-    and the commands that look further (a report, TensorBoard)."""
+    """The end of a command on stderr: the headline numbers, the run folder, the wall time (of the
+    whole process in the ``sppo-rl`` command, :data:`COMMAND`; else since the run loop began) and the
+    commands that look further (a report, TensorBoard)."""
     if not main:
         return
+    if COMMAND or not _LOOP_STARTED:
+        wall = f"wall time of the command: {command_seconds():.1f} s"
+    else:
+        wall = f"wall time of the run loop: {time.monotonic() - _LOOP_STARTED[0]:.1f} s"
     lines = [
         f"[sppo-rl] done: {headline}",
         f"[sppo-rl] run folder: {out} (summary.json, metrics.jsonl, config.json)",
-        f"[sppo-rl] wall time of the command: {command_seconds():.1f} s",
+        f"[sppo-rl] {wall}",
         f"[sppo-rl] next: sppo-rl report {out}"
         + (f"    tensorboard --logdir {out / 'tb'}" if tensorboard else ""),
     ]
