@@ -332,9 +332,14 @@ def test_license_types_and_gymnasium_are_declared():
 
 @pytest.mark.slow
 def test_the_wheel_ships_license_types_and_gymnasium(tmp_path):
+    import shutil
     import zipfile
 
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-q",
+    src = tmp_path / "src"  # a copy: building in place leaves build/ and *.egg-info in the repository
+    shutil.copytree(REPO / "sppo_rl", src / "sppo_rl", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(REPO / name, src / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(tmp_path)], check=True, timeout=300, capture_output=True)  # fmt: skip
     (wheel,) = tmp_path.glob("sppo_rl-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
