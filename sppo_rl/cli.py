@@ -134,6 +134,54 @@ def resume_defaults(cls: type, args: list[str]) -> object | None:
     return cls(**values)
 
 
+OTHER_WORLD: dict[str, tuple[str, ...]] = {"control": ("tis_cap",)}
+"""Fields a command's config inherits but does not use (the other world's): left out of its ``--help``
+(and refused by its ``validate``)."""
+
+
+def help_view(command: str, cls: type) -> type:
+    """``cls`` as ``sppo-rl <command> --help`` shows it: the algorithm flag (``--algo``, a sweep's
+    ``--algos``) lists every algorithm of the registry the command can train
+    (:data:`sppo_rl.agents.ALGORITHMS`; the control world has no latent-reasoning ones), a sweep's
+    ``--tasks`` every control task (:data:`sppo_rl.envs.tasks.TASKS`), and :data:`OTHER_WORLD`'s fields
+    are hidden. Only for the help text: it imports the registry (torch), which a run imports anyway."""
+    import dataclasses
+    from typing import Annotated, get_type_hints
+
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    if not ({"algo", "algos", "tasks"} & set(names)):
+        return cls
+    from sppo_rl.agents import ALGORITHMS
+
+    hints = get_type_hints(cls, include_extras=True)
+    algos = [a.name for a in ALGORITHMS.values() if command == "llm" or a.latent is None]
+    helps = {
+        "algo": f"Algorithm ({len(algos)}; `sppo-rl info` describes each): {', '.join(algos)}.",
+        "algos": f"Algorithms ({len(algos)}; `sppo-rl info` describes each): {', '.join(algos)}.",
+    }
+    if command == "sweep":
+        from sppo_rl.envs.tasks import TASKS
+
+        helps["tasks"] = f"Control tasks (short names; `sppo-rl info` shows each): {', '.join(TASKS)}."
+    view = []
+    for name, text in helps.items():
+        if name in names:
+            view.append((name, Annotated[hints[name], tyro.conf.arg(help=text)], _same_default(names[name])))
+    for name in OTHER_WORLD.get(command, ()):
+        view.append((name, Annotated[hints[name], tyro.conf.Suppress], _same_default(names[name])))
+    out = dataclasses.make_dataclass(cls.__name__, view, bases=(cls,))
+    out.__doc__, out.__module__ = cls.__doc__, cls.__module__
+    return out
+
+
+def _same_default(f: object) -> object:
+    import dataclasses
+
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[attr-defined]
+        return dataclasses.field(default_factory=f.default_factory)  # type: ignore[attr-defined]
+    return dataclasses.field(default=f.default)  # type: ignore[attr-defined]
+
+
 def recipe_names() -> list[str]:
     from pathlib import Path
 
@@ -145,6 +193,9 @@ def main(argv: list[str] | None = None) -> None:
 
     args = list(sys.argv[1:] if argv is None else argv)
     commands = _commands()
+    if args and args[0] in commands and ("-h" in args or "--help" in args):  # the help text only
+        cls, run = commands[args[0]]
+        commands[args[0]] = (help_view(args[0], cls), run)
     if "--recipe" in args and args and args[0] in commands:
         # `sppo-rl llm --recipe FILE [flags]`: the recipe gives the defaults, the flags override them
         i = args.index("--recipe")
@@ -176,6 +227,9 @@ def main(argv: list[str] | None = None) -> None:
         )
     for cls, run in commands.values():
         if type(cfg) is cls:
+            import sppo_rl.runtime.loop
+
+            sppo_rl.runtime.loop.COMMAND = True  # the wall time printed at the end is the process's
             try:
                 if hasattr(cfg, "validate"):
                     cfg.validate()  # every setting's type and range, before any work

@@ -118,8 +118,7 @@ class RunConfig:
     """Settings every training run has: algorithm, seed, the PPO update, the run folder, logging."""
 
     algo: str = "sppo"
-    """Algorithm (`sppo-rl info` lists them): ppo, sppo, grpo, drgrpo, gspo, cispo, reinforce++,
-    rloo, remax, reinforce, bppo, lampo, ... or the ablation ppo-bce."""
+    """Algorithm: a name of the registry :data:`sppo_rl.agents.ALGORITHMS` (``--help`` and ``sppo-rl info`` list them)."""
     seed: int = 0
     """Seed of everything: contexts (start states / prompt order), sampling, minibatch order, network init."""
     group_size: int | None = None

@@ -34,3 +34,47 @@ def test_llm_help_tells_about_recipes_and_no_spec(capsys):
     with pytest.raises(SystemExit):
         main(["control", "--help"])
     assert "SPEC" not in help_text + capsys.readouterr().out
+
+
+def _help(command: str, capsys) -> str:
+    import re
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    return re.sub(r"[│╭╮╰╯─\s]+", " ", capsys.readouterr().out)  # the box and the wrapping undone
+
+
+def test_algo_help_lists_every_algorithm_of_the_registry(capsys):
+    from sppo_rl.agents import ALGORITHMS
+
+    control = [a.name for a in ALGORITHMS.values() if a.latent is None]
+    assert len(control) == 15 and len(ALGORITHMS) == 17  # the old help named 10
+    text = _help("control", capsys)
+    assert f"--algo STR Algorithm (15; `sppo-rl info` describes each): {', '.join(control)}. " in text
+    text = _help("llm", capsys)
+    assert f"Algorithm (17; `sppo-rl info` describes each): {', '.join(ALGORITHMS)}. " in text
+    text = _help("sweep", capsys)
+    assert f"Algorithms (15; `sppo-rl info` describes each): {', '.join(control)}. " in text
+
+
+def test_sweep_help_names_the_tasks(capsys):
+    from sppo_rl.envs.tasks import TASKS
+
+    text = _help("sweep", capsys)
+    assert "sppo_rl.envs.TASKS" not in text
+    assert f"Control tasks (short names; `sppo-rl info` shows each): {', '.join(TASKS)}. " in text
+
+
+def test_control_help_hides_and_control_refuses_llm_only_flags(tmp_path, capsys):
+    assert "--tis-cap" in _help("llm", capsys)
+    assert "--tis-cap" not in _help("control", capsys)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        main(["control", "--task", "short-cartpole", "--tis-cap", "2", "--out-dir", str(out)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "sppo-rl: error: --tis-cap must be unset in the control world (it corrects a rollout engine's log-probs: "
+        "an sppo-rl llm setting), got 2.0"
+    ]
+    assert not out.exists()

@@ -544,3 +544,126 @@ def test_six_algorithms_get_one_panel_each_with_the_others_in_grey(tmp_path):
     )
     assert style2["sppo a=1"] == (PALETTE["sppo"], "-") and style2["sppo a=2"][1] == "--"
     assert style2["sppo a=2"][0] != PALETTE["sppo"]
+
+
+# ------------------------------------------------------------------------------------- figure layout
+
+
+def _layout_runs(root: Path) -> Path:
+    """Control runs of 20, 14 and 8 updates (the seeds end at 10, 7 and 4 s), one SPPO run with a
+    calibration, critic traces of both kinds; two LLM runs with validation at steps 0-3 and one without."""
+    from sppo_rl.runtime.trace import write_trace
+
+    rng = np.random.default_rng(0)
+    cal = {"predicted": P, "empirical": Y, "samples": M}
+    for algo in ("ppo", "sppo"):
+        for seed, n in enumerate((20, 14, 8)):
+            f = root / "short-cartpole" / algo / f"seed{seed}"
+            write_run(f, "short-cartpole", algo, seed, list(np.linspace(0, 0.9, n)),
+                      calibration=cal if algo == "sppo" else None)  # fmt: skip
+            lengths, success = rng.integers(5, 31, 32), (rng.uniform(size=32) < 0.5).astype(float)
+            values = rng.uniform(0, 1, (32, 30)) if algo == "ppo" else rng.uniform(0, 1, 32)
+            write_trace(f / "critic_trace.npz", values, lengths, success, 30)
+    for seed in (0, 1):
+        write_llm_run(root / "llm" / "grpo" / f"seed{seed}", "grpo", seed, {0: 0.1, 1: 0.2, 2: 0.3, 3: 0.4})
+    f = root / "llm" / "sppo" / "seed0"  # an LLM run without validation (--eval-every 0)
+    f.mkdir(parents=True)
+    (f / "config.json").write_text(
+        json.dumps({"algo": "sppo", "task": "arithmetic", "seed": 0, "prompts_per_step": 8})
+    )
+    (f / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "reward_mean": 0.5}) + "\n" for s in (1, 2))
+    )
+    return root
+
+
+def _titles_inside(fig) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    texts = [fig._suptitle] + [ax.title for ax in fig.axes if ax.get_visible()]
+    for t in texts:
+        box = t.get_window_extent(renderer)
+        assert box.x0 >= 0 and box.x1 <= fig.bbox.width, (t.get_text(), box, fig.bbox.width)
+
+
+@pytest.fixture
+def layout(tmp_path):
+    from sppo_rl.experiments.report import find_runs, label_order, styles
+
+    root = _layout_runs(tmp_path / "runs")
+    report = run_report(ReportConfig(inputs=(str(root / "short-cartpole"),), out=str(tmp_path / "ctl"),
+                                     bootstrap_reps=50))  # fmt: skip
+    runs = find_runs((str(root),))
+    return root, report, styles(runs, label_order(runs)), tmp_path
+
+
+def test_single_world_profile_and_tail_effect_titles_fit_the_figure(layout):
+    from sppo_rl.experiments import tail
+    from sppo_rl.experiments.report import plot_profiles
+
+    _, report, style, tmp = layout
+    _titles_inside(plot_profiles(report["aggregates"], tmp / "p.png", style))  # one world: 5.2 in wide
+    _titles_inside(tail.plot(report["tail_effect"], tmp / "t.png", {lb: c for lb, (c, _) in style.items()}))
+
+
+def test_wall_time_mean_is_drawn_solid_only_where_every_seed_has_data(layout):
+    from sppo_rl.experiments.report import X_AXES, curve, find_runs, plot_curves
+
+    root, _, style, tmp = layout
+    members = [r for r in find_runs((str(root / "short-cartpole"),)) if r.algo == "ppo"]
+    c = curve(members, "wall_time_s", ReportConfig(inputs=("x",)))
+    assert max(c["x"]) == 10.0 and c["n"][-1] == 1  # the 20-update seed runs alone after 4 s
+    curves = {("short-cartpole", "ppo"): {x: curve(members, x, ReportConfig(inputs=("x",))) for x in X_AXES}}
+    fig = plot_curves(curves, ["short-cartpole"], ["ppo"], "wall_time_s", tmp / "w.png", "note", style)
+    ax = fig.axes[0]
+    solid = next(line for line in ax.get_lines() if line.get_linewidth() == 1.6)
+    x, y = np.asarray(solid.get_xdata()), np.asarray(solid.get_ydata(), dtype=float)
+    assert np.isnan(y[x > 4.0 + 1e-9]).all() and not np.isnan(y[x < 4.0]).any()  # ended with the first seed
+    assert "dotted: fewer seeds" in ax.get_legend().get_texts()[0].get_text()
+    _titles_inside(fig)
+
+
+def test_update_ticks_are_whole_numbers(layout):
+    from sppo_rl.experiments.report import LLM_X_AXES, curve, find_runs, plot_llm_curves
+
+    root, _, style, tmp = layout
+    members = [r for r in find_runs((str(root / "llm"),)) if r.rows]
+    cfg = ReportConfig(inputs=("x",))
+    curves = {
+        ("arithmetic", "grpo"): {x: curve(members, x, cfg, "val_accuracy", smooth=1) for x in LLM_X_AXES}
+    }
+    fig = plot_llm_curves(curves, ["arithmetic"], ["grpo"], tmp / "l.png", "note", style)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig).draw()
+    updates, tokens = fig.axes[0], fig.axes[1]
+    visible = lambda ax: [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]  # noqa: E731
+    assert visible(updates) == [0, 1, 2, 3]  # the old ticks: 0, 0.8, 1.6, 2.4
+    assert all(float(t).is_integer() for t in visible(tokens))
+
+
+def test_calibration_legend_marker_is_of_ordinary_size(layout):
+    from matplotlib.lines import Line2D
+
+    from sppo_rl.experiments.report import calibration_numbers, find_runs, plot_reliability
+
+    root, _, style, tmp = layout
+    runs = [r for r in find_runs((str(root / "short-cartpole"),)) if r.calibration]
+    cal = {("short-cartpole", "sppo"): calibration_numbers(runs, 10)}
+    fig = plot_reliability(cal, ["short-cartpole"], ["sppo"], tmp / "c.png", 10, style)
+    (handle,) = fig.axes[0].get_legend().legend_handles
+    assert isinstance(handle, Line2D) and handle.get_markersize() == 5  # was the largest bin's circle
+
+
+def test_report_says_which_runs_it_left_out(layout, capsys):
+    root, _, _, tmp = layout
+    report = run_report(ReportConfig(inputs=(str(root / "llm"),), out=str(tmp / "llm"), bootstrap_reps=50))
+    assert [(g["algo"], g["seeds"]) for g in report["llm_groups"]] == [("grpo", 2)]
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("report: left out")]
+    assert err == [
+        "report: left out of the figures and tables, 1 run(s) that logged updates but no val_accuracy (no "
+        f"validation: --eval-every 0?): {(root / 'llm' / 'sppo' / 'seed0').resolve()}"
+    ]

@@ -82,6 +82,13 @@ class ControlConfig(RunConfig):
             ("eval_episodes", lambda v: v >= 1 or self.eval_every == 0, ">= 1 when --eval-every is on"),
             ("calibration_contexts", ge(1), ">= 1"),
             ("calibration_samples", ge(1), ">= 1"),
+            # the LLM world's settings the shared config carries (hidden from `sppo-rl control --help`)
+            (
+                "tis_cap",
+                lambda v: v is None,
+                "unset in the control world (it corrects a rollout engine's "
+                "log-probs: an sppo-rl llm setting)",
+            ),
         ]
 
 

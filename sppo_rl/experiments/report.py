@@ -44,6 +44,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import sys
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -488,6 +489,20 @@ def tail_effect(runs: list[Run]) -> tuple[list[dict[str, Any]], list[str]]:
 # ------------------------------------------------------------------------------------- figures
 
 
+def fit_title(fig, text: str, fontsize: float = 9) -> None:
+    """``fig.suptitle(text)`` with each line wrapped at the words to fit the figure's width (at most
+    ``width * 72 / (0.6 * fontsize)`` characters a line: a character of DejaVu Sans is about 0.55 em)."""
+    import textwrap
+
+    width = max(20, int(fig.get_figwidth() * 72 * 0.95 / (0.6 * fontsize)))
+    lines = [textwrap.fill(line, width) for line in text.split("\n")]
+    fig.suptitle("\n".join(lines), fontsize=fontsize)
+
+
+INTEGER_X = {"episodes", "step", "generated_tokens"}
+"""x-axes that count things: their ticks are whole numbers (no update 1.5)."""
+
+
 def _panels(n: int):
     from matplotlib.figure import Figure
 
@@ -528,10 +543,17 @@ def _draw(
         if s is None:
             continue
         colour, ls = style[label]
-        x = x_of(s)
-        ax.plot(x, y_of(s), color=colour, ls=ls, lw=1.6, label=f"{label} ({tag}={s['runs']})", zorder=3)
+        x, y = x_of(s), y_of(s)
         lo, hi = np.asarray(s["lo"], dtype=float), np.asarray(s["hi"], dtype=float)
-        ax.fill_between(x, lo, hi, color=colour, alpha=0.2, lw=0, zorder=2)
+        # where a seed has ended the mean is over fewer seeds: a thin dotted line without a band
+        full = np.asarray(s["n"]) == s["runs"] if "n" in s else np.ones(len(x), dtype=bool)
+        partial = not full.all()
+        name = f"{label} ({tag}={s['runs']}" + ("; dotted: fewer seeds)" if partial else ")")
+        ax.plot(x, np.where(full, y, np.nan), color=colour, ls=ls, lw=1.6, label=name, zorder=3)
+        if partial:
+            edge = full | np.r_[full[1:], False] | np.r_[False, full[:-1]]  # joined to the solid part
+            ax.plot(x, np.where(~full | edge, y, np.nan), color=colour, ls=":", lw=1.0, zorder=3)
+        ax.fill_between(x, lo, hi, where=full, color=colour, alpha=0.2, lw=0, zorder=2)
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     if focus is None:
@@ -545,12 +567,12 @@ def _draw(
         )
 
 
-def _axes_labels(ax, xlabel: str, ylabel: str):
+def _axes_labels(ax, xlabel: str, ylabel: str, integer: bool = False):
     from matplotlib.ticker import MaxNLocator
 
     ax.set_xlabel(xlabel, fontsize=8)
     ax.set_ylabel(ylabel, fontsize=8)
-    ax.xaxis.set_major_locator(MaxNLocator(5))
+    ax.xaxis.set_major_locator(MaxNLocator(5, integer=integer))
 
 
 def _small_multiples(blocks: list[tuple[str, list[str]]]):
@@ -593,8 +615,8 @@ def plot_curves(
     for ax, task, focus in cells:
         series = {lb: curves[task, lb][xkey] for lb in labels if (task, lb) in curves}
         _draw(ax, series, focus, style, task)
-        _axes_labels(ax, X_AXES[xkey], "success rate")
-    fig.suptitle(note, fontsize=9)
+        _axes_labels(ax, X_AXES[xkey], "success rate", integer=xkey in INTEGER_X)
+    fit_title(fig, note)
     fig.savefig(path, dpi=110)
     return fig
 
@@ -615,8 +637,8 @@ def plot_llm_curves(
             ax = grid[i, j]
             series = {lb: curves[task, lb][xkey] for lb in labels if (task, lb) in curves}
             _draw(ax, series, focus, style, task)
-            _axes_labels(ax, LLM_X_AXES[xkey], "validation accuracy")
-    fig.suptitle(note, fontsize=9)
+            _axes_labels(ax, LLM_X_AXES[xkey], "validation accuracy", integer=xkey in INTEGER_X)
+    fit_title(fig, note)
     fig.savefig(path, dpi=110)
     return fig
 
@@ -636,9 +658,8 @@ def plot_profiles(worlds: dict[str, dict[str, Any]], path: Path, style, max_over
         _draw(ax, series[world], focus, style, f"{world}: {len(tasks)} task(s)", tag="runs")
         ax.set_xlim(0, 1)
         _axes_labels(ax, f"tau ({WORLDS[world]})", "fraction of runs > tau")
-    fig.suptitle(
-        "performance profiles: tasks weigh equally; bands: pointwise 95% stratified-bootstrap intervals",
-        fontsize=9,
+    fit_title(
+        fig, "performance profiles: tasks weigh equally; bands: pointwise 95% stratified-bootstrap intervals"
     )
     fig.savefig(path, dpi=110)
     return fig
@@ -674,14 +695,12 @@ def plot_aggregates(worlds: dict[str, dict[str, Any]], path: Path, style):
                 f"{world}: {title}" + (" (lower is better)" if key == "optimality_gap" else ""), fontsize=9
             )
             ax.set_xlabel("mean shortfall below 1" if key == "optimality_gap" else WORLDS[world])
-    fig.suptitle(
-        "over all runs and tasks of each algorithm; bars: 95% stratified-bootstrap intervals", fontsize=9
-    )
+    fit_title(fig, "over all runs and tasks of each algorithm; bars: 95% stratified-bootstrap intervals")
     fig.savefig(path, dpi=110)
     return fig
 
 
-def plot_reliability(cal: dict, tasks: list[str], labels: list[str], path: Path, bins: int, style) -> None:
+def plot_reliability(cal: dict, tasks: list[str], labels: list[str], path: Path, bins: int, style):
     fig, axes = _panels(len(tasks))
     for ax, task in zip(axes, tasks):
         ax.plot([0, 1], [0, 1], ls="--", color="0.5", lw=1)
@@ -695,7 +714,9 @@ def plot_reliability(cal: dict, tasks: list[str], labels: list[str], path: Path,
             by = [b["emp"] for b in c["bins"]]
             size = [20 + 200 * b["weight"] / c["episodes"] for b in c["bins"]]
             ax.plot(bx, by, color=colour, lw=1.2)
-            ax.scatter(bx, by, s=size, color=colour, label=f"{label} (ECE {c['ece']:.3f})", zorder=3)
+            ax.scatter(bx, by, s=size, color=colour, zorder=3)
+            # the legend's marker: one of ordinary size (a bin's area says how many episodes it holds)
+            ax.plot([], [], "o-", color=colour, ms=5, lw=1.2, label=f"{label} (ECE {c['ece']:.3f})")
         ax.set_title(task)
         ax.set_xlabel("predicted sigmoid V(s_0)")
         ax.set_ylabel("empirical success")
@@ -704,8 +725,9 @@ def plot_reliability(cal: dict, tasks: list[str], labels: list[str], path: Path,
         ax.set_aspect("equal")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"dots: start states; circles: {bins} equal-width bins\n(area ~ episodes)", fontsize=9)
+    fit_title(fig, f"dots: start states; circles: {bins} equal-width bins\n(area ~ episodes)")
     fig.savefig(path, dpi=120)
+    return fig
 
 
 # ------------------------------------------------------------------------------------- text
@@ -921,6 +943,16 @@ def run_report(cfg: ReportConfig) -> dict[str, Any]:
         )
     out = Path(cfg.out) if cfg.out else Path(cfg.inputs[0]) / "report"
     runs = find_runs(cfg.inputs, skip=out.resolve())
+    unscored = [r for r in runs if not r.rows and r.last]
+    if (
+        unscored
+    ):  # updates logged, but nothing the report scores: listed in report.json, in no figure or table
+        print(
+            f"report: left out of the figures and tables, {len(unscored)} run(s) that logged updates but no "
+            f"{' or '.join(sorted({'val_accuracy (no validation: --eval-every 0?)' if r.world == 'llm' else 'success_rate' for r in unscored}))}: "
+            + ", ".join(str(r.path) for r in unscored),
+            file=sys.stderr,
+        )
     control = [r for r in runs if r.rows and r.world == "control"]
     llm = [r for r in runs if r.rows and r.world == "llm"]
     tails, tails_skipped = tail_effect(runs)

@@ -316,7 +316,7 @@ def definitions(bins: int = TAIL_BINS, frac: float = TAIL_FRAC) -> dict[str, str
 # ------------------------------------------------------------------------------------- figure
 
 
-def plot(entries: list[dict[str, Any]], path: Path, colour: dict[str, str], frac: float = TAIL_FRAC) -> None:
+def plot(entries: list[dict[str, Any]], path: Path, colour: dict[str, str], frac: float = TAIL_FRAC):
     """``tail_effect.png``: per task, each seed's critic values against t/(T-1) by outcome (top) and each
     seed's ROC-AUC per bin with the mean and min-max band over seeds (bottom); sequence critics' per-seed
     V(s_0) means and AUCs as points left of 0, their mean AUC as a dotted line over every position."""
@@ -400,7 +400,10 @@ def plot(entries: list[dict[str, Any]], path: Path, colour: dict[str, str], frac
         bottom.set_ylabel("ROC-AUC success vs failure")
         bottom.set_xticks([0, 0.25, 0.5, 0.75, 1.0])
         top.tick_params(labelbottom=False)
-    fig.suptitle(
+    from sppo_rl.experiments.report import fit_title
+
+    fit_title(
+        fig,
         "top: each seed's mean value over its successful (solid) and failed (dashed) sequences; "
         "points left of 0: sequence critic V(s_0), filled = successes, open = failures\n"
         "bottom: ROC-AUC within each seed (thin), mean over seeds (thick), min-max band; "
@@ -408,6 +411,7 @@ def plot(entries: list[dict[str, Any]], path: Path, colour: dict[str, str], frac
         fontsize=8,
     )
     fig.savefig(path, dpi=120)
+    return fig
 
 
 # ------------------------------------------------------------------------------------- text

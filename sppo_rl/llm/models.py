@@ -27,7 +27,9 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -79,6 +81,31 @@ def _unwrap(model: nn.Module) -> nn.Module:
 def accepts_kwarg(model: nn.Module, name: str) -> bool:
     """Whether ``model.forward`` (unwrapped) declares a parameter called ``name``."""
     return name in inspect.signature(_unwrap(model).forward).parameters
+
+
+class _HeadOnlyReport(logging.Filter):
+    """Drops transformers' load report of a base model read from a causal-LM folder when all it reports
+    is the language-model head's weights (``lm_head.*`` UNEXPECTED): a critic's backbone has no place for
+    them, by design. Any other key (missing, mismatched, unexpected elsewhere) keeps the report."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(record.getMessage()))
+        if "LOAD REPORT" not in text:
+            return True
+        rows = [[c.strip() for c in line.split("|")] for line in text.splitlines() if line.count("|") >= 2]
+        keys = [r for r in rows[1:] if r[0] and not set(r[0]) <= set("-+")]
+        return not keys or not all(k[0].startswith("lm_head.") and k[1] == "UNEXPECTED" for k in keys)
+
+
+@contextlib.contextmanager
+def _head_report_dropped() -> Iterator[None]:
+    log = logging.getLogger("transformers.modeling_utils")
+    drop = _HeadOnlyReport()
+    log.addFilter(drop)
+    try:
+        yield
+    finally:
+        log.removeFilter(drop)
 
 
 def _from_pretrained(auto_cls: Any, path: str | os.PathLike, dtype: torch.dtype | str | None, **kwargs: Any):
@@ -249,7 +276,8 @@ class _ValueHeadModel(nn.Module):
         prior of 0.5; the dataset's base pass rate ``p0`` gives ``log(p0 / (1 - p0))``); the head's
         weights start ``N(0, init_std^2)`` so early outputs stay near that prior.
         """
-        backbone = _from_pretrained(AutoModel, path, dtype, **kwargs)
+        with _head_report_dropped():
+            backbone = _from_pretrained(AutoModel, path, dtype, **kwargs)
         if device is not None:
             backbone = backbone.to(device)
         return cls(backbone, init_bias=init_bias, init_std=init_std)

@@ -158,6 +158,12 @@ def supervised_warmstart(
     folder = cache_dir / f"sft-{sft_key(base, settings)}"
     if (folder / _DONE).is_file():
         return folder, json.loads((folder / _DONE).read_text())
+    print(
+        f"[sppo-rl] building the warm start of the embedded model once (up to {steps} supervised steps; "
+        f"minutes on a CPU): it is cached in {folder} for every later run with these settings",
+        file=sys.stderr,
+        flush=True,
+    )
     tokenizer = load_tokenizer(base)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

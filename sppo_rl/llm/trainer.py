@@ -23,6 +23,7 @@ The trainer reads ``algo.requires`` and ``algo.critic_loss``; it never tests the
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import time
 from pathlib import Path
@@ -168,6 +169,8 @@ class LLMRun:
     the loss of the whole batch. Rank 0 writes the logs and the exports.
     """
 
+    waits_on = "reward scoring"  # what a preemption's grace period may give up (:class:`Preemption`)
+
     def __init__(self, cfg: LLMConfig) -> None:
         quiet_transformers()
         cfg.validate()
@@ -241,6 +244,10 @@ class LLMRun:
             self.device = torch.device(cfg.device)
         if self.device.type == "cpu":
             torch.set_num_threads(max(1, cfg.threads))
+            if (
+                cfg.engine == "torch"
+            ):  # transformers imports DeepSpeed when saving; tell it the device it would
+                os.environ.setdefault("DS_ACCELERATOR", "cpu")  # find, rather than warn that it found no GPU
         torch.manual_seed(cfg.seed)
 
         self._scoring_cut = False
@@ -889,7 +896,7 @@ class LLMRun:
         self.export(self.out / "final")
         self.critic_trace(self.out / TRACE_FILE)
         evals = [r for r in rows if r.get("val_accuracy") is not None]
-        return {
+        summary = {
             "algo": self.algo.name,
             "seed": self.cfg.seed,
             "steps": self.step_idx,
@@ -903,6 +910,15 @@ class LLMRun:
             "peak_memory_mb": peak_memory_mb(self.device),
             "warmstart": self.warmstart,
         }
+        if self.dist.main:  # the exported folder says what it is, and is readable as the umask allows
+            from sppo_rl.llm.card import write_model_card
+            from sppo_rl.runtime.checkpoint import follow_umask
+            from sppo_rl.runtime.watch import not_learning
+
+            warnings = [w["message"] for w in not_learning(rows)]
+            write_model_card(self.out / "final" / "actor", self.cfg, summary, rows, warnings)
+            follow_umask(self.out / "final")
+        return summary
 
     def run(self, callback: Any = None) -> dict[str, Any]:
         """Train for ``steps`` updates; ``callback(row)`` after each (rank 0), ``False`` stops (:func:`run_loop`)."""

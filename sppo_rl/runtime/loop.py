@@ -8,6 +8,7 @@ happen, so both worlds stop, save, resume and summarise alike.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from typing import Any, NoReturn, Protocol
 from sppo_rl.runtime.checkpoint import atomic_write_text
 from sppo_rl.runtime.logging import json_safe, read_metrics
 from sppo_rl.runtime.run import Preempted, Preemption, exit_preempted
+from sppo_rl.runtime.watch import FIRST_UPDATES, ProgressLines, not_learning, warn
 
 DEFERRED = "deferred_row"
 """Key in a checkpoint's ``meta.json``: the metrics row (and its log step) of the last update, whose
@@ -85,7 +87,12 @@ def run_loop(
     ``callback(row)`` (rank 0) is called with a copy of each update's metrics row once it is logged;
     returning ``False`` (not merely falsy) stops the run there: a checkpoint is saved, the run is
     finished as at the end of its budget, and the summary says ``stopped_by_callback`` (the update);
-    ``--resume`` continues it. An exception from the callback propagates."""
+    ``--resume`` continues it. An exception from the callback propagates.
+
+    A run that cannot learn says so (:func:`~sppo_rl.runtime.watch.not_learning`): on rank 0 each
+    warning is printed on stderr as soon as the first :data:`~sppo_rl.runtime.watch.FIRST_UPDATES`
+    updates of a fresh run show it, all of them again at the end (above the headline), and the summary lists them all (``"warnings"``: their messages)."""
+    _LOOP_STARTED[:] = [time.monotonic()]
     done = run.updates >= schedule.total_updates or (
         schedule.max_seconds is not None and run.elapsed >= schedule.max_seconds
     )
@@ -101,8 +108,21 @@ def run_loop(
     ckpts = getattr(run, "ckpts", None)
     deferred = ((ckpts.resumed_meta if ckpts is not None else None) or {}).get(DEFERRED)
     stopped = None  # the update after which the callback stopped the run
+    seen: list[dict[str, Any]] = []  # a fresh run's first update rows, for the early warnings
+    fresh = run.updates == 0
+    warned: set[str] = set()
+
+    def watch(rows: list[dict[str, Any]], again: bool = False) -> list[str]:
+        """Print the warnings of ``rows`` not printed yet (``again``: all of them, at the end)."""
+        found = not_learning(rows)
+        for w in found:
+            if (again or w["kind"] not in warned) and main:
+                warn(w["message"], bar)
+            warned.add(w["kind"])
+        return [w["message"] for w in found]
+
     try:
-        with Preemption() as pre:
+        with Preemption(getattr(run, "waits_on", None)) as pre:
 
             def stop(row: dict[str, Any] | None = None, step: int = 0) -> NoReturn:
                 """Save (with ``row``, whose evaluation is deferred to the resumed run) and exit."""
@@ -159,6 +179,10 @@ def run_loop(
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(postfix(row))
+                if fresh and len(seen) < FIRST_UPDATES:
+                    seen.append({k: json_safe(v) for k, v in row.items()})
+                    if len(seen) == FIRST_UPDATES:
+                        watch(seen)
                 if agree(pre.requested is not None):
                     stop()
                 halt = callback is not None and agree(main and callback(dict(row)) is False)
@@ -178,23 +202,45 @@ def run_loop(
             print(f"[sppo-rl] the callback stopped the run after update {stopped}", file=sys.stderr)
     run.close()
     if main:
+        summary["warnings"] = watch(rows, again=True)
         text = json.dumps(json_safe(summary), indent=2, default=str, allow_nan=False)
         atomic_write_text(run.out / "summary.json", text + "\n")
     return summary
 
 
-STARTED = time.monotonic()  # when this process imported the run plumbing: about when the command started
+STARTED = time.monotonic()  # when this process imported the run plumbing (after Python and torch started)
+COMMAND = False
+"""True in the ``sppo-rl`` command (:func:`sppo_rl.cli.main` sets it): :func:`announce` then times the
+whole process; called from Python (``train_control``, a notebook), it times the last run loop."""
+_LOOP_STARTED: list[float] = []  # when run_loop last began, in this process
+
+
+def command_seconds() -> float:
+    """Seconds since this process started: Linux's ``/proc/self/stat`` start time (clock ticks after
+    boot) against ``/proc/uptime``, so the interpreter's start and every import count; elsewhere the
+    seconds since :data:`STARTED`."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        start = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime; fields[0] is field 3
+        return max(0.0, float(Path("/proc/uptime").read_text().split()[0]) - start)
+    except (OSError, ValueError, IndexError):
+        return time.monotonic() - STARTED
 
 
 def announce(out: Path, headline: str, tensorboard: bool, main: bool = True) -> None:
-    """The end of a command on stderr: the headline numbers, the run folder, the command's wall time
-    and the commands that look further (a report, TensorBoard)."""
+    """The end of a command on stderr: the headline numbers, the run folder, the wall time (of the
+    whole process in the ``sppo-rl`` command, :data:`COMMAND`; else since the run loop began) and the
+    commands that look further (a report, TensorBoard)."""
     if not main:
         return
+    if COMMAND or not _LOOP_STARTED:
+        wall = f"wall time of the command: {command_seconds():.1f} s"
+    else:
+        wall = f"wall time of the run loop: {time.monotonic() - _LOOP_STARTED[0]:.1f} s"
     lines = [
         f"[sppo-rl] done: {headline}",
         f"[sppo-rl] run folder: {out} (summary.json, metrics.jsonl, config.json)",
-        f"[sppo-rl] wall time of the command: {time.monotonic() - STARTED:.1f} s",
+        f"[sppo-rl] {wall}",
         f"[sppo-rl] next: sppo-rl report {out}"
         + (f"    tensorboard --logdir {out / 'tb'}" if tensorboard else ""),
     ]
@@ -202,9 +248,13 @@ def announce(out: Path, headline: str, tensorboard: bool, main: bool = True) -> 
 
 
 def progress_bar(enabled: bool, total: int, initial: int, desc: str, unit: str = "update") -> Any:
-    """A tqdm bar over updates on stderr, or None."""
+    """Progress over updates on stderr: a tqdm bar where stderr is a terminal (or in a notebook), plain
+    lines (:class:`~sppo_rl.runtime.watch.ProgressLines`) where it is a file or a pipe; None when not
+    ``enabled``."""
     if not enabled:
         return None
+    if not (sys.stderr.isatty() or "ipykernel" in sys.modules):
+        return ProgressLines(total, initial, desc, unit)
     from tqdm.auto import tqdm
 
     return tqdm(total=total, initial=initial, unit=unit, desc=desc, dynamic_ncols=True, file=sys.stderr)

@@ -226,7 +226,8 @@ class Preemption:
     grace_s: float = 30.0
     active: Preemption | None = None
 
-    def __init__(self) -> None:
+    def __init__(self, waits_on: str | None = None) -> None:
+        self.waits_on = waits_on  # work that may outlive the signal (the LLM world: "reward scoring")
         self.requested: str | None = None
         self.requested_at: float | None = None
         self._old: dict[int, Any] = {}
@@ -239,9 +240,14 @@ class Preemption:
         if self.requested is None:
             self.requested_at = time.monotonic()
         self.requested = name
+        note = (
+            f" ({self.waits_on} still running after {self.grace_s:.0f} s is given up, and that work is redone "
+            "on resume)"
+            if self.waits_on
+            else ""
+        )
         print(
-            f"\n[sppo-rl] {name} received: finishing this update, then saving a checkpoint (reward scoring "
-            f"still running after {self.grace_s:.0f} s is given up, and that work is redone on resume)",
+            f"\n[sppo-rl] {name} received: finishing this update, then saving a checkpoint{note}",
             file=sys.stderr,
         )
 
