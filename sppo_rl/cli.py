@@ -183,6 +183,14 @@ def main(argv: list[str] | None = None) -> None:
             except (RunError, ValueError) as e:
                 print(f"sppo-rl: error: {e}", file=sys.stderr)
                 sys.exit(2)
+            except (OSError, RuntimeError) as e:  # the run folder's storage failed: one line, exit 74
+                from sppo_rl.runtime.storage import storage_error
+
+                fault = storage_error(e, getattr(cfg, "out_dir", None))
+                if fault is None:
+                    raise
+                print(f"sppo-rl: error: {fault}", file=sys.stderr)
+                sys.exit(fault.exit_code)
             return
     raise AssertionError(f"no runner for {type(cfg).__name__}")  # pragma: no cover
 
