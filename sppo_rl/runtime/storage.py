@@ -81,7 +81,7 @@ def _within(name: object, out: Path) -> bool:
 def vanished_error(out: str | Path, how: str = "vanished") -> StorageError:
     return StorageError(
         f"the run folder {out} {how} while the run was writing to it (deleted, moved or unmounted); "
-        "stopped at its next write without re-creating it: nothing of this run is left to resume"
+        "stopped at its next write without re-creating it"
     )
 
 
