@@ -240,6 +240,14 @@ def main(argv: list[str] | None = None) -> None:
             except RunFailed as e:  # the run started, then had to stop (summary.json says why)
                 print(f"sppo-rl: error: {e}", file=sys.stderr)
                 sys.exit(1)
+            except (OSError, RuntimeError) as e:  # the run folder's storage failed: one line, exit 74
+                from sppo_rl.runtime.storage import storage_error
+
+                fault = storage_error(e, getattr(cfg, "out_dir", None))
+                if fault is None:
+                    raise
+                print(f"sppo-rl: error: {fault}", file=sys.stderr)
+                sys.exit(fault.exit_code)
             return
     raise AssertionError(f"no runner for {type(cfg).__name__}")  # pragma: no cover
 

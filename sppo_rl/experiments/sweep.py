@@ -14,7 +14,8 @@ its folder ``<out_dir>/<task>/<algo>/seed<k>`` to decide how to run:
 Re-running the same command after a kill therefore finishes only what is left. While a run's subprocess
 lives it holds an exclusive ``flock`` on ``<run>/.lock`` (the descriptor is inherited), so a second sweep
 on the same folder, or a rerun while the children of a SIGKILLed sweep still run, never starts a run twice:
-such a run is reported ``busy``. SIGTERM / Ctrl-C stops the sweep cleanly: no new run starts, each running
+such a run is reported ``busy``. The sweep itself holds ``<out_dir>/.sweep.lock``: a second sweep on the
+same folder is refused in one line (exit 2) before it writes anything. SIGTERM / Ctrl-C stops the sweep cleanly: no new run starts, each running
 one gets SIGTERM, saves a checkpoint and exits (``interrupted``).
 
 Jobs run seed by seed (every task and algorithm of the first seed first), so a partial sweep is balanced.
@@ -69,6 +70,7 @@ BOOKKEEPING = {
 }
 FINISHED = ("done", "resumed", "skipped")
 LOCK = ".lock"
+SWEEP_LOCK = ".sweep.lock"
 STOP_GRACE_S = 120.0  # how long a stopped run may take to save its checkpoint before it is killed
 
 _LIVE: set[subprocess.Popen] = set()  # running control subprocesses of this process
@@ -396,11 +398,43 @@ def status_table(jobs: list[Job], results: list[JobResult]) -> str:
 
 
 def sweep(cfg: SweepConfig) -> list[JobResult]:
-    """Run the sweep; returns one result per job (in :func:`plan`'s order). Raises only for a bad config."""
+    """Run the sweep; returns one result per job (in :func:`plan`'s order). Raises only for a bad config, or a folder another sweep
+    holds (refused in one line)."""
     jobs = plan(cfg)
     workers = cfg.workers or os.cpu_count() or 1
     root = Path(cfg.out_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
+    fd = _lock_sweep(root)
+    try:
+        return _sweep(cfg, jobs, workers, root)
+    finally:
+        os.close(fd)
+
+
+def _lock_sweep(root: Path) -> int:
+    """Hold ``root/.sweep.lock`` (``flock``) for the sweep's lifetime: a second sweep on the same folder
+    is refused in one line (``RunError``, exit 2) before it writes anything, so ``sweep.json`` is only
+    ever written by the sweep that runs the jobs (two sweeps used to mark each other's finished runs
+    ``busy``). The descriptor is not inherited by the runs."""
+    from sppo_rl.runtime.run import RunError
+
+    path = root / SWEEP_LOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise RunError(f"sweep folder {root} cannot hold its lock {path}: {e.strerror or e}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RunError(
+            f"{root} is in use by another sweep (it holds {path}); wait for it to end, then run the same "
+            "command again to finish what is left"
+        ) from None
+    return fd
+
+
+def _sweep(cfg: SweepConfig, jobs: list[Job], workers: int, root: Path) -> list[JobResult]:
     manifest: dict[str, Any] = {
         "config": asdict(cfg),
         "started": datetime.now().isoformat(timespec="seconds"),

@@ -12,8 +12,13 @@ the previous one reported:
   value also prints a warning on stderr);
 - a hang past ``timeout_s``: the worker is killed and restarted, the item scores 0.0 and counts in
   ``errors`` and ``timeouts``, and the rest of the batch is scored by the new worker;
-- a worker that dies (segfault, ``os._exit``, out of memory): the item it held scores 0.0 and counts
-  in ``errors``; the worker is restarted.
+- a worker that dies (segfault, ``os._exit``, out of memory, SIGKILL) while scoring: the item it held
+  scores 0.0 and counts in ``errors``; the worker is restarted. One that dies while idle (between
+  items or calls) is restarted before it is given items: nothing is lost, no error is counted.
+
+Workers ignore SIGTERM and SIGINT: a signal to the whole process group (``timeout``, Slurm, systemd,
+Ctrl-C in a terminal) is the trainer's to handle; the workers go on scoring the update in flight, and
+the trainer stops them after it has saved its checkpoint (they also exit when the trainer is gone).
 
 A batch therefore takes at most about ``ceil(n / workers) * (timeout_s + restart)``; ``batch_timeout_s``
 caps it further (unfinished items then score 0.0 as timeouts). ``score(..., stop=f)`` polls ``f()`` at
@@ -360,7 +365,12 @@ def _worker_main(
 ) -> None:
     """Load the functions, answer ``("ready",)`` or ``("error", msg)``, then score chunks until told to
     stop: for each item send ``("ok", i, (parts, traceback))`` (:func:`_score_parts`)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # The trainer owns the worker's lifetime: SIGTERM / SIGINT sent to the whole process group (``timeout``,
+    # Slurm, systemd, Ctrl-C) are the trainer's to handle, and it stops its workers once it has saved.
+    # Both were blocked since the fork (see _Worker.start); ignored now, then unblocked.
+    for sig in _OWNED_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _OWNED_SIGNALS)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     try:
         fns = _load_all(kind, spec, inner_timeout_s)
@@ -380,8 +390,19 @@ def _worker_main(
             conn.send(("ok", i, _score_parts(fns, response, truth, columns)))
 
 
+_OWNED_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
 class _Worker:
-    """One worker process and the items it currently holds."""
+    """One worker process and the items it currently holds.
+
+    Lifetime: the worker ignores SIGTERM and SIGINT (blocked from its birth, so a signal to the process
+    group while it starts cannot kill it either) and exits when told to stop, when its pipe closes or
+    when its parent is gone (checked every second). Whatever else ends it (SIGKILL, the OOM killer, a
+    reward function calling ``os._exit``) is found out by the scorer: dead while idle, it is restarted
+    before it is given items (:meth:`alive`; a pipe found broken on :meth:`send` the same); dead while
+    scoring, the item it held is scored invalid and the rest go to its replacement.
+    """
 
     def __init__(self, args: tuple[Any, ...], start_timeout_s: float) -> None:
         self.args = args
@@ -395,7 +416,18 @@ class _Worker:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
         proc = ctx.Process(target=_worker_main, args=(child, *self.args, os.getpid()), daemon=True)
-        proc.start()
+        # The child inherits this thread's signal mask. multiprocessing's resource tracker, started with
+        # the first spawned process, unblocks both signals once it is up: start it first.
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _OWNED_SIGNALS)
+        try:
+            proc.start()
+        finally:
+            signal.pthread_sigmask(
+                signal.SIG_SETMASK, old_mask
+            )  # a signal that came meanwhile: delivered now
         child.close()
         self.proc, self.conn = proc, parent
         if not parent.poll(self.start_timeout_s):
@@ -419,11 +451,19 @@ class _Worker:
             self.kill()
             raise RewardFnError(f"cannot load the reward function: {msg[1]}")
 
-    def send(self, items: list[tuple[int, str, str, Any]], timeout_s: float) -> None:
+    def alive(self) -> bool:
+        return self.conn is not None and self.proc is not None and self.proc.is_alive()
+
+    def send(self, items: list[tuple[int, str, str, Any]], timeout_s: float) -> bool:
+        """Give ``items`` to the worker; False (nothing given) if its pipe is broken: it died while idle."""
         assert self.conn is not None
+        try:
+            self.conn.send(("score", items))
+        except (OSError, EOFError, ValueError):  # BrokenPipeError, ConnectionResetError, a closed handle
+            return False
         self.pending.extend(item[0] for item in items)
-        self.conn.send(("score", items))
         self.deadline = time.monotonic() + timeout_s
+        return True
 
     def kill(self) -> None:
         """Kill the process (it may be stuck in C code, so no polite request first)."""
@@ -644,10 +684,15 @@ class RewardScorer:
                     break
                 for w in self._workers:
                     if not w.pending and todo:
-                        if w.conn is None:  # killed by an earlier stop
+                        if not w.alive():  # killed by an earlier stop, or died while idle
                             self._restart(w)
                         take_ = [todo.popleft() for _ in range(min(chunk, len(todo)))]
-                        w.send([(i, responses[i], truths[i], cols[i]) for i in take_], self.timeout_s)
+                        items = [(i, responses[i], truths[i], cols[i]) for i in take_]
+                        if not w.send(items, self.timeout_s):  # died just now: a new one gets the items
+                            self._restart(w)
+                            if not w.send(items, self.timeout_s):
+                                for i in take_:
+                                    fail(i, "reward worker died before it was given the item")
                 busy = [w for w in self._workers if w.pending]
                 now = time.monotonic()
                 if now >= batch_deadline:

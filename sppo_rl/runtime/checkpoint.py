@@ -237,9 +237,10 @@ class CheckpointManager:
     def resume(self, load: Callable[[Path], Any] | None = None) -> Path:
         """The newest intact checkpoint, loaded with ``load(ckpt)`` if given.
 
-        Newest first, each checkpoint is verified (:meth:`verify`); a damaged one, or an unverified
-        (pre-checksum) one whose ``load`` fails, is skipped with a warning on stderr naming it and why,
-        and the previous one is tried. A ``RunError`` from ``load`` (e.g. settings that do not fit) and
+        Newest first, each checkpoint is verified (:meth:`verify`); a damaged one, one holding a file
+        :func:`torch_load` refuses (:class:`UnsafeCheckpointError`: a pickle of other objects, even
+        with matching checksums), or an unverified (pre-checksum) one whose ``load`` fails, is skipped
+        with a warning on stderr naming it and why, and the previous one is tried. A ``RunError`` from ``load`` (e.g. settings that do not fit) and
         any failure loading a verified checkpoint propagate. Raises :class:`CheckpointError` when none
         is intact; nothing in the run folder is changed either way.
         """
@@ -255,6 +256,8 @@ class CheckpointManager:
                         load(ckpt)
                     except RunError:
                         raise
+                    except UnsafeCheckpointError as e:  # checksums match what was written: still refused
+                        raise CheckpointError(" ".join(str(e).split())) from None
                     except Exception as e:
                         if verified:
                             raise

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +19,8 @@ from typing import Any, NoReturn, Protocol
 
 from sppo_rl.runtime.checkpoint import atomic_write_text
 from sppo_rl.runtime.logging import json_safe, read_metrics
-from sppo_rl.runtime.run import Preempted, Preemption, exit_preempted
+from sppo_rl.runtime.run import Preempted, Preemption, check_run_dir, exit_preempted
+from sppo_rl.runtime.storage import storage_error
 from sppo_rl.runtime.watch import FIRST_UPDATES, ProgressLines, not_learning, warn
 
 DEFERRED = "deferred_row"
@@ -91,8 +93,66 @@ def run_loop(
 
     A run that cannot learn says so (:func:`~sppo_rl.runtime.watch.not_learning`): on rank 0 each
     warning is printed on stderr as soon as the first :data:`~sppo_rl.runtime.watch.FIRST_UPDATES`
-    updates of a fresh run show it, all of them again at the end (above the headline), and the summary lists them all (``"warnings"``: their messages)."""
+    updates of a fresh run show it, all of them again at the end (above the headline), and the summary lists them all (``"warnings"``: their messages).
+
+    File-system faults: before each write (a metrics row, a checkpoint, the exports, the summary) rank 0
+    checks that its run folder is still the one it locked (:func:`check_run_dir`); a write that fails
+    for want of space, permission or the folder itself becomes a
+    :class:`~sppo_rl.runtime.storage.StorageError` naming the cause (the run's workers and logger
+    closed, the earlier checkpoints intact)."""
     _LOOP_STARTED[:] = [time.monotonic()]
+    hook = threading.excepthook
+
+    def quiet_writer_thread(args: Any) -> None:
+        """TensorBoard's writer thread dies of the same fault the run reports: its traceback would only
+        repeat it (the writer raises it again in this thread at its next call)."""
+        thread = type(args.thread).__name__ if args.thread is not None else ""
+        if thread == "_AsyncWriterThread" and isinstance(args.exc_value, OSError):
+            if storage_error(args.exc_value, run.out) is not None:
+                return
+        hook(args)
+
+    threading.excepthook = quiet_writer_thread
+    try:
+        return _run_loop(run, schedule, resume_hint, bar, postfix, agree, main, callback)
+    except (OSError, RuntimeError) as exc:
+        hint = f"; the checkpoints written before are intact: then resume with {resume_hint}"
+        fault = storage_error(exc, run.out, hint)
+        if fault is None:
+            raise
+        try:
+            run.close()  # the reward workers; the logger's own last writes may fail the same way
+        except Exception:  # noqa: BLE001 - the fault is what is reported
+            pass
+        if fault is exc:
+            raise
+        raise fault from exc
+    finally:
+        threading.excepthook = hook
+
+
+def _run_loop(
+    run: Run,
+    schedule: Schedule,
+    resume_hint: str,
+    bar: Any,
+    postfix: Callable[[dict[str, Any]], dict[str, str]],
+    agree: Callable[[bool], bool],
+    main: bool,
+    callback: Callable[[dict[str, Any]], Any] | None,
+) -> dict[str, Any]:
+    def guard() -> None:
+        if main:
+            check_run_dir(run.out)
+
+    def log(row: dict[str, Any], step: int) -> None:
+        guard()
+        run.logger.log(row, step=step)
+
+    def save() -> None:
+        guard()
+        run.save_checkpoint()
+
     done = run.updates >= schedule.total_updates or (
         schedule.max_seconds is not None and run.elapsed >= schedule.max_seconds
     )
@@ -131,7 +191,7 @@ def run_loop(
                         "row": {k: json_safe(v) for k, v in row.items()},
                         "step": step,
                     }
-                run.save_checkpoint()
+                save()
                 run.close()
                 if bar is not None:
                     bar.close()
@@ -157,11 +217,11 @@ def run_loop(
                 row = dict(first["row"])
                 if not evaluated(row):
                     stop(first["row"], first["step"])
-                run.logger.log(row, step=first["step"])
+                log(row, first["step"])
                 if agree(pre.requested is not None):
                     stop()
                 if resumed_deferred and (run.updates % schedule.checkpoint_every == 0 or done):
-                    run.save_checkpoint()
+                    save()
             last = done
             while not last:
                 try:
@@ -175,7 +235,7 @@ def run_loop(
                 due = every and (run.updates % every == 0 or (last and schedule.eval_last))
                 if due and not evaluated(row):
                     stop(row, step)
-                run.logger.log(row, step=step)
+                log(row, step)
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(postfix(row))
@@ -187,13 +247,14 @@ def run_loop(
                     stop()
                 halt = callback is not None and agree(main and callback(dict(row)) is False)
                 if run.updates % schedule.checkpoint_every == 0 or last or halt:
-                    run.save_checkpoint()
+                    save()
                 if halt:
                     stopped = run.updates
                     break
     finally:
         if bar is not None:
             bar.close()
+    guard()
     rows = read_metrics(run.out / "metrics.jsonl") if main else []
     summary = run.finish(rows)
     if stopped is not None:
@@ -202,6 +263,7 @@ def run_loop(
             print(f"[sppo-rl] the callback stopped the run after update {stopped}", file=sys.stderr)
     run.close()
     if main:
+        guard()
         summary["warnings"] = watch(rows, again=True)
         text = json.dumps(json_safe(summary), indent=2, default=str, allow_nan=False)
         atomic_write_text(run.out / "summary.json", text + "\n")

@@ -44,7 +44,12 @@ def lock_run_dir(out: Path) -> None:
     key = out.resolve()
     if key in _HELD:
         return
-    fd = os.open(out / RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:  # a link planted as the lock is refused, never followed
+        fd = os.open(out / RUN_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if os.path.islink(out / RUN_LOCK):
+            raise RunError(f"{out / RUN_LOCK} is a symbolic link; refusing to use {out}") from None
+        raise _not_writable(out, e) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -54,6 +59,53 @@ def lock_run_dir(out: Path) -> None:
             "another --out-dir"
         ) from None
     _HELD[key] = fd
+
+
+def _not_writable(out: Path, e: OSError) -> Exception:
+    """A full disk is the storage's fault (:class:`~sppo_rl.runtime.storage.StorageError`, exit 74);
+    no permission, a read-only folder or a file in the way is the choice of folder (:class:`RunError`)."""
+    from sppo_rl.runtime.storage import FULL, storage_error
+
+    fault = storage_error(e, out) if e.errno in FULL else None
+    return fault or RunError(f"output folder {out} is not writable: {e.strerror or e}")
+
+
+def check_run_dir(out: str | Path) -> None:
+    """Raise :class:`~sppo_rl.runtime.storage.StorageError` if the run folder ``out`` is gone: deleted,
+    moved or replaced since this process locked it (its ``.run.lock`` is no longer the file the lock
+    is held on, or has no name left), or, unlocked, no longer a folder. Called before every write of
+    the run loop, so a deleted run is never re-created half (a ``metrics.jsonl`` written into the
+    void, a lone ``checkpoints/``)."""
+    from sppo_rl.runtime.storage import vanished_error
+
+    out = Path(out)
+    fd = _HELD.get(out.resolve())
+    if fd is None:
+        if not out.is_dir():
+            raise vanished_error(out)
+        return
+    try:
+        held = os.fstat(fd)
+        named = os.stat(out / RUN_LOCK, follow_symlinks=False)
+    except OSError:
+        raise vanished_error(out) from None
+    if held.st_nlink == 0 or (held.st_dev, held.st_ino) != (named.st_dev, named.st_ino):
+        raise vanished_error(out, "was replaced")
+
+
+def probe_writable(out: Path) -> None:
+    """Create, write and remove a file of a fresh name in ``out``: ``O_CREAT | O_EXCL`` never follows a
+    link nor opens an existing file, so nothing outside the folder can be written through it."""
+    import secrets
+
+    probe = out / f".write-probe-{os.getpid()}-{secrets.token_hex(4)}"
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, b"ok")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        os.unlink(probe)
 
 
 def unlock_run_dir(out: Path) -> None:
@@ -80,7 +132,7 @@ def _busy(out: Path) -> bool:
     if out.resolve() in _HELD:
         return False
     try:
-        fd = os.open(out / RUN_LOCK, os.O_RDWR)
+        fd = os.open(out / RUN_LOCK, os.O_RDWR | os.O_NOFOLLOW)
     except OSError:
         return False
     try:
@@ -101,7 +153,10 @@ def prepare_run_dir(out_dir: str | Path, *, resume: bool, overwrite: bool = Fals
       accident; ``resume`` of a folder without checkpoints is refused too. These refusals come before
       anything is created or written;
     - the folder is locked for this run (:func:`lock_run_dir`): two runs never share it;
-    - the folder must be writable (checked by writing a probe file);
+    - then, under the lock, the folder must be writable (:func:`probe_writable`: a file of a fresh
+      name, so a link planted in the folder is never followed); a full disk there is a
+      :class:`~sppo_rl.runtime.storage.StorageError` (exit 74), no permission or a read-only folder a
+      :class:`RunError` (the user's choice of folder: exit 2);
     - ``overwrite`` of a folder holding a run removes the whole previous run: every entry of the folder
       except :data:`KEEP_ON_OVERWRITE` (the lock ``.run.lock``, a sweep's ``.lock`` and ``log.txt``),
       so no ``final.pt``, ``final/``, ``calibration.json``, trace or ``config.json`` of the old run is
@@ -117,12 +172,14 @@ def prepare_run_dir(out_dir: str | Path, *, resume: bool, overwrite: bool = Fals
         )
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-probe"
-        probe.write_text("ok")
-        probe.unlink()
     except OSError as e:
-        raise RunError(f"output folder {out} is not writable: {e.strerror or e}") from None
+        raise _not_writable(out, e) from None
     lock_run_dir(out)
+    try:
+        probe_writable(out)
+    except OSError as e:
+        unlock_run_dir(out)
+        raise _not_writable(out, e) from None
     has_run = _has_run(out)  # again, now that the folder is ours
     if resume:
         if not _has_checkpoint(out):
