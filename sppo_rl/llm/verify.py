@@ -54,6 +54,10 @@ MAX_BRACE_DEPTH = 64
 MAX_ANSWER_CHARS = 512
 """A boxed answer longer than this scores 0 (the longest reference in the paper's data is 53 chars)."""
 
+MAX_REFERENCE_CHARS = 4 * MAX_ANSWER_CHARS
+"""A reference longer than this is compared by its text only, never parsed (a boxed answer, at most
+:data:`MAX_ANSWER_CHARS` long, cannot equal it otherwise, and parsing it could take the whole deadline)."""
+
 MAX_INT_DIGITS = 1_000
 """Integers with more digits than this are never converted with ``int()``."""
 
@@ -705,6 +709,8 @@ def verify_math(
         pred = extract_boxed(response)
         if pred is None or not isinstance(ground_truth, str) or len(pred) > MAX_ANSWER_CHARS:
             return 0.0
+        if len(ground_truth) > MAX_REFERENCE_CHARS:  # never parsed: only its own text could match
+            return float(_normalise(pred) == _normalise(ground_truth.strip()) != "")
         pred, gold = unwrap_text(pred), unwrap_text(ground_truth.strip())
         p, g = _normalise(pred), _normalise(gold)
         gd = _as_decimal(g)
@@ -727,6 +733,35 @@ def verify_math(
             return float(_symbolic_equal(pred, gold, gd))
     except (Exception, _Deadline):
         return 0.0
+
+
+_HASHES_LINE = re.compile(r"####[ \t]*([^\n]*)")
+
+
+def verify_gsm8k(response: str, ground_truth: str, timeout_s: float | None = 4.0) -> float:
+    """:func:`verify_math` for data in GSM8K's layout, which also states a final answer as ``#### n``.
+
+    With a ``\\boxed{}`` in ``response`` this is :func:`verify_math`. Without one, the text after the
+    last ``####`` up to the end of its line is the answer: thousands separators, ``$`` and a final
+    period dropped, it must be a plain number equal to ``ground_truth`` exactly (``#### 1,234`` for
+    1234, ``#### 50.0`` for 50); anything else on that line (``#### 50 or 51``, ``#### 24+26``) scores 0.
+    """
+    try:
+        if not isinstance(response, str) or not isinstance(ground_truth, str):
+            return 0.0
+        tail = response[-MAX_SCAN_CHARS:]
+        if _BOX_OPEN.search(tail) is None:
+            last = None
+            for last in _HASHES_LINE.finditer(tail):  # noqa: B007 - we want the final match
+                pass
+            if last is None:
+                return 0.0
+            answer = last.group(1).strip().replace(",", "").replace("$", "").rstrip(".").strip()
+            pd, gd = _as_decimal(answer), _as_decimal(_normalise(ground_truth.strip()).replace(",", ""))
+            return float(pd is not None and gd is not None and pd == gd)
+    except Exception:
+        return 0.0
+    return verify_math(response, ground_truth, timeout_s)
 
 
 def verify_integer(response: str, ground_truth: str) -> float:
