@@ -675,6 +675,22 @@ def test_a_hedge_or_text_after_the_value_scores_zero(pred, fast_path):
 
 
 @pytest.mark.parametrize("fast_path", [True, False])
+@pytest.mark.parametrize(
+    "pred, truth",
+    [
+        # references latex2sympy reads only evaluated (MATH-500 has both kinds): hedges still score 0
+        (r"1\frac{4}{5}\text{ or 5}", r"1\frac{4}{5}"),
+        (r"137 \frac{1}{2}+q-q", r"137 \frac{1}{2}"),
+        (r"1\frac{8}{10}", r"1\frac{4}{5}"),
+        (r"(-\infty,2)\cup(3,\infty)\text{ or 5}", r"(-\infty, 2) \cup (3, \infty)"),
+    ],
+)
+def test_hedges_after_references_read_only_evaluated_score_zero(pred, truth, fast_path):
+    assert verify_math(f"\\boxed{{{pred}}}", truth, fast_path=fast_path) == 0.0
+    assert verify_math(f"\\boxed{{{truth}}}", truth, fast_path=fast_path) == 1.0
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
 @pytest.mark.parametrize("pred, truth", STILL_PAID)
 def test_answers_in_simplest_form_are_still_paid(pred, truth, fast_path):
     assert verify_math(f"\\boxed{{{pred}}}", truth, fast_path=fast_path) == 1.0

@@ -485,7 +485,7 @@ def _normalised_latex(answer: str) -> str:
 
 _TEXT_WRAP = re.compile(r"\\(?:text|textbf|textit|textrm|mbox|mathrm|mathbf)\{([^{}]*)\}")
 _INT_FRAC = re.compile(r"\\frac\{\s*([+-]?[0-9]{1,50})\s*\}\{\s*([+-]?[0-9]{1,50})\s*\}")
-_MIXED = re.compile(r"-?[0-9]{1,50}\\frac\{([0-9]{1,50})\}\{([0-9]{1,50})\}")
+_MIXED = re.compile(r"(-?[0-9]{1,50})\\frac\{([0-9]{1,50})\}\{([0-9]{1,50})\}")
 _NO_VALUE = object()  # an answer the unevaluated parse could not read
 
 
@@ -503,6 +503,12 @@ def _unevaluated(answer: str) -> Any:
     import sympy
     from latex2sympy2_extended import latex2sympy
 
+    mixed = _MIXED.fullmatch(_normalise(answer))
+    if mixed and 0 < int(mixed.group(2)) < int(
+        mixed.group(3)
+    ):  # latex2sympy reads 2\frac{1}{2} evaluated only
+        whole, num, den = (abs(int(g)) for g in mixed.groups())
+        return sympy.Rational((whole * den + num) * (-1 if mixed.group(1).startswith("-") else 1), den)
     latex = _normalised_latex(answer)
     try:
         with sympy.evaluate(False):
@@ -588,6 +594,19 @@ def _unreduced_fraction(latex: str) -> str | None:
     return None
 
 
+_COMMAND = re.compile(r"\\[a-zA-Z]+")
+
+
+def _written_symbols(answer: str) -> set[str]:
+    """The symbols ``answer`` names as written: the content of each text group (``\\text{ cm}`` ->
+    ``cm``) and each letter outside commands and text groups (for references the unevaluated parse
+    cannot read)."""
+    latex = _normalised_latex(answer)
+    texts = {m.group(1).strip() for m in _TEXT_WRAP.finditer(latex)}
+    rest = _COMMAND.sub(" ", _TEXT_WRAP.sub(" ", latex))
+    return texts | {c for c in rest if c.isalpha()}
+
+
 def _symbols(expr: Any) -> set[str]:
     free = getattr(expr, "free_symbols", set())
     return {str(x) for x in free}
@@ -603,13 +622,11 @@ def _restates(pred: str, gold: str) -> str | None:
     import sympy
 
     g = _unevaluated(gold)
-    if g is _NO_VALUE:
-        return None  # a reference that latex2sympy cannot read unevaluated: math_verify's verdict stands
+    if g is _NO_VALUE:  # math_verify's verdict stands, but text and letters only as the reference has them
+        extra = _written_symbols(pred) - _written_symbols(gold)
+        return f"it names {', '.join(sorted(extra))}, which the reference does not" if extra else None
     p = _unevaluated(pred)
     if p is _NO_VALUE:
-        m = _MIXED.fullmatch(_normalise(pred))
-        if m and 0 < int(m.group(1)) < int(m.group(2)):
-            return None  # a mixed number, 2\frac{1}{2} (latex2sympy reads it only evaluated)
         return "it does not parse as one expression"
     if (
         isinstance(p, sympy.Equality)
