@@ -686,9 +686,13 @@ def estimate_parameters(config: dict[str, Any]) -> int:
     return v * h * (1 if tied else 2) + n * (4 * h * h + 3 * h * i)
 
 
-def available_memory_bytes() -> int:
+def available_memory_bytes() -> int | None:
     """Memory this machine can give a model: the host's ``MemAvailable`` (``/proc/meminfo``; the
-    physical memory elsewhere) plus the total memory of every visible CUDA device."""
+    physical memory elsewhere) plus the total memory of every visible GPU, as ``nvidia-smi`` reports it
+    (CUDA itself is not initialised here: reward workers are forked later). None where a GPU is visible
+    but ``nvidia-smi`` does not answer (unknown: no bound)."""
+    import subprocess
+
     total = 0
     try:
         with open("/proc/meminfo") as f:
@@ -702,11 +706,19 @@ def available_memory_bytes() -> int:
         try:
             total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         except (ValueError, OSError, AttributeError):
-            total = 1 << 62
+            return None
     if torch.cuda.is_available():
-        total += sum(
-            torch.cuda.get_device_properties(d).total_memory for d in range(torch.cuda.device_count())
-        )
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=True,
+            ).stdout
+            total += sum(int(v) for v in out.split()) * 2**20  # MiB
+        except (OSError, ValueError, subprocess.SubprocessError):
+            return None
     return total
 
 
@@ -721,7 +733,8 @@ def check_model_config(
     ``config.json`` cannot hold a model this machine can build, before anything is built or written:
     not a JSON object; a size that is not a positive integer up to :data:`MAX_CONFIG_SIZE`; weights
     (:func:`estimate_parameters` times the bytes of ``dtype``) beyond ``memory`` (default
-    :func:`available_memory_bytes`, times the nodes of a multi-node launch); or any refusal of
+    :func:`available_memory_bytes`, times the nodes of a multi-node launch; no bound where it is
+    unknown); or any refusal of
     transformers' ``AutoConfig`` (an unknown ``model_type``, remote code, inconsistent sizes)."""
     path = Path(folder) / "config.json"
     try:
@@ -741,8 +754,9 @@ def check_model_config(
         nodes = max(
             1, int(os.environ.get("WORLD_SIZE", 1)) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
         )
-        memory = available_memory_bytes() * nodes
-    if params * width > memory:
+        here = available_memory_bytes()
+        memory = None if here is None else here * nodes
+    if memory is not None and params * width > memory:
         raise ValueError(
             f"{flag} {folder}: its config.json describes about {params:.3g} parameters, "
             f"{params * width / 2**30:,.1f} GiB of weights alone, more than the {memory / 2**30:,.1f} GiB "
