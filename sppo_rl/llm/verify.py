@@ -717,6 +717,10 @@ def verify_math(
     (LaTeX only) and compared symbolically and numerically under a ``timeout_s`` deadline, which
     also bounds the well-formedness parse. ``\\frac{1}{2}``, ``\\dfrac12``, ``0.5`` and ``1/2`` are
     equal; so are ``2\\sqrt{2}`` and ``\\sqrt{8}``, and the same set or interval written differently.
+    A box that is one text group is read as its content (``\\text{4}``). A well-formed answer equal in
+    value still scores 0 when it restates rather than answers (:func:`_restates`: ``2+2``,
+    ``\\dbinom{8}{4}``, ``\\frac{6}{4}``, ``4+x-x``) or has text after its value that the reference
+    lacks (``4\\text{ or 5}``). A reference over :data:`MAX_REFERENCE_CHARS` is matched by its text only.
 
     ``fast_path=False`` forces the symbolic comparison (tests, benchmarks). Never raises on its
     inputs: any error, refusal or deadline scores 0.0. (A missing ``math_verify`` install raises
