@@ -83,6 +83,19 @@ def test_unsafe_recipe_fields_pass_when_given_on_the_command_line_or_trusted(tmp
     assert not mark.exists()  # loading a recipe never imports its reward
 
 
+def test_trust_recipe_and_command_line_flags_from_the_cli(tmp_path, capsys):
+    """With --trust-recipe, or with every unsafe field's flag given, the recipe loads and the run goes on
+    to its next check (here --steps 0, refused before anything is touched)."""
+    victim, mark, recipe = _victim(tmp_path)
+    own = tmp_path / "mine"
+    line = refused(capsys, ["llm", "--recipe", str(recipe), "--trust-recipe", "--steps", "0"], own, "--steps")
+    assert "recipe" not in line
+    argv = ["llm", "--recipe", str(recipe), "--out-dir", str(own), "--no-overwrite", "--reward-fn", "math"]
+    line = refused(capsys, [*argv, "--steps", "0"], own, "--steps")
+    assert "recipe" not in line
+    assert (victim / "metrics.jsonl").exists() and not mark.exists()
+
+
 @pytest.mark.parametrize(
     "field, value",
     [
