@@ -612,6 +612,18 @@ def _symbols(expr: Any) -> set[str]:
     return {str(x) for x in free}
 
 
+@lru_cache(maxsize=8192)
+def _reference_form(gold: str) -> tuple[Any, frozenset[str], bool]:
+    """A reference's unevaluated parse (:data:`_NO_VALUE` if none), the symbols it names (as written,
+    :func:`_written_symbols`, when it does not parse), and whether it is itself unevaluated; once per
+    reference (references repeat across samples)."""
+    g = _unevaluated(gold)
+    if g is _NO_VALUE:
+        return g, frozenset(_written_symbols(gold)), True
+    unevaluated = _restatement(g) is not None or _unreduced_fraction(_normalised_latex(gold)) is not None
+    return g, frozenset(_symbols(g)), unevaluated
+
+
 def _restates(pred: str, gold: str) -> str | None:
     """Why the (well-formed) answer ``pred`` is not paid against ``gold`` although it may equal it in
     value, or None: it names a symbol ``gold`` lacks (a free variable, ``4+x-x``, or text after the
@@ -621,9 +633,9 @@ def _restates(pred: str, gold: str) -> str | None:
     is no relation. An answer that the unevaluated parse cannot read is refused when ``gold`` can be."""
     import sympy
 
-    g = _unevaluated(gold)
+    g, gold_symbols, gold_unevaluated = _reference_form(gold)
     if g is _NO_VALUE:  # math_verify's verdict stands, but text and letters only as the reference has them
-        extra = _written_symbols(pred) - _written_symbols(gold)
+        extra = _written_symbols(pred) - gold_symbols
         return f"it names {', '.join(sorted(extra))}, which the reference does not" if extra else None
     p = _unevaluated(pred)
     if p is _NO_VALUE:
@@ -634,10 +646,10 @@ def _restates(pred: str, gold: str) -> str | None:
         and not getattr(g, "is_Relational", False)
     ):
         p = p.rhs  # "x = 4": the value of the asked variable
-    extra = _symbols(p) - _symbols(g)
+    extra = _symbols(p) - gold_symbols
     if extra:
         return f"it names {', '.join(sorted(extra))}, which the reference does not"
-    if _restatement(g) is None and _unreduced_fraction(_normalised_latex(gold)) is None:
+    if not gold_unevaluated:
         why = _restatement(p) or _unreduced_fraction(_normalised_latex(pred))
         if why is not None:
             return f"{why} is an unevaluated operation"
