@@ -65,9 +65,79 @@ def _commands() -> dict[str, tuple[type, Callable[[object], object]]]:
     }
 
 
-def load_recipe(cls: type, path: str) -> object:
-    """A config whose defaults come from a JSON recipe file (``{field: value}``); unknown fields, and values
-    of the wrong type or out of range, are refused naming the file and the line."""
+RECIPE_BUILTIN_REWARDS = ("auto", "math", "integer")
+
+UNSAFE_RECIPE_FIELDS: dict[str, str] = {
+    "out_dir": "writes there",
+    "overwrite": "deletes a run",
+    "resume": "appends to a run",
+    "reward_fn": "imports and runs a Python file or module",
+    "model": "reads a model folder",
+    "critic_model": "reads a model folder",
+    "cache_dir": "writes there",
+    "init_from": "reads a checkpoint",
+    "expert_from": "reads a checkpoint",
+    "install": "writes into the installation",
+    "task": "imports a module",
+    "wandb": "sends the run to Weights & Biases",
+    "wandb_mode": "sends the run over the network",
+    "ray_address": "connects to a cluster",
+}
+"""Fields a recipe file may not set (it holds hyperparameters only), with what each would do; read
+from a recipe only when the user passes the same field on the command line (whose value wins) or
+``--trust-recipe``. A value that does nothing of the kind passes: ``overwrite``/``resume``/``wandb``
+false, a built-in ``reward_fn`` (auto, math, integer), ``task`` without ``module:`` (a data file or a
+generated task), ``wandb_mode`` offline, ``critic_model`` ``"none"``."""
+
+
+def _harmless(name: str, value: object) -> bool:
+    if name in ("overwrite", "resume", "wandb"):
+        return value is False
+    if name == "reward_fn":
+        return value in RECIPE_BUILTIN_REWARDS
+    if name == "task":
+        return isinstance(value, str) and ":" not in value
+    if name == "wandb_mode":
+        return value == "offline"
+    if name == "critic_model":
+        return value == "none"
+    return False
+
+
+def cli_fields(args: list[str]) -> set[str]:
+    """The config fields named by ``--flag``, ``--flag=value`` and ``--no-flag`` options in ``args``."""
+    out = set()
+    for a in args:
+        if a.startswith("--"):
+            name = a[2:].split("=", 1)[0].replace("-", "_")
+            out.add(name)
+            out.add(name.removeprefix("no_"))
+    return out
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    seen: dict[str, object] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
+def load_recipe(
+    cls: type, path: str, *, trust: bool = False, given: set[str] | frozenset[str] = frozenset()
+) -> object:
+    """A config whose defaults come from a JSON recipe file (``{field: value}``); unknown fields, a key
+    given twice, and values of the wrong type or out of range, are refused naming the file and the line.
+
+    A recipe is data: a file's fields of :data:`UNSAFE_RECIPE_FIELDS` (out_dir, overwrite, resume, a
+    reward file, model folders, ...) are refused in one line unless ``trust`` (``--trust-recipe``) or the
+    field is in ``given`` (passed on the command line, so the recipe's value is not used). The built-in
+    recipes, shipped with the package, are trusted."""
     import dataclasses
     import json
     import re
@@ -81,9 +151,15 @@ def load_recipe(cls: type, path: str) -> object:
         if not builtin.is_file():
             raise RunError(f"--recipe {path}: no such file (built-in recipes: {', '.join(recipe_names())})")
         file = builtin
+        trust = True
     try:
         text = file.read_text(encoding="utf-8")
-        values = json.loads(text)
+        values = json.loads(text, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as e:
+        key = re.compile(rf'"{re.escape(str(e))}"\s*:')
+        lines = [i for i, t in enumerate(text.splitlines(), 1) if key.search(t)]
+        at = f":{lines[1]}" if len(lines) > 1 else ""
+        raise RunError(f"{file}{at}: {e} is given twice (a recipe names each field once)") from None
     except json.JSONDecodeError as e:
         raise RunError(f"{file}:{e.lineno}: not valid JSON ({e.msg})") from None
     except UnicodeDecodeError as e:
@@ -100,6 +176,17 @@ def load_recipe(cls: type, path: str) -> object:
     if unknown:
         raise RunError(f"{file}: unknown field(s) {', '.join(unknown)} for {cls.__name__}")
     values.pop("_comment", None)
+    if not trust:
+        unsafe = [
+            n for n in values if n in UNSAFE_RECIPE_FIELDS and n not in given and not _harmless(n, values[n])
+        ]
+        if unsafe:
+            what = "; ".join(f"{n} ({UNSAFE_RECIPE_FIELDS[n]})" for n in unsafe)
+            flags = " ".join("--" + n.replace("_", "-") for n in unsafe)
+            raise RunError(
+                f"{file}: a recipe file sets hyperparameters only, and this one sets {what}; "
+                f"pass {flags} on the command line, or add --trust-recipe if you trust the file"
+            )
     for name, value in values.items():
         if isinstance(value, list):
             values[name] = tuple(value)
@@ -198,17 +285,20 @@ def main(argv: list[str] | None = None) -> None:
         commands[args[0]] = (help_view(args[0], cls), run)
     if "--recipe" in args and args and args[0] in commands:
         # `sppo-rl llm --recipe FILE [flags]`: the recipe gives the defaults, the flags override them
+        trust = "--trust-recipe" in args
+        args = [a for a in args if a != "--trust-recipe"]
         i = args.index("--recipe")
         if i + 1 >= len(args):
             print("sppo-rl: error: --recipe needs a file", file=sys.stderr)
             sys.exit(2)
         cls, run = commands[args[0]]
+        rest = args[1:i] + args[i + 2 :]
         try:
-            default = load_recipe(cls, args[i + 1])
+            default = load_recipe(cls, args[i + 1], trust=trust, given=cli_fields(rest))
         except RunError as e:
             print(f"sppo-rl: error: {e}", file=sys.stderr)
             sys.exit(2)
-        cfg = tyro.cli(cls, default=default, args=args[1:i] + args[i + 2 :], prog=f"sppo-rl {args[0]}")
+        cfg = tyro.cli(cls, default=default, args=rest, prog=f"sppo-rl {args[0]}")
     elif "--resume" in args and args and args[0] in ("control", "llm"):
         # `sppo-rl control --out-dir R --resume`: the run's saved config gives the defaults, flags override
         cls, _ = commands[args[0]]

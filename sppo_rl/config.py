@@ -67,6 +67,17 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+MAX_COUNT = 10**9
+"""The largest integer setting (steps, sizes, episodes, tokens, ...): a larger one is a typo, never a
+budget a run could spend (a billion updates, a billion-token response)."""
+UNBOUNDED_INTS = ("seed", "data_seed", "bootstrap_seed")
+"""Integer settings that are names rather than counts (any size is a valid seed)."""
+
+
+def _too_big(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_COUNT
+
+
 def _type_ok(tp: Any, v: Any) -> bool:
     origin, args = get_origin(tp), get_args(tp)
     if tp is Any:
@@ -268,6 +279,12 @@ class RunConfig:
             if not _type_ok(hints[f.name], value):
                 wrong_type.add(f.name)
                 out.append((f.name, f"must be {_type_words(hints[f.name])}, got {value!r}"))
+        for f in fields(self):  # an absurd count (steps 10^30) is no budget: refused before any work
+            value = getattr(self, f.name)
+            values = value if isinstance(value, (tuple, list)) else (value,)
+            if f.name not in wrong_type and f.name not in UNBOUNDED_INTS and any(_too_big(v) for v in values):
+                wrong_type.add(f.name)
+                out.append((f.name, f"must be at most {MAX_COUNT:,} (a count or budget), got {value!r}"))
         for name, ok, allowed in self.checks():
             if name in wrong_type or not hasattr(self, name) or any(name == n for n, _ in out):
                 continue  # a field of the wrong type, or already refused: one message per field

@@ -114,7 +114,6 @@ EQUAL = [
     ("0.5", r"50\%"),
     ("336", r"336^\circ"),
     (r"1.325 \times 10^{-27}", "1.325e-27"),
-    (r"\frac{1.325}{10^{27}}", "1.325e-27"),
     (r"6.72\times10^{-5}", ".0000672"),
     (r"\frac{1}{3}", "0.333333"),
     ("x^2+2x+1", "(x+1)^2"),
@@ -504,7 +503,7 @@ def test_deadline_keeps_an_existing_alarm_and_handler():
 
     old = signal.signal(signal.SIGALRM, mine)
     try:
-        assert verify_math(r"\boxed{\frac{2}{4}}", "0.5", fast_path=False) == 1.0
+        assert verify_math(r"\boxed{\frac{1}{2}}", "0.5", fast_path=False) == 1.0
         assert signal.getsignal(signal.SIGALRM) is mine
         assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     finally:
@@ -515,7 +514,7 @@ def test_works_off_the_main_thread():
     out = {}
 
     def run():
-        out["yes"] = verify_math(r"\boxed{\dfrac{2}{4}}", "0.5", fast_path=False)
+        out["yes"] = verify_math(r"\boxed{\dfrac{1}{2}}", "0.5", fast_path=False)
         out["no"] = verify_math(r"\boxed{\dfrac{3}{4}}", "0.5", fast_path=False)
 
     t = threading.Thread(target=run)
@@ -604,3 +603,144 @@ def test_fuzz_verify_math_is_bounded(responses, truth):
         elapsed = time.perf_counter() - t0
         assert score in (0.0, 1.0)
         assert elapsed < FUZZ_TIMEOUT_S + 1.0, (elapsed, r, truth)
+
+
+# ------------------------------------------------------------- answers, not restatements or hedges
+
+RESTATEMENTS = [
+    ("2+2", "4"),
+    (r"37\times 43", "1591"),
+    (r"\dbinom{8}{4}", "70"),
+    (r"\binom{8}{4}", "70"),
+    (r"\log_2 64", "6"),
+    ("19^2", "361"),
+    (r"\frac34+\frac58", r"\frac{11}{8}"),
+    (r"\int_0^1 x^2dx", r"\frac{1}{3}"),
+    (r"\lim_{x \to 0} (4+x)", "4"),
+    ("4+x-x", "4"),
+    (r"\sqrt{16}", "4"),
+    ("3!", "6"),
+    (r"\frac{8}{2}", "4"),  # a fraction of integers not in lowest terms
+    (r"\frac{22}{16}", r"\frac{11}{8}"),
+    (r"\frac{1.325}{10^{27}}", "1.325e-27"),  # a decimal divided by a power of ten
+    (r"x^2+1+y-y", "x^2+1"),  # a free variable the reference lacks
+]
+"""Each pair is equal in value, and was paid 1.0 before: the answer restates the question."""
+
+HEDGES = [
+    r"4\text{ or 5}",
+    r"4\text{, but maybe 5}",
+    r"4\mbox{ -- not sure, could be 7}",
+    r"4\textbf{ or 5}",
+    r"4\,\text{or 5}",
+    r"4 \text{ (not 5)}",
+    r"\text{4 or 5}",
+    r"4\text{ cm}",  # a unit the reference does not have is text after the value
+]
+
+STILL_PAID = [
+    (r"\frac{11}{8}", "11/8"),
+    ("11/8", r"\frac{11}{8}"),
+    (r"\frac{11}{8}", "1.375"),
+    ("x = 4", "4"),
+    (r"x \in (2,\infty)", r"(2,\infty)"),
+    (r"5\text{ cm}", r"5\text{ cm}"),  # a unit the reference also has
+    (r"5 \text{cm}", r"5\text{ cm}"),
+    (r"\text{4}", "4"),  # a plain text group wrapping the value itself
+    (r"\textbf{ 4 }", "4"),
+    (r"\text{Monday}", r"\text{Monday}"),
+    (r"2\frac{1}{2}", r"\frac{5}{2}"),  # a mixed number
+    (r"1.5\times10^{-3}", "0.0015"),  # scientific notation
+    ("10^{3}", "1000"),
+    (r"2\sqrt{2}", r"\sqrt{8}"),  # an irrational closed form is an answer
+    (r"\pi \cdot 12", r"12\pi"),
+    (r"-\frac{3}{4}", "-0.75"),
+    ("x^2+2x+1", "(x+1)^2"),  # symbolic references keep math_verify's equivalence
+    (r"2^{10}", "2^{10}"),  # the reference itself unevaluated: as written
+    (r"0 \cdot 51", r"0 \cdot 5"),
+]
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+@pytest.mark.parametrize("pred, truth", RESTATEMENTS)
+def test_a_restated_question_scores_zero(pred, truth, fast_path):
+    assert verify_math(f"\\boxed{{{pred}}}", truth, fast_path=fast_path) == 0.0
+    assert verify_math(f"\\boxed{{{truth}}}", truth, fast_path=fast_path) == 1.0
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+@pytest.mark.parametrize("pred", HEDGES)
+def test_a_hedge_or_text_after_the_value_scores_zero(pred, fast_path):
+    assert verify_math(f"\\boxed{{{pred}}}", "4", fast_path=fast_path) == 0.0
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+@pytest.mark.parametrize(
+    "pred, truth",
+    [
+        # references latex2sympy reads only evaluated (MATH-500 has both kinds): hedges still score 0
+        (r"1\frac{4}{5}\text{ or 5}", r"1\frac{4}{5}"),
+        (r"137 \frac{1}{2}+q-q", r"137 \frac{1}{2}"),
+        (r"1\frac{8}{10}", r"1\frac{4}{5}"),
+        (r"(-\infty,2)\cup(3,\infty)\text{ or 5}", r"(-\infty, 2) \cup (3, \infty)"),
+    ],
+)
+def test_hedges_after_references_read_only_evaluated_score_zero(pred, truth, fast_path):
+    assert verify_math(f"\\boxed{{{pred}}}", truth, fast_path=fast_path) == 0.0
+    assert verify_math(f"\\boxed{{{truth}}}", truth, fast_path=fast_path) == 1.0
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+@pytest.mark.parametrize("pred, truth", STILL_PAID)
+def test_answers_in_simplest_form_are_still_paid(pred, truth, fast_path):
+    assert verify_math(f"\\boxed{{{pred}}}", truth, fast_path=fast_path) == 1.0
+
+
+def _fresh_letter(t: str) -> str:
+    return next(c for c in "qwzkj" if c not in t)
+
+
+def _near_misses(t: str) -> list[str]:
+    """Answers equal in value to the reference ``t`` that must score 0: ``t`` with a hedge after it,
+    with a free variable added and taken away, and for an integer ``n`` its restatements as a
+    computation (``(n-1)+1``, ``n \\times 1``, ``\\frac{2n}{2}``, ``\\sqrt{n^2}``, ...); for a decimal
+    or fraction of integers ``(t)+0`` and ``1 \\times (t)``."""
+    q = _fresh_letter(t)
+    out = [t + h for h in (r"\text{ or 5}", r"\text{, but maybe 5}", r" \text{ (not 5)}", r"\,\text{or 5}")]
+    out.append(f"{t}+{q}-{q}")
+    if re.fullmatch(r"-?[0-9]{1,6}", t):
+        n = int(t)
+        out += [f"({n - 1})+1", f"{n}\\times 1", f"\\frac{{{2 * n}}}{{2}}", f"\\int_0^{{{n}}} 1\\,dx"]
+        if abs(n) != 10:  # 10^{1} is scientific notation, a numeral
+            out.append(f"{n}^{{1}}")
+        if n >= 0:
+            out.append(f"\\sqrt{{{n * n}}}")
+        if 1 <= n <= 1000:
+            out.append(f"\\dbinom{{{n}}}{{1}}")
+    elif re.fullmatch(r"-?[0-9]*\.[0-9]+|-?\\frac\{[0-9]+\}\{[0-9]+\}", t):
+        out += [f"({t})+0", f"1\\times ({t})"]
+    return out
+
+
+def _near_misses_paid(truths: list[str]) -> list[tuple[str, str]]:
+    usable = [t for t in truths if _balanced(t) and t not in MALFORMED_REFERENCES]
+    assert all(verify_math(f"\\boxed{{{t}}}", t) == 1.0 for t in usable)
+    return [(t, m) for t in usable for m in _near_misses(t) if verify_math(f"\\boxed{{{m}}}", t) != 0.0]
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_shipped_subsets_refuse_restatements_and_hedges(name):
+    assert _near_misses_paid(_truths(name, root=FIXTURES)) == []
+
+
+@needs_data
+@pytest.mark.parametrize("name", FILES)
+def test_paper_data_refuses_restatements_and_hedges(name):
+    assert _near_misses_paid(_truths(name, 12)) == []
+
+
+@needs_data
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FILES)
+def test_full_files_refuse_restatements_and_hedges(name):
+    assert _near_misses_paid(_truths(name)) == []

@@ -65,6 +65,7 @@ class Example:
         index: position in its file or split (0-based).
         meta: everything else in the record (``ability`` whatever its spelling, ``extra_info``, ...), or
             task parameters such as ``{"level": 2}``.
+        format: the record layout it was read from (``gsm8k``, ``math``, ...; empty for generated tasks).
     """
 
     prompt: Prompt
@@ -72,6 +73,7 @@ class Example:
     source: str = ""
     index: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
+    format: str = ""
 
 
 # ------------------------------------------------------------------------------------ formats
@@ -193,7 +195,9 @@ def _to_example(record: Any, fmt: Format, prompt_key: str, answer_key: str, inde
     used = {prompt_key.split(".")[0], answer_key.split(".")[0], "data_source"}
     meta = {("ability" if k == "abality" else k): v for k, v in record.items() if k not in used}
     source = record.get("data_source")
-    return Example(prompt, answer, source if isinstance(source, str) and source else stem, index, meta)
+    return Example(
+        prompt, answer, source if isinstance(source, str) and source else stem, index, meta, fmt.name
+    )
 
 
 # ------------------------------------------------------------------------------------ readers
@@ -346,6 +350,7 @@ def load_examples(
             )
         except ValueError as e:
             raise DataError(f"{where}: {e}") from None
+    _check_repeats(examples, path)
     if skipped:
         first = ", ".join(skipped[:3])
         print(
@@ -355,6 +360,54 @@ def load_examples(
             file=sys.stderr,
         )
     return examples
+
+
+def _check_repeats(examples: list[Example], path: Path) -> None:
+    """Refuse (``DataError``, one line naming both records) a prompt that appears with two different
+    answers, since no response can be right for both; count exact repeats (same prompt, same answer) in
+    one warning line: they are kept (an evaluation file may repeat problems on purpose)."""
+    first: dict[str, Example] = {}
+    repeats = 0
+    for e in examples:
+        key = e.prompt if isinstance(e.prompt, str) else json.dumps(e.prompt, sort_keys=True)
+        seen = first.setdefault(key, e)
+        if seen is e:
+            continue
+        if seen.answer != e.answer:
+            raise DataError(
+                f"{path.name}: records {seen.index} and {e.index} (0-based) have the same prompt but different "
+                f"answers ({seen.answer!r:.60} and {e.answer!r:.60}); keep one"
+            )
+        repeats += 1
+    if repeats:
+        print(
+            f"[sppo-rl] warning: {path}: {repeats} record(s) repeat an earlier one exactly (same prompt and "
+            f"answer); {len(first)} distinct prompt(s) of {len(examples)}, repeats kept",
+            file=sys.stderr,
+        )
+
+
+def non_integer_references(examples: list[Example]) -> list[Example]:
+    """The examples whose reference is not an integer (an optional sign and digits, as
+    :func:`sppo_rl.llm.verify.verify_integer` reads it), which ``--reward-fn integer`` can never pay."""
+    import re
+
+    integer = re.compile(r"\s*[+-]?[0-9]{1,1000}\s*")
+    return [e for e in examples if not integer.fullmatch(e.answer)]
+
+
+def drop_unpayable_references(examples: list[Example], max_chars: int, where: str) -> list[Example]:
+    """The examples whose reference has at most ``max_chars`` characters; the longer ones, which the
+    math verifier can never pay (it scores only a boxed answer of at most that length), are dropped
+    and counted in one warning line on stderr naming ``where``."""
+    kept = [e for e in examples if len(e.answer) <= max_chars]
+    if len(kept) < len(examples):
+        print(
+            f"[sppo-rl] warning: {where}: skipped {len(examples) - len(kept)} of {len(examples)} record(s) whose "
+            f"reference is longer than {max_chars} characters (no boxed answer can match it)",
+            file=sys.stderr,
+        )
+    return kept
 
 
 def _longest_text(value: Any, depth: int = 0) -> int:

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.data import Example, load_examples
-from sppo_rl.llm.models import sequence_logprobs
+from sppo_rl.llm.models import check_model_config, sequence_logprobs
 from sppo_rl.llm.reward import RewardFnError, RewardScorer, RewardWorkerError
 from sppo_rl.llm.rollout import RolloutBatch
 from sppo_rl.runtime.run import RunError
@@ -87,7 +87,37 @@ def load_task(cfg: LLMConfig) -> tuple[list[Example], list[Example], str]:
         if cfg.val_data
         else []
     )
-    return train, val, ("math" if cfg.reward_fn == "auto" else cfg.reward_fn)
+    return train, val, data_reward(cfg, train, val)
+
+
+GSM8K_REWARD = "sppo_rl.llm.verify:verify_gsm8k"
+"""The ``math`` reward on data in GSM8K's layout: ``\\boxed{}`` or GSM8K's own ``#### n``."""
+
+
+def data_reward(cfg: LLMConfig, train: list[Example], val: list[Example]) -> str:
+    """The reward function of a data file's run, checked against its references (in place: drops the
+    references the math verifier can never pay, with a warning): ``--reward-fn integer`` on
+    non-integer references is refused in one line; ``math`` (and ``auto``) on GSM8K's layout becomes
+    :data:`GSM8K_REWARD`, which also reads GSM8K's ``#### n`` final answer."""
+    from sppo_rl.llm.data import drop_unpayable_references, non_integer_references
+    from sppo_rl.llm.verify import MAX_ANSWER_CHARS
+
+    reward = "math" if cfg.reward_fn == "auto" else cfg.reward_fn
+    if reward == "integer":
+        for flag, examples in (("--task", train), ("--val-data", val)):
+            bad = non_integer_references(examples)
+            if bad:
+                raise RunError(
+                    f"--reward-fn integer: {len(bad)} of {len(examples)} references of {flag} "
+                    f"{cfg.task if flag == '--task' else cfg.val_data} are not integers (record {bad[0].index}: "
+                    f"{bad[0].answer!r:.40}), and would never be paid; use --reward-fn math"
+                )
+    if reward == "math":
+        train[:] = drop_unpayable_references(train, MAX_ANSWER_CHARS, cfg.task)
+        val[:] = drop_unpayable_references(val, MAX_ANSWER_CHARS, str(cfg.val_data))
+        if train and all(e.format == "gsm8k" for e in train[:1]):
+            return GSM8K_REWARD
+    return reward
 
 
 def generated_task(task: str) -> Any:
@@ -146,6 +176,10 @@ def check_model_paths(cfg: LLMConfig) -> None:
         if not (Path(value) / "config.json").is_file():
             what = "no config.json" if Path(value).is_dir() else "no such folder"
             raise RunError(f"{flag} {value}: not a Hugging Face model folder ({what})")
+        try:  # its sizes against this machine, and transformers' own checks: before anything is built
+            check_model_config(value, flag, cfg.dtype)
+        except ValueError as e:
+            raise RunError(str(e)) from None
     if cfg.chat_template == "on" and (
         cfg.model is None or (pretrained.parse_ref(cfg.model) is None and not has_chat_template(cfg.model))
     ):

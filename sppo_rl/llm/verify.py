@@ -16,6 +16,13 @@ Work is bounded on any input:
   junk scores 0 whether math_verify would skip it by reading a part of the answer (``\\frac{1}{2})``
   as ``1/2``) or the grammar would multiply it in (``11\\sqrt21`` as ``11\\sqrt{2} \\cdot 1``,
   ``6+9i1``, ``SRMC=LRMC1``; ``47 1`` as the mixed number ``48``);
+- an answer is paid as written, not as a restatement of the question (:func:`_restates`): a part built
+  only from number literals whose value is rational must be a single literal (``2+2``, ``19^2``,
+  ``\\dbinom{8}{4}``, ``\\log_2 64``, ``\\frac{6}{4}`` score 0 for 4, 361, 70, 6, 3/2); integrals,
+  limits, sums and derivatives are refused; and the answer may name no symbol the reference lacks
+  (``4+x-x``; text, which is read as a symbol: ``4\\text{ or 5}``). The answer stated as a variable's
+  value (``x = 4``) is judged by its value; a reference that is itself unevaluated switches the first two
+  rules off;
 - the symbolic comparison runs under a wall-clock deadline (``SIGALRM`` via ``setitimer``) when called
   on the main thread. On other threads signals are unavailable and only the caps above bound the work:
   run scoring in :class:`sppo_rl.llm.reward.RewardScorer`, whose worker process is killed on a hang.
@@ -46,6 +53,10 @@ MAX_BRACE_DEPTH = 64
 
 MAX_ANSWER_CHARS = 512
 """A boxed answer longer than this scores 0 (the longest reference in the paper's data is 53 chars)."""
+
+MAX_REFERENCE_CHARS = 4 * MAX_ANSWER_CHARS
+"""A reference longer than this is compared by its text only, never parsed (a boxed answer, at most
+:data:`MAX_ANSWER_CHARS` long, cannot equal it otherwise, and parsing it could take the whole deadline)."""
 
 MAX_INT_DIGITS = 1_000
 """Integers with more digits than this are never converted with ``int()``."""
@@ -434,10 +445,8 @@ def _well_formed(pred: str) -> bool:
     """
     from antlr4 import CommonTokenStream, InputStream
     from latex2sympy2_extended.antlr_parser import PSLexer, PSParser
-    from latex2sympy2_extended.math_normalization import normalize_latex
 
-    config = replace(_latex_config()[0].normalization_config, boxed="last", units=False)
-    latex = normalize_latex(f"\\boxed{{{_sci_to_latex(pred)}}}", config)
+    latex = _normalised_latex(pred)
     unit = _UNIT_TAIL.search(latex)
     if unit and latex[: unit.start()].strip() and not _ONE_UNIT.fullmatch(unit.group(0)):
         return False
@@ -464,6 +473,187 @@ def _well_formed(pred: str) -> bool:
                 return False
         stack.extend(node.getChildren() if hasattr(node, "getChildren") else ())
     return True
+
+
+def _normalised_latex(answer: str) -> str:
+    """``answer`` normalised as math_verify normalises a boxed answer, units kept (``units=False``)."""
+    from latex2sympy2_extended.math_normalization import normalize_latex
+
+    config = replace(_latex_config()[0].normalization_config, boxed="last", units=False)
+    return normalize_latex(f"\\boxed{{{_sci_to_latex(answer)}}}", config)
+
+
+_TEXT_WRAP = re.compile(r"\\(?:text|textbf|textit|textrm|mbox|mathrm|mathbf)\{([^{}]*)\}")
+_INT_FRAC = re.compile(r"\\frac\{\s*([+-]?[0-9]{1,50})\s*\}\{\s*([+-]?[0-9]{1,50})\s*\}")
+_MIXED = re.compile(r"(-?[0-9]{1,50})\\frac\{([0-9]{1,50})\}\{([0-9]{1,50})\}")
+_NO_VALUE = object()  # an answer the unevaluated parse could not read
+
+
+def unwrap_text(answer: str) -> str:
+    """The value inside an answer that is one text group as a whole: ``\\text{4}`` -> ``4``,
+    ``\\textbf{ 12 }`` -> ``12``; any other answer unchanged (``4\\text{ cm}`` keeps its unit)."""
+    m = _TEXT_WRAP.fullmatch(answer.strip())
+    return m.group(1).strip() if m and m.group(1).strip() else answer
+
+
+def _unevaluated(answer: str) -> Any:
+    """``answer`` read into sympy WITHOUT evaluation (``2+2`` stays ``Add(2, 2)``), by math_verify's
+    normalisation (units kept: text is read as a symbol) and latex2sympy's grammar; :data:`_NO_VALUE`
+    if it does not parse. Runs under the caller's deadline."""
+    import sympy
+    from latex2sympy2_extended import latex2sympy
+
+    mixed = _MIXED.fullmatch(_normalise(answer))
+    if mixed and 0 < int(mixed.group(2)) < int(
+        mixed.group(3)
+    ):  # latex2sympy reads 2\frac{1}{2} evaluated only
+        whole, num, den = (abs(int(g)) for g in mixed.groups())
+        return sympy.Rational((whole * den + num) * (-1 if mixed.group(1).startswith("-") else 1), den)
+    latex = _normalised_latex(answer)
+    try:
+        with sympy.evaluate(False):
+            return latex2sympy(latex, is_real=True, convert_degrees=False, normalization_config=None)
+    except _Deadline:
+        raise
+    except Exception:
+        return _NO_VALUE
+
+
+def _is_literal(node: Any) -> bool:
+    """A number as it is written: an integer, a decimal, a fraction (latex2sympy reads ``\\frac{3}{4}``
+    as one ``Rational``; lowest terms are checked on the text), a reciprocal ``b^{-1}`` (the
+    denominator of ``\\frac{\\sqrt3}{3}``), a percentage, or scientific notation ``m \\times 10^{k}``."""
+    import sympy
+
+    if isinstance(node, sympy.Number):
+        return True
+    if isinstance(node, sympy.Pow) and isinstance(node.exp, sympy.Integer):
+        base = node.base
+        return isinstance(base, sympy.Integer) and (node.exp == -1 or base == 10)
+    if isinstance(node, sympy.Mul) and len(node.args) == 2:
+        a, b = node.args
+        if isinstance(b, sympy.UnevaluatedExpr) or isinstance(a, sympy.UnevaluatedExpr):
+            return True  # 50\% = 50 * (1/100)
+        return isinstance(a, sympy.Number) and _is_literal(b) and isinstance(b, sympy.Pow) and b.base == 10
+    return False
+
+
+_CALCULUS = ("Integral", "Limit", "Sum", "Product", "Derivative")
+
+
+def _restatement(expr: Any) -> str | None:
+    """The first part of ``expr`` (an unevaluated sympy tree) that is an operation on number literals
+    with a rational value (``2+2``, ``37 \\cdot 43``, ``19^2``, ``\\binom{8}{4}``, ``\\log_2 64``,
+    ``\\sqrt{16}``), or a calculus operation (integral, limit, sum, product, derivative), as text; None
+    if there is none. ``\\sqrt{2}``, ``2\\sqrt{2}``, ``12\\pi``, ``\\frac{11}{8}`` and ``-3`` are answers."""
+    import sympy
+
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, sympy.Basic):
+            if isinstance(node, (list, tuple)):
+                stack.extend(node)
+            continue
+        name = type(node).__name__
+        if name in _CALCULUS:
+            return str(node)
+        args = node.args
+        if (
+            args
+            and not isinstance(node, (sympy.UnevaluatedExpr, sympy.Set, sympy.Tuple, sympy.MatrixBase))
+            and not getattr(node, "is_Relational", False)
+            and not _is_literal(node)
+            and all(
+                isinstance(a, sympy.Number) or _is_literal(a)
+                for a in sympy.preorder_traversal(node)
+                if not a.args
+            )
+            and not node.free_symbols
+            and not node.atoms(sympy.NumberSymbol, type(sympy.I))
+        ):
+            try:
+                value = node.doit()
+            except _Deadline:
+                raise
+            except Exception:
+                return str(node)
+            if getattr(value, "is_rational", False) or isinstance(value, sympy.Float):
+                return str(node)
+            continue  # an irrational closed form (\sqrt{8}): its parts are literals
+        stack.extend(args)
+    return None
+
+
+def _unreduced_fraction(latex: str) -> str | None:
+    """The first ``\\frac{a}{b}`` of integers in ``latex`` that is not in lowest terms (or has ``b`` 0 or 1)."""
+    for m in _INT_FRAC.finditer(latex):
+        a, b = int(m.group(1)), int(m.group(2))
+        if abs(b) <= 1 or math.gcd(a, b) != 1:
+            return m.group(0)
+    return None
+
+
+_COMMAND = re.compile(r"\\[a-zA-Z]+")
+
+
+def _written_symbols(answer: str) -> set[str]:
+    """The symbols ``answer`` names as written: the content of each text group (``\\text{ cm}`` ->
+    ``cm``) and each letter outside commands and text groups (for references the unevaluated parse
+    cannot read)."""
+    latex = _normalised_latex(answer)
+    texts = {m.group(1).strip() for m in _TEXT_WRAP.finditer(latex)}
+    rest = _COMMAND.sub(" ", _TEXT_WRAP.sub(" ", latex))
+    return texts | {c for c in rest if c.isalpha()}
+
+
+def _symbols(expr: Any) -> set[str]:
+    free = getattr(expr, "free_symbols", set())
+    return {str(x) for x in free}
+
+
+@lru_cache(maxsize=8192)
+def _reference_form(gold: str) -> tuple[Any, frozenset[str], bool]:
+    """A reference's unevaluated parse (:data:`_NO_VALUE` if none), the symbols it names (as written,
+    :func:`_written_symbols`, when it does not parse), and whether it is itself unevaluated; once per
+    reference (references repeat across samples)."""
+    g = _unevaluated(gold)
+    if g is _NO_VALUE:
+        return g, frozenset(_written_symbols(gold)), True
+    unevaluated = _restatement(g) is not None or _unreduced_fraction(_normalised_latex(gold)) is not None
+    return g, frozenset(_symbols(g)), unevaluated
+
+
+def _restates(pred: str, gold: str) -> str | None:
+    """Why the (well-formed) answer ``pred`` is not paid against ``gold`` although it may equal it in
+    value, or None: it names a symbol ``gold`` lacks (a free variable, ``4+x-x``, or text after the
+    value, ``4\\text{ or 5}``, which the grammar reads as a symbol), or, unless ``gold`` is itself
+    unevaluated, it holds an unevaluated operation (:func:`_restatement`) or a fraction of integers
+    not in lowest terms. An answer ``v = value`` or ``v \\in set`` is judged by its value when ``gold``
+    is no relation. An answer that the unevaluated parse cannot read is refused when ``gold`` can be."""
+    import sympy
+
+    g, gold_symbols, gold_unevaluated = _reference_form(gold)
+    if g is _NO_VALUE:  # math_verify's verdict stands, but text and letters only as the reference has them
+        extra = _written_symbols(pred) - gold_symbols
+        return f"it names {', '.join(sorted(extra))}, which the reference does not" if extra else None
+    p = _unevaluated(pred)
+    if p is _NO_VALUE:
+        return "it does not parse as one expression"
+    if (
+        isinstance(p, sympy.Equality)
+        and isinstance(p.lhs, sympy.Symbol)
+        and not getattr(g, "is_Relational", False)
+    ):
+        p = p.rhs  # "x = 4": the value of the asked variable
+    extra = _symbols(p) - gold_symbols
+    if extra:
+        return f"it names {', '.join(sorted(extra))}, which the reference does not"
+    if not gold_unevaluated:
+        why = _restatement(p) or _unreduced_fraction(_normalised_latex(pred))
+        if why is not None:
+            return f"{why} is an unevaluated operation"
+    return None
 
 
 @lru_cache(maxsize=8192)
@@ -506,6 +696,8 @@ def _symbolic_equal(pred: str, gold: str, gold_number: Decimal | None = None) ->
     if not _well_formed(pred):
         # As math_verify's string fallback: an answer that does not parse matches by its text only.
         return _normalise(pred) == _normalise(gold) != ""
+    if _restates(pred, gold) is not None:
+        return False
     # first_match: only the whole box is read; math_verify would otherwise fall back on a part of it
     pred_parsed = parse(
         f"\\boxed{{{_sci_to_latex(pred)}}}",
@@ -537,6 +729,10 @@ def verify_math(
     (LaTeX only) and compared symbolically and numerically under a ``timeout_s`` deadline, which
     also bounds the well-formedness parse. ``\\frac{1}{2}``, ``\\dfrac12``, ``0.5`` and ``1/2`` are
     equal; so are ``2\\sqrt{2}`` and ``\\sqrt{8}``, and the same set or interval written differently.
+    A box that is one text group is read as its content (``\\text{4}``). A well-formed answer equal in
+    value still scores 0 when it restates rather than answers (:func:`_restates`: ``2+2``,
+    ``\\dbinom{8}{4}``, ``\\frac{6}{4}``, ``4+x-x``) or has text after its value that the reference
+    lacks (``4\\text{ or 5}``). A reference over :data:`MAX_REFERENCE_CHARS` is matched by its text only.
 
     ``fast_path=False`` forces the symbolic comparison (tests, benchmarks). Never raises on its
     inputs: any error, refusal or deadline scores 0.0. (A missing ``math_verify`` install raises
@@ -546,7 +742,9 @@ def verify_math(
         pred = extract_boxed(response)
         if pred is None or not isinstance(ground_truth, str) or len(pred) > MAX_ANSWER_CHARS:
             return 0.0
-        gold = ground_truth.strip()
+        if len(ground_truth) > MAX_REFERENCE_CHARS:  # never parsed: only its own text could match
+            return float(_normalise(pred) == _normalise(ground_truth.strip()) != "")
+        pred, gold = unwrap_text(pred), unwrap_text(ground_truth.strip())
         p, g = _normalise(pred), _normalise(gold)
         gd = _as_decimal(g)
         if fast_path:
@@ -568,6 +766,35 @@ def verify_math(
             return float(_symbolic_equal(pred, gold, gd))
     except (Exception, _Deadline):
         return 0.0
+
+
+_HASHES_LINE = re.compile(r"####[ \t]*([^\n]*)")
+
+
+def verify_gsm8k(response: str, ground_truth: str, timeout_s: float | None = 4.0) -> float:
+    """:func:`verify_math` for data in GSM8K's layout, which also states a final answer as ``#### n``.
+
+    With a ``\\boxed{}`` in ``response`` this is :func:`verify_math`. Without one, the text after the
+    last ``####`` up to the end of its line is the answer: thousands separators, ``$`` and a final
+    period dropped, it must be a plain number equal to ``ground_truth`` exactly (``#### 1,234`` for
+    1234, ``#### 50.0`` for 50); anything else on that line (``#### 50 or 51``, ``#### 24+26``) scores 0.
+    """
+    try:
+        if not isinstance(response, str) or not isinstance(ground_truth, str):
+            return 0.0
+        tail = response[-MAX_SCAN_CHARS:]
+        if _BOX_OPEN.search(tail) is None:
+            last = None
+            for last in _HASHES_LINE.finditer(tail):  # noqa: B007 - we want the final match
+                pass
+            if last is None:
+                return 0.0
+            answer = last.group(1).strip().replace(",", "").replace("$", "").rstrip(".").strip()
+            pd, gd = _as_decimal(answer), _as_decimal(_normalise(ground_truth.strip()).replace(",", ""))
+            return float(pd is not None and gd is not None and pd == gd)
+    except Exception:
+        return 0.0
+    return verify_math(response, ground_truth, timeout_s)
 
 
 def verify_integer(response: str, ground_truth: str) -> float:
