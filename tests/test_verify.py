@@ -743,4 +743,6 @@ def test_paper_data_refuses_restatements_and_hedges(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", FILES)
 def test_full_files_refuse_restatements_and_hedges(name):
-    assert _near_misses_paid(_truths(name)) == []
+    # DAPO's 17k rows take about an hour (0.2 s a row, 1,500 evenly spaced rows: 292 s, none paid): 600 of them
+    sample = 600 if name.startswith("dapo") else None
+    assert _near_misses_paid(_truths(name, sample)) == []
