@@ -54,7 +54,7 @@ def test_a_worker_killed_while_idle_is_replaced_and_the_next_batch_scores_right(
     """Both workers SIGKILLed between two calls: the second call used to die of BrokenPipeError writing
     to the first dead pipe; now each dead worker is restarted before it is given items, and nothing of
     the batch is lost or counted as an error."""
-    with RewardScorer("integer", workers=2) as scorer:
+    with RewardScorer("integer", workers=2, timeout_s=120) as scorer:  # no item timeout on a busy machine
         first = scorer.score(RESPONSES, TRUTHS)
         assert first.scores.tolist() == [1.0, 0.0, 1.0, 1.0] and first.errors == 0
         old = scorer.pids
@@ -71,7 +71,7 @@ def test_a_worker_killed_while_idle_is_replaced_and_the_next_batch_scores_right(
 def test_workers_ignore_sigterm_and_sigint_the_trainer_owns_their_lifetime():
     """A worker answers after SIGTERM and SIGINT were sent to it: it ignored them (it used to die of
     SIGTERM, the process group's usual stop signal)."""
-    with RewardScorer("integer", workers=2) as scorer:
+    with RewardScorer("integer", workers=2, timeout_s=120) as scorer:  # no item timeout on a busy machine
         old = scorer.pids
         for pid in old:
             os.kill(pid, signal.SIGTERM)
@@ -96,7 +96,7 @@ if __name__ == "__main__":
             time.sleep(0.005)
 
     threading.Thread(target=storm, daemon=True).start()
-    with RewardScorer("integer", workers=2) as scorer:
+    with RewardScorer("integer", workers=2, timeout_s=120) as scorer:  # no item timeout on a busy machine
         for _ in range(3):  # every restart is a new start under the storm
             for pid in scorer.pids:
                 os.kill(pid, signal.SIGKILL)
