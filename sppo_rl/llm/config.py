@@ -142,7 +142,9 @@ class LLMConfig(RunConfig):
     max_grad_norm: float = 1.0
     """Gradient clipping of actor and critic."""
     reward_fn: str = "auto"
-    """Reward: 'auto' (integer check for arithmetic, math-verify otherwise), 'integer', 'math', or 'file.py:function'
+    """Reward: 'auto' (integer check for arithmetic, math-verify otherwise), 'integer', 'math', 'boxed-or-last-number'
+    (the math verdict on a boxed answer, else the response's final number equal to a numeric reference; refuses
+    hedges like '122 or 123'; never chosen by 'auto'; sppo_rl/llm/verify.py), or 'file.py:function'
     returning a score in [0, 1] (a value outside it is refused: counted in verifier_errors, with a warning, and the
     rollout is masked out of the update as invalid): f(response, answer) -> float, or TRL's f(completions,
     **columns) -> list[float] (told apart by a parameter named 'completions'). Several, comma-separated
