@@ -7,8 +7,6 @@ Runs use the small Llama with a real BPE tokenizer and a chat template built in 
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from sppo_rl.llm.verify import last_number, verify_boxed_or_last_number
@@ -76,3 +74,228 @@ def test_the_lenient_reward_is_a_builtin_name_scored_in_a_worker_and_never_auto(
     assert res.scores.tolist() == [1.0, 0.0, 1.0, 0.0]
     _, _, auto = load_task(LLMConfig(task="arithmetic", train_size=8, val_size=2))
     assert auto == "integer"  # 'auto' keeps the strict boxed reward on boxed data
+
+
+# --------------------------------------------------------------------------------- small runs
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    from test_pretrained import build_small_llama
+
+    return build_small_llama(tmp_path_factory.mktemp("llama"))
+
+
+def _reward_file(folder, paid: int):
+    """A reward that pays the first ``paid`` responses it scores in the run (one worker process scores
+    them all; with ``eval_every=0`` only training rollouts are scored), and nothing afterwards."""
+    path = folder / f"pay_first_{paid}.py"
+    path.write_text(
+        f"CALLS = [0]\n\ndef score(response, truth):\n    CALLS[0] += 1\n    return float(CALLS[0] <= {paid})\n"
+    )
+    return f"{path}:score"
+
+
+def _cfg(tmp_path, model, name="run", **kw):
+    from sppo_rl.llm.config import LLMConfig
+
+    base = dict(
+        task="arithmetic",
+        model=str(model),
+        algo="sppo",
+        steps=6,
+        prompts_per_step=4,
+        train_size=64,
+        val_size=2,
+        eval_samples=1,
+        eval_every=0,
+        max_new_tokens=4,
+        actor_lr=1e-2,
+        critic_lr=1e-2,
+        out_dir=str(tmp_path / name),
+        progress=False,
+        tensorboard=False,
+        threads=1,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    base.update(kw)
+    return LLMConfig(**base)
+
+
+def _weights(module):
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def _moved(before, module) -> bool:
+    import torch
+
+    return any(not torch.equal(before[k], v) for k, v in module.state_dict().items())
+
+
+def _one_update(cfg):
+    from sppo_rl.llm.trainer import LLMRun
+
+    run = LLMRun(cfg)
+    try:
+        critic_module = run.critic_engine.module if run.critic_engine is not None else None
+        actor = _weights(run.actor_engine.module)
+        critic = _weights(critic_module) if critic_module is not None else None
+        row = run.update()
+        critic_moved = _moved(critic, critic_module) if critic_module is not None else None
+        return row, _moved(actor, run.actor_engine.module), critic_moved
+    finally:
+        run.close()
+
+
+def test_sppo_leaves_the_actor_alone_on_all_zero_rewards_and_still_trains_the_critic(tmp_path, llama):
+    zero, one = _reward_file(tmp_path, 0), _reward_file(tmp_path, 1)
+    row, actor_moved, critic_moved = _one_update(_cfg(tmp_path, llama, "zero", reward_fn=zero))
+    assert row["reward_mean"] == 0.0 and row["rewards_all_equal"] == 1 and row["actor_skipped"] == 1
+    assert not actor_moved and critic_moved
+    # one success in the batch: the rewards differ, the actor takes its step
+    row, actor_moved, critic_moved = _one_update(_cfg(tmp_path, llama, "one", reward_fn=one))
+    assert row["reward_mean"] == 0.25 and row["rewards_all_equal"] == 0 and row["actor_skipped"] == 0
+    assert actor_moved and critic_moved
+    # the former behaviour, asked for: A = R - V = -V on every row moves the actor blindly
+    old = _cfg(tmp_path, llama, "old", reward_fn=zero, skip_equal_rewards=False)
+    row, actor_moved, _ = _one_update(old)
+    assert row["actor_skipped"] == 0 and actor_moved
+
+
+def test_ppo_and_remax_skip_equal_rewards_too(tmp_path, llama):
+    zero = _reward_file(tmp_path, 0)
+    for algo in ("ppo", "remax"):  # GAE's A = R - V and ReMax's R - R_greedy, with every R = R_greedy = 0
+        row, actor_moved, critic_moved = _one_update(_cfg(tmp_path, llama, algo, algo=algo, reward_fn=zero))
+        assert row["rewards_all_equal"] == 1 and row["actor_skipped"] == 1 and not actor_moved, algo
+        assert critic_moved is (True if algo == "ppo" else None), algo
+
+
+def test_outcomes_equal_over_valid_rows():
+    import torch
+
+    from sppo_rl.agents.learner import outcomes_equal
+
+    R = torch.tensor([0.0, 0.0, 1.0])
+    assert not outcomes_equal(R)
+    assert outcomes_equal(R, torch.tensor([True, True, False]))  # the differing row is invalid
+    assert outcomes_equal(torch.tensor([0.3, 0.3]))  # equal, not only zero
+    assert outcomes_equal(R, torch.tensor([False, False, False]))  # nothing valid: nothing to learn
+
+
+# ------------------------------------------------------------------------------- critic init
+
+
+def test_init_critic_bias_is_the_logit_of_the_success_rate(tmp_path, llama):
+    import torch
+
+    from sppo_rl.agents.learner import LOCAL
+    from sppo_rl.llm.models import SequenceCritic
+    from sppo_rl.llm.trainer import init_critic_bias
+
+    critic = SequenceCritic.from_backbone(llama)
+    R = torch.tensor([1.0] * 3 + [0.0] * 47)  # p0 = 3 / 50 = 0.06
+    valid = torch.ones(50, dtype=torch.bool)
+    assert init_critic_bias(critic, R, valid, LOCAL) == pytest.approx(0.06)
+    assert float(critic.head.bias.detach()) == pytest.approx(-2.7515, abs=1e-4)  # log(0.06 / 0.94)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    assert float(torch.sigmoid(critic(ids, torch.ones_like(ids)))) == pytest.approx(0.06, abs=2e-3)
+    # invalid rows do not count: 3 successes among 4 valid rows
+    valid[4:] = False
+    assert init_critic_bias(critic, R, valid, LOCAL) == pytest.approx(0.75)
+    # all zero is clipped to 0.01: a finite logit, log(0.01 / 0.99) = -4.5951
+    assert init_critic_bias(critic, torch.zeros(4), torch.ones(4, dtype=torch.bool), LOCAL) == 0.0
+    assert float(critic.head.bias.detach()) == pytest.approx(-4.5951, abs=1e-4)
+
+
+def test_sppo_starts_its_critic_at_the_first_batch_rate_with_a_model_and_resumes_exactly(tmp_path, llama):
+    three = _reward_file(tmp_path, 3)
+    kw = dict(reward_fn=three, prompts_per_step=50, steps=2, checkpoint_every=1)
+    from sppo_rl.llm.trainer import LLMRun
+
+    run = LLMRun(_cfg(tmp_path, llama, "init", **kw))
+    try:
+        row = run.update()
+        bias_after_1 = float(run.critic_engine.module.head.bias.detach())
+        run.save_checkpoint()
+    finally:
+        run.close()
+    assert row["reward_mean"] == pytest.approx(0.06) and row["critic_init_p0"] == pytest.approx(0.06)
+    assert row["v0_mean"] == pytest.approx(0.06, abs=2e-3)  # the critic's first prediction: p0, not 0.5
+    assert -3.5 < bias_after_1 < -2.0  # one step from -2.7515, not from 0
+    # --critic-init none (the embedded model's default under auto): the critic starts at 0.5
+    row = _one_update(_cfg(tmp_path, llama, "none", critic_init="none", **kw))[0]
+    assert "critic_init_p0" not in row and row["v0_mean"] == pytest.approx(0.5, abs=2e-3)
+    # a resumed run does not initialise again: its critic is the checkpoint's
+    resumed = LLMRun(_cfg(tmp_path, llama, "init", resume=True, **kw))
+    try:
+        assert resumed.critic_init_p0 == pytest.approx(0.06)
+        assert float(resumed.critic_engine.module.head.bias.detach()) == bias_after_1
+        row2 = resumed.update()
+        assert "critic_init_p0" not in row2
+    finally:
+        resumed.close()
+
+
+# ------------------------------------------------------------------------------- checkpoints
+
+
+def _parity_reward(folder):
+    """A stateless reward that varies with the response (pays an even length), so that the actor moves."""
+    path = folder / "parity.py"
+    path.write_text("def score(response, truth):\n    return float(len(response) % 2 == 0)\n")
+    return f"{path}:score"
+
+
+def _folder_bytes(folder):
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _final_actor(out):
+    from safetensors.torch import load_file
+
+    return load_file(str(next((out / "final" / "actor").glob("*.safetensors"))))
+
+
+def test_keep_checkpoints_resume_is_bit_identical_and_no_optimizer_state_is_smaller(tmp_path, llama):
+    import torch
+
+    from sppo_rl.llm.trainer import LLMRun, run_llm
+    from sppo_rl.runtime import read_metrics
+    from sppo_rl.runtime.run import RunError
+
+    kw = dict(reward_fn=_parity_reward(tmp_path), checkpoint_every=1, keep_checkpoints=1, steps=6)
+    whole = _cfg(tmp_path, llama, "whole", **kw)
+    run_llm(whole)
+    ckpts = sorted(p.name for p in (tmp_path / "whole" / "checkpoints").iterdir())
+    assert ckpts == ["ckpt-000000006"]  # 6 saves, each deleting the one before once it verified
+    rows = read_metrics(tmp_path / "whole" / "metrics.jsonl")
+    assert any(
+        r.get("actor_skipped") == 0 for r in rows
+    )  # the actor did move: the comparison means something
+    # 3 updates, then resumed to 6 from the one checkpoint kept: the same weights, bit for bit
+    run_llm(_cfg(tmp_path, llama, "split", **{**kw, "steps": 3}))
+    assert sorted(p.name for p in (tmp_path / "split" / "checkpoints").iterdir()) == ["ckpt-000000003"]
+    run_llm(_cfg(tmp_path, llama, "split", resume=True, **kw))
+    a, b = _final_actor(tmp_path / "whole"), _final_actor(tmp_path / "split")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with_adam = _folder_bytes(tmp_path / "whole" / "checkpoints" / "ckpt-000000006")
+
+    # without the optimizer states: about a third of the size (weights only, Adam's two moments gone)
+    lean = _cfg(tmp_path, llama, "lean", optimizer_state=False, **{**kw, "steps": 2})
+    run_llm(lean)
+    ckpt = tmp_path / "lean" / "checkpoints" / "ckpt-000000002"
+    state = torch.load(ckpt / "actor" / "engine.pt", weights_only=True)
+    assert "optimizer" not in state and "module" in state
+    assert _folder_bytes(ckpt) < 0.45 * with_adam
+    # resuming it would not be exact: refused before anything is written, unless asked for
+    metrics = (tmp_path / "lean" / "metrics.jsonl").read_bytes()
+    with pytest.raises(RunError, match="--resume-without-optimizer"):
+        LLMRun(_cfg(tmp_path, llama, "lean", optimizer_state=False, resume=True, **{**kw, "steps": 3}))
+    assert (tmp_path / "lean" / "metrics.jsonl").read_bytes() == metrics
+    run_llm(
+        _cfg(
+            tmp_path, llama, "lean", optimizer_state=False, resume=True, resume_without_optimizer=True,
+            **{**kw, "steps": 3},
+        )
+    )  # fmt: skip
+    assert [r["step"] for r in read_metrics(tmp_path / "lean" / "metrics.jsonl") if r["step"] > 0][-1] == 3
