@@ -307,7 +307,7 @@ def outcomes_equal(
     """Whether every valid row's outcome in ``outcomes`` ``[B]`` is the same over every rank:
     ``max R - min R <= tol`` (True when no row is valid).
 
-    The LLM trainer then leaves the actor alone (``actor_skipped``; ``--update-on-equal-rewards`` turns
+    The LLM trainer then leaves the actor alone (``actor_skipped``; ``--no-skip-equal-rewards`` turns
     this off): equal outcomes carry no information about which response is better, yet a critic's
     ``A = R - V`` is non-zero (SPPO with every ``R = 0`` and ``V = 0.3`` gives ``A = -0.3`` to every
     response, pushing whatever was sampled down), as is ReMax's ``R - R_greedy`` when the greedy

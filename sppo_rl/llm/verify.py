@@ -28,7 +28,9 @@ Work is bounded on any input:
   run scoring in :class:`sppo_rl.llm.reward.RewardScorer`, whose worker process is killed on a hang.
 
 Every verifier returns ``1.0`` (correct) or ``0.0`` (wrong, unparsable, or refused) and never raises on
-an untrusted response.
+an untrusted response. :func:`verify_boxed_or_last_number` (``--reward-fn boxed-or-last-number``, explicit
+only) is :func:`verify_math` on a response with a box and, without one, compares the response's final
+number (:func:`last_number`: hedges such as ``122 or 123`` refused) with a numeric reference exactly.
 """
 
 from __future__ import annotations
