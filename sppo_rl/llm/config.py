@@ -225,7 +225,7 @@ class LLMConfig(RunConfig):
     """A success (BCE) critic's value head on a fresh run: 'first-batch' sets its bias to logit(clip(p0, 0.01,
     0.99)), p0 the first batch's mean reward, before the first update (so V starts near the success rate, not at
     0.5); 'none' keeps the head's own (bias 0); 'auto': first-batch with --model (a named or folder model), none
-    for the embedded tiny model (whose documented results predate it)."""
+    for the embedded tiny model (whose documented results predate it). --engine torch only."""
 
     def validate(self) -> None:
         """Resolve ``max_new_tokens`` left at None to the task's default (:func:`default_max_new_tokens`),

@@ -899,12 +899,11 @@ class LLMRun:
         """``--critic-init`` resolved: a success (BCE) critic's head, on a fresh run (see LLMConfig)."""
         cfg = self.cfg
         mode = cfg.critic_init if cfg.critic_init != "auto" else ("first-batch" if cfg.model else "none")
-        zero3 = cfg.engine == "deepspeed" and cfg.zero_stage == 3  # the head's bias is a shard there
-        return (
+        return (  # DeepSpeed holds its own copy (ZeRO's fp32 partitions) of the head it would overwrite
             mode == "first-batch"
             and self.critic_engine is not None
             and self.algo.critic_loss == "bce"
-            and not zero3
+            and cfg.engine == "torch"
         )
 
     def _optimise(
