@@ -65,7 +65,7 @@ def _commands() -> dict[str, tuple[type, Callable[[object], object]]]:
     }
 
 
-RECIPE_BUILTIN_REWARDS = ("auto", "math", "integer")
+RECIPE_BUILTIN_REWARDS = ("auto", "math", "integer", "boxed-or-last-number")
 
 UNSAFE_RECIPE_FIELDS: dict[str, str] = {
     "out_dir": "writes there",
@@ -86,7 +86,7 @@ UNSAFE_RECIPE_FIELDS: dict[str, str] = {
 """Fields a recipe file may not set (it holds hyperparameters only), with what each would do; read
 from a recipe only when the user passes the same field on the command line (whose value wins) or
 ``--trust-recipe``. A value that does nothing of the kind passes: ``overwrite``/``resume``/``wandb``
-false, a built-in ``reward_fn`` (auto, math, integer), ``task`` without ``module:`` (a data file or a
+false, a built-in ``reward_fn`` (auto, math, integer, boxed-or-last-number), ``task`` without ``module:`` (a data file or a
 generated task), ``wandb_mode`` offline, ``critic_model`` ``"none"``."""
 
 

@@ -72,6 +72,9 @@ def _args(tiny: Path, out: Path) -> list[str]:
         "--threads",
         "1",
         "--no-tensorboard",
+        "--critic-init",  # torch-engine only: the one-process reference would start from another head
+        "none",
+        "--no-skip-equal-rewards",  # the untrained model may score all 0; the weights must move
     ]
 
 

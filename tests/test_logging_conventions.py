@@ -75,6 +75,7 @@ def test_llm_run_logs_verl_tags_over_update_steps(tmp_path, tiny):
         task="arithmetic", model=str(tiny), algo="sppo", steps=2, prompts_per_step=4, train_size=64,
         val_size=8, eval_samples=2, eval_every=1, max_new_tokens=8, out_dir=str(tmp_path / "run"),
         progress=False, tensorboard=True, threads=1, cache_dir=str(tmp_path / "cache"),
+        skip_equal_rewards=False,  # the untrained model may score all 0: the actor's tags must still appear
     )  # fmt: skip
     run_llm(cfg)
     scalars = _tb_scalars(tmp_path / "run" / "tb")

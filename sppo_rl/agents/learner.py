@@ -19,6 +19,7 @@ loss, the gradient and the weights after the update equal those of one unsplit b
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Protocol
@@ -298,6 +299,24 @@ def group_stats_summary(batch: SequenceBatch, dist: Reducer = LOCAL) -> dict[str
         "length_adv_pos": sums[6] / max(sums[7], 1.0),
         "length_adv_neg": sums[8] / max(sums[9], 1.0),
     }
+
+
+def outcomes_equal(
+    outcomes: Tensor, valid: Tensor | None = None, dist: Reducer = LOCAL, tol: float = 1e-9
+) -> bool:
+    """Whether every valid row's outcome in ``outcomes`` ``[B]`` is the same over every rank:
+    ``max R - min R <= tol`` (True when no row is valid).
+
+    The LLM trainer then leaves the actor alone (``actor_skipped``; ``--no-skip-equal-rewards`` turns
+    this off): equal outcomes carry no information about which response is better, yet a critic's
+    ``A = R - V`` is non-zero (SPPO with every ``R = 0`` and ``V = 0.3`` gives ``A = -0.3`` to every
+    response, pushing whatever was sampled down), as is ReMax's ``R - R_greedy`` when the greedy
+    rollout scored differently; group methods already give every equal group ``A = 0``."""
+    keep = outcomes.float() if valid is None else outcomes.float()[valid.bool()]
+    hi, neg_lo = dist.all_max(
+        [float(keep.max()) if keep.numel() else -math.inf, float(-keep.min()) if keep.numel() else -math.inf]
+    )
+    return not (hi > -math.inf) or hi + neg_lo <= tol
 
 
 def ppo_update(

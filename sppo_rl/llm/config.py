@@ -142,7 +142,9 @@ class LLMConfig(RunConfig):
     max_grad_norm: float = 1.0
     """Gradient clipping of actor and critic."""
     reward_fn: str = "auto"
-    """Reward: 'auto' (integer check for arithmetic, math-verify otherwise), 'integer', 'math', or 'file.py:function'
+    """Reward: 'auto' (integer check for arithmetic, math-verify otherwise), 'integer', 'math', 'boxed-or-last-number'
+    (the math verdict on a boxed answer, else the response's final number equal to a numeric reference; refuses
+    hedges like '122 or 123'; never chosen by 'auto'; sppo_rl/llm/verify.py), or 'file.py:function'
     returning a score in [0, 1] (a value outside it is refused: counted in verifier_errors, with a warning, and the
     rollout is masked out of the update as invalid): f(response, answer) -> float, or TRL's f(completions,
     **columns) -> list[float] (told apart by a parameter named 'completions'). Several, comma-separated
@@ -207,7 +209,23 @@ class LLMConfig(RunConfig):
     checkpoint_every: int = 20
     """Save a checkpoint every this many updates (and at the end and on SIGTERM / Ctrl-C)."""
     keep_checkpoints: int = 2
-    """How many checkpoints to keep."""
+    """How many checkpoints to keep: the older ones are deleted once a new one is published and verified
+    against its checksums (1 is safe: the previous one stays until then)."""
+    optimizer_state: bool = True
+    """Save the actor's and critic's optimizer states (Adam: twice the weights) in each checkpoint.
+    --no-optimizer-state: a checkpoint a third the size, but resuming it restarts Adam's moments (not exact):
+    --resume refuses it unless --resume-without-optimizer."""
+    resume_without_optimizer: bool = False
+    """Allow --resume from a checkpoint written with --no-optimizer-state (fresh optimizer states)."""
+    skip_equal_rewards: bool = True
+    """Leave the actor alone (actor_skipped 1; the critic still trains) in an update whose valid rewards, the
+    greedy baselines' included, are all equal, e.g. all 0: they rank no response above another, yet a critic's
+    A = R - V is non-zero. --no-skip-equal-rewards: update on them anyway."""
+    critic_init: Literal["auto", "first-batch", "none"] = "auto"
+    """A success (BCE) critic's value head on a fresh run: 'first-batch' sets its bias to logit(clip(p0, 0.01,
+    0.99)), p0 the first batch's mean reward, before the first update (so V starts near the success rate, not at
+    0.5); 'none' keeps the head's own (bias 0); 'auto': first-batch with --model (a named or folder model), none
+    for the embedded tiny model (whose documented results predate it). --engine torch only."""
 
     def validate(self) -> None:
         """Resolve ``max_new_tokens`` left at None to the task's default (:func:`default_max_new_tokens`),

@@ -184,7 +184,7 @@ class TrainEngine(Protocol):
 
     def step(self) -> float: ...
 
-    def save(self, folder: Path) -> None: ...
+    def save(self, folder: Path, optimizer: bool = True) -> None: ...
 
     def load(self, folder: Path) -> None: ...
 
@@ -215,14 +215,15 @@ class TorchEngine(CoreTorchEngine):
     def _trainable(self) -> dict[str, Tensor]:
         return {n: p.detach() for n, p in self.module.named_parameters() if p.requires_grad}
 
-    def save(self, folder: Path) -> None:
-        """``engine.pt``: the module's state (with LoRA: its trainable tensors only) and the optimizer's."""
+    def save(self, folder: Path, optimizer: bool = True) -> None:
+        """``engine.pt``: the module's state (with LoRA: its trainable tensors only) and, unless
+        ``optimizer`` is false, the optimizer's (AdamW: two tensors per weight)."""
         folder.mkdir(parents=True, exist_ok=True)
         module = self._trainable() if self.lora else self.module.state_dict()
-        torch_save(
-            {"module": module, "optimizer": self.optimizer.state_dict(), "trainable_only": self.lora},
-            folder / "engine.pt",
-        )
+        state = {"module": module, "trainable_only": self.lora}
+        if optimizer:
+            state["optimizer"] = self.optimizer.state_dict()
+        torch_save(state, folder / "engine.pt")
 
     def load(self, folder: Path) -> None:
         state = torch_load(folder / "engine.pt")
@@ -241,7 +242,8 @@ class TorchEngine(CoreTorchEngine):
             self.module.load_state_dict(state["module"], strict=False)
         else:
             self.module.load_state_dict(state["module"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if "optimizer" in state:  # absent: saved without it (--no-optimizer-state); fresh moments
+            self.optimizer.load_state_dict(state["optimizer"])
 
     def full_state_items(self) -> Iterator[tuple[str, Tensor]]:
         if self.lora:
@@ -347,8 +349,9 @@ class DeepSpeedEngine:
         gn = self.engine.get_global_grad_norm()
         return float(gn) if gn is not None else 0.0
 
-    def save(self, folder: Path) -> None:
-        """Every rank's ZeRO shard (with LoRA: the frozen base weights left out)."""
+    def save(self, folder: Path, optimizer: bool = True) -> None:
+        """Every rank's ZeRO shard (with LoRA: the frozen base weights left out), optimizer states
+        always (the trainer refuses --no-optimizer-state with DeepSpeed)."""
         self.engine.save_checkpoint(
             str(folder), tag="ds", save_latest=False, exclude_frozen_parameters=self.lora
         )

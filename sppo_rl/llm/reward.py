@@ -28,7 +28,8 @@ Each worker's address space may grow by ``memory_limit_mb`` beyond what it holds
 function (Linux/macOS ``RLIMIT_AS``).
 
 The reward function is ``"math"`` (:func:`sppo_rl.llm.verify.verify_math`), ``"integer"``
-(:func:`sppo_rl.llm.verify.verify_integer`), a path ``"path/to/file.py:function"``, a module
+(:func:`sppo_rl.llm.verify.verify_integer`), ``"boxed-or-last-number"``
+(:func:`sppo_rl.llm.verify.verify_boxed_or_last_number`), a path ``"path/to/file.py:function"``, a module
 ``"package.module:function"``, or a picklable module-level callable. The worker tells its calling
 convention from its signature (:func:`call_style`):
 
@@ -91,7 +92,7 @@ from typing import Any
 
 import numpy as np
 
-BUILTIN = ("math", "integer")
+BUILTIN = ("math", "integer", "boxed-or-last-number")
 MAX_ERROR_SAMPLES = 5
 
 
@@ -278,11 +279,14 @@ def _load_all(kind: str, spec: Any, inner_timeout_s: float) -> list[tuple[Callab
 def _load(kind: str, spec: Any, inner_timeout_s: float) -> Callable[[str, str], Any]:
     """Inside the worker: the callable the spec names."""
     if kind == "builtin":
-        from sppo_rl.llm.verify import verify_integer, verify_math, warm_up
+        from sppo_rl.llm.verify import verify_boxed_or_last_number, verify_integer, verify_math, warm_up
 
         if spec == "math":
             warm_up()
             return partial(verify_math, timeout_s=inner_timeout_s)
+        if spec == "boxed-or-last-number":
+            warm_up()
+            return partial(verify_boxed_or_last_number, timeout_s=inner_timeout_s)
         return verify_integer
     if kind == "pickled":
         fn = pickle.loads(spec)

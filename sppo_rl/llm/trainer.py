@@ -52,6 +52,7 @@ from sppo_rl.agents.algorithms import (
     with_algorithm_defaults,
 )
 from sppo_rl.agents.batch import overlong_penalty
+from sppo_rl.agents.learner import outcomes_equal
 from sppo_rl.llm.completions import CompletionLog
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.data import Example, fit_prompts, render_prompt
@@ -124,6 +125,26 @@ class _Round:
     baseline_valid: Tensor | None  # [rows] bool
     errors: int
     kinds: Tensor | None = None  # [prompts] index into GROUP_KINDS (dynamic sampling only)
+
+
+CRITIC_INIT_CLIP = 0.01
+"""``--critic-init first-batch`` clips the first batch's success rate to ``[0.01, 0.99]`` (a batch of
+all 0 or all 1 would otherwise ask for an infinite logit)."""
+
+
+def init_critic_bias(critic: Any, rewards: Tensor, valid: Tensor, dist: Any) -> float:
+    """Set the value head's bias of a success critic to ``logit(clip(p0, c, 1 - c))``, ``p0`` the mean
+    reward over the valid rows of every rank, ``c`` :data:`CRITIC_INIT_CLIP`; returns ``p0``. The head's
+    weights (``N(0, 1e-3^2)``) are kept, so ``sigmoid(V)`` starts within about 1e-3 of ``p0`` on every
+    prompt. E.g. ``p0 = 0.06``: bias ``log(0.06 / 0.94) = -2.7515``."""
+    import math
+
+    total, n = dist.all_sum([float((rewards * valid).sum()), float(valid.sum())])
+    p0 = total / max(n, 1.0)
+    p = min(max(p0, CRITIC_INIT_CLIP), 1.0 - CRITIC_INIT_CLIP)
+    with torch.no_grad():
+        critic.head.bias.fill_(math.log(p / (1.0 - p)))
+    return p0
 
 
 def _cat_rows(parts: list[tuple[RolloutBatch, Tensor]], pad_id: int, prompt_index: Tensor) -> RolloutBatch:
@@ -208,6 +229,8 @@ class LLMRun:
                 cfg.zero_stage, cfg.max_grad_norm, cfg.offload, getattr(torch, cfg.dtype)
             )  # validates
             self.dist = init_process_group(cfg.collective_timeout, always=True)
+            if not cfg.optimizer_state:
+                raise RunError("--no-optimizer-state: not with --engine deepspeed (its shards hold them)")
         check_model_paths(cfg)  # and the data and the reward function: all before the run folder
         if cfg.lora_rank:  # LoRA targets against the models' config.json (no weights read)
             try:
@@ -323,6 +346,7 @@ class LLMRun:
         self.step_idx = 0
         self.elapsed = 0.0
         self.generated_tokens = 0
+        self.critic_init_p0: float | None = None  # --critic-init first-batch: the p0 it used
         self.ckpts = CheckpointManager(self.out / "checkpoints", keep=cfg.keep_checkpoints)
         ckpt = None
         if cfg.resume:  # the newest intact checkpoint (damaged ones skipped with a warning; none: refused)
@@ -466,9 +490,9 @@ class LLMRun:
 
     def save_checkpoint(self) -> Path:
         def write(folder: Path) -> None:
-            self.actor_engine.save(folder / "actor")
+            self.actor_engine.save(folder / "actor", optimizer=self.cfg.optimizer_state)
             if self.critic_engine is not None:
-                self.critic_engine.save(folder / "critic")
+                self.critic_engine.save(folder / "critic", optimizer=self.cfg.optimizer_state)
             if self.dist.main:
                 torch_save(
                     {
@@ -478,14 +502,25 @@ class LLMRun:
                         "step": self.step_idx,
                         "elapsed": self.elapsed,
                         "generated_tokens": self.generated_tokens,
+                        "critic_init_p0": self.critic_init_p0,
                     },
                     folder / "state.pt",
                 )
 
-        meta = {"metrics_bytes": self.logger.position(), "algo": self.algo.name, "ranks": self.dist.world}
+        meta = {
+            "metrics_bytes": self.logger.position(),
+            "algo": self.algo.name,
+            "ranks": self.dist.world,
+            "optimizer_state": self.cfg.optimizer_state,
+        }
         return self.ckpts.save(self.step_idx, write, meta)
 
     def load_checkpoint(self, ckpt: Path) -> None:
+        if read_meta(ckpt).get("optimizer_state", True) is False and not self.cfg.resume_without_optimizer:
+            raise RunError(
+                f"--resume: {ckpt} was saved with --no-optimizer-state, so the resumed run would restart "
+                "Adam's moments and differ from an uninterrupted one; pass --resume-without-optimizer to accept that"
+            )
         if read_meta(ckpt).get("ranks", 1) != self.dist.world and self.cfg.engine == "deepspeed":
             raise RunError(f"{ckpt} was written by {read_meta(ckpt).get('ranks')} ranks; resume with as many")
         self.actor_engine.load(ckpt / "actor")
@@ -496,6 +531,7 @@ class LLMRun:
         self.order = list(s["order"])
         torch.set_rng_state(s["torch_rng"])
         self.step_idx, self.elapsed, self.generated_tokens = s["step"], s["elapsed"], s["generated_tokens"]
+        self.critic_init_p0 = s.get("critic_init_p0")
         self.sync_rollout()
 
     # ------------------------------------------------------------------------------------- one update
@@ -684,6 +720,10 @@ class LLMRun:
         # takes logp.detach() of its training pass, unless the estimator or a KL reward needs it first
         kl_reward = self.ref is not None and cfg.kl_in == "reward"
         fused = cfg.epochs * cfg.minibatches == 1 and not req.logprobs and not kl_reward
+        if self.step_idx == 0 and self.critic_init_p0 is None and self._critic_init_wanted():
+            self.critic_init_p0 = init_critic_bias(
+                self.critic_engine.module, R, valid, self.dist.on(self.device)
+            )
         with torch.no_grad():
             self.actor_engine.module.eval()
             logp_old = (
@@ -702,12 +742,10 @@ class LLMRun:
                 ).float()
         R = R.to(self.device)
         token_rewards = terminal_rewards(R, mask)  # plus DAPO's soft overlong punishment, if on
-        token_rewards += terminal_rewards(
-            overlong_penalty(
-                rb.response_lengths, cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty
-            ),
-            mask,
-        )
+        penalty = overlong_penalty(
+            rb.response_lengths, cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty
+        ).to(R.device)
+        token_rewards += terminal_rewards(penalty, mask)
         kl_tok = kl_penalty(logp_old, ref_logp, cfg.kl_estimator) * mask if kl_reward else None
         if kl_tok is not None:
             token_rewards = token_rewards - cfg.kl_coef * kl_tok
@@ -730,7 +768,15 @@ class LLMRun:
             batch.loss_mask = batch.loss_mask * (~cut).to(batch.mask.dtype)[:, None]
             batch.advantages = batch.advantages * batch.loss_mask
         lr = self._schedule_lr()
-        stats = self._optimise(rb, batch, cost)
+        outcomes, outcome_valid = (R + penalty).float(), valid.to(self.device)
+        if baseline is not None:  # ReMax: the greedy rollouts' rewards are outcomes too
+            outcomes = torch.cat([outcomes, baseline.to(self.device).float()])
+            outcome_valid = torch.cat([outcome_valid, outcome_valid])  # valid rows have a valid baseline
+        equal = outcomes_equal(outcomes, outcome_valid, self.dist.on(self.device))
+        stats = self._optimise(rb, batch, cost, skip=cfg.skip_equal_rewards and equal)
+        stats["rewards_all_equal"] = int(equal)
+        if self.critic_init_p0 is not None and self.step_idx == 0:
+            stats["critic_init_p0"] = self.critic_init_p0
         if latent_invalid is not None:
             stats["latent_invalid"] = self.dist.all_sum([float(latent_invalid)], self.device)[0]
         if cfg.overlong_filter:
@@ -849,7 +895,20 @@ class LLMRun:
             set_lr(self.critic_engine.optimizer, cfg.critic_lr * f)
         return cfg.actor_lr * f
 
-    def _optimise(self, rb: RolloutBatch, batch: SequenceBatch, cost: Tensor) -> dict[str, Any]:
+    def _critic_init_wanted(self) -> bool:
+        """``--critic-init`` resolved: a success (BCE) critic's head, on a fresh run (see LLMConfig)."""
+        cfg = self.cfg
+        mode = cfg.critic_init if cfg.critic_init != "auto" else ("first-batch" if cfg.model else "none")
+        return (  # DeepSpeed holds its own copy (ZeRO's fp32 partitions) of the head it would overwrite
+            mode == "first-batch"
+            and self.critic_engine is not None
+            and self.algo.critic_loss == "bce"
+            and cfg.engine == "torch"
+        )
+
+    def _optimise(
+        self, rb: RolloutBatch, batch: SequenceBatch, cost: Tensor, skip: bool = False
+    ) -> dict[str, Any]:
         cfg = self.cfg
         actor = self.actor_engine.module
         critic = self.critic_engine.module if self.critic_engine is not None else None
@@ -864,7 +923,7 @@ class LLMRun:
             self.actor_engine,
             self._rows(rb, critic, False) if critic is not None else None,
             self.critic_engine,
-            train_actor=self.step_idx >= cfg.critic_warmup,
+            train_actor=self.step_idx >= cfg.critic_warmup and not skip,
             generator=torch.Generator().manual_seed(cfg.seed * 7919 + self.step_idx),
             cost=cost,
             dist=self.dist.on(self.device),

@@ -28,7 +28,9 @@ Work is bounded on any input:
   run scoring in :class:`sppo_rl.llm.reward.RewardScorer`, whose worker process is killed on a hang.
 
 Every verifier returns ``1.0`` (correct) or ``0.0`` (wrong, unparsable, or refused) and never raises on
-an untrusted response.
+an untrusted response. :func:`verify_boxed_or_last_number` (``--reward-fn boxed-or-last-number``, explicit
+only) is :func:`verify_math` on a response with a box and, without one, compares the response's final
+number (:func:`last_number`: hedges such as ``122 or 123`` refused) with a numeric reference exactly.
 """
 
 from __future__ import annotations
@@ -812,3 +814,104 @@ def verify_integer(response: str, ground_truth: str) -> float:
         return 0.0
     value = _as_int(pred.replace(" ", ""))
     return float(value is not None and value == gold)
+
+
+# ---------------------------------------------------------------------------- lenient: last number
+
+LENIENT_REWARD = "boxed-or-last-number"
+"""``--reward-fn`` name of :func:`verify_boxed_or_last_number` (explicit only: never an ``auto`` choice)."""
+
+_NUMBER_RUN = re.compile(r"[0-9]+(?:[.,][0-9]+)*")
+_PLAIN_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?|[0-9]{1,3}(?:,[0-9]{3})+(?:\.[0-9]+)?")
+_MINUS = ("-", "\u2212")
+# the text between the last two numbers that makes them alternatives: 122 or 123, 122, 123, 122/123, 12-13
+_HEDGE_GAP = re.compile(
+    r"(?:.*\bor\b.*|[\s,;/&~\-\u2212\u2013]*|\s*(?:to|and|and/or)\s*)", re.IGNORECASE | re.DOTALL
+)
+_GLUED_BEFORE = re.compile(r"[A-Za-z_^\\/.]")  # x2, a_2, 2^3, \frac..., 1/2, .5
+_GLUED_AFTER = re.compile(r"[A-Za-z_^/]")  # 2x, 2_b, 2^3, 1/2
+_OPERATOR_AFTER = re.compile(r"\s*[+*/^=\u00d7\u00f7\-\u2212]")
+
+
+def last_number(text: str) -> Decimal | None:
+    """The final number of ``text`` as an exact ``Decimal``, or None when there is none or it is not a
+    clean answer. Only the last :data:`MAX_SCAN_CHARS` characters are read; no expression is evaluated.
+
+    The final number is the last maximal run of digits, ``.`` and ``,`` (``1,234.5``). It must be a
+    plain decimal (``122``, ``122.0``, thousands grouped by commas in threes: ``1,234``) of at most
+    :data:`MAX_INT_DIGITS` characters, standing alone: no letter, ``_``, ``^``, ``\\``, ``/`` or ``.``
+    glued before it (``x2``, ``2^3``, ``1/2``), no letter, ``_``, ``^`` or ``/`` glued after it
+    (``2x``), and no operator after it (``122 + 1``: the answer is not finished). A ``-`` (or U+2212)
+    right before it is its sign when no digit, letter or closing bracket precedes that sign
+    (``= -7`` is -7, ``12-7`` is 7). It is refused (None) as a hedge when the text between it and the
+    previous number holds the word ``or``, or only separators (commas, ``;``, ``/``, ``&``, ``~``,
+    dashes), ``to``, ``and`` or ``and/or``, and the two numbers differ: ``122 or 123``,
+    ``122, 123``, ``between 120 and 125``. ``59 + 63 = 122`` gives 122; ``The answer is 122.`` gives 122.
+    """
+    if not isinstance(text, str):
+        return None
+    tail = text[-MAX_SCAN_CHARS:]
+    runs = list(_NUMBER_RUN.finditer(tail))
+    if not runs:
+        return None
+    last = runs[-1]
+    value = _signed_number(tail, last)
+    if value is None:
+        return None
+    start = last.start() - (1 if _is_signed(tail, last.start()) else 0)
+    if _OPERATOR_AFTER.match(tail, last.end()):
+        return None
+    if len(runs) > 1:
+        prev = runs[-2]
+        gap = tail[prev.end() : start]
+        if _HEDGE_GAP.fullmatch(gap):
+            other = _signed_number(tail, prev)
+            if other is None or other != value:
+                return None
+    return value
+
+
+def _is_signed(text: str, start: int) -> bool:
+    """Whether a minus sign at ``start - 1`` is the sign of the number starting at ``start``."""
+    if start == 0 or text[start - 1] not in _MINUS:
+        return False
+    before = text[start - 2] if start >= 2 else " "
+    return not (before.isalnum() or before in ")]}")
+
+
+def _signed_number(text: str, run: re.Match[str]) -> Decimal | None:
+    """The number ``run`` matched in ``text``, with its sign, if it stands alone (see :func:`last_number`)."""
+    digits = run.group(0)
+    if len(digits) > MAX_INT_DIGITS or not _PLAIN_NUMBER.fullmatch(digits):
+        return None
+    s, e = run.start(), run.end()
+    signed = _is_signed(text, s)
+    before = text[s - 2 if signed else s - 1] if s - (2 if signed else 1) >= 0 else ""
+    if not signed and before and _GLUED_BEFORE.match(before):
+        return None
+    if e < len(text) and _GLUED_AFTER.match(text[e]):
+        return None
+    value = _EXACT.create_decimal(digits.replace(",", ""))
+    return -value if signed else value
+
+
+def verify_boxed_or_last_number(response: str, ground_truth: str, timeout_s: float | None = 5.0) -> float:
+    """A lenient reward for models that answer without ``\\boxed{}`` (``--reward-fn boxed-or-last-number``).
+
+    With a ``\\boxed{`` (or ``\\fbox{``) anywhere in the response's last :data:`MAX_SCAN_CHARS`
+    characters, this is exactly :func:`verify_math` (the strict rules: a box that never closes scores
+    0, and no fallback to a number elsewhere). Without one, 1.0 if :func:`last_number` of the response
+    equals ``ground_truth`` read as a plain number (``_normalise``\\ d, commas dropped: ``122``,
+    ``-7``, ``0.5``, ``1,234``) exactly, as decimals (``122.0`` pays for ``122``); a reference that is
+    no plain number (``\\frac{1}{2}``) is paid by a box only. Never raises; never evaluates the text.
+    """
+    try:
+        if not isinstance(response, str) or not isinstance(ground_truth, str):
+            return 0.0
+        if _BOX_OPEN.search(response[-MAX_SCAN_CHARS:]) is None:
+            gold = _as_decimal(_normalise(unwrap_text(ground_truth.strip())).replace(",", ""))
+            pred = last_number(response)
+            return float(gold is not None and pred is not None and pred == gold)
+    except Exception:
+        return 0.0
+    return verify_math(response, ground_truth, timeout_s)

@@ -4,7 +4,9 @@ A checkpoint is a folder ``<dir>/ckpt-<step:09d>/``. It is written under a tempo
 parent folder, every file is flushed and fsynced, ``meta.json`` is written last, and only then is the
 folder renamed into place (``os.rename`` of a folder is atomic on POSIX). A process killed at any moment
 therefore leaves either the complete new checkpoint or none of it: the previous one stays loadable.
-Leftover temporary folders are ignored and removed by the next save. The newest ``keep`` are kept.
+Leftover temporary folders are ignored and removed by the next save. The newest ``keep`` are kept: the
+older ones are deleted only after the new one is published and read back against its checksums
+(:meth:`CheckpointManager.verify`), so even ``keep = 1`` always leaves one intact checkpoint on disk.
 
 ``meta.json`` lists every other file of the checkpoint with its size and SHA-256 (``"files"``), so a
 checkpoint damaged after it was published (a truncated, zeroed or overwritten file, a deleted one) is
@@ -205,8 +207,16 @@ class CheckpointManager:
             raise
         self.next_meta = {}
         if rank == 0:
-            for old in self.published()[: -self.keep]:
-                shutil.rmtree(old, ignore_errors=True)
+            try:  # read back: the older ones go only once the new one is known intact
+                self.verify(final)
+            except CheckpointError as e:
+                print(
+                    f"[sppo-rl] warning: the checkpoint just written does not verify ({e}); the older ones are kept",
+                    file=sys.stderr,
+                )
+            else:
+                for old in self.published()[: -self.keep]:
+                    shutil.rmtree(old, ignore_errors=True)
         if world > 1:
             torch.distributed.barrier()
         return final

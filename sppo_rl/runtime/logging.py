@@ -63,6 +63,8 @@ LLM_TAGS: dict[str, str] = {
     "kl": "actor/kl",
     "loss_frac": "actor/loss_frac",
     "actor_skipped": "actor/skipped",
+    "rewards_all_equal": "reward/all_equal",
+    "critic_init_p0": "critic/init_p0",
     "value_loss": "critic/value_loss",
     "critic_bce": "critic/bce",
     "critic_grad_norm": "critic/grad_norm",

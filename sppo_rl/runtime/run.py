@@ -213,7 +213,8 @@ RESUMABLE = frozenset(
         "wandb", "wandb_mode", "wandb_project", "checkpoint_every", "keep_checkpoints", "eval_every",
         "eval_episodes", "calibration_contexts", "calibration_samples", "threads", "extra", "cache_dir",
         "reward_timeout", "collective_timeout", "wandb_entity", "wandb_group", "wandb_tags", "exp_name",
-        "log_completions_every", "reward_fail_limit", "export_adapter",
+        "log_completions_every", "reward_fail_limit", "export_adapter", "optimizer_state",
+        "resume_without_optimizer",
     }
 )  # fmt: skip
 """Settings a resumed run may change (budgets, cadence, logging, resources); any other change would

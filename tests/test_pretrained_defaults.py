@@ -1,0 +1,301 @@
+"""What a pretrained model needs (issue 25): the lenient ``boxed-or-last-number`` reward, no actor
+update when every reward of a batch is equal, SPPO's critic initialised from the first batch's success
+rate, and checkpoints that keep only the newest K and may leave out the optimizer states.
+
+Runs use the small Llama with a real BPE tokenizer and a chat template built in ``test_pretrained.py``
+(seconds each); nothing is downloaded."""
+
+from __future__ import annotations
+
+import pytest
+
+from sppo_rl.llm.verify import last_number, verify_boxed_or_last_number
+
+# ------------------------------------------------------------------------------- lenient reward
+
+
+@pytest.mark.parametrize(
+    "response, truth, paid",
+    [
+        ("59 + 63 = 122", "122", 1.0),  # the equation's result is the final number
+        ("The answer is 122.", "122", 1.0),  # a sentence's final period is no decimal point
+        ("122.0", "122", 1.0),  # equal as decimals
+        ("The total is 1,234 apples", "1234", 1.0),  # thousands grouped in threes
+        ("x = -7", "-7", 1.0),  # a sign after '=' belongs to the number
+        ("59 + 63 = 122", "123", 0.0),
+        ("122 or 123", "122", 0.0),  # a hedge: two different final numbers
+        ("122 or 123", "123", 0.0),
+        ("122, 123", "123", 0.0),
+        ("somewhere between 120 and 122", "122", 0.0),
+        ("122 (or maybe 123)", "123", 0.0),
+        ("122 or 122", "122", 1.0),  # the same number twice is no hedge
+        ("12-7", "7", 0.0),  # a range, and no sign: the '-' follows a digit
+        ("the answer is 122 + 1", "122", 0.0),  # an unfinished expression
+        ("122x", "122", 0.0),  # glued to a letter: not a number on its own
+        ("2^122", "122", 0.0),
+        ("1/122", "122", 0.0),
+        ("12,34", "1234", 0.0),  # not thousands in threes
+        ("1.2.3", "3", 0.0),
+        ("", "122", 0.0),
+        ("no digits here", "122", 0.0),
+        ("\u0661\u0662\u0662", "122", 0.0),  # other scripts' digits are not read
+        ("61*2", "122", 0.0),  # never evaluated: eval would give 122, the final number is 2
+        ("__import__('math').floor(122.9)", "122", 0.0),  # code is text: its final number is 122.9
+        ("122", "\\frac{1}{2}", 0.0),  # a non-numeric reference is paid by a box only
+        ("\\boxed{122}", "122", 1.0),  # a box is judged by the strict verifier ...
+        ("\\boxed{123} so 122", "122", 0.0),  # ... and only by it, however the text ends
+        ("\\boxed{2+120} = 122", "122", 0.0),  # the strict rules stand: a restatement scores 0
+        ("so \\boxed{122", "122", 0.0),  # an unclosed box: no fallback to the final number
+        ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}", 1.0),
+    ],
+)
+def test_boxed_or_last_number_pays_clean_final_numbers_only(response, truth, paid):
+    assert verify_boxed_or_last_number(response, truth) == paid
+
+
+def test_last_number_values_and_garbage():
+    assert last_number("59 + 63 = 122") == 122
+    assert last_number("-122") == -122
+    assert last_number("so 122.5.") == 122.5
+    assert last_number("122\n\n<|im_end|>") == 122  # a special token after it is no operator
+    assert last_number("(3)-7") == 7  # after a closing bracket '-' is subtraction, not a sign
+    assert last_number("9" * 2000) is None  # longer than MAX_INT_DIGITS: never converted
+    assert verify_boxed_or_last_number(None, "1") == 0.0  # type: ignore[arg-type]
+    assert verify_boxed_or_last_number("1", None) == 0.0  # type: ignore[arg-type]
+
+
+def test_the_lenient_reward_is_a_builtin_name_scored_in_a_worker_and_never_auto():
+    from sppo_rl.llm.config import LLMConfig
+    from sppo_rl.llm.reward import RewardScorer
+    from sppo_rl.llm.setup import load_task
+
+    with RewardScorer("boxed-or-last-number", timeout_s=10.0) as scorer:
+        res = scorer.score(["59 + 63 = 122", "122 or 123", "\\boxed{122}", "nope"], ["122"] * 4)
+    assert res.scores.tolist() == [1.0, 0.0, 1.0, 0.0]
+    _, _, auto = load_task(LLMConfig(task="arithmetic", train_size=8, val_size=2))
+    assert auto == "integer"  # 'auto' keeps the strict boxed reward on boxed data
+
+
+# --------------------------------------------------------------------------------- small runs
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    from test_pretrained import build_small_llama
+
+    return build_small_llama(tmp_path_factory.mktemp("llama"))
+
+
+def _reward_file(folder, paid: int):
+    """A reward that pays the first ``paid`` responses it scores in the run (one worker process scores
+    them all; with ``eval_every=0`` only training rollouts are scored), and nothing afterwards."""
+    path = folder / f"pay_first_{paid}.py"
+    path.write_text(
+        f"CALLS = [0]\n\ndef score(response, truth):\n    CALLS[0] += 1\n    return float(CALLS[0] <= {paid})\n"
+    )
+    return f"{path}:score"
+
+
+def _cfg(tmp_path, model, name="run", **kw):
+    from sppo_rl.llm.config import LLMConfig
+
+    base = dict(
+        task="arithmetic",
+        model=str(model),
+        algo="sppo",
+        steps=6,
+        prompts_per_step=4,
+        train_size=64,
+        val_size=2,
+        eval_samples=1,
+        eval_every=0,
+        max_new_tokens=4,
+        actor_lr=1e-2,
+        critic_lr=1e-2,
+        out_dir=str(tmp_path / name),
+        progress=False,
+        tensorboard=False,
+        threads=1,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    base.update(kw)
+    return LLMConfig(**base)
+
+
+def _weights(module):
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def _moved(before, module) -> bool:
+    import torch
+
+    return any(not torch.equal(before[k], v) for k, v in module.state_dict().items())
+
+
+def _one_update(cfg):
+    from sppo_rl.llm.trainer import LLMRun
+
+    run = LLMRun(cfg)
+    try:
+        critic_module = run.critic_engine.module if run.critic_engine is not None else None
+        actor = _weights(run.actor_engine.module)
+        critic = _weights(critic_module) if critic_module is not None else None
+        row = run.update()
+        critic_moved = _moved(critic, critic_module) if critic_module is not None else None
+        return row, _moved(actor, run.actor_engine.module), critic_moved
+    finally:
+        run.close()
+
+
+def test_sppo_leaves_the_actor_alone_on_all_zero_rewards_and_still_trains_the_critic(tmp_path, llama):
+    zero, one = _reward_file(tmp_path, 0), _reward_file(tmp_path, 1)
+    row, actor_moved, critic_moved = _one_update(_cfg(tmp_path, llama, "zero", reward_fn=zero))
+    assert row["reward_mean"] == 0.0 and row["rewards_all_equal"] == 1 and row["actor_skipped"] == 1
+    assert not actor_moved and critic_moved
+    # one success in the batch: the rewards differ, the actor takes its step
+    row, actor_moved, critic_moved = _one_update(_cfg(tmp_path, llama, "one", reward_fn=one))
+    assert row["reward_mean"] == 0.25 and row["rewards_all_equal"] == 0 and row["actor_skipped"] == 0
+    assert actor_moved and critic_moved
+    # the former behaviour, asked for: A = R - V = -V on every row moves the actor blindly
+    old = _cfg(tmp_path, llama, "old", reward_fn=zero, skip_equal_rewards=False)
+    row, actor_moved, _ = _one_update(old)
+    assert row["actor_skipped"] == 0 and actor_moved
+
+
+def test_ppo_and_remax_skip_equal_rewards_too(tmp_path, llama):
+    zero = _reward_file(tmp_path, 0)
+    for algo in ("ppo", "remax"):  # GAE's A = R - V and ReMax's R - R_greedy, with every R = R_greedy = 0
+        row, actor_moved, critic_moved = _one_update(_cfg(tmp_path, llama, algo, algo=algo, reward_fn=zero))
+        assert row["rewards_all_equal"] == 1 and row["actor_skipped"] == 1 and not actor_moved, algo
+        assert critic_moved is (True if algo == "ppo" else None), algo
+
+
+def test_outcomes_equal_over_valid_rows():
+    import torch
+
+    from sppo_rl.agents.learner import outcomes_equal
+
+    R = torch.tensor([0.0, 0.0, 1.0])
+    assert not outcomes_equal(R)
+    assert outcomes_equal(R, torch.tensor([True, True, False]))  # the differing row is invalid
+    assert outcomes_equal(torch.tensor([0.3, 0.3]))  # equal, not only zero
+    assert outcomes_equal(R, torch.tensor([False, False, False]))  # nothing valid: nothing to learn
+
+
+# ------------------------------------------------------------------------------- critic init
+
+
+def test_init_critic_bias_is_the_logit_of_the_success_rate(tmp_path, llama):
+    import torch
+
+    from sppo_rl.agents.learner import LOCAL
+    from sppo_rl.llm.models import SequenceCritic
+    from sppo_rl.llm.trainer import init_critic_bias
+
+    critic = SequenceCritic.from_backbone(llama)
+    R = torch.tensor([1.0] * 3 + [0.0] * 47)  # p0 = 3 / 50 = 0.06
+    valid = torch.ones(50, dtype=torch.bool)
+    assert init_critic_bias(critic, R, valid, LOCAL) == pytest.approx(0.06)
+    assert float(critic.head.bias.detach()) == pytest.approx(-2.7515, abs=1e-4)  # log(0.06 / 0.94)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    assert float(torch.sigmoid(critic(ids, torch.ones_like(ids)))) == pytest.approx(0.06, abs=2e-3)
+    # invalid rows do not count: 3 successes among 4 valid rows
+    valid[4:] = False
+    assert init_critic_bias(critic, R, valid, LOCAL) == pytest.approx(0.75)
+    # all zero is clipped to 0.01: a finite logit, log(0.01 / 0.99) = -4.5951
+    assert init_critic_bias(critic, torch.zeros(4), torch.ones(4, dtype=torch.bool), LOCAL) == 0.0
+    assert float(critic.head.bias.detach()) == pytest.approx(-4.5951, abs=1e-4)
+
+
+def test_sppo_starts_its_critic_at_the_first_batch_rate_with_a_model_and_resumes_exactly(tmp_path, llama):
+    three = _reward_file(tmp_path, 3)
+    kw = dict(reward_fn=three, prompts_per_step=50, steps=2, checkpoint_every=1)
+    from sppo_rl.llm.trainer import LLMRun
+
+    run = LLMRun(_cfg(tmp_path, llama, "init", **kw))
+    try:
+        row = run.update()
+        bias_after_1 = float(run.critic_engine.module.head.bias.detach())
+        run.save_checkpoint()
+    finally:
+        run.close()
+    assert row["reward_mean"] == pytest.approx(0.06) and row["critic_init_p0"] == pytest.approx(0.06)
+    assert row["v0_mean"] == pytest.approx(0.06, abs=2e-3)  # the critic's first prediction: p0, not 0.5
+    assert -3.5 < bias_after_1 < -2.0  # one step from -2.7515, not from 0
+    # --critic-init none (the embedded model's default under auto): the critic starts at 0.5
+    row = _one_update(_cfg(tmp_path, llama, "none", critic_init="none", **kw))[0]
+    assert "critic_init_p0" not in row and row["v0_mean"] == pytest.approx(0.5, abs=2e-3)
+    # a resumed run does not initialise again: its critic is the checkpoint's
+    resumed = LLMRun(_cfg(tmp_path, llama, "init", resume=True, **kw))
+    try:
+        assert resumed.critic_init_p0 == pytest.approx(0.06)
+        assert float(resumed.critic_engine.module.head.bias.detach()) == bias_after_1
+        row2 = resumed.update()
+        assert "critic_init_p0" not in row2
+    finally:
+        resumed.close()
+
+
+# ------------------------------------------------------------------------------- checkpoints
+
+
+def _parity_reward(folder):
+    """A stateless reward that varies with the response (pays an even length), so that the actor moves."""
+    path = folder / "parity.py"
+    path.write_text("def score(response, truth):\n    return float(len(response) % 2 == 0)\n")
+    return f"{path}:score"
+
+
+def _folder_bytes(folder):
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _final_actor(out):
+    from safetensors.torch import load_file
+
+    return load_file(str(next((out / "final" / "actor").glob("*.safetensors"))))
+
+
+def test_keep_checkpoints_resume_is_bit_identical_and_no_optimizer_state_is_smaller(tmp_path, llama):
+    import torch
+
+    from sppo_rl.llm.trainer import LLMRun, run_llm
+    from sppo_rl.runtime import read_metrics
+    from sppo_rl.runtime.run import RunError
+
+    kw = dict(reward_fn=_parity_reward(tmp_path), checkpoint_every=1, keep_checkpoints=1, steps=6)
+    whole = _cfg(tmp_path, llama, "whole", **kw)
+    run_llm(whole)
+    ckpts = sorted(p.name for p in (tmp_path / "whole" / "checkpoints").iterdir())
+    assert ckpts == ["ckpt-000000006"]  # 6 saves, each deleting the one before once it verified
+    rows = read_metrics(tmp_path / "whole" / "metrics.jsonl")
+    assert any(
+        r.get("actor_skipped") == 0 for r in rows
+    )  # the actor did move: the comparison means something
+    # 3 updates, then resumed to 6 from the one checkpoint kept: the same weights, bit for bit
+    run_llm(_cfg(tmp_path, llama, "split", **{**kw, "steps": 3}))
+    assert sorted(p.name for p in (tmp_path / "split" / "checkpoints").iterdir()) == ["ckpt-000000003"]
+    run_llm(_cfg(tmp_path, llama, "split", resume=True, **kw))
+    a, b = _final_actor(tmp_path / "whole"), _final_actor(tmp_path / "split")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with_adam = _folder_bytes(tmp_path / "whole" / "checkpoints" / "ckpt-000000006")
+
+    # without the optimizer states: about a third of the size (weights only, Adam's two moments gone)
+    lean = _cfg(tmp_path, llama, "lean", optimizer_state=False, **{**kw, "steps": 2})
+    run_llm(lean)
+    ckpt = tmp_path / "lean" / "checkpoints" / "ckpt-000000002"
+    state = torch.load(ckpt / "actor" / "engine.pt", weights_only=True)
+    assert "optimizer" not in state and "module" in state
+    assert _folder_bytes(ckpt) < 0.45 * with_adam
+    # resuming it would not be exact: refused before anything is written, unless asked for
+    metrics = (tmp_path / "lean" / "metrics.jsonl").read_bytes()
+    with pytest.raises(RunError, match="--resume-without-optimizer"):
+        LLMRun(_cfg(tmp_path, llama, "lean", optimizer_state=False, resume=True, **{**kw, "steps": 3}))
+    assert (tmp_path / "lean" / "metrics.jsonl").read_bytes() == metrics
+    run_llm(
+        _cfg(
+            tmp_path, llama, "lean", optimizer_state=False, resume=True, resume_without_optimizer=True,
+            **{**kw, "steps": 3},
+        )
+    )  # fmt: skip
+    assert [r["step"] for r in read_metrics(tmp_path / "lean" / "metrics.jsonl") if r["step"] > 0][-1] == 3
