@@ -403,7 +403,7 @@ def test_comparisons_follow_the_protocol_at_equal_seconds(tmp_path):
     )
     md = (tmp_path / "r" / "report" / "report.md").read_text()
     assert "### Comparisons over seeds (control; the comparison protocol)" in md
-    assert "Window: 1-5 training seconds, 64-640 episodes; target 0.355" in md
+    assert "Window: 1.0-5.0 training seconds, 64-640 episodes; target 0.355" in md
     row = next(x for x in md.splitlines() if x.startswith("| ppo vs sppo | success at equal wall-clock"))
     cells = [x.strip() for x in row.strip("|").split("|")]
     assert cells[2:5] == ["5", "-0.250", "[-0.250, -0.250]"] and cells[6] == "difference measured"

@@ -832,6 +832,7 @@ def _aggregate_lines(agg: dict[str, Any], world: str, cfg: ReportConfig) -> list
 
 AXIS_WORDS = {"seconds": "wall-clock", "episodes": "episodes", "tokens": "generated tokens"}
 UNITS = {"seconds": "training seconds", "episodes": "episodes", "tokens": "generated tokens"}
+WINDOW_FMT = {"seconds": ".1f", "episodes": ",.0f", "tokens": ",.0f"}
 
 
 def _stat_label(name: str, world: str) -> str:
@@ -868,7 +869,9 @@ def _comparison_lines(comparisons: list[dict[str, Any]], world: str) -> list[str
         lines += [
             "",
             "Window: "
-            + ", ".join(f"{_num(w[a][0], '.6g')}-{_num(w[a][1], '.6g')} {UNITS[a]}" for a in c["axes"])
+            + ", ".join(
+                f"{_num(w[a][0], WINDOW_FMT[a])}-{_num(w[a][1], WINDOW_FMT[a])} {UNITS[a]}" for a in c["axes"]
+            )
             + f"; target {_num(t['value'], '.3f')} ({t['rule']}, s0 = the mean start value).",
             "",
             "| A vs B | statistic | seed pairs | A - B or A / B | 95% paired bootstrap | A/A null 95% | verdict |",
