@@ -468,8 +468,9 @@ def comparisons(runs: list[Run], world: str, cfg: ReportConfig) -> list[dict[str
     ``success_rate`` per update against training seconds and episodes; LLM: ``val_accuracy`` against
     training seconds and generated tokens), the target by the protocol's pooled rule, every pair ``(A,
     B)`` of labels with A before B in :func:`label_order`, ``--bootstrap-reps`` paired resamples seeded
-    with ``--bootstrap-seed``. A run whose axes are not finite and increasing leaves its task out, named
-    in ``skipped``."""
+    with ``--bootstrap-seed``; seeds pair by their number (a second run of a label with the same seed is
+    left out). A run whose axes are not finite and increasing leaves its task out, named in
+    ``skipped``."""
     axes = CONTROL_AXES if world == "control" else protocol.AXES
     order = label_order(runs)
     out = []
