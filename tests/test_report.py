@@ -760,3 +760,19 @@ def test_report_says_which_runs_it_left_out(layout, capsys):
         "report: left out of the figures and tables, 1 run(s) that logged updates but no val_accuracy (no "
         f"validation: --eval-every 0?): {(root / 'llm' / 'sppo' / 'seed0').resolve()}"
     ]
+
+
+def test_a_run_without_training_seconds_leaves_its_task_out_of_the_comparisons_and_says_so(tmp_path):
+    root = tmp_path / "llm"
+    for algo in ("sppo", "grpo"):
+        write_llm_run(root / algo / "seed0", algo, 0, {0: 0.25, 2: 0.5, 4: 0.75})
+    path = root / "grpo" / "seed0" / "metrics.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    path.write_text(
+        "".join(json.dumps({k: v for k, v in r.items() if k != "wall_time_s"}) + "\n" for r in rows)
+    )
+    report = run_report(ReportConfig(inputs=(str(root),), bootstrap_reps=50))
+    (c,) = report["comparisons"]
+    assert "pairs" not in c and str(root / "grpo" / "seed0") in c["skipped"]
+    md = (root / "report" / "report.md").read_text()
+    assert "no comparison: axes seconds, tokens not finite and increasing in " in md

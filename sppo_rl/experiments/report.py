@@ -457,9 +457,11 @@ CONTROL_AXES = ("seconds", "episodes")  # what a control comparison reads beside
 
 
 def _protocol_curve(run: Run) -> protocol.Curve:
+    """The run's raw curve for the protocol; a missing axis value is NaN (the task is then skipped)."""
     if run.world == "control":
         return protocol.Curve.of_control_rows(run.rows)
-    return protocol.Curve.of_rows(run.rows)
+    cols = [_col(run.rows, k) for k in ("wall_time_s", "generated_tokens", "step", "val_accuracy")]
+    return protocol.Curve(*cols)
 
 
 def comparisons(runs: list[Run], world: str, cfg: ReportConfig) -> list[dict[str, Any]]:
