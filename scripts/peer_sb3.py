@@ -23,8 +23,8 @@ into consecutive blocks of ``E`` (a trailing partial block is dropped), and each
 ``metrics.jsonl`` as ours logs per update: ``episodes`` (the count so far), ``success_rate`` (the
 block's mean), ``wall_time_s`` (training seconds when its last episode ended), ``env_steps``, ``sps``.
 From there both are measured with the same functions as ``sppo-rl report``
-(:func:`sppo_rl.experiments.report.run_numbers` and ``group_numbers``): the curve is smoothed by a trailing
-mean over ``--smooth`` rows (5, as the report), "episodes to x" is the first episode count where the
+(:func:`sppo_rl.experiments.report.run_numbers` and ``group_numbers``), except the crossings: the curve is
+smoothed by a trailing mean over ``--smooth`` rows (5), "episodes to x" is the first episode count where the
 smoothed curve is >= x, "final success" the mean raw success over the last ``--final-frac`` of the rows.
 Wall-clock to x is the same first crossing read on ``wall_time_s``.
 
@@ -444,6 +444,8 @@ def run_summary(run, cfg) -> dict[str, Any]:
     numbers = report.run_numbers(run, cfg)
     y = stats.trailing_mean([r["success_rate"] for r in run.rows], cfg.smooth)
     wall = [r.get("wall_time_s", math.nan) for r in run.rows]
+    eps = [r.get("episodes", math.nan) for r in run.rows]  # this script's smoothed first crossing
+    numbers["episodes_to"] = {str(t): stats.first_crossing(eps, y, t) for t in cfg.thresholds}
     numbers["wall_to"] = {str(t): stats.first_crossing(wall, y, t) for t in cfg.thresholds}
     last = run.rows[-1]
     numbers["s_per_1k_episodes"] = 1000 * last["wall_time_s"] / last["episodes"]

@@ -76,7 +76,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
 
     print(f"\ncontrol: {cfg.task}, seed {cfg.seed}, {cfg.total_episodes} episodes each (success rate)")
     print(
-        f"{'algo':8s} {'first batch':>11s} {'last 10 upd.':>12s} {'greedy eval':>11s} {'wall s':>7s} {'steps/s':>8s}"
+        f"{'algo':8s} {'first batch':>11s} {'final (10%)':>12s} {'greedy eval':>11s} {'wall s':>7s} {'steps/s':>8s}"
     )
     for algo, s in control.items():
         print(

@@ -203,3 +203,46 @@ def test_a_run_without_evaluations_is_refused_not_dropped():
     a = {0: curve([0, 10], [0.2, 0.4]), 1: curve([], [])}
     with pytest.raises(ValueError, match="no evaluation in a seed 1"):
         P.protocol({"a": a}, [])
+
+
+def test_control_curves_are_read_on_seconds_and_episodes():
+    """A control run's rows (one success_rate per update) on the axes ("seconds", "episodes"): run A
+    updates every 1 s, run B every 2 s, both 64 episodes an update and the same success per episode.
+    Window: seconds [2, 3] (B's first, A's last), episodes [64, 192]. At 3 s A is at 0.6 (its third
+    update), B at 0.2 + 0.5 * 0.2 = 0.3 (halfway between its first and second); at 192 episodes both 0.6."""
+    rows = lambda dt: [  # noqa: E731
+        {
+            "update": i,
+            "episodes": 64 * i,
+            "env_steps": 640 * i,
+            "wall_time_s": dt * i,
+            "success_rate": 0.2 * i,
+        }
+        for i in (1, 2, 3)
+    ]
+    a, b = P.Curve.of_control_rows(rows(1.0)), P.Curve.of_control_rows(rows(2.0))
+    assert a.axis("episodes").tolist() == [64, 128, 192] and a.axis("tokens").tolist() == [640, 1280, 1920]
+    r = P.protocol(
+        {"a": {0: a}, "b": {0: b}}, [("a", "b")], target=0.5, reps=50, axes=("seconds", "episodes")
+    )
+    assert r["windows"] == {"seconds": [2.0, 3.0], "episodes": [64.0, 192.0]}
+    assert r["runs"]["a"][0]["acc_at_seconds"] == pytest.approx(0.6)
+    assert r["runs"]["b"][0]["acc_at_seconds"] == pytest.approx(0.3)
+    assert r["runs"]["a"][0]["acc_at_episodes"] == r["runs"]["b"][0]["acc_at_episodes"] == pytest.approx(0.6)
+    pair = r["pairs"]["a_vs_b"]
+    assert set(pair) - {"a", "b"} == {
+        "acc_at_seconds",
+        "acc_at_episodes",
+        "auc_seconds",
+        "seconds_to_target",
+        "episodes_to_target",
+    }
+    assert pair["acc_at_seconds"]["point"] == pytest.approx(0.3)
+    assert (
+        P.statistic_names()
+        == (P.DIFFERENCES, P.RATIOS)
+        == (
+            ("acc_at_seconds", "acc_at_tokens"),
+            ("auc_seconds", "seconds_to_target", "tokens_to_target"),
+        )
+    )

@@ -167,7 +167,17 @@ def test_performance_profile_on_hand_made_scores():
 
 
 def write_run(
-    folder: Path, task, algo, seed, success, *, sps=3840.0, finished=True, calibration=None, config=None
+    folder: Path,
+    task,
+    algo,
+    seed,
+    success,
+    *,
+    sps=3840.0,
+    finished=True,
+    calibration=None,
+    config=None,
+    seconds_per_update=0.5,
 ):
     """A run folder as the control trainer writes it: 64 episodes of 30 steps per update, 0.5 s each."""
     folder.mkdir(parents=True)
@@ -189,7 +199,7 @@ def write_run(
             "episodes": 64 * i,
             "env_steps": 1920 * i,
             "success_rate": y,
-            "wall_time_s": 0.5 * i,
+            "wall_time_s": seconds_per_update * i,
             "sps": sps,
         }
         for i, y in enumerate(success, 1)
@@ -233,9 +243,12 @@ def test_report_numbers_on_known_runs(runs):
     assert ppo["final_success_per_seed"] == [1.0, 0.625, 0.25]
     assert ppo["final_success_mean"] == pytest.approx(0.625)
     assert ppo["final_success_half"] == pytest.approx(4.3027 * 0.375 / math.sqrt(3), rel=1e-4)
-    # smoothed over 3: seed 0 reaches 0.5 at update 12 (0.583), 0.9 at 17 (0.917); seed 1 0.5 at 13
-    assert ppo["episodes_to"]["0.5"] == {"median": 800, "reached": 2, "seeds": 3}  # median(768, 832)
-    assert ppo["episodes_to"]["0.9"] == {"median": 1088, "reached": 1, "seeds": 3}
+    # crossings of the raw curve, interpolated between updates (smoothed over 3 they were 800 and 1088):
+    # seed 0 goes 0.25 (update 10, 640 episodes) -> 0.75 (704): 0.5 at 640 + 0.25/0.5 * 64 = 672, and
+    # 0.75 (960) -> 1.0 (1024): 0.9 at 960 + 0.15/0.25 * 64 = 998.4; seed 1 0 (640) -> 0.625 (704): 0.5
+    # at 640 + 0.5/0.625 * 64 = 691.2; seed 2 (0.25) never
+    assert ppo["episodes_to"]["0.5"] == {"median": pytest.approx(681.6), "reached": 2, "seeds": 3}
+    assert ppo["episodes_to"]["0.9"] == {"median": pytest.approx(998.4), "reached": 1, "seeds": 3}
     assert ppo["wall_time_s"] == 10.0 and ppo["sps"] == 4000.0
 
     sppo = groups["short-cartpole", "sppo"]
@@ -243,9 +256,10 @@ def test_report_numbers_on_known_runs(runs):
     # final: 0.75 and 1.0 (last 1 of 10 rows; the torn line is skipped) -> s = 0.17678
     assert sppo["final_success_mean"] == pytest.approx(0.875)
     assert sppo["final_success_half"] == pytest.approx(12.7062 * 0.176777 / math.sqrt(2), rel=1e-4)
-    # seed 1 smoothed: 0.25, 0.375, 0.583 (update 3), 0.833, 1.0 (update 5)
-    assert sppo["episodes_to"]["0.5"] == {"median": 128, "reached": 2, "seeds": 2}  # median(64, 192)
-    assert sppo["episodes_to"]["0.9"] == {"median": 320, "reached": 1, "seeds": 2}
+    # seed 0 is at 0.75 from its first update (64); seed 1 raw 0.25, 0.5 (update 2: 128, >= counts),
+    # 1.0 (192): 0.9 at 128 + 0.4/0.5 * 64 = 179.2
+    assert sppo["episodes_to"]["0.5"] == {"median": 96, "reached": 2, "seeds": 2}  # median(64, 128)
+    assert sppo["episodes_to"]["0.9"] == {"median": pytest.approx(179.2), "reached": 1, "seeds": 2}
     assert sppo["wall_time_s"] == 7.5
 
     single = groups["cartpole", "ppo"]
@@ -290,12 +304,12 @@ def test_report_numbers_on_known_runs(runs):
     out = runs / "report"
     md = (out / "report.md").read_text()
     assert (
-        "| short-cartpole | ppo | 3 | 0.625 [0.000, 1.000] | 0.625 [0.250, 1.000] | 800 (2/3) | 1088 (1/3) "
+        "| short-cartpole | ppo | 3 | 0.625 [0.000, 1.000] | 0.625 [0.250, 1.000] | 682 (2/3) | 998 (1/3) "
         "| 10.0 | 4000 |" in md
     )
     assert (
-        "| short-cartpole | sppo | 2 (1 unfinished) | 0.875 [0.000, 1.000] | 0.875 [0.750, 1.000] | 128 (2/2) "
-        "| 320 (1/2) | 7.5 | 3840 |" in md
+        "| short-cartpole | sppo | 2 (1 unfinished) | 0.875 [0.000, 1.000] | 0.875 [0.750, 1.000] | 96 (2/2) "
+        "| 179 (1/2) | 7.5 | 3840 |" in md
     )
     assert "| cartpole | ppo | 1 | 0.500 | 0.500 | 64 (1/1) | — (0/1) | 5.0 | 3840 |" in md
     assert "t-intervals clipped to [0, 1]" in md and "short-cartpole / ppo, short-cartpole / sppo." in md
@@ -326,10 +340,78 @@ def test_report_command_line(runs, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert (
-        "| short-cartpole | ppo | 3 | 0.625 [0.000, 1.000] | 0.625 [0.250, 1.000] | 800 (2/3) |"
+        "| short-cartpole | ppo | 3 | 0.625 [0.000, 1.000] | 0.625 [0.250, 1.000] | 682 (2/3) |"
         in proc.stdout
     )
     assert (out / "report.json").is_file() and not (runs / "report").exists()
+
+
+def _ramps(root: Path, seeds: int) -> Path:
+    """ppo and sppo on one task, seed k: success 0.05 i + 0.04 k at update i = 1..10 (64 episodes each),
+    the same per episode for both; ppo's updates take 1 s, sppo's 0.5 s. Each ends where it started
+    relative to the other (final 0.5 + 0.04 k for both): only a reading at equal seconds tells them apart."""
+    for algo, dt in (("ppo", 1.0), ("sppo", 0.5)):
+        for k in range(seeds):
+            ys = [0.05 * i + 0.04 * k for i in range(1, 11)]
+            write_run(root / algo / f"seed{k}", "short-cartpole", algo, k, ys, seconds_per_update=dt)
+    return root
+
+
+def test_comparisons_follow_the_protocol_at_equal_seconds(tmp_path):
+    """By hand (d_k = 0.04 k, k = 0..4). Window: seconds [1, 5] (ppo's first update, sppo's last),
+    episodes [64, 640]. Success at 5 s: ppo 0.25 + d_k, sppo 0.5 + d_k: A - B = -0.25 in every seed, so
+    the paired interval is [-0.25, -0.25]; the A/A null splits each method's values 0.25 + d_k into
+    halves of 2 and 3 seeds, the largest gap 0.14 - 0.04 = 0.12 - 0.02 = 0.10: null inside [-0.10, 0.10] ->
+    "difference measured". At equal episodes the curves are the same: 0, "no difference measured".
+    Area over [1, 5] = the value at 3 s: 0.15 + d vs 0.3 + d, ratio of means 0.23 / 0.38 = 0.605,
+    below every A/A ratio (the lowest, ppo's 0.17 / 0.27 = 0.63). Target:
+    s0 = mean start 0.05 + 0.08 = 0.13, pooled finals' median 0.58 -> 0.355. Seconds below it (plus the
+    window's start 1): ppo crosses at (0.355 - d) / 0.05 = 7.1, 6.3, 5.5 (after 5: 5), 4.7, 3.9 ->
+    mean 4.72; sppo at (0.355 - d) / 0.1 = 3.55 ... 1.95 -> mean 2.75; ratio 1.7164, outside the null
+    (ppo's halves at most 5 / 4.3 = 1.16, sppo's 3.15 / 2.15 = 1.47). Final success (each at its own
+    end) is the same for both: the old table could not see this difference."""
+    report = run_report(ReportConfig(inputs=(str(_ramps(tmp_path / "r", 5)),), bootstrap_reps=500))
+    groups = {g["label"]: g for g in report["groups"]}
+    assert groups["ppo"]["final_success_per_seed"] == pytest.approx(groups["sppo"]["final_success_per_seed"])
+    (c,) = report["comparisons"]
+    assert (c["world"], c["task"], c["labels"]) == ("control", "short-cartpole", ["ppo", "sppo"])
+    assert c["windows"] == {"seconds": [1.0, 5.0], "episodes": [64.0, 640.0]}
+    assert c["target"]["value"] == pytest.approx(0.355)
+    assert [r["seconds_to_target"] for r in c["runs"]["ppo"].values()] == pytest.approx([5, 5, 5, 4.7, 3.9])
+    assert [r["seconds_to_target"] for r in c["runs"]["sppo"].values()] == pytest.approx(
+        [3.55, 3.15, 2.75, 2.35, 1.95]
+    )
+    p = c["pairs"]["ppo_vs_sppo"]
+    s = p["acc_at_seconds"]
+    assert s["point"] == pytest.approx(-0.25) and s["interval"] == pytest.approx([-0.25, -0.25])
+    assert -0.10 - 1e-9 <= s["null"][0] < 0 < s["null"][1] <= 0.10 + 1e-9
+    assert s["verdict"] == "difference measured" and s["seeds"] == [0, 1, 2, 3, 4]
+    e = p["acc_at_episodes"]
+    assert e["point"] == pytest.approx(0) and e["verdict"] == "no difference measured"
+    a = p["auc_seconds"]
+    assert (
+        a["point"] == pytest.approx(0.23 / 0.38)
+        and a["interval"][1] < 1
+        and a["null"][0] >= 0.17 / 0.27 - 1e-9
+    )
+    assert a["verdict"] == "difference measured"
+    t = p["seconds_to_target"]
+    assert t["point"] == pytest.approx(4.72 / 2.75) and 1 < t["interval"][0]
+    assert t["null"][1] <= 3.15 / 2.15 + 1e-9 and t["verdict"] == "difference measured"
+    assert p["episodes_to_target"]["point"] == pytest.approx(1) and p["episodes_to_target"]["verdict"] == (
+        "no difference measured"
+    )
+    md = (tmp_path / "r" / "report" / "report.md").read_text()
+    assert "### Comparisons over seeds (control; the comparison protocol)" in md
+    assert "Window: 1.0-5.0 training seconds, 64-640 episodes; target 0.355" in md
+    row = next(x for x in md.splitlines() if x.startswith("| ppo vs sppo | success at equal wall-clock"))
+    cells = [x.strip() for x in row.strip("|").split("|")]
+    assert cells[2:5] == ["5", "-0.250", "[-0.250, -0.250]"] and cells[6] == "difference measured"
+    assert cells[5].startswith("[-0.") and cells[5] != "—"  # the null interval beside the difference
+    assert "| ppo vs sppo | seconds below target (A / B) | 5 | 1.716 |" in md
+    # four seeds: the same difference, but fewer pairs than a claim needs
+    few = run_report(ReportConfig(inputs=(str(_ramps(tmp_path / "four", 4)),), bootstrap_reps=200))
+    assert few["comparisons"][0]["pairs"]["ppo_vs_sppo"]["acc_at_seconds"]["verdict"] == "too few seeds (< 5)"
 
 
 def test_no_runs_is_an_error(tmp_path):
@@ -491,6 +573,17 @@ def test_llm_runs_get_curves_a_table_and_aggregates(tmp_path):
         in md
     )
     assert "![validation accuracy](llm_val_accuracy.png)" in md and "### Aggregates over tasks (llm" in md
+    # the protocol between the labels (sppo before grpo): accuracy at equal tokens (400, the last
+    # evaluation of all) per seed 1.0 - 0.75, 1.0 - 0.5 -> 0.375; two pairs: resampled means 0.25,
+    # 0.375, 0.5; the null from grpo's two seeds (+-0.25) and sppo's (0): [-0.25, 0.25]
+    (c,) = report["comparisons"]
+    assert c["world"] == "llm" and c["windows"] == {"seconds": [0.0, 8.0], "tokens": [0.0, 400.0]}
+    s = c["pairs"]["sppo_vs_grpo"]["acc_at_tokens"]
+    assert s["point"] == pytest.approx(0.375) and s["interval"] == pytest.approx([0.25, 0.5])
+    assert s["null"] == pytest.approx([-0.25, 0.25]) and s["verdict"] == "too few seeds (< 5)"
+    assert (
+        "| sppo vs grpo | accuracy at equal generated tokens (A - B) | 2 | +0.375 | [+0.250, +0.500] " in md
+    )
     for name in report["figures"]:
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
@@ -667,3 +760,19 @@ def test_report_says_which_runs_it_left_out(layout, capsys):
         "report: left out of the figures and tables, 1 run(s) that logged updates but no val_accuracy (no "
         f"validation: --eval-every 0?): {(root / 'llm' / 'sppo' / 'seed0').resolve()}"
     ]
+
+
+def test_a_run_without_training_seconds_leaves_its_task_out_of_the_comparisons_and_says_so(tmp_path):
+    root = tmp_path / "llm"
+    for algo in ("sppo", "grpo"):
+        write_llm_run(root / algo / "seed0", algo, 0, {0: 0.25, 2: 0.5, 4: 0.75})
+    path = root / "grpo" / "seed0" / "metrics.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    path.write_text(
+        "".join(json.dumps({k: v for k, v in r.items() if k != "wall_time_s"}) + "\n" for r in rows)
+    )
+    report = run_report(ReportConfig(inputs=(str(root),), bootstrap_reps=50))
+    (c,) = report["comparisons"]
+    assert "pairs" not in c and str(root / "grpo" / "seed0") in c["skipped"]
+    md = (root / "report" / "report.md").read_text()
+    assert "no comparison: axes seconds, tokens not finite and increasing in " in md

@@ -47,6 +47,7 @@ from sppo_rl.control.actor_files import (  # noqa: F401  (imported from here too
 from sppo_rl.control.config import ControlConfig
 from sppo_rl.control.networks import CRITICS, Actor
 from sppo_rl.control.rollout import Episodes, collect
+from sppo_rl.experiments.protocol import final_value
 from sppo_rl.runtime import (
     CheckpointManager,
     check_finite,
@@ -409,9 +410,12 @@ class ControlRun:
 
     def finish(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """Exports (final actor, calibration, critic trace) and the summary, computed from every row of
-        ``metrics.jsonl`` (so a resumed run summarises the whole run)."""
+        ``metrics.jsonl`` (so a resumed run summarises the whole run). ``final_success_rate`` is the
+        comparison protocol's final (:func:`sppo_rl.experiments.protocol.final_value`: the mean
+        ``success_rate`` of the last ``max(1, ceil(0.1 n))`` of the ``n`` updates), the number ``sppo-rl
+        sweep`` and ``sppo-rl report`` print for the same run."""
         cfg = self.cfg
-        recent = [r["success_rate"] for r in rows[-10:] if r.get("success_rate") is not None]
+        final = final_value([r.get("success_rate") for r in rows])
         summary = {
             "algo": self.algo.name,
             "task": self.spec.name,
@@ -421,7 +425,7 @@ class ControlRun:
             "env_steps": self.env_steps,
             "wall_time_s": self.elapsed,
             "sps": self.env_steps / max(self.elapsed, 1e-9),
-            "final_success_rate": float(np.mean(recent)) if recent else None,
+            "final_success_rate": None if math.isnan(final) else final,
         }
         if cfg.eval_episodes:
             summary["final_eval_success_rate"] = self.success_rate(cfg.eval_episodes)
@@ -467,7 +471,7 @@ def run_control(cfg: ControlConfig, callback: Any = None) -> dict[str, Any]:
     s = run.run(callback)
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     headline = (
-        f"{s['algo']} on {s['task']}, seed {s['seed']}: success {fmt(s['final_success_rate'])} (last 10 updates)"
+        f"{s['algo']} on {s['task']}, seed {s['seed']}: success {fmt(s['final_success_rate'])} (final: last 10% of updates)"
         + (f", greedy {fmt(s['final_eval_success_rate'])}" if "final_eval_success_rate" in s else "")
         + f"; {s['updates']} updates, {s['episodes']} episodes in {s['wall_time_s']:.1f} s of training"
     )

@@ -4,13 +4,15 @@ depend on how often each was evaluated, which one set the target, or how lucky i
 A run's curve is its raw (unsmoothed) evaluations ``(x_i, y_i)``, ``x`` the training seconds (or
 generated tokens) at evaluation ``i``, read as the piecewise-linear function ``y(x)`` through them
 (no extrapolation). Every statistic below reads that function on a window common to all runs, so a
-method evaluated every 33 s and one evaluated every 6 s are read at the same seconds.
+method evaluated every 33 s and one evaluated every 6 s are read at the same seconds. A control run
+(``sppo-rl report``) is read the same way with its per-update ``success_rate`` as the evaluations, on
+the axes ``("seconds", "episodes")`` instead of ``("seconds", "tokens")`` (:func:`statistic_names`).
 
 - **Window** ``[lo, hi]`` on an axis: ``lo`` = the latest first evaluation, ``hi`` = the earliest last
   evaluation over all runs of the comparison (:func:`window`); :func:`on_grid` puts every curve on
   ``points`` equally spaced x in it.
-- **Final** (:func:`final_value`, the one definition used by ``sppo-rl sweep``, ``sppo-rl report`` and
-  ``scripts/compare_llm.py``): the mean of a run's last ``k = max(1, ceil(FINAL_FRAC * n))`` of its ``n``
+- **Final** (:func:`final_value`, the one definition used by ``sppo-rl sweep``, ``sppo-rl report``,
+  ``scripts/compare_llm.py`` and a control run's own ``summary.json``): the mean of a run's last ``k = max(1, ceil(FINAL_FRAC * n))`` of its ``n``
   logged values, in log order (control: the per-update ``success_rate``; LLM: the validation
   evaluations, the start one counted in ``n``). With ``FINAL_FRAC = 0.1``: the last 2 of 20, the last 1
   of 10.
@@ -60,9 +62,16 @@ CONFIDENCE = 0.95
 BOOTSTRAP_REPS = 4000
 MAX_SPLITS = 2000  # A/A splits enumerated per method; beyond this a seeded sample of them
 
-DIFFERENCES = ("acc_at_seconds", "acc_at_tokens")  # compared as mean_k (a_k - b_k)
-RATIOS = ("auc_seconds", "seconds_to_target", "tokens_to_target")  # compared as mean_k a_k / mean_k b_k
-AXES = ("seconds", "tokens")
+AXES = ("seconds", "tokens")  # the LLM world's; the control world reads ("seconds", "episodes")
+
+
+def statistic_names(axes: tuple[str, ...] = AXES) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The compared statistics on ``axes``: the differences ``acc_at_<axis>`` (compared as ``mean_k (a_k -
+    b_k)``) and the ratios ``auc_seconds``, ``<axis>_to_target`` (compared as ``mean_k a_k / mean_k b_k``)."""
+    return tuple(f"acc_at_{a}" for a in axes), ("auc_seconds", *(f"{a}_to_target" for a in axes))
+
+
+DIFFERENCES, RATIOS = statistic_names(AXES)
 
 
 def final_value(values, frac: float = FINAL_FRAC) -> float:
@@ -80,12 +89,14 @@ def final_value(values, frac: float = FINAL_FRAC) -> float:
 @dataclass(frozen=True)
 class Curve:
     """One run's raw evaluations: ``accuracy[i]`` at ``seconds[i]`` training seconds, ``tokens[i]``
-    generated tokens and ``updates[i]`` updates (all increasing in i)."""
+    generated tokens (control: env steps), ``updates[i]`` updates and, for a control run,
+    ``episodes[i]`` episodes (all increasing in i)."""
 
     seconds: np.ndarray
     tokens: np.ndarray
     updates: np.ndarray
     accuracy: np.ndarray
+    episodes: np.ndarray | None = None
 
     @staticmethod
     def of_rows(rows: list[dict], key: str = "val_accuracy") -> Curve:
@@ -95,8 +106,21 @@ class Curve:
         col = lambda k: np.array([float(r[k]) for r in ev], dtype=float)  # noqa: E731
         return Curve(col("wall_time_s"), col("generated_tokens"), col("step"), col(key))
 
+    @staticmethod
+    def of_control_rows(rows: list[dict]) -> Curve:
+        """The rows of a control run's ``metrics.jsonl`` that carry ``success_rate`` (``update``,
+        ``episodes``, ``env_steps``, ``wall_time_s``): one raw evaluation per update."""
+        ev = [r for r in rows if r.get("success_rate") is not None]
+        col = lambda k: np.array([float(r.get(k, math.nan)) for r in ev], dtype=float)  # noqa: E731
+        return Curve(
+            col("wall_time_s"), col("env_steps"), col("update"), col("success_rate"), col("episodes")
+        )
+
     def axis(self, name: str) -> np.ndarray:
-        return {"seconds": self.seconds, "tokens": self.tokens, "updates": self.updates}[name]
+        axes = {"seconds": self.seconds, "tokens": self.tokens, "updates": self.updates}
+        if self.episodes is not None:
+            axes["episodes"] = self.episodes
+        return axes[name]
 
 
 def value_at(x, y, at: float) -> float:
@@ -182,11 +206,13 @@ def target_of(starts, finals, gain: float = TARGET_GAIN) -> float:
     return s0 + gain * (float(np.median(np.asarray(finals, dtype=float))) - s0)
 
 
-def run_statistics(curve: Curve, windows: dict[str, tuple[float, float]], target: float) -> dict[str, Any]:
-    """One run's statistics on the comparison's ``windows`` (``{"seconds": (lo, hi), "tokens": ...}``),
-    see the module docstring."""
+def run_statistics(
+    curve: Curve, windows: dict[str, tuple[float, float]], target: float, axes: tuple[str, ...] = AXES
+) -> dict[str, Any]:
+    """One run's statistics on the comparison's ``windows`` (``{"seconds": (lo, hi), "tokens": ...}``,
+    one per axis of ``axes``), see the module docstring."""
     out: dict[str, Any] = {}
-    for axis in AXES:
+    for axis in axes:
         x, (lo, hi) = curve.axis(axis), windows[axis]
         out[f"acc_at_{axis}"] = value_at(x, curve.accuracy, hi)
         below = time_below(x, curve.accuracy, target, lo, hi)
@@ -288,14 +314,16 @@ def compare_pair(
     reps: int = BOOTSTRAP_REPS,
     confidence: float = CONFIDENCE,
     seed: int = 0,
+    axes: tuple[str, ...] = AXES,
 ) -> dict[str, dict]:
-    """Every statistic of :data:`DIFFERENCES` and :data:`RATIOS` between methods A and B from their
+    """Every statistic of :func:`statistic_names` on ``axes`` between methods A and B from their
     per-seed :func:`run_statistics`: over the seeds both have, the point estimate, the paired bootstrap
     interval, the A/A null interval (from all of A's seeds and all of B's) and the verdict."""
     common = sorted(set(stats_a) & set(stats_b))
+    differences, ratios = statistic_names(axes)
     out = {}
-    for name in (*DIFFERENCES, *RATIOS):
-        kind = "difference" if name in DIFFERENCES else "ratio"
+    for name in (*differences, *ratios):
+        kind = "difference" if name in differences else "ratio"
         a = np.array([stats_a[k][name] for k in common], dtype=float)
         b = np.array([stats_b[k][name] for k in common], dtype=float)
         point, lo, hi = paired_bootstrap(a, b, kind, reps, confidence, seed)
@@ -323,23 +351,25 @@ def protocol(
     reps: int = BOOTSTRAP_REPS,
     confidence: float = CONFIDENCE,
     seed: int = 0,
+    axes: tuple[str, ...] = AXES,
 ) -> dict[str, Any]:
-    """The whole protocol on every method's per-seed curves: the windows, the target (given, or
-    :func:`target_of` over all runs), every run's :func:`run_statistics` and, for each ``(A, B)`` of
-    ``pairs``, :func:`compare_pair`."""
+    """The whole protocol on every method's per-seed curves, read on ``axes`` (``("seconds",
+    "episodes")`` for control runs): the windows, the target (given, or :func:`target_of` over all
+    runs), every run's :func:`run_statistics` and, for each ``(A, B)`` of ``pairs``,
+    :func:`compare_pair`."""
     empty = [
         f"{name} seed {k}" for name, seeds in curves.items() for k, c in seeds.items() if not len(c.accuracy)
     ]
     if empty:
         raise ValueError(f"no evaluation in {', '.join(empty)}: nothing to compare")
     runs = [c for seeds in curves.values() for c in seeds.values()]
-    windows = {axis: window(runs, axis) for axis in AXES}
+    windows = {axis: window(runs, axis) for axis in axes}
     rule = "given"
     if target is None:
         target = target_of([c.accuracy[0] for c in runs], [final_value(c.accuracy) for c in runs], gain)
         rule = f"s0 + {gain:g} * (median of pooled finals - s0)"
     per_run = {
-        name: {k: run_statistics(c, windows, target) for k, c in sorted(seeds.items())}
+        name: {k: run_statistics(c, windows, target, axes) for k, c in sorted(seeds.items())}
         for name, seeds in curves.items()
     }
     return {
@@ -347,7 +377,11 @@ def protocol(
         "target": {"value": target, "rule": rule},
         "runs": per_run,
         "pairs": {
-            f"{a}_vs_{b}": {"a": a, "b": b, **compare_pair(per_run[a], per_run[b], reps, confidence, seed)}
+            f"{a}_vs_{b}": {
+                "a": a,
+                "b": b,
+                **compare_pair(per_run[a], per_run[b], reps, confidence, seed, axes),
+            }
             for a, b in pairs
             if a in per_run and b in per_run
         },

@@ -18,10 +18,15 @@ their evaluation steps. A run's **score** is its final success (control) or fina
   algorithms share a panel; with more, each has its own panel with the others in grey behind it.
 - Table: final success (mean of the raw ``success_rate`` over the last ``--final-frac`` of a run's updates;
   mean and 95% t-interval over seeds, clipped to [0, 1]), its interquartile mean over seeds with a 95%
-  bootstrap interval, episodes to reach each threshold (first episode count where the smoothed curve is
-  >= it; median over the seeds that reach it, with how many did), training wall time (``wall_time_s`` of
+  bootstrap interval, episodes to reach each threshold (the first crossing of the raw, unsmoothed
+  ``success_rate``, interpolated between the two updates around it, :func:`protocol.crossing`; median
+  over the seeds that reach it, with how many did), training wall time (``wall_time_s`` of
   the last row) and steps per second (``sps`` of the last row), both means over seeds. LLM runs: final
   validation accuracy (mean over the last ``--final-frac`` of the evaluations) the same way.
+- Comparisons (:func:`comparisons`): per task with two labels or more, every pair of labels through
+  :mod:`sppo_rl.experiments.protocol` (raw curves, common window, pooled-finals target, value at equal
+  seconds and at equal episodes / generated tokens, area under the curve, time below the target; the
+  seed-paired bootstrap interval, the A/A null interval beside it, and the verdict).
 - Aggregates (Agarwal et al. 2021, "Deep RL at the Edge of the Statistical Precipice"): per label, over
   all its runs on all tasks of a world (control, LLM): IQM, mean, median and optimality gap of the
   scores with stratified-bootstrap 95% intervals (runs resampled within each task), and the performance
@@ -277,7 +282,6 @@ def _col(rows: list[dict[str, Any]], key: str) -> np.ndarray:
 def run_numbers(run: Run, cfg: ReportConfig) -> dict[str, Any]:
     """Per-run numbers of a control run (see the module docstring)."""
     y = _col(run.rows, "success_rate")
-    smooth = stats.trailing_mean(y, cfg.smooth)
     eps = _col(run.rows, "episodes")
     last = run.rows[-1]
     final = protocol.final_value(y, cfg.final_frac)
@@ -287,7 +291,8 @@ def run_numbers(run: Run, cfg: ReportConfig) -> dict[str, Any]:
         "episodes": last.get("episodes"),
         "final_success": final,
         "score": final,
-        "episodes_to": {str(t): stats.first_crossing(eps, smooth, t) for t in cfg.thresholds},
+        # the protocol's crossing: interpolated between the raw per-update success rates, not smoothed
+        "episodes_to": {str(t): protocol.crossing(eps, y, t) for t in cfg.thresholds},
         "wall_time_s": last.get("wall_time_s"),
         "sps": last.get("sps"),
     }
@@ -446,6 +451,55 @@ def aggregates(per_run: list[dict[str, Any]], labels: list[str], cfg: ReportConf
             }
         )
     return {"table": table, "profiles": profiles}
+
+
+CONTROL_AXES = ("seconds", "episodes")  # what a control comparison reads beside seconds; LLM: protocol.AXES
+
+
+def _protocol_curve(run: Run) -> protocol.Curve:
+    """The run's raw curve for the protocol; a missing axis value is NaN (the task is then skipped)."""
+    if run.world == "control":
+        return protocol.Curve.of_control_rows(run.rows)
+    cols = [_col(run.rows, k) for k in ("wall_time_s", "generated_tokens", "step", "val_accuracy")]
+    return protocol.Curve(*cols)
+
+
+def comparisons(runs: list[Run], world: str, cfg: ReportConfig) -> list[dict[str, Any]]:
+    """Per task of ``world`` with two labels or more, the comparison protocol
+    (:func:`sppo_rl.experiments.protocol.protocol`) over the labels' per-seed raw curves (control:
+    ``success_rate`` per update against training seconds and episodes; LLM: ``val_accuracy`` against
+    training seconds and generated tokens), the target by the protocol's pooled rule, every pair ``(A,
+    B)`` of labels with A before B in :func:`label_order`, ``--bootstrap-reps`` paired resamples seeded
+    with ``--bootstrap-seed``; seeds pair by their number (a second run of a label with the same seed is
+    left out). A run whose axes are not finite and increasing leaves its task out, named in
+    ``skipped``."""
+    axes = CONTROL_AXES if world == "control" else protocol.AXES
+    order = label_order(runs)
+    out = []
+    for task in sorted({r.task for r in runs}):
+        labels = [lb for lb in order if any((r.task, r.label) == (task, lb) for r in runs)]
+        if len(labels) < 2:
+            continue
+        curves: dict[str, dict[int, protocol.Curve]] = {}
+        bad = []
+        for lb in labels:
+            curves[lb] = {}
+            for r in sorted((r for r in runs if (r.task, r.label) == (task, lb)), key=lambda r: r.seed):
+                c = _protocol_curve(r)
+                xs = [c.axis(a) for a in axes]
+                if not all(np.isfinite(x).all() and (np.diff(x) >= 0).all() for x in xs):
+                    bad.append(str(r.path))
+                curves[lb].setdefault(r.seed, c)
+        entry = {"world": world, "task": task, "axes": list(axes), "labels": labels}
+        if bad:
+            out.append(
+                {**entry, "skipped": f"axes {', '.join(axes)} not finite and increasing in " + ", ".join(bad)}
+            )
+            continue
+        pairs = [(a, b) for i, a in enumerate(labels) for b in labels[i + 1 :]]
+        result = protocol.protocol(curves, pairs, reps=cfg.bootstrap_reps, seed=cfg.bootstrap_seed, axes=axes)
+        out.append({**entry, **result})
+    return out
 
 
 def calibration_numbers(runs: list[Run], bins: int) -> dict[str, Any]:
@@ -779,6 +833,74 @@ def _aggregate_lines(agg: dict[str, Any], world: str, cfg: ReportConfig) -> list
     return lines
 
 
+AXIS_WORDS = {"seconds": "wall-clock", "episodes": "episodes", "tokens": "generated tokens"}
+UNITS = {"seconds": "training seconds", "episodes": "episodes", "tokens": "generated tokens"}
+WINDOW_FMT = {"seconds": ".1f", "episodes": ",.0f", "tokens": ",.0f"}
+
+
+def _stat_label(name: str, world: str) -> str:
+    """``acc_at_episodes`` -> ``success at equal episodes``; ``seconds_to_target`` -> ``seconds below
+    target``; ``auc_seconds`` -> ``area under success-vs-seconds`` (LLM: accuracy)."""
+    what = "success" if world == "control" else "accuracy"
+    if name == "auc_seconds":
+        return f"area under {what}-vs-seconds"
+    if name.startswith("acc_at_"):
+        return f"{what} at equal {AXIS_WORDS[name.removeprefix('acc_at_')]}"
+    return f"{name.removesuffix('_to_target')} below target"
+
+
+def _comparison_lines(comparisons: list[dict[str, Any]], world: str) -> list[str]:
+    mine = [c for c in comparisons if c["world"] == world]
+    if not mine:
+        return []
+    lines = [
+        "",
+        f"### Comparisons over seeds ({world}; the comparison protocol)",
+        "",
+        "Each run read as straight lines between its raw (unsmoothed) "
+        + ("per-update success rates" if world == "control" else "evaluations")
+        + " on the window every run of the task covers; A vs B over the seeds both have, with the "
+        "seed-paired bootstrap 95% interval and the A/A null 95% interval (the same statistic between two "
+        "halves of one label's seeds) beside it.",
+    ]
+    for c in mine:
+        lines += ["", f"**{c['task']}**: " + ", ".join(c["labels"])]
+        if "skipped" in c:
+            lines += [f"no comparison: {c['skipped']}."]
+            continue
+        w, t = c["windows"], c["target"]
+        lines += [
+            "",
+            "Window: "
+            + ", ".join(
+                f"{_num(w[a][0], WINDOW_FMT[a])}-{_num(w[a][1], WINDOW_FMT[a])} {UNITS[a]}" for a in c["axes"]
+            )
+            + f"; target {_num(t['value'], '.3f')} ({t['rule']}, s0 = the mean start value).",
+            "",
+            "| A vs B | statistic | seed pairs | A - B or A / B | 95% paired bootstrap | A/A null 95% | verdict |",
+            "|---|---|---:|---:|---:|---:|---|",
+        ]
+        for pair in c["pairs"].values():
+            differences, ratios = protocol.statistic_names(tuple(c["axes"]))
+            for name in (*differences, *ratios):
+                st = pair[name]
+                fmt = "+.3f" if st["kind"] == "difference" else ".3f"
+                what = "A - B" if st["kind"] == "difference" else "A / B"
+                lines.append(
+                    f"| {pair['a']} vs {pair['b']} | {_stat_label(name, world)} ({what}) | {len(st['seeds'])} | "
+                    f"{_num(st['point'], fmt)} | {_ci_only(st['interval'], fmt)} | {_ci_only(st['null'], fmt)} | "
+                    f"{st['verdict']} |"
+                )
+    return lines
+
+
+def _ci_only(ci: list[float], fmt: str) -> str:
+    lo, hi = ci
+    if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
+        return "—"
+    return f"[{lo:{fmt}}, {hi:{fmt}}]"
+
+
 def markdown(report: dict[str, Any], cfg: ReportConfig) -> str:
     ts = [str(t) for t in cfg.thresholds]
     runs = report["runs"]
@@ -812,6 +934,7 @@ def markdown(report: dict[str, Any], cfg: ReportConfig) -> str:
         )
     if groups:
         lines += _clipped_note(groups, "final_success")
+        lines += _comparison_lines(report["comparisons"], "control")
         if "control" in report["aggregates"]:
             lines += _aggregate_lines(report["aggregates"]["control"], "control", cfg)
         lines += [
@@ -837,6 +960,7 @@ def markdown(report: dict[str, Any], cfg: ReportConfig) -> str:
                 f"{_num(g['generated_tokens'], '.0f')} | {_num(g['wall_time_s'], '.1f')} |"
             )
         lines += _clipped_note(llm, "final_val_accuracy")
+        lines += _comparison_lines(report["comparisons"], "llm")
         if "llm" in report["aggregates"]:
             lines += _aggregate_lines(report["aggregates"]["llm"], "llm", cfg)
         lines += ["", "![validation accuracy](llm_val_accuracy.png)"]
@@ -892,7 +1016,8 @@ def definitions(cfg: ReportConfig, control: bool, llm: bool) -> dict[str, str]:
             "clipped to [0, 1]",
             "final success": f"per run, the mean raw success_rate over its last {cfg.final_frac:.0%} of updates "
             "(at least one); the control score; table: mean [t-interval] and IQM [bootstrap CI] over seeds",
-            "episodes to x": "per run, the first episode count where the smoothed curve is >= x; table: median "
+            "episodes to x": "per run, the first episode count where the raw (unsmoothed) success_rate reaches "
+            "x, interpolated linearly between the two updates around it (protocol.crossing); table: median "
             "over the seeds that reach it (reached/seeds); — if none",
             "wall s, steps/s": "training time (wall_time_s) and env steps per second (sps) of each run's last "
             "metrics row, mean over seeds",
@@ -905,6 +1030,20 @@ def definitions(cfg: ReportConfig, control: bool, llm: bool) -> dict[str, str]:
             f"interpolated onto {cfg.grid_points} common x points; mean over seeds, band = 95% t-interval "
             "clipped to [0, 1]",
         }
+    d["comparisons"] = (
+        "per task with two labels or more, the comparison protocol (sppo_rl.experiments.protocol, "
+        "docs/results.md): each run's raw curve read as straight lines between its values (control: "
+        "success_rate per update; LLM: val_accuracy per evaluation) on the window from the latest first to "
+        "the earliest last value over the task's runs, in training seconds and episodes (LLM: generated "
+        "tokens); target = s0 + 0.5 (median of the pooled finals - s0), s0 the mean first value; per run: "
+        "the value at the window's end, the mean over the seconds window (area), and the time spent below "
+        "the target plus the window's start (x below target); A vs B over their common seeds: the mean "
+        "per-seed difference or the ratio of means, a seed-paired bootstrap 95% interval "
+        f"({cfg.bootstrap_reps} resamples, seed {cfg.bootstrap_seed}), the A/A null 95% interval (every "
+        "split of A's seeds and of B's into halves, pooled), and the verdict: 'difference measured' only "
+        "when the interval excludes no difference, the estimate lies outside the null and at least "
+        f"{protocol.MIN_SEEDS} seed pairs stand behind it; else 'no difference measured' or 'too few seeds'"
+    )
     d["calibration"] = (
         "sigmoid V(s_0) vs the empirical success of each calibration start state, pooled over "
         f"seeds; ECE over {cfg.calibration_bins} equal-width bins weighted by episodes; Brier score against the "
@@ -1049,6 +1188,7 @@ def run_report(cfg: ReportConfig) -> dict[str, Any]:
         "groups": groups,
         "llm_groups": llm_groups,
         "aggregates": aggs,
+        "comparisons": comparisons(control, "control", cfg) + comparisons(llm, "llm", cfg),
         "calibration": list(cal.values()),
         "curves": [
             {"task": t, "label": lb, "algo": _algo_of(runs, lb), **{x: c[x] for x in X_AXES}}
