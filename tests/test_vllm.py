@@ -448,6 +448,7 @@ def test_trainer_runs_with_vllm_rollouts(tiny, tmp_path):
         "--actor-lr",
         "1e-2",
         "--no-progress",
+        "--no-skip-equal-rewards",  # the untrained model may score all 0: the actor still moves
         "--threads",
         "1",
         "--out-dir",
@@ -526,8 +527,8 @@ def _trainer_run(tiny, out, launch: tuple[str, ...] = (), extra: tuple[str, ...]
         f"llm --algo sppo --task arithmetic --rollout vllm --model {tiny} --out-dir {out} --steps 2 "
         f"--seed 0 --prompts-per-step 8 --train-size 64 --val-size 8 --max-new-tokens 8 --minibatches 1 "
         f"--epochs 2 --eval-every 2 --actor-lr 1e-2 --critic-lr 1e-3 --temperature 2.0 --reward-fn "
-        f"{reward} --no-progress --threads 1 --no-tensorboard"
-    ).split()
+        f"{reward} --no-progress --threads 1 --no-tensorboard --critic-init none --no-skip-equal-rewards"
+    ).split()  # the update as before the first-batch critic init and the equal-rewards skip: ranks compared
     proc = subprocess.run(
         [sys.executable, *launch, "-m", "sppo_rl", *args, *extra],
         capture_output=True,
