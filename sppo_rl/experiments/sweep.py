@@ -416,17 +416,14 @@ def _lock_sweep(root: Path) -> int:
     is refused in one line (``RunError``, exit 2) before it writes anything, so ``sweep.json`` is only
     ever written by the sweep that runs the jobs (two sweeps used to mark each other's finished runs
     ``busy``). The descriptor is not inherited by the runs."""
-    from sppo_rl.runtime.run import RunError
+    from sppo_rl.runtime.run import RunError, try_lock
 
     path = root / SWEEP_LOCK
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd = try_lock(path)
     except OSError as e:
         raise RunError(f"sweep folder {root} cannot hold its lock {path}: {e.strerror or e}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+    if fd is None:
         raise RunError(
             f"{root} is in use by another sweep (it holds {path}); wait for it to end, then run the same "
             "command again to finish what is left"

@@ -37,6 +37,19 @@ RUN_LOCK = ".run.lock"
 _HELD: dict[Path, int] = {}  # run folders this process holds, and the lock's descriptor
 
 
+def try_lock(path: Path) -> int | None:
+    """Open ``path`` (created 0644, never through a symbolic link, not inherited by children) and take an
+    exclusive non-blocking ``flock``: its descriptor, or None when another process holds it. The
+    ``OSError`` of the open is the caller's to word."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def lock_run_dir(out: Path) -> None:
     """Take an exclusive ``flock`` on ``out/.run.lock`` for as long as this process lives (or until
     :func:`unlock_run_dir`): a second process on the same folder is refused in one line. Taking it
@@ -45,15 +58,12 @@ def lock_run_dir(out: Path) -> None:
     if key in _HELD:
         return
     try:  # a link planted as the lock is refused, never followed
-        fd = os.open(out / RUN_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd = try_lock(out / RUN_LOCK)
     except OSError as e:
         if os.path.islink(out / RUN_LOCK):
             raise RunError(f"{out / RUN_LOCK} is a symbolic link; refusing to use {out}") from None
         raise _not_writable(out, e) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+    if fd is None:
         raise RunError(
             f"{out} is in use by another run (it holds {out / RUN_LOCK}); wait for it to end or choose "
             "another --out-dir"
