@@ -332,8 +332,8 @@ def build_model(args: argparse.Namespace) -> Path:
     """The tiny model folder (the project's embedded Qwen2, in ``--cache-dir``); with ``--warm-start``,
     the project's own warm start of it: what ``sppo-rl llm --task arithmetic`` without ``--model``
     trains on (default sizes, cached under the same key, so an existing one is reused)."""
+    from sppo_rl.llm.setup import TINY_CHARSET, TINY_SETTINGS
     from sppo_rl.llm.tiny import ensure_tiny_model
-    from sppo_rl.llm.trainer import TINY_CHARSET, TINY_SETTINGS
 
     folder = ensure_tiny_model(args.cache_dir, TINY_CHARSET, **TINY_SETTINGS)
     if not args.warm_start:
@@ -486,8 +486,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(args.threads)
+    from sppo_rl.llm.setup import default_cache_dir
     from sppo_rl.llm.tasks import make_arithmetic
-    from sppo_rl.llm.trainer import default_cache_dir
 
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@
     python scripts/bench_memory.py --critics    # SPPO's critic size vs peak memory: real `sppo-rl llm` runs
 
 Measurement: each setting runs in its own process (peak RSS is a high-water mark) through the trainer's
-own path: :func:`sppo_rl.llm.trainer.rollout_rows` and :func:`sppo_rl.agents.learner.ppo_update`
+own path: :func:`sppo_rl.llm.setup.rollout_rows` and :func:`sppo_rl.agents.learner.ppo_update`
 (old log-probs in micro-batches, then one training pass with gradient accumulation). It prints the
 process's peak RSS before the update (model, AdamW states, one warm-up step) and during it; the
 difference is what the update itself holds, which must follow the micro-batch's tokens, not the
@@ -61,7 +61,7 @@ def worker(args: argparse.Namespace) -> None:
     from sppo_rl.llm.engines import TorchEngine
     from sppo_rl.llm.models import load_actor
     from sppo_rl.llm.rollout import RolloutBatch
-    from sppo_rl.llm.trainer import rollout_rows
+    from sppo_rl.llm.setup import rollout_rows
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -126,8 +126,8 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def measure(threads: int) -> list[dict]:
+    from sppo_rl.llm.setup import TINY_CHARSET
     from sppo_rl.llm.tiny import build_tiny_model
-    from sppo_rl.llm.trainer import TINY_CHARSET
 
     folder = Path(tempfile.mkdtemp(prefix="bench-memory-")) / "model"
     build_tiny_model(folder, charset=TINY_CHARSET, **MODEL)

@@ -562,7 +562,7 @@ class LLMPolicy:
         ``temperature`` / ``top_p`` (``seed`` makes it reproducible). ``max_new_tokens`` defaults to the
         run's setting (256 for a lone folder), within the model's context."""
         from sppo_rl.llm.data import render_prompt
-        from sppo_rl.llm.trainer import model_context
+        from sppo_rl.llm.setup import model_context
 
         engine = self._load()
         items = [prompts] if isinstance(prompts, str) else list(prompts)
@@ -651,7 +651,8 @@ def train_llm(
     stops the run there (the summary says ``stopped_by_callback``).
     """
     from sppo_rl.llm.config import LLMConfig
-    from sppo_rl.llm.trainer import check_model_paths, run_llm
+    from sppo_rl.llm.setup import check_model_paths
+    from sppo_rl.llm.trainer import run_llm
     from sppo_rl.runtime.run import RunError, _has_run
 
     if callback is not None and not callable(callback):
@@ -683,4 +684,7 @@ def train_llm(
     summary = run_llm(cfg, callback=callback)
     for key, path in files.items():  # --overwrite cleared the folder after the trainer read them: put back
         _write_data(path, texts[key])
-    return LLMPolicy(out / "final" / "actor", out, summary, max_new_tokens=cfg.max_new_tokens)
+    from sppo_rl.llm.config import default_max_new_tokens
+
+    n = cfg.max_new_tokens or default_max_new_tokens(cfg.task, cfg.level)
+    return LLMPolicy(out / "final" / "actor", out, summary, max_new_tokens=n)

@@ -13,22 +13,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+from sppo_rl.runtime.logging import TIMING_KEYS
+
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "math"
 MATH_DATA = Path(os.environ.get("SPPO_RL_MATH_DATA", REPO.parent / "shared" / "data" / "math"))
 
 # metrics that measure time, not what was computed (left out when two runs are compared)
-CONTROL_TIMING = {"wall_time_s", "sps", "update_sps", "collect_frac"}
-LLM_TIMING = {
-    "wall_time_s",
-    "step_time_s",
-    "time_gen_s",
-    "time_score_s",
-    "time_train_s",
-    "time_sync_s",
-    "gen_tokens_per_s",
-    "peak_memory_mb",
-}
+CONTROL_TIMING = LLM_TIMING = TIMING_KEYS
 
 
 def assert_rows_match(

@@ -19,7 +19,8 @@ from sppo_rl.config import ConfigError
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.engines import free_port
 from sppo_rl.llm.rollout import RolloutBatch
-from sppo_rl.llm.trainer import LLMRun, _cat_rows, run_llm
+from sppo_rl.llm.stages.to_batch import cat_rows as _cat_rows
+from sppo_rl.llm.trainer import LLMRun, run_llm
 from sppo_rl.runtime import RunError, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,7 +118,7 @@ def test_dynamic_sampling_refills_the_batch_from_the_data_order_and_counts_the_c
     for r in rows:
         _check_row(r, cfg)
     # every round's prompts came off the data order: 3 updates used exactly the groups they sampled
-    assert len(run.order) == left - sum(r[DS + "groups_sampled"] for r in rows)
+    assert len(run.order.order) == left - sum(r[DS + "groups_sampled"] for r in rows)
     assert sum(r[DS + "extra_rounds"] for r in rows) > 0
     assert (
         sum(r[DS + "dropped_all_correct"] for r in rows) > 0

@@ -15,20 +15,14 @@ from paths import outside_a_launcher, reward_file
 
 from sppo_rl.agents import get_algorithm
 from sppo_rl.llm.config import LLMConfig
-from sppo_rl.llm.trainer import TINY_CHARSET, LLMRun, run_llm
+from sppo_rl.llm.setup import TINY_CHARSET
+from sppo_rl.llm.trainer import LLMRun, run_llm
 from sppo_rl.runtime import RunError, read_metrics
+from sppo_rl.runtime.logging import TIMING_KEYS
 
 ALGOS = ["ppo", "sppo", "grpo", "drgrpo", "rloo", "remax", "reinforce", "ppo-bce"]
 ALGOS += ["gspo", "sppo-seq", "cispo", "reinforce++", "reinforce++-baseline"]
-TIMING = {
-    "wall_time_s",
-    "step_time_s",
-    "time_gen_s",
-    "time_score_s",
-    "time_train_s",
-    "gen_tokens_per_s",
-    "peak_memory_mb",
-}
+TIMING = TIMING_KEYS
 
 
 def _cfg(tmp_path: Path, model: Path | None, **kw) -> LLMConfig:
@@ -103,7 +97,7 @@ def test_group_rows_and_greedy_baseline(tmp_path, tiny):
     # 4 prompts x 3 samples: each prompt's 3 responses form one group (group statistics exist only for
     # groups of two or more, and their fractions add up to every group)
     assert row["groups_all_correct"] + row["groups_all_wrong"] + row["groups_mixed"] == pytest.approx(1.0)
-    assert row["response_length"] > 0 and run.resolved["rows_per_step"] == 12
+    assert row["response_length"] > 0 and run.plan.rows_per_step == 12
 
 
 def test_resume_matches_uninterrupted_within_tolerance(tmp_path, tiny):

@@ -221,7 +221,10 @@ def test_kl_reference_is_the_base_model_with_the_adapters_off(tiny, tmp_path):
     cfg = _cfg(tmp_path, tiny, kl_coef=0.5, kl_in="loss", eval_every=0)
     run = LLMRun(cfg)
     try:
-        assert isinstance(run.ref, BaseModelView) and run.ref.module is run.actor_engine.module
+        assert (
+            isinstance(run.models.ref, BaseModelView)
+            and run.models.ref.module is run.models.actor_engine.module
+        )
         first, second = run.update(), run.update()
     finally:
         run.close()
@@ -263,9 +266,9 @@ def test_final_actor_is_a_merged_plain_folder_loadable_without_peft(tiny, tmp_pa
     run = LLMRun(cfg)
     try:
         run.run()
-        run.actor.eval()
+        run.models.actor.eval()
         with torch.no_grad():
-            want, _ = sequence_logprobs(run.actor, IDS, MASK, 4)
+            want, _ = sequence_logprobs(run.models.actor, IDS, MASK, 4)
     finally:
         run.close()
     folder = tmp_path / "run" / "final" / "actor"

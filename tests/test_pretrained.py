@@ -133,9 +133,9 @@ def test_system_prompt_and_instruction_appear_in_every_format(llama):
 
 
 def test_on_without_a_template_is_refused_and_auto_leaves_the_tiny_model_unchanged(tmp_path, llama_plain):
+    from sppo_rl.llm.setup import TINY_CHARSET
     from sppo_rl.llm.tasks import make_arithmetic
     from sppo_rl.llm.tiny import ensure_tiny_model
-    from sppo_rl.llm.trainer import TINY_CHARSET
 
     plain = load_tokenizer(llama_plain)
     with pytest.raises(ValueError, match="no chat template"):

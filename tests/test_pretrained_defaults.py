@@ -137,12 +137,12 @@ def _one_update(cfg):
 
     run = LLMRun(cfg)
     try:
-        critic_module = run.critic_engine.module if run.critic_engine is not None else None
-        actor = _weights(run.actor_engine.module)
+        critic_module = run.models.critic_engine.module if run.models.critic_engine is not None else None
+        actor = _weights(run.models.actor_engine.module)
         critic = _weights(critic_module) if critic_module is not None else None
         row = run.update()
         critic_moved = _moved(critic, critic_module) if critic_module is not None else None
-        return row, _moved(actor, run.actor_engine.module), critic_moved
+        return row, _moved(actor, run.models.actor_engine.module), critic_moved
     finally:
         run.close()
 
@@ -189,8 +189,8 @@ def test_init_critic_bias_is_the_logit_of_the_success_rate(tmp_path, llama):
     import torch
 
     from sppo_rl.agents.learner import LOCAL
+    from sppo_rl.llm.build import init_critic_bias
     from sppo_rl.llm.models import SequenceCritic
-    from sppo_rl.llm.trainer import init_critic_bias
 
     critic = SequenceCritic.from_backbone(llama)
     R = torch.tensor([1.0] * 3 + [0.0] * 47)  # p0 = 3 / 50 = 0.06
@@ -215,7 +215,7 @@ def test_sppo_starts_its_critic_at_the_first_batch_rate_with_a_model_and_resumes
     run = LLMRun(_cfg(tmp_path, llama, "init", **kw))
     try:
         row = run.update()
-        bias_after_1 = float(run.critic_engine.module.head.bias.detach())
+        bias_after_1 = float(run.models.critic_engine.module.head.bias.detach())
         run.save_checkpoint()
     finally:
         run.close()
@@ -229,7 +229,7 @@ def test_sppo_starts_its_critic_at_the_first_batch_rate_with_a_model_and_resumes
     resumed = LLMRun(_cfg(tmp_path, llama, "init", resume=True, **kw))
     try:
         assert resumed.critic_init_p0 == pytest.approx(0.06)
-        assert float(resumed.critic_engine.module.head.bias.detach()) == bias_after_1
+        assert float(resumed.models.critic_engine.module.head.bias.detach()) == bias_after_1
         row2 = resumed.update()
         assert "critic_init_p0" not in row2
     finally:

@@ -11,8 +11,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from sppo_rl.llm import tiny as tiny_module
+from sppo_rl.llm.setup import TINY_CHARSET
 from sppo_rl.llm.tiny import char_vocab, ensure_tiny_model, load_tokenizer
-from sppo_rl.llm.trainer import TINY_CHARSET
 
 TEXTS = [
     "What is 2 + 3?",

@@ -227,13 +227,6 @@ class LLMConfig(RunConfig):
     0.5); 'none' keeps the head's own (bias 0); 'auto': first-batch with --model (a named or folder model), none
     for the embedded tiny model (whose documented results predate it). --engine torch only."""
 
-    def validate(self) -> None:
-        """Resolve ``max_new_tokens`` left at None to the task's default (:func:`default_max_new_tokens`),
-        then check every setting (:meth:`RunConfig.validate`)."""
-        if self.max_new_tokens is None:
-            self.max_new_tokens = default_max_new_tokens(self.task, self.level)
-        super().validate()
-
     def checks(self) -> list[Check]:
         return super().checks() + [
             ("level", lambda v: len(v) >= 1, "a non-empty list of levels"),

@@ -1,11 +1,12 @@
 """What an LLM run measures besides training: validation (mean@k, pass@k, greedy accuracy, a
-per-prompt critic's calibration) and the critic trace for the tail-effect diagnostic. Functions of the
-run (``self``), so that the trainer keeps only the update."""
+per-prompt critic's calibration) and the critic trace for the tail-effect diagnostic. Both take the run's
+parts they read (:class:`Evaluator`), so that the trainer keeps only the update."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -13,14 +14,45 @@ import torch
 from sppo_rl.agents import forward_rows
 from sppo_rl.agents.algorithms import value_units
 from sppo_rl.llm.data import render_prompt
+from sppo_rl.llm.stages.score import give_up_if_cut
 from sppo_rl.runtime.trace import write_trace
 
-if TYPE_CHECKING:
-    from sppo_rl.llm.trainer import LLMRun
+
+@dataclass
+class Evaluator:
+    """The parts of a run that validation reads.
+
+    Attributes:
+        val_set: the validation examples (rendered); plan: the run's :class:`~sppo_rl.llm.plan.Plan`.
+        sampler: :class:`~sppo_rl.llm.stages.collect.Sampler`; scoring: :class:`~sppo_rl.llm.stages.score.Scoring`.
+        critic_engine: the critic's training engine (None without a critic); rows: the learner's world
+            callable ``rows(rb, model, policy)``.
+        dist, device, tokenizer: the ranks, the device, the tokenizer; log: ``log(split, prompts, rb,
+            truths, R)`` writes completions.
+    """
+
+    val_set: list
+    plan: Any
+    sampler: Any
+    scoring: Any
+    critic_engine: Any
+    rows: Any
+    dist: Any
+    device: Any
+    tokenizer: Any
+    log: Any
+
+    @property
+    def cfg(self) -> Any:
+        return self.plan.cfg
+
+    @property
+    def algo(self) -> Any:
+        return self.plan.algo
 
 
 @torch.no_grad()
-def evaluate(self: LLMRun) -> dict[str, Any]:
+def evaluate(self: Evaluator) -> dict[str, Any]:
     """mean@k accuracy and pass@k on the validation split (k = ``eval_samples``, at the rollout
     temperature), greedy accuracy, and for SPPO the critic's calibration against per-prompt mean@k.
     Ranks split the prompts (every ``world``-th) and their sums are added up."""
@@ -32,13 +64,15 @@ def evaluate(self: LLMRun) -> dict[str, Any]:
     if mine:
         prompts = [render_prompt(self.val_set[i], self.tokenizer) for i in mine]
         truths = [self.val_set[i].answer for i in mine]
-        rb = self.sample(prompts, k, -1, mine)
+        rb = self.sampler.sample(prompts, k, -1, mine)
         rows = [self.val_set[mine[int(i)]] for i in rb.prompt_index]
-        scores, err = self._score(rb.texts, [e.answer for e in rows], rows)
-        self.log_completions("val", prompts, rb, truths, scores)
+        s = self.scoring(rb.texts, [e.answer for e in rows], rows)
+        scores, err, cut = s.R, s.errors, s.cut
+        self.log("val", prompts, rb, truths, scores)
         per_prompt = scores.view(len(prompts), k)
-        greedy = self.rollout.generate(prompts, greedy=True, max_new_tokens=cfg.max_new_tokens)
-        g_scores, g_err = self._score(greedy.texts, truths, [self.val_set[i] for i in mine])
+        greedy = self.sampler.greedy(prompts)
+        g = self.scoring(greedy.texts, truths, [self.val_set[i] for i in mine])
+        g_scores, g_err, cut = g.R, g.errors, cut or g.cut
         sums = [
             float(per_prompt.sum()),
             float((per_prompt.max(1).values > 0).sum()),
@@ -46,8 +80,8 @@ def evaluate(self: LLMRun) -> dict[str, Any]:
             float(err + g_err),
         ]
     else:
-        sums = [0.0, 0.0, 0.0, 0.0]
-    self._give_up_if_scoring_was_cut()
+        sums, cut = [0.0, 0.0, 0.0, 0.0], False
+    give_up_if_cut(cut, self.dist, self.device)
     tot = self.dist.all_sum(sums, self.device)
     n = len(self.val_set)
     out: dict[str, Any] = {
@@ -61,7 +95,7 @@ def evaluate(self: LLMRun) -> dict[str, Any]:
     if self.critic_engine is not None and mine:
         # a per-prompt critic's P(R = 1 | prompt) against the prompt's mean@k (calibration)
         first = torch.arange(0, len(rb.texts), k)
-        v = self._rows(rb.to(self.device), self.critic_engine.module, False)(first, rb.response_len)
+        v = self.rows(rb.to(self.device), self.critic_engine.module, False)(first, rb.response_len)
         if v.dim() == 1:
             pred = value_units(self.algo, v.float())
             pairs = list(zip(pred.cpu().tolist(), per_prompt.mean(1).tolist()))
@@ -79,7 +113,7 @@ def evaluate(self: LLMRun) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def write_critic_trace(self: LLMRun, path: Path) -> None:
+def write_critic_trace(self: Evaluator, path: Path) -> None:
     """Write what the critic says on sampled validation responses (:mod:`sppo_rl.runtime.trace`),
     with each response's length and outcome (nothing without a critic). All ranks call this
     (ZeRO-3); rank 0 writes."""
@@ -91,13 +125,13 @@ def write_critic_trace(self: LLMRun, path: Path) -> None:
     seq = False
     if mine:
         prompts = [render_prompt(self.val_set[i], self.tokenizer) for i in mine]
-        rb = self.sample(prompts, cfg.eval_samples, -2, mine).to(self.device)
+        rb = self.sampler.sample(prompts, cfg.eval_samples, -2, mine).to(self.device)
         items = [self.val_set[mine[int(i)]] for i in rb.prompt_index]
-        R, _ = self._score(rb.texts, [e.answer for e in items], items)
+        R = self.scoring(rb.texts, [e.answer for e in items], items).R
         lengths = rb.response_lengths.cpu()
         cost = (rb.prompt_mask.sum(-1) + rb.response_lengths).cpu()
         red = self.dist.on(self.device)
-        out = forward_rows(self._rows(rb, critic, False), lengths, cost, self.learner_cfg, red)
+        out = forward_rows(self.rows(rb, critic, False), lengths, cost, self.plan.learner, red)
         v = value_units(self.algo, out.float()).cpu()  # [n] per response, or [n, T] per token
         for b in range(len(R)):
             n = int(lengths[b])

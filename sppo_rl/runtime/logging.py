@@ -102,6 +102,15 @@ LLM_PREFIXES: tuple[tuple[str, str], ...] = (
 
 WORLDS = ("control", "llm")
 
+TIMING_KEYS = frozenset(
+    {
+        "wall_time_s", "step_time_s", "time_gen_s", "time_score_s", "time_train_s", "time_sync_s",
+        "gen_tokens_per_s", "peak_memory_mb", "sps", "update_sps", "collect_frac",
+    }
+)  # fmt: skip
+"""Metrics-row keys that measure time or memory, not what was computed: left out when two runs' numbers are
+compared (a resumed run against an uninterrupted one, the code before and after a refactor)."""
+
 
 def json_safe(value: Any) -> Any:
     """A value ``json.dumps`` writes as valid JSON: non-finite floats become null, numpy arrays lists,

@@ -1,0 +1,227 @@
+"""What an LLM run trains, built from its :class:`~sppo_rl.llm.plan.Plan`, in this order (the order fixes the
+random draws of LoRA's initialisation and of the value heads): the actor's folder (the embedded tiny
+model warm-started on the task once, or ``--model``), its tokenizer, every prompt rendered for it
+(chat template, system prompt, instruction) and fitted to its context, the actor (LoRA adapters if
+on), the KL reference (a frozen copy; with LoRA the actor with its adapters off), the critic (a value
+head on the actor's or ``--critic-model``'s backbone), their training engines, the rollout."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from sppo_rl.llm.data import Example, fit_prompts
+from sppo_rl.llm.engines import make_engine
+from sppo_rl.llm.models import (
+    CRITICS,
+    BaseModelView,
+    adapted_tensor_names,
+    apply_lora,
+    check_same_tokenizer,
+    load_actor,
+    lora_config,
+)
+from sppo_rl.llm.prompts import render_examples
+from sppo_rl.llm.rollout import HFRolloutEngine
+from sppo_rl.llm.setup import embedded_model, model_context, model_folder, prompt_format, rollout_rows
+from sppo_rl.llm.tiny import load_tokenizer
+from sppo_rl.runtime.run import RunError
+
+
+@dataclass
+class Models:
+    """The run's models: the actor's folder, its tokenizer, the actor, the KL reference (None: off), the
+    critic (None: none), their training engines, the rollout (``separate``: it holds its own copy of the
+    weights, refreshed after every update), the LoRA adapter config (None: full fine-tuning) and what the
+    embedded model's warm start reported."""
+
+    actor_path: Path
+    tokenizer: Any
+    actor: Any
+    ref: Any
+    critic: Any
+    actor_engine: Any
+    critic_engine: Any
+    rollout: Any
+    separate: bool
+    adapter_config: Any
+    warmstart: dict[str, Any]
+
+
+def actor_folder(
+    plan: Any, train: list[Example], scorer: Any, main_first: Any
+) -> tuple[Path, dict[str, Any]]:
+    """The actor's folder (built on rank 0 first) and the warm start's report (empty for ``--model``)."""
+    cfg, latent = plan.cfg, plan.latent
+    if cfg.model is None:
+        build = latent.embedded_model if latent else embedded_model
+        return main_first(lambda: build(cfg, train, scorer))
+    path = main_first(lambda: model_folder(cfg, cfg.model))  # a named model: built once
+    if not (path / "config.json").is_file():
+        raise RunError(f"--model {path}: not a Hugging Face model folder (no config.json)")
+    return path, {}
+
+
+def prepare_prompts(
+    plan: Any, train: list[Example], val: list[Example], tokenizer: Any, actor_path: Path, warn: bool
+) -> tuple[list[Example], list[Example]]:
+    """Every prompt rendered once (the text the model reads), then the training and validation prompts
+    longer than ``--max-prompt-tokens`` (at most the model's context minus ``--max-new-tokens``) dropped,
+    counted in a warning; a set left empty is refused."""
+    cfg = plan.cfg
+    try:
+        fmt = prompt_format(cfg)
+        train, val = (render_examples(s, tokenizer, fmt) for s in (train, val))
+    except ValueError as e:
+        raise RunError(str(e)) from None
+    ctx = model_context(actor_path)
+    if cfg.rollout == "vllm" and cfg.vllm_max_model_len:
+        ctx = min(ctx or cfg.vllm_max_model_len, cfg.vllm_max_model_len)
+    limit, why = cfg.max_prompt_tokens, "--max-prompt-tokens"
+    if ctx is not None:
+        room = ctx - cfg.max_new_tokens
+        if room < 1:
+            raise RunError(
+                f"--max-new-tokens {cfg.max_new_tokens} leaves no room for a prompt in the model's "
+                f"context of {ctx} tokens"
+            )
+        if limit is None or limit > room:
+            limit = room
+            why = f"the model's context of {ctx} tokens minus --max-new-tokens {cfg.max_new_tokens}"
+    elif limit is None:
+        limit, why = 1024, "the default --max-prompt-tokens: the model's config gives no context length"
+    out = []
+    for examples, where in ((train, cfg.task), (val, cfg.val_data or f"{cfg.task} (validation)")):
+        kept = fit_prompts(examples, tokenizer, limit, where=where, why=why, warn=warn)
+        if examples and not kept:
+            raise RunError(
+                f"{where}: none of its {len(examples)} prompts fits in {limit} tokens ({why}); shorten "
+                "them, or raise --max-prompt-tokens with a model of a longer context"
+            )
+        out.append(kept)
+    return out[0], out[1]
+
+
+def build_models(
+    plan: Any, actor_path: Path, tokenizer: Any, warmstart: dict[str, Any], main_first: Any
+) -> Models:
+    """The actor, reference, critic, engines and rollout of ``plan`` (see the module docstring)."""
+    cfg, device = plan.cfg, plan.device
+    dtype = getattr(torch, cfg.dtype)
+    actor = load_actor(actor_path, dtype=dtype, device=device)
+    if cfg.gradient_checkpointing:
+        actor.gradient_checkpointing_enable()
+    lora = dict(alpha=cfg.lora_alpha, targets=cfg.lora_targets, dropout=cfg.lora_dropout)
+    adapter_config = None
+    if cfg.lora_rank:
+        adapter_config = lora_config(actor, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets, cfg.lora_dropout)
+        apply_lora(actor, cfg.lora_rank, seed=cfg.seed, **lora)
+    ref = None
+    if cfg.kl_coef > 0 and not cfg.lora_rank:  # with LoRA: the actor with its adapters off (below)
+        ref = load_actor(actor_path, dtype=dtype, device=device).eval().requires_grad_(False)
+    critic = None
+    kind = plan.algo.requires.critic
+    if kind != "none":
+        critic_path = (
+            main_first(lambda: model_folder(cfg, cfg.critic_model)) if cfg.critic_model else actor_path
+        )
+        if cfg.critic_model:
+            check_same_tokenizer(tokenizer, load_tokenizer(critic_path))
+        critic = CRITICS[kind].from_backbone(critic_path, dtype=dtype, device=device)
+        if cfg.gradient_checkpointing:
+            critic.gradient_checkpointing_enable()
+        if cfg.lora_rank:  # the value head stays fully trainable
+            apply_lora(critic.backbone, cfg.lora_rank, seed=cfg.seed + 1, **lora)
+    kw = dict(
+        weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.max_grad_norm,
+        zero_stage=cfg.zero_stage,
+        offload=cfg.offload,
+        dtype=dtype,
+    )
+    actor_engine = make_engine(cfg.engine, actor, cfg.actor_lr, **kw)
+    critic_engine = make_engine(cfg.engine, critic, cfg.critic_lr, **kw) if critic else None
+    if cfg.kl_coef > 0 and cfg.lora_rank:
+        ref = BaseModelView(actor_engine.module)
+    rollout, separate = make_rollout(plan, actor, actor_path, tokenizer, dtype)
+    if cfg.lora_rank and cfg.rollout == "vllm":  # each vLLM layer a sync touches must get all its parts
+        rollout.check_partial_sync(adapted_tensor_names(actor))
+    return Models(
+        actor_path,
+        tokenizer,
+        actor,
+        ref,
+        critic,
+        actor_engine,
+        critic_engine,
+        rollout,
+        separate,
+        adapter_config,
+        warmstart,
+    )
+
+
+def make_rollout(
+    plan: Any, actor: Any, actor_path: Path, tokenizer: Any, dtype: torch.dtype
+) -> tuple[Any, bool]:
+    """The sampler, and whether it holds its own weights. With the plain torch engine and HF generation it
+    shares the actor's weights; otherwise it holds its own copy, refreshed after every update."""
+    cfg, latent = plan.cfg, plan.latent
+    if cfg.rollout == "vllm":
+        from sppo_rl.llm.vllm_engine import VLLMRolloutEngine
+
+        # the engine restores the RNG states, thread count and signal handlers it changes when it starts
+        engine = VLLMRolloutEngine(
+            actor_path,
+            tokenizer,
+            dtype=cfg.vllm_dtype or cfg.dtype,
+            seed=cfg.seed,
+            add_special_tokens=False,
+            max_model_len=cfg.vllm_max_model_len,
+            gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+            enable_sleep_mode=cfg.vllm_sleep,
+            sync_timeout_s=cfg.collective_timeout,
+            sampling=plan.sampling,
+        )
+        return engine, True
+    cls = latent.engine if latent else HFRolloutEngine
+    if cfg.engine == "torch":
+        return cls(actor, tokenizer, add_special_tokens=False, sampling=plan.sampling), False
+    replica = load_actor(actor_path, dtype=dtype, device=plan.device).eval().requires_grad_(False)
+    return cls(replica, tokenizer, add_special_tokens=False, sampling=plan.sampling), True
+
+
+def row_fn(plan: Any) -> Any:
+    """The learner's world callable over rows, ``rows(rb, model, policy)``: the latent policy's for its
+    actor, else :func:`~sppo_rl.llm.setup.rollout_rows` at the rollout temperature."""
+    cfg, latent, device = plan.cfg, plan.latent, plan.device
+
+    def rows(rb: Any, model: Any, policy: bool) -> Any:
+        if policy and latent is not None:
+            return latent.rows(rb, model, cfg.temperature, device)
+        return rollout_rows(rb, model, policy, cfg.temperature, device)
+
+    return rows
+
+
+CRITIC_INIT_CLIP = 0.01
+"""``--critic-init first-batch`` clips the first batch's success rate to ``[0.01, 0.99]`` (a batch of
+all 0 or all 1 would otherwise ask for an infinite logit)."""
+
+
+def init_critic_bias(critic: Any, rewards: Tensor, valid: Tensor, dist: Any) -> float:
+    """Set the value head's bias of a success critic to ``logit(clip(p0, c, 1 - c))``, ``p0`` the mean
+    reward over the valid rows of every rank, ``c`` :data:`CRITIC_INIT_CLIP`; returns ``p0``. The head's
+    weights (``N(0, 1e-3^2)``) are kept, so ``sigmoid(V)`` starts within about 1e-3 of ``p0`` on every
+    prompt. E.g. ``p0 = 0.06``: bias ``log(0.06 / 0.94) = -2.7515``."""
+    total, n = dist.all_sum([float((rewards * valid).sum()), float(valid.sum())])
+    p0 = total / max(n, 1.0)
+    p = min(max(p0, CRITIC_INIT_CLIP), 1.0 - CRITIC_INIT_CLIP)
+    with torch.no_grad():
+        critic.head.bias.fill_(math.log(p / (1.0 - p)))
+    return p0

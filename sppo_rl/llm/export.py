@@ -1,0 +1,85 @@
+"""What an LLM run leaves behind: ``final/`` (the actor as a transformers folder with its tokenizer and model
+card, the critic, with ``--export-adapter`` the actor's LoRA adapters alone), and ``summary.json``: the
+headline numbers of a finished run (:func:`summary_of`), or the reason and counts of a stopped one
+(:func:`stopped_summary`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sppo_rl.llm.models import save_adapter
+from sppo_rl.llm.setup import peak_memory_mb
+
+
+def export(folder: Path, m: Any, cfg: Any, dist: Any) -> None:
+    """``folder/actor``, ``folder/critic`` and ``folder/actor-adapter`` of the run's models ``m``
+    (:class:`~sppo_rl.llm.build.Models`); all ranks call this (ZeRO-3 gathers the weights), rank 0 writes."""
+    m.actor_engine.save_pretrained(folder / "actor")
+    if dist.main:
+        m.tokenizer.save_pretrained(folder / "actor")
+    if cfg.export_adapter and m.adapter_config is not None:  # the adapters alone, for peft
+        engine = m.actor_engine
+        save_adapter(
+            getattr(engine, "inner", engine.module),
+            folder / "actor-adapter",
+            m.adapter_config,
+            m.actor_path,
+            getattr(engine, "_gather", None),
+            write=dist.main,
+        )
+    if m.critic_engine is not None:
+        state = {n: t.detach().to("cpu", copy=True) for n, t in m.critic_engine.full_state_items()}
+        if dist.main:
+            m.critic.save_pretrained(folder / "critic", tokenizer=m.tokenizer, state_dict=state)
+    dist.barrier()
+
+
+def summary_of(run: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A finished run's summary from every row of ``metrics.jsonl``; rank 0 also writes the exported
+    actor's model card (with the run's not-learning warnings) and makes ``final/`` readable as the umask
+    allows."""
+    evals = [r for r in rows if r.get("val_accuracy") is not None]
+    summary = {
+        "algo": run.algo.name,
+        "seed": run.cfg.seed,
+        "steps": run.update_idx,
+        "group_size": run.group_size,
+        "ranks": run.dist.world,
+        "wall_time_s": run.elapsed,
+        "generated_tokens": run.generated_tokens,
+        "start_val_accuracy": evals[0]["val_accuracy"] if evals else None,
+        "final_val_accuracy": evals[-1]["val_accuracy"] if evals else None,
+        "best_val_accuracy": max(r["val_accuracy"] for r in evals) if evals else None,
+        "peak_memory_mb": peak_memory_mb(run.device),
+        "warmstart": run.models.warmstart,
+    }
+    if run.dist.main:
+        from sppo_rl.llm.card import write_model_card
+        from sppo_rl.runtime.checkpoint import follow_umask
+        from sppo_rl.runtime.watch import not_learning
+
+        warnings = [w["message"] for w in not_learning(rows)]
+        write_model_card(run.out / "final" / "actor", run.cfg, summary, rows, warnings)
+        follow_umask(run.out / "final")
+    return summary
+
+
+def stopped_summary(out: Path, run: Any, reason: str) -> None:
+    """``summary.json`` of a run stopped by :class:`~sppo_rl.runtime.run.RunFailed`: ``stopped`` (the
+    reason) and the last update's counts (rank 0)."""
+    from sppo_rl.runtime.checkpoint import atomic_write_text
+    from sppo_rl.runtime.logging import json_safe
+
+    summary = {
+        "algo": run.algo.name,
+        "seed": run.cfg.seed,
+        "steps": run.update_idx,
+        "stopped": reason,
+        "reward_failed_updates": run._fail_streak,
+        "verifier_errors": run._failed_row.get("verifier_errors"),
+        "last_error": run.scoring.last_error,
+    }
+    text = json.dumps(json_safe(summary), indent=2, default=str, allow_nan=False)
+    atomic_write_text(out / "summary.json", text + "\n")

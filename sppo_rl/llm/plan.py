@@ -1,0 +1,196 @@
+"""Resolve once: an LLM run's settings, checked and derived in one place before any file is touched.
+
+:func:`resolve` turns the user's :class:`~sppo_rl.llm.config.LLMConfig` into a frozen :class:`Plan`, in
+this order (each step may refuse the run in one line, :class:`~sppo_rl.runtime.run.RunError` or
+``ValueError``; nothing has been written yet):
+
+1. every setting's type and range (:meth:`LLMConfig.validate`), ``max_new_tokens`` left at None becoming
+   the task's default (:func:`~sppo_rl.llm.config.default_max_new_tokens`);
+2. the algorithm, and the settings left unset becoming its own
+   (:func:`~sppo_rl.agents.algorithms.with_algorithm_defaults`: GSPO's clip range, REINFORCE++'s KL);
+3. group size ``G`` (``--group-size``, else the method's), the batch's shape (``prompts_per_step``
+   prompts x ``G`` samples, ``prompts_per_step / ranks`` prompts per rank, minibatches within a rank's
+   rows), the launcher's ranks against ``--engine``, DeepSpeed's config;
+4. the model folders, the data and the reward function (:func:`~sppo_rl.llm.setup.check_model_paths`,
+   :func:`~sppo_rl.llm.setup.load_task`), LoRA targets against the models' ``config.json``;
+5. the latent policy's settings for a latent algorithm (:func:`~sppo_rl.llm.latent.configure_latent`);
+6. the device, the rollout's sampling settings, the learner's :class:`~sppo_rl.agents.learner.LearnerConfig`
+   and the estimator's parameters.
+
+The trainer builds its models and its stages from the plan and never re-derives a setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from sppo_rl.agents import LearnerConfig, check_setup, get_algorithm
+from sppo_rl.agents.algorithms import Algorithm, default_group_size, estimator_params, with_algorithm_defaults
+from sppo_rl.llm.config import LLMConfig, default_max_new_tokens
+from sppo_rl.llm.data import Example
+from sppo_rl.llm.rollout import SamplingOptions
+from sppo_rl.runtime.run import RunError
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything an LLM run derives from its config, computed once by :func:`resolve`.
+
+    Attributes:
+        given: the config as the user gave it (``max_new_tokens`` resolved): saved to ``config.json`` and
+            compared on ``--resume``.
+        cfg: ``given`` with the settings left unset (None) replaced by the algorithm's own; the run
+            reads its settings here.
+        algo: the algorithm (a latent one with its selector as ``--latent-first-token`` sets it).
+        latent: the latent policy's settings (None: a token policy).
+        group_size: ``G``, samples per prompt.
+        ranks: data-parallel processes; ``local_prompts = prompts_per_step / ranks`` prompts each.
+        device: where the models train.
+        reward_fn: the reward function's spec, ``auto`` resolved.
+        sampling: the rollout's options beyond temperature and top-p.
+        learner: the update's settings (:class:`~sppo_rl.agents.learner.LearnerConfig`).
+        estimator: the estimator's keyword parameters (:func:`~sppo_rl.agents.algorithms.estimator_params`).
+        unset: the settings the user left unset and what they became.
+    """
+
+    given: LLMConfig
+    cfg: LLMConfig
+    algo: Algorithm
+    latent: Any
+    group_size: int
+    ranks: int
+    local_prompts: int
+    device: torch.device
+    reward_fn: str
+    sampling: SamplingOptions
+    learner: LearnerConfig
+    estimator: dict[str, Any]
+    unset: dict[str, Any]
+
+    @property
+    def rows_per_step(self) -> int:
+        """``prompts_per_step x G`` responses in one update, over all ranks."""
+        return self.cfg.prompts_per_step * self.group_size
+
+    @property
+    def kl_reward(self) -> bool:
+        """Whether a KL penalty is subtracted from the token rewards (else, with ``kl_coef > 0``, it is a
+        loss term)."""
+        return self.cfg.kl_coef > 0 and self.cfg.kl_in == "reward"
+
+    @property
+    def fused(self) -> bool:
+        """One on-policy pass (1 epoch, 1 minibatch) needs no separate old-log-prob forward: the learner
+        takes ``logp.detach()`` of its training pass, unless the estimator or a KL reward needs it first."""
+        cfg = self.cfg
+        return cfg.epochs * cfg.minibatches == 1 and not self.algo.requires.logprobs and not self.kl_reward
+
+    @property
+    def critic_init(self) -> bool:
+        """``--critic-init`` resolved: set a success (BCE) critic's head from the first batch on a fresh run
+        ('auto': with ``--model``); not under DeepSpeed, whose fp32 partitions hold their own copy of the head."""
+        cfg = self.cfg
+        mode = cfg.critic_init if cfg.critic_init != "auto" else ("first-batch" if cfg.model else "none")
+        has_critic = self.algo.requires.critic != "none"
+        return (
+            mode == "first-batch" and has_critic and self.algo.critic_loss == "bce" and cfg.engine == "torch"
+        )
+
+
+@dataclass(frozen=True)
+class Task:
+    """The run's data as :func:`resolve` loaded it (prompts not yet rendered for the model)."""
+
+    train: list[Example]
+    val: list[Example]
+
+
+def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
+    """The frozen :class:`Plan` of ``cfg`` for a run on ``dist``'s ranks (the launcher's, read from its
+    environment), and the data it loaded; every refusal of the run's settings happens here, in the order
+    of the module docstring. ``cfg`` itself is left unchanged."""
+    from sppo_rl.llm.latent import configure_latent
+    from sppo_rl.llm.models import check_lora_targets_of
+    from sppo_rl.llm.setup import check_model_paths, load_task, model_folder
+
+    if cfg.max_new_tokens is None:
+        cfg = dataclasses.replace(cfg, max_new_tokens=default_max_new_tokens(cfg.task, cfg.level))
+    cfg.validate()
+    given = cfg
+    algo = get_algorithm(cfg.algo)
+    cfg = with_algorithm_defaults(cfg, algo)
+    req = algo.requires
+    G = cfg.group_size if cfg.group_size is not None else default_group_size(algo)
+    check_setup(algo, G, cfg.prompts_per_step * G, use_critic=cfg.critic_model != "none")
+    if cfg.dynamic_sampling_rounds and not req.groups:
+        raise RunError(
+            f"--dynamic-sampling-rounds drops groups whose outcomes are all equal; {algo.name} samples "
+            "no groups (use a group method: grpo, drgrpo, rloo, gspo, cispo, bppo, lampo, reinforce++-baseline)"
+        )
+    if cfg.steps < 1 or cfg.prompts_per_step < 1:
+        raise RunError("--steps and --prompts-per-step must be >= 1")
+    if dist.world > 1 and cfg.engine != "deepspeed":
+        raise RunError(
+            f"{dist.world} processes were launched; multi-process training needs --engine deepspeed"
+        )
+    if cfg.prompts_per_step % dist.world:
+        raise RunError(
+            f"--prompts-per-step ({cfg.prompts_per_step}) must be a multiple of the {dist.world} ranks"
+        )
+    local_prompts = cfg.prompts_per_step // dist.world
+    rows = local_prompts * G
+    if cfg.minibatches < 1 or cfg.minibatches > rows:
+        raise RunError(f"--minibatches must be in [1, {rows}] (rows per rank and step)")
+    if cfg.engine == "deepspeed":
+        from sppo_rl.llm.engines import deepspeed_config
+
+        deepspeed_config(
+            cfg.zero_stage, cfg.max_grad_norm, cfg.offload, getattr(torch, cfg.dtype)
+        )  # validates
+        if not cfg.optimizer_state:
+            raise RunError("--no-optimizer-state: not with --engine deepspeed (its shards hold them)")
+    check_model_paths(cfg)  # and the data and the reward function
+    if cfg.lora_rank:  # LoRA targets against the models' config.json (no weights read)
+        try:
+            no_critic = req.critic == "none" or cfg.critic_model == "none"
+            critic_folder = False if no_critic else model_folder(cfg, cfg.critic_model)
+            check_lora_targets_of(cfg.lora_targets, model_folder(cfg, cfg.model), critic_folder)
+        except ValueError as e:
+            raise RunError(str(e)) from None
+    train, val, reward_fn = load_task(cfg)
+    if not train:
+        raise RunError(f"{cfg.task}: no training examples")
+    algo, latent = configure_latent(cfg, algo, train)  # None: a token policy
+    sampling = SamplingOptions(cfg.top_k, cfg.min_p, cfg.repetition_penalty)
+    if latent is not None and not sampling.default:
+        raise RunError(
+            f"{algo.name} samples with --temperature and --top-p only (not --top-k, --min-p, --repetition-penalty)"
+        )
+    if cfg.device == "auto":
+        device = torch.device(f"cuda:{dist.local_rank}" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(cfg.device)
+    learner = LearnerConfig.from_run(
+        cfg, cfg.max_new_tokens, algo.defaults, kl_coef=cfg.kl_coef if cfg.kl_in == "loss" else 0.0
+    )
+    unset = {k: getattr(cfg, k) for k, v in dataclasses.asdict(given).items() if v is None}
+    plan = Plan(
+        given=given,
+        cfg=cfg,
+        algo=algo,
+        latent=latent,
+        group_size=G,
+        ranks=dist.world,
+        local_prompts=local_prompts,
+        device=device,
+        reward_fn=reward_fn,
+        sampling=sampling,
+        learner=learner,
+        estimator=estimator_params(cfg),
+        unset=unset,
+    )
+    return plan, Task(train, val)

@@ -1,0 +1,193 @@
+"""Stage 1, ``collect``: this rank's prompts of the next update, ``G`` samples each, scored.
+
+- **Data order** (:class:`PromptOrder`): a seeded shuffle of the training set, drawn from its end and
+  reshuffled when used up (epoch after epoch); every rank draws the same global list of
+  ``prompts_per_step`` prompts and keeps its contiguous share of ``prompts_per_step / ranks``.
+- **Seeds** (:func:`prompt_seeds`): one sampling seed per prompt, a function of the run seed, a base
+  (the update index; -1 for validation, -2 for the critic trace) and the prompt's position in the whole
+  batch, never of the rank that samples it. Round ``r`` of an update samples positions
+  ``r * prompts_per_step + i``, so no two rounds share a seed.
+- **Rounds** (:meth:`Collector.collect`): without dynamic sampling one round, all of its groups. With
+  ``K = --dynamic-sampling-rounds`` (DAPO) each group is classified by
+  :func:`~sppo_rl.agents.algorithms.group_signal`; only mixed ones (two valid outcomes that differ) are
+  kept, the first ``prompts_per_step / ranks`` in order. Another round is drawn while any rank is short,
+  at most ``K`` extra ones (the shortfall is summed over ranks, so every rank draws as many rounds). At
+  the cap the groups found are trained on, and the rest of the batch is filled with dropped groups made
+  invalid (no loss), so every rank trains on the same number of rows.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from sppo_rl.agents.algorithms import group_signal
+from sppo_rl.llm.data import Example, render_prompt
+from sppo_rl.llm.rollout import RolloutBatch
+from sppo_rl.llm.stages.row import StageTimer
+from sppo_rl.llm.stages.score import Scoring, give_up_if_cut
+
+
+def prompt_seeds(seed: int, base: int, positions: list[int]) -> list[int]:
+    """``(seed * 1_000_003 + base) * 65_537 + i`` for each position ``i``."""
+    return [(seed * 1_000_003 + base) * 65_537 + i for i in positions]
+
+
+class PromptOrder:
+    """The order in which the ``n`` training prompts are drawn (see the module docstring)."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n = n
+        self.rng = random.Random(seed)
+        self.order: list[int] = []
+
+    def draw(self, k: int) -> list[int]:
+        out = []
+        while len(out) < k:
+            if not self.order:
+                self.order = list(range(self.n))
+                self.rng.shuffle(self.order)
+            out.append(self.order.pop())
+        return out
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps (and an abandoned update rolls back to)."""
+        return {"data_rng": self.rng.getstate(), "order": list(self.order)}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.rng.setstate(state["data_rng"])
+        self.order = list(state["order"])
+
+
+class Sampler:
+    """The rollout at the run's temperature, top-p and response length, seeded per prompt."""
+
+    def __init__(self, rollout: Any, cfg: Any) -> None:
+        self.rollout, self.cfg = rollout, cfg
+
+    def sample(self, prompts: list[str], n: int, base: int, positions: list[int]) -> RolloutBatch:
+        """``n`` responses per prompt (adjacent rows), prompt ``j`` seeded by position ``positions[j]``."""
+        cfg = self.cfg
+        return self.rollout.generate(
+            prompts,
+            n=n,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_new_tokens=cfg.max_new_tokens,
+            seed=prompt_seeds(cfg.seed, base, positions),
+        )
+
+    def greedy(self, prompts: list[str]) -> RolloutBatch:
+        """One greedy decode per prompt."""
+        return self.rollout.generate(prompts, n=1, greedy=True, max_new_tokens=self.cfg.max_new_tokens)
+
+
+@dataclass
+class Round:
+    """One generation round of an update, this rank's share: prompts, samples and their scores."""
+
+    examples: list[Example]
+    rb: RolloutBatch
+    greedy: RolloutBatch | None
+    R: Tensor  # [rows] float32 outcome (a 0.0 placeholder where invalid)
+    valid: Tensor  # [rows] bool: the verifier gave the row (and its greedy baseline, if any) a score
+    baseline: Tensor | None  # [rows] the greedy outcome of the row's prompt (ReMax)
+    baseline_valid: Tensor | None  # [rows] bool
+    errors: int
+    kinds: Tensor | None = None  # [prompts] index into GROUP_KINDS (dynamic sampling only)
+
+
+@dataclass
+class Collected:
+    """An update's rounds, the ``(round, prompt)`` groups to train on, and the per-reward-function sums
+    over its training samples (``[k, 3]``: valid scores' sum, their count, failures)."""
+
+    rounds: list[Round]
+    groups: list[tuple[int, int]]
+    fn: np.ndarray = field(default_factory=lambda: np.zeros((1, 3)))
+
+
+class Collector:
+    """Stages 1 and 2 of an update for this rank: draw prompts, sample, score (see the module docstring).
+
+    Args:
+        train: the training prompts (rendered); order: their :class:`PromptOrder`.
+        sampler: the rollout (:class:`Sampler`); scoring: the reward workers (:class:`Scoring`).
+        plan: the run's :class:`~sppo_rl.llm.plan.Plan`; dist: its ranks; device: the reductions' device.
+        log: ``log(split, prompts, rb, truths, R, valid, step)`` writes completions; due: ``due(step)``.
+        tokenizer: renders a prompt (:func:`~sppo_rl.llm.data.render_prompt`).
+    """
+
+    def __init__(
+        self,
+        train: list[Example],
+        order: PromptOrder,
+        sampler: Sampler,
+        scoring: Scoring,
+        plan: Any,
+        dist: Any,
+        device: Any,
+        tokenizer: Any,
+        log: Any,
+        due: Any,
+    ) -> None:
+        self.train, self.order, self.sampler, self.scoring = train, order, sampler, scoring
+        self.plan, self.dist, self.device, self.tokenizer = plan, dist, device, tokenizer
+        self.log, self.due = log, due
+
+    def _next_prompts(self) -> tuple[list[Example], list[int]]:
+        """This rank's prompts of the next round and their positions in the whole round."""
+        out = [self.train[i] for i in self.order.draw(self.plan.cfg.prompts_per_step)]
+        n = self.plan.local_prompts
+        lo = self.dist.rank * n
+        return out[lo : lo + n], list(range(lo, lo + n))
+
+    def round(self, index: int, step: int, timer: StageTimer, fn: np.ndarray) -> Round:
+        """Generation round ``index`` of update ``step`` (0-based), scored; adds the training samples'
+        per-function sums to ``fn``. A preemption that cut the scoring raises :class:`Preempted`."""
+        cfg, G = self.plan.cfg, self.plan.group_size
+        with timer("gen"):
+            examples, positions = self._next_prompts()
+            prompts = [render_prompt(e, self.tokenizer) for e in examples]
+            rb = self.sampler.sample(prompts, G, step, [p + index * cfg.prompts_per_step for p in positions])
+            greedy_rb = self.sampler.greedy(prompts) if self.plan.algo.requires.greedy_baseline else None
+        with timer("score"):
+            rows = [examples[int(i)] for i in rb.prompt_index]
+            s = self.scoring(rb.texts, [e.answer for e in rows], rows)
+            fn += s.fn
+            R, valid, errors, cut = s.R, s.valid, s.errors, s.cut
+            if index == 0 and self.due(step + 1):
+                self.log("train", prompts, rb, [e.answer for e in examples], R, valid, step + 1)
+            baseline = baseline_valid = None
+            if greedy_rb is not None:
+                g = self.scoring(greedy_rb.texts, [e.answer for e in examples], examples)
+                errors, cut = errors + g.errors, cut or g.cut
+                baseline, baseline_valid = g.R[rb.prompt_index.cpu()], g.valid[rb.prompt_index.cpu()]
+                valid = valid & baseline_valid  # no baseline, no advantage
+        give_up_if_cut(cut, self.dist, self.device)
+        return Round(examples, rb, greedy_rb, R, valid, baseline, baseline_valid, errors)
+
+    def collect(self, step: int, timer: StageTimer) -> Collected:
+        """The rounds of update ``step`` and the groups to train on (see the module docstring)."""
+        K, n, G = self.plan.cfg.dynamic_sampling_rounds, self.plan.local_prompts, self.plan.group_size
+        fn = np.zeros((len(self.scoring.names), 3))
+        rounds = [self.round(0, step, timer, fn)]
+        if K == 0:
+            return Collected(rounds, [(0, k) for k in range(n)], fn)
+        keep: list[tuple[int, int]] = []
+        while True:
+            r = rounds[-1]
+            r.kinds = group_signal(r.R.view(-1, G), r.valid.view(-1, G))
+            keep += [(len(rounds) - 1, int(k)) for k in torch.nonzero(r.kinds == 0).flatten()]
+            short = self.dist.all_sum([float(max(0, n - len(keep)))], self.device)[0]
+            if short == 0 or len(rounds) > K:
+                break
+            rounds.append(self.round(len(rounds), step, timer, fn))
+        keep = keep[:n]
+        filler = [(i, int(k)) for i, r in enumerate(rounds) for k in torch.nonzero(r.kinds != 0).flatten()]
+        return Collected(rounds, keep + filler[: n - len(keep)], fn)
