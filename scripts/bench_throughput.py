@@ -97,7 +97,7 @@ def ours(task: str, algo: str, steps: int, epochs: int, minibatches: int, init: 
 
 def load_warmstart_into_sb3(model, task: str) -> None:
     """Copy the shipped warm-start actor into SB3's policy network, folding the normalisation in."""
-    from sppo_rl.control.trainer import WARMSTART_DIR, load_actor_file
+    from sppo_rl.control.actor_files import WARMSTART_DIR, load_actor_file
 
     actor = load_actor_file(WARMSTART_DIR / f"{task}.pt")
     mu = actor.norm.mean.float()

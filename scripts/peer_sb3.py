@@ -126,7 +126,7 @@ def parse_budgets(tokens: list[str]) -> dict[str, int]:
 def validate(args: argparse.Namespace) -> dict[str, int]:
     """Every input checked before any file is touched; returns the budget of each task (short names)."""
     from sppo_rl.agents.algorithms import get_algorithm
-    from sppo_rl.control.trainer import WARMSTART_DIR
+    from sppo_rl.control.actor_files import WARMSTART_DIR
     from sppo_rl.envs import get_task
 
     budgets_in = parse_budgets(args.budgets)
@@ -237,8 +237,8 @@ def steps_per_update(task: str, batches: int = 4) -> int:
     seed of a task gets the same SB3 rollout size."""
     import torch
 
+    from sppo_rl.control.actor_files import WARMSTART_DIR, load_actor_file
     from sppo_rl.control.rollout import collect
-    from sppo_rl.control.trainer import WARMSTART_DIR, load_actor_file
     from sppo_rl.envs import get_task, make_episode_env
 
     spec = get_task(task)

@@ -265,7 +265,7 @@ class Policy:
 
     def save(self, path: str | Path) -> Path:
         """Write the actor file (the format of a run's ``final.pt``) to ``path``; returns the path."""
-        from sppo_rl.control.trainer import save_actor_file
+        from sppo_rl.control.actor_files import save_actor_file
 
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -276,7 +276,7 @@ class Policy:
     def load(cls, path: str | Path) -> Policy:
         """A policy from an actor file (``final.pt``, a warm start, one written by :meth:`save`) or a run
         folder (its ``final.pt``). Read with the project's ``torch_load`` (``weights_only=True``)."""
-        from sppo_rl.control.trainer import load_actor_file
+        from sppo_rl.control.actor_files import load_actor_file
         from sppo_rl.runtime.checkpoint import torch_load
 
         path = Path(path)

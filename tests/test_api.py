@@ -166,8 +166,8 @@ def test_example_3_llm_trains_on_in_memory_examples_and_generates(tmp_path, monk
 
 
 def test_policy_predict_shapes_sampling_and_save_load(tmp_path):
+    from sppo_rl.control.actor_files import load_actor_file
     from sppo_rl.control.networks import Actor
-    from sppo_rl.control.trainer import load_actor_file
 
     torch.manual_seed(0)
     disc = api.Policy(Actor(5, 3, True), meta={"config": {"task": "x"}})

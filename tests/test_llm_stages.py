@@ -39,7 +39,9 @@ def _rb(lengths: list[int], finished: list[bool], T: int = 4, P: int = 2) -> Rol
     )
 
 
-def _round(R: list[float], valid: list[bool], lengths: list[int], finished: list[bool], errors: int = 0) -> Round:
+def _round(
+    R: list[float], valid: list[bool], lengths: list[int], finished: list[bool], errors: int = 0
+) -> Round:
     return Round(
         examples=[None] * (len(R) // 2),
         rb=_rb(lengths, finished),
@@ -75,7 +77,9 @@ def test_prompt_seeds_depend_on_the_position_not_the_rank():
 
 def test_update_sums_and_row_are_the_hand_counts():
     # round 0: 4 rows, R = [1, 0, 1, 0], the last invalid; round 1 (dynamic sampling): 2 rows, both valid
-    r0 = _round([1.0, 0.0, 1.0, 0.0], [True, True, True, False], [2, 4, 1, 3], [True, False, True, True], errors=1)
+    r0 = _round(
+        [1.0, 0.0, 1.0, 0.0], [True, True, True, False], [2, 4, 1, 3], [True, False, True, True], errors=1
+    )
     r1 = _round([1.0, 1.0], [True, True], [1, 1], [True, True])
     r0.kinds, r1.kinds = torch.tensor([0, 0]), torch.tensor([1])  # mixed, mixed | all correct
     mask = torch.ones(2, 4)
@@ -90,7 +94,9 @@ def test_update_sums_and_row_are_the_hand_counts():
     totals = {"generated_tokens": 100, "wall_time_s": 9.0, "step_time_s": 3.5}
     row = update_row(3, tot, timer, totals, {"learning_rate": 1e-4})
     assert row["reward_mean"] == pytest.approx(4 / 5)  # valid rows only
-    assert row["response_length"] == pytest.approx(12 / 6) and row["response_clip_frac"] == pytest.approx(1 / 6)
+    assert row["response_length"] == pytest.approx(12 / 6) and row["response_clip_frac"] == pytest.approx(
+        1 / 6
+    )
     assert row["gen_tokens_per_s"] == pytest.approx(12 / 2.0) and row["invalid_rollouts"] == 1
     assert row["step"] == 3 and row["generated_tokens"] == 100 and row["learning_rate"] == 1e-4
     ds = dynamic_sampling_row(tot, rounds=2, prompts_per_step=3)
@@ -102,7 +108,12 @@ def test_update_sums_and_row_are_the_hand_counts():
 def test_reward_fn_row_means_each_function_over_its_valid_scores():
     fn = np.array([[1.5, 3.0, 0.0], [0.0, 2.0, 1.0]])  # sum, valid count, failures per function
     row = reward_fn_row(["math", "fmt.py:tags"], fn, OneRank(), "cpu")
-    assert row == {"rewards/math": 0.5, "reward_errors/math": 0, "rewards/fmt.py:tags": 0.0, "reward_errors/fmt.py:tags": 1}
+    assert row == {
+        "rewards/math": 0.5,
+        "reward_errors/math": 0,
+        "rewards/fmt.py:tags": 0.0,
+        "reward_errors/fmt.py:tags": 1,
+    }
     assert reward_fn_row(["math"], fn[:1], OneRank(), "cpu") == {}
 
 

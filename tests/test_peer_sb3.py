@@ -38,7 +38,7 @@ def test_sb3_policy_is_our_warm_start(peer, task):
     """On observations spread around the warm start's normalisation statistics, SB3's action distribution
     equals our actor's: the same probabilities (discrete) or the same mean and std (continuous). A folding
     that forgot the bias shift ``-W mu / sd`` or the scaling ``1 / sd`` moves the logits by O(1)."""
-    from sppo_rl.control.trainer import WARMSTART_DIR, load_actor_file
+    from sppo_rl.control.actor_files import WARMSTART_DIR, load_actor_file
 
     actor = load_actor_file(WARMSTART_DIR / f"{task}.pt")
     model = peer.make_sb3(peer.sb3_settings(task, seed=0, budget=64, n_steps=8))

@@ -15,6 +15,7 @@ import pytest
 from sppo_rl.experiments import tail
 from sppo_rl.experiments.config import ReportConfig
 from sppo_rl.experiments.report import run_report
+from sppo_rl.runtime.trace import Trace, load_trace
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -75,7 +76,7 @@ def test_tail_share_by_hand():
     assert math.isnan(tail.tail_share([-0.1] * 20)) and math.isnan(tail.tail_share([np.nan] * 20))
 
 
-def synthetic(rng, n: int, separate_from: float, noise: float = 0.02) -> tail.Trace:
+def synthetic(rng, n: int, separate_from: float, noise: float = 0.02) -> Trace:
     """Half successes, half failures, lengths 20..60 padded to 64: a step critic that says 0.5 for both
     outcomes until relative position ``u = t / (T - 1) = separate_from``, then 0.95 for successes and
     0.05 for failures."""
@@ -86,7 +87,7 @@ def synthetic(rng, n: int, separate_from: float, noise: float = 0.02) -> tail.Tr
     late = np.where(success[:, None], 0.95, 0.05)
     values = np.where(u >= separate_from, late, 0.5) + noise * rng.standard_normal((n, T))
     values[np.arange(T)[None, :] >= lengths[:, None]] = 0.0  # zero padding, as the trainers write it
-    return tail.Trace("step", lengths, success, T, values=values)
+    return Trace("step", lengths, success, T, values=values)
 
 
 def test_separation_only_in_the_last_tenth_is_reported_as_a_tail_effect():
@@ -121,7 +122,7 @@ def test_variable_lengths_weigh_every_sequence_equally_in_a_bin():
     # per bin the success mean is (1 + 0) / 2 wherever both reach, whatever their step counts
     values = np.zeros((3, 40))
     values[0, :40] = 1.0
-    trace = tail.Trace("step", np.array([40, 2, 4]), np.array([True, True, False]), 40, values=values)
+    trace = Trace("step", np.array([40, 2, 4]), np.array([True, True, False]), 40, values=values)
     e = tail.step_numbers(trace, bins=4)
     assert e["bins"]["success"]["n"] == [2, 1, 1, 2]  # T = 2 covers the first and the last bin only
     assert e["bins"]["success"]["mean"] == [0.5, 1.0, 1.0, 0.5]
@@ -138,13 +139,13 @@ def test_one_outcome_only_gives_nan_not_an_error():
     trace.success[:] = False
     e = tail.step_numbers(trace)
     assert e["successes"] == 0 and math.isnan(e["tail_share"]) and math.isnan(e["auc_last"])
-    seq = tail.sequence_numbers(tail.Trace("sequence", np.ones(3, int), np.zeros(3, bool), 8, v0=np.ones(3)))
+    seq = tail.sequence_numbers(Trace("sequence", np.ones(3, int), np.zeros(3, bool), 8, v0=np.ones(3)))
     assert math.isnan(seq["gap_v0"]) and math.isnan(seq["auc_v0"]) and seq["v0_failure_mean"] == 1.0
 
 
 def test_sequence_critic_numbers():
     v0 = np.array([0.9, 0.7, 0.4, 0.6, 0.2])
-    trace = tail.Trace("sequence", np.ones(5, int), np.array([1, 1, 1, 0, 0]) > 0, 1, v0=v0)
+    trace = Trace("sequence", np.ones(5, int), np.array([1, 1, 1, 0, 0]) > 0, 1, v0=v0)
     e = tail.sequence_numbers(trace)
     assert e["v0_success_mean"] == pytest.approx(2.0 / 3) and e["v0_failure_mean"] == pytest.approx(0.4)
     assert e["gap_v0"] == pytest.approx(2.0 / 3 - 0.4)
@@ -166,11 +167,11 @@ def test_load_trace_checks_the_file(tmp_path):
         horizon=np.array(3),
         values=np.zeros((2, 3), dtype=np.float32),
     )
-    t = tail.load_trace(good)
+    t = load_trace(good)
     assert t.kind == "step" and t.success.tolist() == [True, False] and t.horizon == 3
     (tmp_path / "torn.npz").write_bytes(good.read_bytes()[:40])
     with pytest.raises(ValueError, match="not a readable npz"):
-        tail.load_trace(tmp_path / "torn.npz")
+        load_trace(tmp_path / "torn.npz")
     np.savez(
         tmp_path / "short.npz",
         kind=np.array("step"),
@@ -179,22 +180,22 @@ def test_load_trace_checks_the_file(tmp_path):
         values=np.zeros((1, 3)),
     )
     with pytest.raises(ValueError, match="T >= every length"):
-        tail.load_trace(tmp_path / "short.npz")
+        load_trace(tmp_path / "short.npz")
     np.savez(tmp_path / "odd.npz", kind=np.array("token"), lengths=np.array([1]), success=np.array([1.0]))
     with pytest.raises(ValueError, match="unknown kind"):
-        tail.load_trace(tmp_path / "odd.npz")
+        load_trace(tmp_path / "odd.npz")
 
 
 # ------------------------------------------------------------------------------------- per seed
 
 
-def constant_trace(kind: str, success: list[int], value: list[float], length: int = 3) -> tail.Trace:
+def constant_trace(kind: str, success: list[int], value: list[float], length: int = 3) -> Trace:
     """A trace whose critic says ``value[i]`` at every step of sequence ``i`` (or as its V(s_0))."""
     n, s = len(success), np.array(success) > 0
     if kind == "sequence":
-        return tail.Trace("sequence", np.full(n, length), s, length, v0=np.array(value, dtype=float))
+        return Trace("sequence", np.full(n, length), s, length, v0=np.array(value, dtype=float))
     values = np.repeat(np.array(value, dtype=float)[:, None], length, axis=1)
-    return tail.Trace("step", np.full(n, length), s, length, values=values)
+    return Trace("step", np.full(n, length), s, length, values=values)
 
 
 @pytest.mark.parametrize("kind", ["step", "sequence"])
@@ -223,9 +224,9 @@ def test_seeds_are_not_ranked_against_each_other(kind):
 def test_an_inverted_seed_is_counted():
     # step critics, T = 2 and 2 bins (t = 0 in bin 0, t = 1 in bin 1); every seed separates at the end,
     # at the start seed 0 separates, seed 1 says the same for both, seed 2 ranks them the wrong way round
-    def seed(first_success: float, first_failure: float) -> tail.Trace:
+    def seed(first_success: float, first_failure: float) -> Trace:
         values = np.array([[first_success, 0.9], [first_failure, 0.1]])
-        return tail.Trace("step", np.array([2, 2]), np.array([True, False]), 2, values=values)
+        return Trace("step", np.array([2, 2]), np.array([True, False]), 2, values=values)
 
     traced = [("t", "ppo", {"seed": k}, seed(*v)) for k, v in enumerate([(0.6, 0.4), (0.5, 0.5), (0.3, 0.7)])]
     (e,) = tail.diagnose(traced, bins=2)
@@ -398,7 +399,7 @@ def test_plot_one_panel_per_task(tmp_path):
             "task-a",
             "sppo",
             {"seed": k},
-            tail.Trace("sequence", np.ones(4, int), np.array([1, 0, 1, 0]) > 0, 1, v0=rng.random(4)),
+            Trace("sequence", np.ones(4, int), np.array([1, 0, 1, 0]) > 0, 1, v0=rng.random(4)),
         )
         for k in range(2)
     ]

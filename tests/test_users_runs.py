@@ -244,7 +244,7 @@ def test_llm_run_files_follow_the_umask(tmp_path, tiny):
 def test_atomic_writes_keep_a_stricter_umask(tmp_path, mask):
     code = (f"import os; os.umask({mask:#o})\n"
             "from pathlib import Path\n"
-            "from sppo_rl.runtime.checkpoint import atomic_write_text\n"
+            "from sppo_rl.runtime.files import atomic_write_text\n"
             "atomic_write_text(Path(os.environ['F']), 'x')\n")  # fmt: skip
     f = tmp_path / "f.json"
     subprocess.run([sys.executable, "-c", code], env={**_env(), "F": str(f)}, check=True, timeout=60)

@@ -69,7 +69,7 @@ def test_a_plain_pickle_that_runs_code_is_refused(tmp_path):
 
 def test_an_init_from_actor_file_that_runs_code_is_refused(tmp_path):
     """``--init-from`` takes a user's file: the control trainer's loader refuses the payload too."""
-    from sppo_rl.control.trainer import load_actor_file
+    from sppo_rl.control.actor_files import load_actor_file
 
     marker = tmp_path / "pwned"
     evil = tmp_path / "final.pt"

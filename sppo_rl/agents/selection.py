@@ -32,8 +32,8 @@ def register_selector(name: str) -> Callable[[Selector], Selector]:
 
 
 def get_selector(name: str) -> Selector:
-    import sppo_rl.agents.variants  # noqa: F401  (registers the variants' selectors)
-
+    """The selector registered as ``name`` (the variants' own register when :mod:`sppo_rl.agents` is
+    imported, which happens before any of its modules)."""
     try:
         return SELECTORS[name]
     except KeyError:

@@ -37,8 +37,7 @@ from sppo_rl.agents import (
     ppo_update,
 )
 from sppo_rl.agents.algorithms import default_group_size, estimator_params, value_units
-from sppo_rl.control.actor_files import (  # noqa: F401  (imported from here too)
-    WARMSTART_DIR,
+from sppo_rl.control.actor_files import (
     check_init_actor,
     load_actor_file,
     resolve_init,
@@ -53,7 +52,8 @@ from sppo_rl.runtime import (
     check_finite,
     prepare_run_dir,
 )
-from sppo_rl.runtime.checkpoint import atomic_write_text, torch_load, torch_save
+from sppo_rl.runtime.checkpoint import torch_load, torch_save
+from sppo_rl.runtime.files import atomic_write_text
 from sppo_rl.runtime.logging import start_logging
 from sppo_rl.runtime.loop import Schedule, announce, progress_bar, run_loop
 from sppo_rl.runtime.run import RunError, check_resume, set_threads, unlock_run_dir

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from gymnasium.vector import VectorEnv
 
+import sppo_rl.envs.custom  # noqa: E402, F401  (adds custom tasks and Gymnasium ids to get_task)
 from sppo_rl.envs.tasks import TASKS, TaskSpec, get_task, register_tasks
 
 __all__ = ["TASKS", "TaskSpec", "get_task", "make_episode_env", "register_tasks"]

@@ -54,7 +54,7 @@ from gymnasium import spaces
 
 from sppo_rl.envs.core import EpisodeSyncVectorEnv, extended_box
 from sppo_rl.envs.stock import RULES, stock_success, success_rule, survived
-from sppo_rl.envs.tasks import TaskSpec
+from sppo_rl.envs.tasks import LOOKUPS, TaskSpec
 
 Success = Callable[[np.ndarray, dict, bool, bool], Any]
 """``success(obs, info, terminated, truncated) -> bool``: the outcome of an episode, on its last step."""
@@ -413,3 +413,6 @@ def resolve_task(task: str, success: str | None = None) -> TaskSpec:
         get_task(task)  # the unknown-task message
     fn, rule = success_rule(success)
     return build_custom_task(task, task, fn, rule=rule)
+
+
+LOOKUPS.append(custom_task)

@@ -254,6 +254,11 @@ TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in _SPECS}
 _BY_ID = {spec.env_id: spec for spec in _SPECS}
 
 
+LOOKUPS: list[Callable[[str], TaskSpec | None]] = []
+"""Where :func:`get_task` looks for a name that is no built-in task, in order: importing :mod:`sppo_rl.envs`
+adds :func:`sppo_rl.envs.custom.custom_task` (the tasks of ``register_custom_task`` and Gymnasium ids)."""
+
+
 def get_task(name: str | TaskSpec) -> TaskSpec:
     """The :class:`TaskSpec` of a short name (``"hopper"``) or Gymnasium id (``"sppo_rl/SparseHopper-v0"``),
     of a task added with :func:`sppo_rl.envs.custom.register_custom_task`, or of a stock Gymnasium id
@@ -265,10 +270,10 @@ def get_task(name: str | TaskSpec) -> TaskSpec:
     if isinstance(name, TaskSpec):
         return name
     spec = TASKS.get(name) or _BY_ID.get(name)
-    if spec is None:  # a task of register_custom_task, or a plain Gymnasium id (sppo_rl.envs.custom)
-        from sppo_rl.envs.custom import custom_task
-
-        spec = custom_task(name)
+    for lookup in LOOKUPS if spec is None else ():  # a task of register_custom_task, or a Gymnasium id
+        spec = lookup(name)
+        if spec is not None:
+            break
     if spec is None:
         raise ValueError(
             f"unknown task {name!r}; valid: {', '.join(TASKS)} (or their ids: {', '.join(_BY_ID)}), a "

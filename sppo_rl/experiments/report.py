@@ -59,9 +59,11 @@ import numpy as np
 
 from sppo_rl.experiments import protocol, stats, tail
 from sppo_rl.experiments.config import ReportConfig
+from sppo_rl.experiments.figures import fit_title
 from sppo_rl.experiments.sweep import BOOKKEEPING
 from sppo_rl.runtime.logging import json_safe, read_metrics
 from sppo_rl.runtime.run import RunError
+from sppo_rl.runtime.trace import TRACE_FILE, load_trace
 
 # one colour per algorithm, the same in every figure; other names get EXTRA colours in sorted order
 PALETTE = {
@@ -530,27 +532,17 @@ def tail_effect(runs: list[Run]) -> tuple[list[dict[str, Any]], list[str]]:
     label); also the traces that could not be read, with why."""
     traced, skipped = [], []
     for r in runs:
-        path = r.path / tail.TRACE_FILE
+        path = r.path / TRACE_FILE
         if not path.is_file():
             continue
         try:
-            traced.append((r.task, r.label, {"seed": r.seed, "path": str(r.path)}, tail.load_trace(path)))
+            traced.append((r.task, r.label, {"seed": r.seed, "path": str(r.path)}, load_trace(path)))
         except ValueError as e:
             skipped.append(str(e))
     return tail.diagnose(traced), skipped
 
 
 # ------------------------------------------------------------------------------------- figures
-
-
-def fit_title(fig, text: str, fontsize: float = 9) -> None:
-    """``fig.suptitle(text)`` with each line wrapped at the words to fit the figure's width (at most
-    ``width * 72 / (0.6 * fontsize)`` characters a line: a character of DejaVu Sans is about 0.55 em)."""
-    import textwrap
-
-    width = max(20, int(fig.get_figwidth() * 72 * 0.95 / (0.6 * fontsize)))
-    lines = [textwrap.fill(line, width) for line in text.split("\n")]
-    fig.suptitle("\n".join(lines), fontsize=fontsize)
 
 
 INTEGER_X = {"episodes", "step", "generated_tokens"}
@@ -1098,7 +1090,7 @@ def run_report(cfg: ReportConfig) -> dict[str, Any]:
     if not control and not llm and not tails:
         raise RunError(
             f"no run with metrics (metrics.jsonl + config.json with success_rate or val_accuracy rows) or a "
-            f"{tail.TRACE_FILE} under {', '.join(cfg.inputs)}"
+            f"{TRACE_FILE} under {', '.join(cfg.inputs)}"
         )
     out.mkdir(parents=True, exist_ok=True)
     style = styles(runs, label_order(runs))

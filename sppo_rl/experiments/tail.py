@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
-from sppo_rl.runtime.trace import TRACE_FILE, Trace, load_trace  # noqa: F401  (the schema lives there)
+from sppo_rl.runtime.trace import Trace
 
 TAIL_BINS = 20
 TAIL_FRAC = 0.1
@@ -400,7 +400,7 @@ def plot(entries: list[dict[str, Any]], path: Path, colour: dict[str, str], frac
         bottom.set_ylabel("ROC-AUC success vs failure")
         bottom.set_xticks([0, 0.25, 0.5, 0.75, 1.0])
         top.tick_params(labelbottom=False)
-    from sppo_rl.experiments.report import fit_title
+    from sppo_rl.experiments.figures import fit_title
 
     fit_title(
         fig,

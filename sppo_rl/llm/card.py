@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sppo_rl.runtime.checkpoint import atomic_write_text
+from sppo_rl.runtime.files import atomic_write_text
 
 
 def model_card(cfg: Any, summary: dict[str, Any], rows: list[dict[str, Any]], warnings: list[str]) -> str:

@@ -57,7 +57,7 @@ def summary_of(run: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
     if run.dist.main:
         from sppo_rl.llm.card import write_model_card
-        from sppo_rl.runtime.checkpoint import follow_umask
+        from sppo_rl.runtime.files import follow_umask
         from sppo_rl.runtime.watch import not_learning
 
         warnings = [w["message"] for w in not_learning(rows)]
@@ -69,7 +69,7 @@ def summary_of(run: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
 def stopped_summary(out: Path, run: Any, reason: str) -> None:
     """``summary.json`` of a run stopped by :class:`~sppo_rl.runtime.run.RunFailed`: ``stopped`` (the
     reason) and the last update's counts (rank 0)."""
-    from sppo_rl.runtime.checkpoint import atomic_write_text
+    from sppo_rl.runtime.files import atomic_write_text
     from sppo_rl.runtime.logging import json_safe
 
     summary = {

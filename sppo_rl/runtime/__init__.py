@@ -1,6 +1,7 @@
 """Run plumbing shared by both worlds: checkpoints, metrics, preemption, numerical guards."""
 
-from sppo_rl.runtime.checkpoint import CheckpointManager, atomic_write_text, read_meta
+from sppo_rl.runtime.checkpoint import CheckpointManager, read_meta
+from sppo_rl.runtime.files import atomic_write_text
 from sppo_rl.runtime.logging import RunLogger, read_metrics
 from sppo_rl.runtime.run import (
     NonFiniteError,

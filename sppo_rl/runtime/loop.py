@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
-from sppo_rl.runtime.checkpoint import atomic_write_text
+from sppo_rl.runtime.files import atomic_write_text
 from sppo_rl.runtime.logging import json_safe, read_metrics
 from sppo_rl.runtime.run import Preempted, Preemption, check_run_dir, exit_preempted
 from sppo_rl.runtime.storage import storage_error

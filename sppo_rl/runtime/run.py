@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
-from sppo_rl.runtime.checkpoint import atomic_write_text
+from sppo_rl.runtime.files import atomic_write_text
 
 
 class RunError(RuntimeError):
