@@ -37,7 +37,7 @@ def evaluate(self: LLMRun) -> dict[str, Any]:
         scores, err = self._score(rb.texts, [e.answer for e in rows], rows)
         self.log_completions("val", prompts, rb, truths, scores)
         per_prompt = scores.view(len(prompts), k)
-        greedy = self.rollout.generate(prompts, greedy=True, max_new_tokens=cfg.max_new_tokens)
+        greedy = self.rollout.generate(prompts, self.sampling.as_greedy())
         g_scores, g_err = self._score(greedy.texts, truths, [self.val_set[i] for i in mine])
         sums = [
             float(per_prompt.sum()),

@@ -58,13 +58,12 @@ from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.data import Example, fit_prompts, render_prompt
 from sppo_rl.llm.engines import init_process_group, launcher_dist, make_engine
 from sppo_rl.llm.evaluation import evaluate, write_critic_trace
-from sppo_rl.llm.latent import configure_latent
+from sppo_rl.llm.latent.plugin import configure_latent
 from sppo_rl.llm.models import (
     CRITICS,
     BaseModelView,
     SequenceCritic,
     TokenCritic,
-    adapted_tensor_names,
     apply_lora,
     check_lora_targets_of,
     check_same_tokenizer,
@@ -73,7 +72,8 @@ from sppo_rl.llm.models import (
     save_adapter,
 )
 from sppo_rl.llm.prompts import render_examples
-from sppo_rl.llm.rollout import HFRolloutEngine, RolloutBatch, SamplingOptions
+from sppo_rl.llm.rollout.base import RolloutBatch
+from sppo_rl.llm.rollout.factory import context_limit, make_rollout, sampling_params
 from sppo_rl.llm.setup import (  # noqa: F401  (TINY_CHARSET, default_cache_dir, rollout_rows: imported from here too)
     TINY_CHARSET,
     TINY_SETTINGS,
@@ -243,11 +243,7 @@ class LLMRun:
         if not self.train_set:
             raise RunError(f"{cfg.task}: no training examples")
         self.algo, self.latent = configure_latent(cfg, self.algo, self.train_set)  # None: a token policy
-        self.sampling = SamplingOptions(cfg.top_k, cfg.min_p, cfg.repetition_penalty)
-        if self.latent is not None and not self.sampling.default:
-            raise RunError(
-                f"{self.algo.name} samples with --temperature and --top-p only (not --top-k, --min-p, --repetition-penalty)"
-            )
+        self.sampling = sampling_params(cfg)  # one sample per prompt; sample() sets n
         self.scorer = start_scorer(reward_fn, cfg.reward_timeout, cfg.reward_weights or None)
 
         def prepare() -> Path:
@@ -337,9 +333,9 @@ class LLMRun:
         )
         if cfg.kl_coef > 0 and cfg.lora_rank:
             self.ref = BaseModelView(self.actor_engine.module)
-        self.rollout = self._make_rollout(actor_path, dtype)
-        if cfg.lora_rank and cfg.rollout == "vllm":  # each vLLM layer a sync touches must get all its parts
-            self.rollout.check_partial_sync(adapted_tensor_names(self.actor))
+        self.rollout = make_rollout(
+            cfg, self.actor, self.tokenizer, actor_path, dtype=dtype, device=self.device, latent=self.latent
+        )
 
         self.data_rng = random.Random(cfg.seed)
         self.order: list[int] = []
@@ -386,9 +382,7 @@ class LLMRun:
         """Drop the training and validation prompts longer than ``--max-prompt-tokens`` (at most the
         model's context minus ``--max-new-tokens``), counted in a warning; refuse a set left empty."""
         cfg = self.cfg
-        ctx = model_context(actor_path)
-        if cfg.rollout == "vllm" and cfg.vllm_max_model_len:
-            ctx = min(ctx or cfg.vllm_max_model_len, cfg.vllm_max_model_len)
+        ctx = context_limit(cfg, model_context(actor_path))
         limit, why = cfg.max_prompt_tokens, "--max-prompt-tokens"
         if ctx is not None:
             room = ctx - cfg.max_new_tokens
@@ -425,51 +419,14 @@ class LLMRun:
             raise RunError(error.split(": ", 1)[1])
         return result
 
-    def _make_rollout(self, actor_path: Path, dtype: torch.dtype) -> Any:
-        """The sampler. With the plain torch engine and HF generation it shares the actor's weights;
-        otherwise it holds its own copy, refreshed by :meth:`sync_rollout` after every update."""
-        cfg = self.cfg
-        if cfg.rollout == "vllm":
-            from sppo_rl.llm.vllm_engine import VLLMRolloutEngine
-
-            # the engine restores the RNG states, thread count and signal handlers it changes when it starts
-            engine = VLLMRolloutEngine(
-                actor_path,
-                self.tokenizer,
-                dtype=cfg.vllm_dtype or cfg.dtype,
-                seed=cfg.seed,
-                add_special_tokens=False,
-                max_model_len=cfg.vllm_max_model_len,
-                gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-                enable_sleep_mode=cfg.vllm_sleep,
-                sync_timeout_s=cfg.collective_timeout,
-                sampling=self.sampling,
-            )
-            self._separate_rollout = True
-            return engine
-        if cfg.engine == "torch":
-            self._separate_rollout = False
-            return (self.latent.engine if self.latent else HFRolloutEngine)(
-                self.actor, self.tokenizer, add_special_tokens=False, sampling=self.sampling
-            )
-        self._separate_rollout = True
-        replica = load_actor(actor_path, dtype=dtype, device=self.device).eval().requires_grad_(False)
-        return (self.latent.engine if self.latent else HFRolloutEngine)(
-            replica, self.tokenizer, add_special_tokens=False, sampling=self.sampling
-        )
-
     def sync_rollout(self) -> float:
-        """Push the actor's current weights into the rollout engine (seconds taken; 0 if shared)."""
-        if not self._separate_rollout:
+        """Push the actor's current weights into the rollout (seconds taken; 0 if it samples from the actor)."""
+        if self.rollout.shares_actor:
             return 0.0
         t0 = time.perf_counter()
-        if self.cfg.vllm_sleep and hasattr(self.rollout, "wake_up"):
-            self.rollout.wake_up()
+        self.rollout.wake_up()
         items = self.actor_engine.sync_state_items()  # with LoRA: the adapted modules, merged
-        if self.cfg.lora_rank and self.cfg.rollout == "vllm":
-            self.rollout.update_weights(items, partial=True)
-        else:
-            self.rollout.update_weights(items)
+        self.rollout.update_weights(items, partial=bool(self.cfg.lora_rank))
         return time.perf_counter() - t0
 
     # ------------------------------------------------------------------------------------- state
@@ -600,14 +557,8 @@ class LLMRun:
     def sample(self, prompts: list[str], n: int, base: int, positions: list[int]) -> RolloutBatch:
         """``n`` responses per prompt at the run's temperature, top-p and length, seeded per prompt
         (:meth:`_seeds`): the training batches (``base`` = the update), validation and critic traces."""
-        cfg = self.cfg
         return self.rollout.generate(
-            prompts,
-            n=n,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            max_new_tokens=cfg.max_new_tokens,
-            seed=self._seeds(base, positions),
+            prompts, dataclasses.replace(self.sampling, n=n), seeds=self._seeds(base, positions)
         )
 
     def _round(self, index: int) -> _Round:
@@ -622,7 +573,7 @@ class LLMRun:
         rb = self.sample(prompts, G, self.step_idx, [p + index * cfg.prompts_per_step for p in positions])
         greedy_rb = None
         if self.algo.requires.greedy_baseline:
-            greedy_rb = self.rollout.generate(prompts, n=1, greedy=True, max_new_tokens=cfg.max_new_tokens)
+            greedy_rb = self.rollout.generate(prompts, self.sampling.as_greedy())
         t1 = time.perf_counter()
         rows = [examples[int(i)] for i in rb.prompt_index]
         R, errors, valid = self._score_items(rb.texts, [e.answer for e in rows], rows, train=True)
@@ -684,8 +635,7 @@ class LLMRun:
             self.data_rng.setstate(before[1])
             torch.set_rng_state(before[2])
             raise
-        if cfg.vllm_sleep and hasattr(self.rollout, "sleep"):
-            self.rollout.sleep(1)  # free the rollout engine's KV cache while training
+        self.rollout.sleep()  # frees the sampler's memory while training (vLLM with --vllm-sleep)
         t_gen, t_score = self._t_gen, self._t_score
         if groups == [(0, k) for k in range(len(rounds[0].examples))]:
             r0 = rounds[0]
