@@ -5,7 +5,8 @@
   :mod:`sppo_rl.llm.rollout`).
 - :class:`Rollout`: the calls every backend answers (``generate``, ``update_weights``, ``sleep``,
   ``wake_up``, ``close``; a no-op where a backend has nothing to do) and ``shares_actor``.
-- :func:`left_pad`, :func:`encode_prompts`: the prompt layout every backend shares.
+- :func:`left_pad`, :func:`encode_prompts`, :func:`pad_and_stop_ids`: the token layout every backend
+  shares.
 - :func:`logprob_agreement`: how far a backend's ``logprobs`` are from the trainer's recomputation.
 """
 
@@ -199,6 +200,20 @@ def left_pad(
             ids[i, L - len(s) :] = torch.as_tensor(list(s), dtype=torch.long)
             mask[i, L - len(s) :] = 1
     return ids.to(device), mask.to(device)
+
+
+def pad_and_stop_ids(
+    tokenizer: PreTrainedTokenizerBase, stop_token_ids: Iterable[int | None]
+) -> tuple[int, list[int]]:
+    """``(pad id, stop ids)``: the tokenizer's pad token (else its eos) and the sorted distinct
+    ``stop_token_ids`` (None entries dropped); ``ValueError`` when either is missing."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad_id is None:
+        raise ValueError("the tokenizer needs a pad or an eos token")
+    stops = sorted({int(s) for s in stop_token_ids if s is not None})
+    if not stops:
+        raise ValueError("no stop token: the tokenizer has no eos token and none was given")
+    return int(pad_id), stops
 
 
 def encode_prompts(

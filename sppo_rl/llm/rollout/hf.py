@@ -19,7 +19,14 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from sppo_rl.llm.models import accepts_kwarg, positions_from_mask
-from sppo_rl.llm.rollout.base import RolloutBatch, SamplingParams, Seeds, encode_prompts, left_pad
+from sppo_rl.llm.rollout.base import (
+    RolloutBatch,
+    SamplingParams,
+    Seeds,
+    encode_prompts,
+    left_pad,
+    pad_and_stop_ids,
+)
 
 
 def repetition_penalty(z: Tensor, seen: Tensor, penalty: float) -> Tensor:
@@ -91,18 +98,12 @@ class HFRollout:
         self.shares_actor = shares_actor
         self.tokenizer = tokenizer
         self.add_special_tokens = add_special_tokens
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        if pad_id is None:
-            raise ValueError("the tokenizer needs a pad or an eos token")
-        self.pad_token_id = int(pad_id)
         if stop_token_ids is None:
             stops = {tokenizer.eos_token_id}
             gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
             stops |= set(gen_eos) if isinstance(gen_eos, (list, tuple)) else {gen_eos}
-            stop_token_ids = (s for s in stops if s is not None)
-        self.stop_token_ids = sorted({int(s) for s in stop_token_ids})
-        if not self.stop_token_ids:
-            raise ValueError("no stop token: the tokenizer has no eos token and none was given")
+            stop_token_ids = stops
+        self.pad_token_id, self.stop_token_ids = pad_and_stop_ids(tokenizer, stop_token_ids)
         self._cache_key = "cache" if accepts_kwarg(model, "cache") else "past_key_values"
         self._logits_to_keep = accepts_kwarg(model, "logits_to_keep")
 

@@ -76,7 +76,14 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
-from sppo_rl.llm.rollout.base import RolloutBatch, SamplingParams, Seeds, encode_prompts, left_pad
+from sppo_rl.llm.rollout.base import (
+    RolloutBatch,
+    SamplingParams,
+    Seeds,
+    encode_prompts,
+    left_pad,
+    pad_and_stop_ids,
+)
 from sppo_rl.llm.rollout.vllm_process import (
     GlobalState,
     allow_amx,
@@ -101,7 +108,7 @@ DEFAULT_CPU_KV_CACHE_BYTES = 512 * 2**20
 fraction of the NUMA node's memory and refuses to start when the node looks small)."""
 
 
-def request_seeds(seed: int | Sequence[int] | None, num_prompts: int) -> list[int | None]:
+def request_seeds(seed: Seeds, num_prompts: int) -> list[int | None]:
     """The vLLM seed of each prompt of a call: ``seed`` is one seed for the call, one per prompt, or None.
 
     A hash of the call seed and the prompt's index, or of the prompt's own seed: repeated prompts and
@@ -122,7 +129,7 @@ def request_seeds(seed: int | Sequence[int] | None, num_prompts: int) -> list[in
 
 
 def _stop_ids(model_path: Path, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """The tokenizer's eos plus the model's ``generation_config.eos_token_id`` (as the HF engine)."""
+    """The tokenizer's eos plus the model's ``generation_config.eos_token_id`` (as the HF backend)."""
     stops = {tokenizer.eos_token_id}
     gen_file = model_path / "generation_config.json"
     if gen_file.is_file():
@@ -245,14 +252,8 @@ class VLLMRollout:
             tokenizer = load_tokenizer(self.model_path)
         self.tokenizer = tokenizer
         self.add_special_tokens = add_special_tokens
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        if pad_id is None:
-            raise ValueError("the tokenizer needs a pad or an eos token")
-        self.pad_token_id = int(pad_id)
         stops = _stop_ids(self.model_path, tokenizer) if stop_token_ids is None else stop_token_ids
-        self.stop_token_ids = sorted({int(s) for s in stops})
-        if not self.stop_token_ids:
-            raise ValueError("no stop token: the tokenizer has no eos token and none was given")
+        self.pad_token_id, self.stop_token_ids = pad_and_stop_ids(tokenizer, stops)
         self.threads = threads
         self.generate_timeout_s = float(generate_timeout_s)
         self.sync_timeout_s = float(sync_timeout_s)
