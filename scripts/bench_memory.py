@@ -60,7 +60,7 @@ def worker(args: argparse.Namespace) -> None:
     from sppo_rl.agents import LearnerConfig, SequenceBatch, forward_rows, get_algorithm, ppo_update
     from sppo_rl.llm.engines import TorchEngine
     from sppo_rl.llm.models import load_actor
-    from sppo_rl.llm.rollout import RolloutBatch
+    from sppo_rl.llm.rollout.base import RolloutBatch
     from sppo_rl.llm.setup import rollout_rows
 
     torch.set_num_threads(args.threads)

@@ -536,7 +536,7 @@ class LLMPolicy:
             import torch
 
             from sppo_rl.llm.models import load_actor
-            from sppo_rl.llm.rollout import HFRolloutEngine
+            from sppo_rl.llm.rollout.hf import HFRollout
             from sppo_rl.llm.tiny import load_tokenizer
 
             device = self.device
@@ -544,7 +544,7 @@ class LLMPolicy:
                 device = "cuda" if torch.cuda.is_available() else "cpu"
             tokenizer = load_tokenizer(self.folder)
             model = load_actor(self.folder, device=device).eval().requires_grad_(False)
-            self._engine = HFRolloutEngine(model, tokenizer, add_special_tokens=False)
+            self._engine = HFRollout(model, tokenizer, add_special_tokens=False)
         return self._engine
 
     def generate(
@@ -574,9 +574,10 @@ class LLMPolicy:
         if ctx is not None and max_new_tokens is None:
             longest = max(len(ids) for ids in engine.tokenizer(texts, add_special_tokens=False)["input_ids"])
             n = max(1, min(n, ctx - longest))
-        rb = engine.generate(
-            texts, n=1, greedy=greedy, temperature=temperature, top_p=top_p, max_new_tokens=n, seed=seed
-        )
+        from sppo_rl.llm.rollout.base import SamplingParams
+
+        params = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=n, greedy=greedy)
+        rb = engine.generate(texts, params, seeds=seed)
         return list(rb.texts)
 
     def save_pretrained(self, path: str | Path) -> Path:

@@ -229,7 +229,7 @@ OTHER_WORLD: dict[str, tuple[str, ...]] = {"control": ("tis_cap",)}
 def help_view(command: str, cls: type) -> type:
     """``cls`` as ``sppo-rl <command> --help`` shows it: the algorithm flag (``--algo``, a sweep's
     ``--algos``) lists every algorithm of the registry the command can train
-    (:data:`sppo_rl.agents.ALGORITHMS`; the control world has no latent-reasoning ones), a sweep's
+    (:data:`sppo_rl.agents.ALGORITHMS` whose ``worlds`` has the command's world), a sweep's
     ``--tasks`` every control task (:data:`sppo_rl.envs.tasks.TASKS`), and :data:`OTHER_WORLD`'s fields
     are hidden. Only for the help text: it imports the registry (torch), which a run imports anyway."""
     import dataclasses
@@ -241,7 +241,8 @@ def help_view(command: str, cls: type) -> type:
     from sppo_rl.agents import ALGORITHMS
 
     hints = get_type_hints(cls, include_extras=True)
-    algos = [a.name for a in ALGORITHMS.values() if command == "llm" or a.latent is None]
+    world = "llm" if command == "llm" else "control"
+    algos = [a.name for a in ALGORITHMS.values() if world in a.worlds]
     helps = {
         "algo": f"Algorithm ({len(algos)}; `sppo-rl info` describes each): {', '.join(algos)}.",
         "algos": f"Algorithms ({len(algos)}; `sppo-rl info` describes each): {', '.join(algos)}.",

@@ -18,7 +18,7 @@ from sppo_rl.agents.algorithms import GROUP_KINDS, group_signal
 from sppo_rl.config import ConfigError
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.engines import free_port
-from sppo_rl.llm.rollout import RolloutBatch
+from sppo_rl.llm.rollout.base import RolloutBatch
 from sppo_rl.llm.stages.to_batch import cat_rows as _cat_rows
 from sppo_rl.llm.trainer import LLMRun, run_llm
 from sppo_rl.runtime import RunError, read_metrics

@@ -15,25 +15,21 @@ from sppo_rl.agents import SequenceBatch, compute_advantages, get_algorithm
 from sppo_rl.agents.learner import LearnerConfig, ppo_update
 from sppo_rl.agents.variants import first_token
 from sppo_rl.llm.data import Example
-from sppo_rl.llm.latent import (
-    LatentPolicy,
-    LatentRolloutEngine,
+from sppo_rl.llm.latent.maths import (
     LatentSettings,
-    configure_latent,
-    curriculum_loss,
     gumbel,
     gumbel_logpdf,
     latent_logprob,
     latent_noise,
-    latent_rows,
     latent_step,
-    latent_warmstart,
     mixture,
-    reasoning_lines,
-    stage_response,
     valid_rows,
 )
+from sppo_rl.llm.latent.plugin import LATENT_FIXES, LatentPolicy, configure_latent
+from sppo_rl.llm.latent.rollout import LatentRollout, latent_rows
+from sppo_rl.llm.latent.warmstart import curriculum_loss, latent_warmstart, reasoning_lines, stage_response
 from sppo_rl.llm.models import load_actor, sequence_logprobs
+from sppo_rl.llm.rollout.base import SamplingParams
 from sppo_rl.llm.sft import encode_pairs
 from sppo_rl.llm.tiny import load_tokenizer
 from sppo_rl.runtime import RunError
@@ -148,7 +144,10 @@ def test_first_token_selector_worked_example():
 
 def test_latent_grpo_advantages_mask_invalid_rows_and_select_one_first_step():
     algo = get_algorithm("latent-grpo")
-    assert algo.selector == "first-token" and algo.latent == {"one_sided": True, "mask_invalid": True}
+    assert algo.selector == "first-token" and LATENT_FIXES[algo.name] == {
+        "one_sided": True,
+        "mask_invalid": True,
+    }
     mask = torch.ones(5, 3)
     logp = torch.tensor([-0.4, -0.3, -0.1, -0.2, -0.9])[:, None].expand(5, 3).clone()
     batch = SequenceBatch(
@@ -240,10 +239,10 @@ def test_masked_rows_give_no_gradient_through_the_learner():
 def test_rollout_logprobs_are_recomputed_by_the_learner(tiny):
     model, tok = load_actor(tiny), load_tokenizer(tiny)
     s = LatentSettings(steps=3, topk=4, noise_scale=0.7)
-    engine = LatentRolloutEngine(model, tok, settings=s, add_special_tokens=False)
-    rb = engine.generate(["12+35=", "7+8="], n=3, max_new_tokens=6, seed=[1, 2])
+    engine = LatentRollout(model, tok, settings=s, add_special_tokens=False)
+    rb = engine.generate(["12+35=", "7+8="], SamplingParams(n=3, max_new_tokens=6), seeds=[1, 2])
     assert rb.latent_ids.shape == (6, 3, 4) and bool((rb.response_mask[:, :3] == 1).all())
-    again = engine.generate(["12+35=", "7+8="], n=3, max_new_tokens=6, seed=[1, 2])
+    again = engine.generate(["12+35=", "7+8="], SamplingParams(n=3, max_new_tokens=6), seeds=[1, 2])
     assert torch.equal(again.latent_scores, rb.latent_scores) and again.texts == rb.texts
     # texts hold the answer tokens only
     answer = tok.decode(
@@ -264,7 +263,7 @@ def test_rollout_logprobs_are_recomputed_by_the_learner(tiny):
             torch.arange(6), rb.response_len
         )
     assert torch.allclose(lp1, lp, atol=1e-6)
-    greedy = engine.generate(["12+35="], greedy=True, max_new_tokens=4)
+    greedy = engine.generate(["12+35="], SamplingParams(greedy=True, max_new_tokens=4))
     assert float(greedy.logprobs[0, :3].abs().sum()) == 0.0  # noise-free latent steps carry no log-prob
 
 
@@ -275,8 +274,10 @@ def test_one_sided_noise_samples_the_same_rollouts_and_changes_only_the_log_prob
     out = {}
     for one_sided in (True, False):
         s = LatentSettings(steps=2, topk=4, noise_scale=0.5, one_sided=one_sided)
-        engine = LatentRolloutEngine(model, tok, settings=s, add_special_tokens=False)
-        out[one_sided] = engine.generate(["12+35=", "58+67="], n=4, max_new_tokens=5, seed=[3, 4])
+        engine = LatentRollout(model, tok, settings=s, add_special_tokens=False)
+        out[one_sided] = engine.generate(
+            ["12+35=", "58+67="], SamplingParams(n=4, max_new_tokens=5), seeds=[3, 4]
+        )
     one, two = out[True], out[False]
     assert torch.equal(one.latent_ids, two.latent_ids) and one.texts == two.texts
     assert torch.allclose(one.latent_scores - two.latent_scores, torch.full_like(one.latent_scores, 0.75))
@@ -302,6 +303,8 @@ def test_configure_latent_resolves_the_fixes_and_refuses_what_it_cannot_run():
         configure_latent(LLMConfig(algo="latent-grpo", latent_topk=99), get_algorithm("latent-grpo"), train)
     with pytest.raises(RunError, match="--rollout hf"):
         configure_latent(LLMConfig(algo="latent-grpo", rollout="vllm"), get_algorithm("latent-grpo"), train)
+    with pytest.raises(RunError, match=r"--temperature and --top-p only \(not --top-k"):
+        configure_latent(LLMConfig(algo="latent-grpo", top_k=5), get_algorithm("latent-grpo"), train)
     # the policy's validity combines the verifier's with the latent rule only when fix (a) is on
     rb = type("RB", (), {"texts": ["\\boxed{1}", "1"], "finished": torch.tensor([True, True])})()
     ok, bad = LatentPolicy(LatentSettings(steps=1)).valid(rb, torch.tensor([True, True]))

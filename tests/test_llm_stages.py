@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from sppo_rl.llm.rollout import RolloutBatch
+from sppo_rl.llm.rollout.base import RolloutBatch
 from sppo_rl.llm.stages.collect import Collected, PromptOrder, Round, prompt_seeds
 from sppo_rl.llm.stages.row import StageTimer, dynamic_sampling_row, reward_fn_row, update_row, update_sums
 from sppo_rl.llm.stages.to_batch import pick

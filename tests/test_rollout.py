@@ -1,4 +1,4 @@
-"""HFRolloutEngine on the tiny Qwen2 model: layout, sampler/trainer log-prob agreement, seeding, speed."""
+"""HFRollout on the tiny Qwen2 model: layout, sampler/trainer log-prob agreement, seeding, speed."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from sppo_rl.llm.models import load_actor, positions_from_mask, sequence_logprobs
-from sppo_rl.llm.rollout import HFRolloutEngine, RolloutBatch, RolloutEngine, top_p_mask
+from sppo_rl.llm.rollout.base import Rollout, RolloutBatch, SamplingParams
+from sppo_rl.llm.rollout.hf import HFRollout, top_p_mask
 from sppo_rl.llm.tiny import build_tiny_model, load_tokenizer
 
 CHARSET = "0123456789+-*/=() {}\\\nabcdefghijklmnopqrstuvwxyz"
@@ -23,10 +24,10 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(tiny):
-    return HFRolloutEngine(load_actor(tiny), load_tokenizer(tiny))
+    return HFRollout(load_actor(tiny), load_tokenizer(tiny))
 
 
-def _check_layout(batch: RolloutBatch, engine: HFRolloutEngine, num_prompts: int, n: int) -> None:
+def _check_layout(batch: RolloutBatch, engine: HFRollout, num_prompts: int, n: int) -> None:
     B, T = batch.response_ids.shape
     tok = engine.tokenizer
     assert B == num_prompts * n == batch.batch_size
@@ -54,16 +55,18 @@ def _check_layout(batch: RolloutBatch, engine: HFRolloutEngine, num_prompts: int
 
 
 def test_layout_and_stop_at_eos(engine):
-    batch = engine.generate(PROMPTS, n=8, temperature=1.0, max_new_tokens=30, seed=0)
+    batch = engine.generate(PROMPTS, SamplingParams(n=8, temperature=1.0, max_new_tokens=30), seeds=0)
     _check_layout(batch, engine, len(PROMPTS), 8)
     assert batch.finished.any() and not batch.finished.all(), "want both EOS-terminated and truncated rows"
     assert batch.response_len == 30
-    assert isinstance(engine, RolloutEngine)
+    assert isinstance(engine, Rollout)
 
 
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.6, 1.0), (1.3, 0.8)])
 def test_trainer_logprobs_equal_sampler_logprobs(engine, temperature, top_p):
-    batch = engine.generate(PROMPTS, n=6, temperature=temperature, top_p=top_p, max_new_tokens=24, seed=1)
+    batch = engine.generate(
+        PROMPTS, SamplingParams(n=6, temperature=temperature, top_p=top_p, max_new_tokens=24), seeds=1
+    )
     _check_layout(batch, engine, len(PROMPTS), 6)
     assert batch.finished.any() and not batch.finished.all()
     model, T = engine.model, batch.response_len
@@ -92,8 +95,8 @@ def test_trainer_logprobs_equal_sampler_logprobs(engine, temperature, top_p):
 
 
 def test_greedy_is_deterministic_argmax(engine):
-    a = engine.generate(PROMPTS, n=2, greedy=True, max_new_tokens=12)
-    b = engine.generate(PROMPTS, n=2, greedy=True, max_new_tokens=12, seed=123)
+    a = engine.generate(PROMPTS, SamplingParams(n=2, greedy=True, max_new_tokens=12))
+    b = engine.generate(PROMPTS, SamplingParams(n=2, greedy=True, max_new_tokens=12), seeds=123)
     _check_layout(a, engine, len(PROMPTS), 2)
     assert torch.equal(a.response_ids, b.response_ids) and a.texts == b.texts
     assert torch.equal(a.response_ids[0::2], a.response_ids[1::2]), "the n greedy samples of a prompt agree"
@@ -111,9 +114,9 @@ def test_greedy_is_deterministic_argmax(engine):
 
 def test_seeded_sampling_is_reproducible_and_leaves_global_rng(engine):
     rng = torch.get_rng_state()
-    a = engine.generate(PROMPTS, n=4, max_new_tokens=16, seed=7)
-    b = engine.generate(PROMPTS, n=4, max_new_tokens=16, seed=7)
-    c = engine.generate(PROMPTS, n=4, max_new_tokens=16, seed=8)
+    a = engine.generate(PROMPTS, SamplingParams(n=4, max_new_tokens=16), seeds=7)
+    b = engine.generate(PROMPTS, SamplingParams(n=4, max_new_tokens=16), seeds=7)
+    c = engine.generate(PROMPTS, SamplingParams(n=4, max_new_tokens=16), seeds=8)
     assert torch.equal(rng, torch.get_rng_state())
     assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
     assert not torch.equal(a.response_ids, c.response_ids)
@@ -123,23 +126,25 @@ def test_seeded_sampling_is_reproducible_and_leaves_global_rng(engine):
 def test_model_mode_is_restored_and_no_graph_is_built(engine):
     model = engine.model
     model.train()
-    batch = engine.generate(PROMPTS[:2], max_new_tokens=4, seed=0)
+    batch = engine.generate(PROMPTS[:2], SamplingParams(max_new_tokens=4), seeds=0)
     assert model.training
     assert not batch.logprobs.requires_grad
     model.eval()
-    engine.generate(PROMPTS[:2], max_new_tokens=4, seed=0)
+    engine.generate(PROMPTS[:2], SamplingParams(max_new_tokens=4), seeds=0)
     assert not model.training
 
 
 def test_update_weights(tiny):
-    engine = HFRolloutEngine(load_actor(tiny), load_tokenizer(tiny))
-    before = engine.generate(PROMPTS, greedy=True, max_new_tokens=8)
+    engine = HFRollout(load_actor(tiny), load_tokenizer(tiny))
+    before = engine.generate(PROMPTS, SamplingParams(greedy=True, max_new_tokens=8))
     engine.update_weights(None)
     donor = load_actor(build_tiny_model(tiny.parent / "donor", charset=CHARSET, seed=5))
     engine.update_weights(donor.state_dict().items())
-    after = engine.generate(PROMPTS, greedy=True, max_new_tokens=8)
+    after = engine.generate(PROMPTS, SamplingParams(greedy=True, max_new_tokens=8))
     assert not torch.equal(before.logprobs, after.logprobs)
-    reference = HFRolloutEngine(donor, engine.tokenizer).generate(PROMPTS, greedy=True, max_new_tokens=8)
+    reference = HFRollout(donor, engine.tokenizer).generate(
+        PROMPTS, SamplingParams(greedy=True, max_new_tokens=8)
+    )
     assert torch.equal(after.response_ids, reference.response_ids)
     with pytest.raises(KeyError, match="unknown parameter"):
         engine.update_weights([("no.such.weight", torch.zeros(1))])
@@ -155,14 +160,14 @@ def test_top_p_mask_keeps_the_nucleus():
 
 def test_bad_arguments_are_refused(engine):
     with pytest.raises(ValueError, match="temperature"):
-        engine.generate(PROMPTS, temperature=0.0)
+        engine.generate(PROMPTS, SamplingParams(temperature=0.0))
     with pytest.raises(ValueError, match="top_p"):
-        engine.generate(PROMPTS, top_p=0.0)
+        engine.generate(PROMPTS, SamplingParams(top_p=0.0))
     with pytest.raises(ValueError, match="at least one token"):
-        engine.generate(["1", ""])
+        engine.generate(["1", ""], SamplingParams())
     ids = torch.tensor([[5, 6, 0]])
     with pytest.raises(ValueError, match="left-padded"):
-        engine.generate_from_ids(ids, (ids != 0).long())
+        engine.generate_from_ids(ids, (ids != 0).long(), SamplingParams())
 
 
 @pytest.mark.slow
@@ -172,30 +177,28 @@ def test_throughput_batch64_16_tokens(tiny, capsys):
     torch.set_num_threads(2)
     try:
         tok = load_tokenizer(tiny)
-        engine = HFRolloutEngine(load_actor(tiny), tok, stop_token_ids=[-1])  # never stops early
+        engine = HFRollout(load_actor(tiny), tok, stop_token_ids=[-1])  # never stops early
         prompts = [f"{i}+{2 * i}=" for i in range(64)]
-        engine.generate(prompts, max_new_tokens=16, seed=0)  # warm-up
+        engine.generate(prompts, SamplingParams(max_new_tokens=16), seeds=0)  # warm-up
         times = []
         for seed in range(3):
             start = time.perf_counter()
-            batch = engine.generate(prompts, temperature=0.6, max_new_tokens=16, seed=seed)
+            batch = engine.generate(prompts, SamplingParams(temperature=0.6, max_new_tokens=16), seeds=seed)
             times.append(time.perf_counter() - start)
             assert batch.response_ids.shape == (64, 16) and batch.num_generated_tokens == 64 * 16
     finally:
         torch.set_num_threads(threads)
     rate = 64 * 16 / min(times)
     with capsys.disabled():
-        print(
-            f"\nHFRolloutEngine tiny model: {rate:.0f} generated tokens/s (batch 64, 16 new tokens, 2 threads)"
-        )
+        print(f"\nHFRollout tiny model: {rate:.0f} generated tokens/s (batch 64, 16 new tokens, 2 threads)")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_sampler_and_trainer_agree(tiny):
     model = load_actor(tiny, device="cuda")
-    engine = HFRolloutEngine(model, load_tokenizer(tiny))
-    a = engine.generate(PROMPTS, n=4, temperature=0.6, top_p=0.9, max_new_tokens=24, seed=3)
-    b = engine.generate(PROMPTS, n=4, temperature=0.6, top_p=0.9, max_new_tokens=24, seed=3)
+    engine = HFRollout(model, load_tokenizer(tiny))
+    a = engine.generate(PROMPTS, SamplingParams(n=4, temperature=0.6, top_p=0.9, max_new_tokens=24), seeds=3)
+    b = engine.generate(PROMPTS, SamplingParams(n=4, temperature=0.6, top_p=0.9, max_new_tokens=24), seeds=3)
     assert a.response_ids.device.type == "cuda" and torch.equal(a.response_ids, b.response_ids)
     _check_layout(a.to("cpu"), engine, len(PROMPTS), 4)
     with torch.no_grad():
@@ -208,13 +211,17 @@ def test_per_prompt_seeds_make_samples_independent_of_the_batch_split(engine):
     """Data-parallel ranks that split a batch draw what one process drawing it whole would."""
     prompts = ["1+2=", "33+4=", "5+66=", "7+8=", "90+1="]
     seeds = [11, 22, 33, 44, 55]
-    whole = engine.generate(prompts, n=3, temperature=1.0, max_new_tokens=8, seed=seeds)
+    whole = engine.generate(prompts, SamplingParams(n=3, temperature=1.0, max_new_tokens=8), seeds=seeds)
     parts = [
-        engine.generate(prompts[a:b], n=3, temperature=1.0, max_new_tokens=8, seed=seeds[a:b])
+        engine.generate(
+            prompts[a:b], SamplingParams(n=3, temperature=1.0, max_new_tokens=8), seeds=seeds[a:b]
+        )
         for a, b in ((0, 2), (2, 5))
     ]
     assert whole.texts == parts[0].texts + parts[1].texts
-    other = engine.generate(prompts, n=3, temperature=1.0, max_new_tokens=8, seed=[s + 1 for s in seeds])
+    other = engine.generate(
+        prompts, SamplingParams(n=3, temperature=1.0, max_new_tokens=8), seeds=[s + 1 for s in seeds]
+    )
     assert other.texts != whole.texts
     with pytest.raises(ValueError, match="seeds for"):
-        engine.generate(prompts, seed=seeds[:2])
+        engine.generate(prompts, SamplingParams(), seeds=seeds[:2])

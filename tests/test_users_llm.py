@@ -15,6 +15,7 @@ from paths import outside_a_launcher
 
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.reward import RewardScorer
+from sppo_rl.llm.rollout.base import SamplingParams
 from sppo_rl.llm.trainer import run_llm
 from sppo_rl.runtime import read_metrics
 from sppo_rl.runtime.run import RunFailed
@@ -263,10 +264,10 @@ def test_an_unknown_layout_names_the_cli_flags(tmp_path):
 def test_filters_by_hand():
     import torch
 
-    from sppo_rl.llm.rollout import SamplingOptions, filter_logits, repetition_penalty
+    from sppo_rl.llm.rollout.hf import filter_logits, repetition_penalty
 
     z = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    kept = lambda top_p, **kw: torch.isfinite(filter_logits(z, top_p, SamplingOptions(**kw)))[0].tolist()  # noqa: E731
+    kept = lambda top_p, **kw: torch.isfinite(filter_logits(z, SamplingParams(top_p=top_p, **kw)))[0].tolist()  # noqa: E731
     # min_p 0.2: threshold 0.2 * 0.5 = 0.1 drops 0.05 only
     assert kept(1.0, min_p=0.2) == [True, True, True, False]
     assert kept(1.0, top_k=2) == [True, True, False, False]
@@ -277,25 +278,27 @@ def test_filters_by_hand():
     seen = torch.tensor([[True, True, False]])
     assert repetition_penalty(torch.tensor([[2.0, -1.0, 0.5]]), seen, 2.0).tolist() == [[1.0, -2.0, 0.5]]
     with pytest.raises(ValueError, match="top_k"):
-        SamplingOptions(top_k=-1)
+        SamplingParams(top_k=-1)
 
 
-def _engine(tiny, **options):
+def _engine(tiny):
     from sppo_rl.llm.models import load_actor
-    from sppo_rl.llm.rollout import HFRolloutEngine, SamplingOptions
+    from sppo_rl.llm.rollout.hf import HFRollout
     from sppo_rl.llm.tiny import load_tokenizer
 
     model = load_actor(tiny, dtype="float32").eval()
-    return HFRolloutEngine(model, load_tokenizer(tiny), sampling=SamplingOptions(**options))
+    return HFRollout(model, load_tokenizer(tiny))
 
 
 PROMPTS = ["12+35=", "7+8=", "99+1="]
 
 
 def test_top_k_1_and_min_p_near_1_sample_the_argmax(tiny):
-    greedy = _engine(tiny).generate(PROMPTS, greedy=True, max_new_tokens=6)
+    greedy = _engine(tiny).generate(PROMPTS, SamplingParams(greedy=True, max_new_tokens=6))
     for options in (dict(top_k=1), dict(min_p=0.999)):
-        rb = _engine(tiny, **options).generate(PROMPTS, n=2, max_new_tokens=6, seed=[1, 2, 3])
+        rb = _engine(tiny).generate(
+            PROMPTS, SamplingParams(n=2, max_new_tokens=6, **options), seeds=[1, 2, 3]
+        )
         for row in range(6):
             g = greedy.response_ids[row // 2][greedy.response_mask[row // 2].bool()]
             assert rb.response_ids[row][rb.response_mask[row].bool()].tolist() == g.tolist(), options
@@ -314,10 +317,11 @@ def test_repetition_penalty_samples_from_the_penalised_distribution(tiny):
     import torch
 
     from sppo_rl.llm.models import sequence_logprobs
-    from sppo_rl.llm.rollout import repetition_penalty
+    from sppo_rl.llm.rollout.hf import repetition_penalty
 
-    engine, rho, T = _engine(tiny, repetition_penalty=1.7), 1.7, 0.8
-    rb = engine.generate(PROMPTS, n=2, temperature=T, max_new_tokens=6, seed=[4, 5, 6])
+    engine, rho, T = _engine(tiny), 1.7, 0.8
+    params = SamplingParams(n=2, temperature=T, max_new_tokens=6, repetition_penalty=rho)
+    rb = engine.generate(PROMPTS, params, seeds=[4, 5, 6])
     with torch.no_grad():
         logits = engine.model(input_ids=rb.input_ids, attention_mask=rb.attention_mask).logits.float()
     P = rb.prompt_ids.shape[1]

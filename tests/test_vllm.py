@@ -22,16 +22,12 @@ pytest.importorskip("vllm")
 
 from sppo_rl.llm.engines import TorchEngine, free_port  # noqa: E402
 from sppo_rl.llm.models import load_actor, positions_from_mask, sequence_logprobs  # noqa: E402
-from sppo_rl.llm.rollout import HFRolloutEngine, RolloutEngine, left_pad, top_p_mask  # noqa: E402
+from sppo_rl.llm.rollout.base import Rollout, SamplingParams, left_pad, logprob_agreement  # noqa: E402
+from sppo_rl.llm.rollout.hf import HFRollout, top_p_mask  # noqa: E402
+from sppo_rl.llm.rollout.vllm import VLLMRollout  # noqa: E402
+from sppo_rl.llm.rollout.vllm_process import allow_amx, keeping_default_process_group, launcher_place  # noqa: E402
+from sppo_rl.llm.rollout.vllm_sync import EngineTimeoutError, VLLMEngineError, WeightSyncError  # noqa: E402
 from sppo_rl.llm.tiny import ensure_tiny_model, load_tokenizer  # noqa: E402
-from sppo_rl.llm.vllm_engine import (  # noqa: E402
-    EngineTimeoutError,
-    VLLMEngineError,
-    VLLMRolloutEngine,
-    WeightSyncError,
-    _allow_amx,
-    logprob_agreement,
-)
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -41,8 +37,8 @@ PROMPTS = ["12+34=", "7*8=", "What is 100-1? ", "x"]
 TOL = 1e-4  # float32 engine vs float32 trainer: observed ~1e-6
 
 
-def make_engine(path, **kwargs) -> VLLMRolloutEngine:
-    return VLLMRolloutEngine(
+def make_engine(path, **kwargs) -> VLLMRollout:
+    return VLLMRollout(
         path,
         dtype="float32",
         kv_cache_memory_bytes=64 * 2**20,
@@ -77,7 +73,7 @@ def holder(tiny):
 
 
 @pytest.fixture
-def engine(holder, tiny) -> VLLMRolloutEngine:
+def engine(holder, tiny) -> VLLMRollout:
     if holder["engine"]._broken:  # a test that breaks the engine on purpose may have run
         holder["engine"].close()
         holder["engine"] = make_engine(tiny)
@@ -132,7 +128,7 @@ def train_one_step(model) -> None:
 
 def test_engine_start_restores_process_state(holder, engine):
     before, after = holder["before"], holder["after"]
-    assert isinstance(engine, RolloutEngine)
+    assert isinstance(engine, Rollout) and not engine.shares_actor
     assert torch.equal(before["torch_rng"], after["torch_rng"]), "vLLM's reseeding must be undone"
     assert before["py_rng"] == after["py_rng"]
     assert after["threads"] == before["threads"]
@@ -146,7 +142,7 @@ def test_engine_start_restores_process_state(holder, engine):
 
 def test_layout_and_eos(engine, hf):
     n, max_new = 6, 48
-    rb = engine.generate(PROMPTS, n=n, temperature=1.0, max_new_tokens=max_new, seed=3)
+    rb = engine.generate(PROMPTS, SamplingParams(n=n, temperature=1.0, max_new_tokens=max_new), seeds=3)
     tok, eos = engine.tokenizer, engine.tokenizer.eos_token_id
     B = len(PROMPTS) * n
     assert rb.batch_size == B and rb.response_len <= max_new
@@ -179,9 +175,11 @@ def test_layout_and_eos(engine, hf):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_greedy_matches_hf_greedy(engine, hf, temperature):
-    ours = engine.generate(PROMPTS, n=2, greedy=True, temperature=temperature, max_new_tokens=32)
-    ref = HFRolloutEngine(hf, engine.tokenizer).generate(
-        PROMPTS, n=2, greedy=True, temperature=temperature, max_new_tokens=32
+    ours = engine.generate(
+        PROMPTS, SamplingParams(n=2, greedy=True, temperature=temperature, max_new_tokens=32)
+    )
+    ref = HFRollout(hf, engine.tokenizer).generate(
+        PROMPTS, SamplingParams(n=2, greedy=True, temperature=temperature, max_new_tokens=32)
     )
     assert torch.equal(ours.response_ids, ref.response_ids)
     assert torch.equal(ours.response_mask, ref.response_mask)
@@ -194,37 +192,37 @@ def test_greedy_matches_hf_greedy(engine, hf, temperature):
 
 
 def test_seeded_sampling_is_reproducible(engine, hf):
-    kw = dict(n=4, temperature=1.0, top_p=0.9, max_new_tokens=24)
+    kw = SamplingParams(n=4, temperature=1.0, top_p=0.9, max_new_tokens=24)
     state = torch.get_rng_state()
-    a = engine.generate(PROMPTS, seed=11, **kw)
-    b = engine.generate(PROMPTS, seed=11, **kw)
-    c = engine.generate(PROMPTS, seed=12, **kw)
+    a = engine.generate(PROMPTS, kw, seeds=11)
+    b = engine.generate(PROMPTS, kw, seeds=11)
+    c = engine.generate(PROMPTS, kw, seeds=12)
     assert torch.equal(state, torch.get_rng_state()), "a seeded generate must not touch the global RNG"
     assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
     assert a.texts == b.texts
     assert not torch.equal(a.response_ids, c.response_ids)
     # the samples of a prompt differ, and so do those of a repeated prompt
-    d = engine.generate(["1+1=", "1+1="], seed=5, **kw)
+    d = engine.generate(["1+1=", "1+1="], kw, seeds=5)
     assert len({tuple(r) for r in d.response_ids.tolist()}) == d.batch_size
     # one seed per prompt: a row's samples do not depend on the rest of the batch (data-parallel split)
-    whole = engine.generate(PROMPTS, seed=[101, 102, 103, 104], **kw)
-    part = engine.generate(PROMPTS[2:], seed=[103, 104], **kw)
+    whole = engine.generate(PROMPTS, kw, seeds=[101, 102, 103, 104])
+    part = engine.generate(PROMPTS[2:], kw, seeds=[103, 104])
     assert rows(whole)[8:] == rows(part)
     assert torch.equal(whole.logprobs[8:, : part.response_len], part.logprobs[:, : whole.response_len])
     with pytest.raises(ValueError, match="seeds for"):
-        engine.generate(PROMPTS, seed=[1, 2], **kw)
+        engine.generate(PROMPTS, kw, seeds=[1, 2])
     # seed=None draws from torch's global RNG, like the HF engine
     torch.manual_seed(7)
-    e = engine.generate(PROMPTS, **kw)
+    e = engine.generate(PROMPTS, kw)
     torch.manual_seed(7)
-    f = engine.generate(PROMPTS, **kw)
+    f = engine.generate(PROMPTS, kw)
     assert torch.equal(e.response_ids, f.response_ids)
 
 
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 1.0), (0.5, 0.8), (1.3, 0.6)])
 def test_logprobs_agree_with_trainer(engine, hf, temperature, top_p):
-    kw = dict(n=4, temperature=temperature, top_p=top_p, max_new_tokens=32, seed=21)
-    rb = engine.generate(PROMPTS, **kw)
+    params = SamplingParams(n=4, temperature=temperature, top_p=top_p, max_new_tokens=32)
+    rb = engine.generate(PROMPTS, params, seeds=21)
     trainer, _ = sequence_logprobs(hf, rb.input_ids, rb.attention_mask, rb.response_len, temperature)
     assert masked_max_diff(rb.logprobs, trainer, rb.response_mask) < TOL
     sampled = hf_token_logprobs(hf, rb, temperature, top_p)
@@ -234,14 +232,14 @@ def test_logprobs_agree_with_trainer(engine, hf, temperature, top_p):
         assert float(gap.min()) >= -TOL and float(gap.mean()) > 1e-2
     else:
         assert float(gap.abs().max()) == 0.0
-    assert logprob_agreement(engine, hf, PROMPTS, **kw) < TOL
+    assert logprob_agreement(engine, hf, PROMPTS, params, seed=21) < TOL
 
 
 def test_engine_calls_keep_the_callers_thread_count(engine, hf):
     old = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        engine.generate(PROMPTS, n=2, max_new_tokens=8, seed=0)
+        engine.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=8), seeds=0)
         engine.update_weights(hf.state_dict().items())
         assert torch.get_num_threads() == 2
     finally:
@@ -250,9 +248,9 @@ def test_engine_calls_keep_the_callers_thread_count(engine, hf):
 
 def test_too_long_request_is_rejected(engine, hf):
     with pytest.raises(ValueError, match="max_model_len"):
-        engine.generate(PROMPTS, max_new_tokens=SETTINGS["max_position_embeddings"])
+        engine.generate(PROMPTS, SamplingParams(max_new_tokens=SETTINGS["max_position_embeddings"]))
     with pytest.raises(ValueError, match="temperature"):
-        engine.generate(PROMPTS, temperature=0.0)
+        engine.generate(PROMPTS, SamplingParams(temperature=0.0))
 
 
 # ---------------------------------------------------------------------------------------- weight sync
@@ -261,21 +259,21 @@ def test_too_long_request_is_rejected(engine, hf):
 def test_weight_sync_after_an_optimizer_step(engine, hf):
     long_prompt = ("The quick brown fox jumps over the lazy dog. " * 6)[:200]  # > one 128-token KV block
     prompts = [*PROMPTS, long_prompt]
-    engine.generate(prompts, greedy=True, max_new_tokens=8)  # fills the prefix cache
-    before_step = logprob_agreement(engine, hf, prompts, n=2, max_new_tokens=16)
+    engine.generate(prompts, SamplingParams(greedy=True, max_new_tokens=8))  # fills the prefix cache
+    before_step = logprob_agreement(engine, hf, prompts, SamplingParams(n=2, max_new_tokens=16))
     train_one_step(hf)
-    stale = logprob_agreement(engine, hf, prompts, n=2, max_new_tokens=16)
+    stale = logprob_agreement(engine, hf, prompts, SamplingParams(n=2, max_new_tokens=16))
     assert before_step < TOL and stale > 1e-2, (before_step, stale)
 
     engine.update_weights(TorchEngine(hf, lr=0.0).full_state_items())
-    assert engine.last_sync["tensors"] == len(engine._shapes) and engine.last_sync["seconds"] > 0
+    assert engine.last_sync["tensors"] == len(engine.checkpoint.shapes) and engine.last_sync["seconds"] > 0
     for temperature, top_p in [(1.0, 1.0), (0.7, 0.9)]:
         diff = logprob_agreement(
-            engine, hf, prompts, n=2, temperature=temperature, top_p=top_p, max_new_tokens=16
+            engine, hf, prompts, SamplingParams(n=2, temperature=temperature, top_p=top_p, max_new_tokens=16)
         )
         assert diff < TOL, (temperature, top_p, diff)
     # the long prompt's cached KV blocks were computed with the old weights: the sync must drop them
-    rb = engine.generate([long_prompt], greedy=True, max_new_tokens=8)
+    rb = engine.generate([long_prompt], SamplingParams(greedy=True, max_new_tokens=8))
     trainer, _ = sequence_logprobs(hf, rb.input_ids, rb.attention_mask, rb.response_len)
     assert masked_max_diff(rb.logprobs, trainer, rb.response_mask) < TOL
 
@@ -285,7 +283,7 @@ def test_weight_sync_without_the_tied_head(engine, hf):
     train_one_step(hf)
     pairs = ((name, t) for name, t in hf.state_dict().items() if name != "lm_head.weight")
     engine.update_weights(pairs)
-    assert logprob_agreement(engine, hf, PROMPTS, n=2, max_new_tokens=16) < TOL
+    assert logprob_agreement(engine, hf, PROMPTS, SamplingParams(n=2, max_new_tokens=16)) < TOL
 
 
 def _items(model):
@@ -345,9 +343,9 @@ def test_failed_sync_is_an_error_and_blocks_generation_until_a_full_sync(engine,
     else:  # a rank that finds a problem still takes every pair: the other ranks' ZeRO-3 gathers complete
         assert source.exhausted
     with pytest.raises(WeightSyncError, match="inconsistent weights"):
-        engine.generate(PROMPTS, max_new_tokens=4)
+        engine.generate(PROMPTS, SamplingParams(max_new_tokens=4))
     engine.update_weights(hf.state_dict().items())
-    assert logprob_agreement(engine, hf, PROMPTS, n=2, max_new_tokens=16) < TOL
+    assert logprob_agreement(engine, hf, PROMPTS, SamplingParams(n=2, max_new_tokens=16)) < TOL
 
 
 def test_update_weights_needs_tensors(engine, hf):
@@ -374,30 +372,36 @@ def test_sync_timeout_cancels_and_engine_recovers(engine, hf):
         engine.sync_timeout_s = 120
     assert not engine._broken
     with pytest.raises(WeightSyncError, match="timed out"):
-        engine.generate(PROMPTS, max_new_tokens=4)
+        engine.generate(PROMPTS, SamplingParams(max_new_tokens=4))
     engine.update_weights(hf.state_dict().items())
-    assert logprob_agreement(engine, hf, PROMPTS, n=2, max_new_tokens=16) < TOL
+    assert logprob_agreement(engine, hf, PROMPTS, SamplingParams(n=2, max_new_tokens=16)) < TOL
 
 
 def test_generate_timeout_aborts_and_engine_recovers(engine, hf):
     engine.generate_timeout_s = 0.02
     try:
         with pytest.raises(EngineTimeoutError, match="deadline"):
-            engine.generate(PROMPTS * 8, n=8, max_new_tokens=256, seed=0)
+            engine.generate(PROMPTS * 8, SamplingParams(n=8, max_new_tokens=256), seeds=0)
     finally:
         engine.generate_timeout_s = 300
     assert not engine.llm.llm_engine.has_unfinished_requests()
-    assert logprob_agreement(engine, hf, PROMPTS, n=2, max_new_tokens=16) < TOL
+    assert logprob_agreement(engine, hf, PROMPTS, SamplingParams(n=2, max_new_tokens=16)) < TOL
 
 
-def test_sleep_and_wake_up_are_noops_on_cpu(engine, hf, caplog):
+def test_sleep_and_wake_up_are_noops_on_cpu(engine, hf, caplog, monkeypatch):
+    """Without --vllm-sleep (the module's engine) the trainer's calls do nothing, silently; with it, on
+    CPU, they log that sleep mode is unavailable there."""
     if not engine.is_cpu:
         pytest.skip("CPU-only behaviour")
-    with caplog.at_level(logging.INFO, logger="sppo_rl.llm.vllm_engine"):
+    with caplog.at_level(logging.INFO, logger="sppo_rl.llm.rollout.vllm"):
+        engine.sleep()
+        engine.wake_up()
+        assert "sleep mode" not in caplog.text
+        monkeypatch.setattr(engine, "sleep_mode", True)
         engine.sleep(level=1)
         engine.wake_up()
     assert "sleep mode unavailable" in caplog.text
-    assert logprob_agreement(engine, hf, PROMPTS, n=2, max_new_tokens=16) < TOL
+    assert logprob_agreement(engine, hf, PROMPTS, SamplingParams(n=2, max_new_tokens=16)) < TOL
 
 
 def test_hung_sync_marks_the_engine_unusable(engine, hf):
@@ -409,7 +413,7 @@ def test_hung_sync_marks_the_engine_unusable(engine, hf):
             engine.update_weights(_slow_source(hf, at=3, pause_s=3.0))
         assert time.perf_counter() - t0 < 2.5
         with pytest.raises(VLLMEngineError, match="unusable"):
-            engine.generate(PROMPTS, max_new_tokens=4)
+            engine.generate(PROMPTS, SamplingParams(max_new_tokens=4))
     finally:
         for thread in threading.enumerate():  # let the abandoned sync finish before the engine is rebuilt
             if thread.name.startswith("vllm-"):
@@ -471,33 +475,29 @@ def test_trainer_runs_with_vllm_rollouts(tiny, tmp_path):
 def test_external_launcher_needs_the_callers_process_group(engine, monkeypatch):
     """Where each rank's engine goes: its own one-process group (one rank), or vLLM's external launcher
     inside the caller's job (several ranks), which needs the launcher's RANK / LOCAL_RANK."""
-    from sppo_rl.llm import vllm_engine
-
     assert (engine.rank, engine.world, engine.external_launcher) == (0, 1, False)
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     with pytest.raises(ValueError, match="RANK and LOCAL_RANK"):
-        vllm_engine._launcher_place(True)  # (the module's engine set up a one-rank group)
+        launcher_place(True)  # (the module's engine set up a one-rank group)
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a, **k: 2)
     monkeypatch.setattr(torch.distributed, "get_rank", lambda *a, **k: 1)
     with pytest.raises(ValueError, match="2-rank process group"):
-        vllm_engine._launcher_place(False)
+        launcher_place(False)
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert vllm_engine._launcher_place(None) == (1, 2, True)
+    assert launcher_place(None) == (1, 2, True)
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ValueError, match="RANK=0"):
-        vllm_engine._launcher_place(None)
+        launcher_place(None)
 
 
 def test_close_keeps_the_callers_default_process_group(engine):
     """vLLM's teardown destroys the default process group; ``close`` keeps one the caller owns."""
-    from sppo_rl.llm.vllm_engine import _keeping_default_process_group
-
     dist = torch.distributed
     assert dist.is_initialized()
     group = dist.new_group([0], backend="gloo")
-    with _keeping_default_process_group():
+    with keeping_default_process_group():
         dist.destroy_process_group()
         dist.destroy_process_group(dist.group.WORLD)
         dist.destroy_process_group(group)  # other groups still go
@@ -604,12 +604,14 @@ def test_lora_partial_sync_sends_the_adapted_modules_only(engine, hf, tiny):
 
     model = apply_lora(hf, 4, 8.0, LORA_TARGETS, seed=0).eval()
     train_one_step(model)  # moves every B: every adapted module's merged weight changes
-    assert logprob_agreement(engine, model, PROMPTS, n=2, max_new_tokens=16) > 1e-2, "stale before the sync"
+    assert logprob_agreement(engine, model, PROMPTS, SamplingParams(n=2, max_new_tokens=16)) > 1e-2, (
+        "stale before the sync"
+    )
     names = adapted_tensor_names(model)
     engine.check_partial_sync(names)
     train = TorchEngine(model, lr=0.0)
     engine.update_weights(train.sync_state_items(), partial=True)
-    shapes = engine._shapes
+    shapes = engine.checkpoint.shapes
     assert (
         engine.last_sync["tensors"] == len(names) == 2 * 2 * 3 + 2 * 4
     )  # 2 layers: q/k/v w+b, o/gate/up/down w
@@ -619,13 +621,18 @@ def test_lora_partial_sync_sends_the_adapted_modules_only(engine, hf, tiny):
     assert kept and all(n.endswith(("embed_tokens.weight", "norm.weight")) for n in kept), kept
     for temperature, top_p in [(1.0, 1.0), (0.7, 0.9)]:
         diff = logprob_agreement(
-            engine, model, PROMPTS, n=2, temperature=temperature, top_p=top_p, max_new_tokens=16
+            engine,
+            model,
+            PROMPTS,
+            SamplingParams(n=2, temperature=temperature, top_p=top_p, max_new_tokens=16),
         )
         assert diff < TOL, (temperature, top_p, diff)
     merged = load_actor(tiny, dtype=torch.float32).eval()
     merged.load_state_dict(dict(train.full_state_items()), strict=False)
-    ours = engine.generate(PROMPTS, greedy=True, max_new_tokens=32)
-    ref = HFRolloutEngine(merged, engine.tokenizer).generate(PROMPTS, greedy=True, max_new_tokens=32)
+    ours = engine.generate(PROMPTS, SamplingParams(greedy=True, max_new_tokens=32))
+    ref = HFRollout(merged, engine.tokenizer).generate(
+        PROMPTS, SamplingParams(greedy=True, max_new_tokens=32)
+    )
     assert torch.equal(ours.response_ids, ref.response_ids) and ours.texts == ref.texts
     assert masked_max_diff(ours.logprobs, ref.logprobs, ours.response_mask) < TOL
 
@@ -642,9 +649,9 @@ def test_partial_sync_of_part_of_a_fused_layer_is_refused(engine, hf):
     with pytest.raises(WeightSyncError, match="partial weight sync: 1 vLLM layers .*qkv_proj"):
         engine.update_weights(((n, state[n]) for n in q), partial=True)
     with pytest.raises(WeightSyncError, match="inconsistent weights"):
-        engine.generate(PROMPTS, max_new_tokens=4)
+        engine.generate(PROMPTS, SamplingParams(max_new_tokens=4))
     engine.update_weights(state.items())
-    assert logprob_agreement(engine, hf, PROMPTS, n=2, max_new_tokens=16) < TOL
+    assert logprob_agreement(engine, hf, PROMPTS, SamplingParams(n=2, max_new_tokens=16)) < TOL
 
 
 def test_trainer_with_lora_and_vllm_rollouts(tiny, tmp_path):
@@ -690,7 +697,7 @@ def test_amx_is_asked_for_where_the_kernel_offers_it():
     supported = _xcomp(0x1021)
     if supported is None:
         pytest.skip("not x86-64 Linux")
-    granted = _allow_amx()
+    granted = allow_amx()
     assert granted == bool(supported & tiledata)
     if granted:
         assert (_xcomp(0x1022) or 0) & tiledata

@@ -39,9 +39,8 @@ class Algorithm:
             where a run leaves them unset (None): :func:`resolve_defaults`.
         estimator_params: estimator parameters the method is defined with (Latent-GRPO's
             ``lone="reward"``); parameters a caller passes to :func:`compute_advantages` win.
-        latent: None for a token policy; for a latent-reasoning policy (LLM world only,
-            :mod:`sppo_rl.llm.latent`) the Latent-GRPO fixes it runs with by default:
-            ``{"one_sided": bool, "mask_invalid": bool}``.
+        worlds: the worlds that can train it (``"control"``, ``"llm"``); a trainer refuses an
+            algorithm whose ``worlds`` leaves its own out.
     """
 
     name: str
@@ -52,7 +51,7 @@ class Algorithm:
     selector: str | None = None
     defaults: dict = field(default_factory=dict, compare=False, hash=False)
     estimator_params: dict = field(default_factory=dict, compare=False, hash=False)
-    latent: dict | None = field(default=None, compare=False, hash=False)
+    worlds: tuple[str, ...] = field(default=("control", "llm"), compare=False, hash=False)
 
     @property
     def requires(self) -> Requirements:
@@ -160,7 +159,7 @@ ALGORITHMS: dict[str, Algorithm] = {
             "one correct path's first step",
             selector="first-token",
             estimator_params={"lone": "reward"},
-            latent={"one_sided": True, "mask_invalid": True},
+            worlds=("llm",),  # a latent-reasoning policy: sppo_rl.llm.latent
         ),
         Algorithm(
             "latent-grpo-naive",
@@ -168,7 +167,7 @@ ALGORITHMS: dict[str, Algorithm] = {
             "none",
             8,
             "GRPO on latent reasoning steps without Latent-GRPO's three fixes (the comparison's baseline)",
-            latent={"one_sided": False, "mask_invalid": False},
+            worlds=("llm",),
         ),
     ]
 }

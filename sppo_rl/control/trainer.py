@@ -87,8 +87,8 @@ class ControlRun:
         cfg.validate()
         self.cfg = cfg
         self.algo = get_algorithm(cfg.algo)
-        if self.algo.latent is not None:
-            raise RunError(f"{self.algo.name} trains a latent-reasoning language model: use sppo-rl llm")
+        if "control" not in self.algo.worlds:
+            raise RunError(f"{self.algo.name} trains a language model only: use sppo-rl llm")
         try:
             self.spec = resolve_task(cfg.task, cfg.success)
         except (KeyError, ValueError) as e:

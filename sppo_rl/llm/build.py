@@ -20,14 +20,13 @@ from sppo_rl.llm.engines import make_engine
 from sppo_rl.llm.models import (
     CRITICS,
     BaseModelView,
-    adapted_tensor_names,
     apply_lora,
     check_same_tokenizer,
     load_actor,
     lora_config,
 )
 from sppo_rl.llm.prompts import render_examples
-from sppo_rl.llm.rollout import HFRolloutEngine
+from sppo_rl.llm.rollout.factory import context_limit, make_rollout
 from sppo_rl.llm.setup import embedded_model, model_context, model_folder, prompt_format, rollout_rows
 from sppo_rl.llm.tiny import load_tokenizer
 from sppo_rl.runtime.run import RunError
@@ -36,8 +35,8 @@ from sppo_rl.runtime.run import RunError
 @dataclass
 class Models:
     """The run's models: the actor's folder, its tokenizer, the actor, the KL reference (None: off), the
-    critic (None: none), their training engines, the rollout (``separate``: it holds its own copy of the
-    weights, refreshed after every update), the LoRA adapter config (None: full fine-tuning) and what the
+    critic (None: none), their training engines, the rollout (:mod:`sppo_rl.llm.rollout`), the LoRA adapter
+    config (None: full fine-tuning) and what the
     embedded model's warm start reported."""
 
     actor_path: Path
@@ -48,7 +47,6 @@ class Models:
     actor_engine: Any
     critic_engine: Any
     rollout: Any
-    separate: bool
     adapter_config: Any
     warmstart: dict[str, Any]
 
@@ -79,9 +77,7 @@ def prepare_prompts(
         train, val = (render_examples(s, tokenizer, fmt) for s in (train, val))
     except ValueError as e:
         raise RunError(str(e)) from None
-    ctx = model_context(actor_path)
-    if cfg.rollout == "vllm" and cfg.vllm_max_model_len:
-        ctx = min(ctx or cfg.vllm_max_model_len, cfg.vllm_max_model_len)
+    ctx = context_limit(cfg, model_context(actor_path))
     limit, why = cfg.max_prompt_tokens, "--max-prompt-tokens"
     if ctx is not None:
         room = ctx - cfg.max_new_tokens
@@ -148,9 +144,7 @@ def build_models(
     critic_engine = make_engine(cfg.engine, critic, cfg.critic_lr, **kw) if critic else None
     if cfg.kl_coef > 0 and cfg.lora_rank:
         ref = BaseModelView(actor_engine.module)
-    rollout, separate = make_rollout(plan, actor, actor_path, tokenizer, dtype)
-    if cfg.lora_rank and cfg.rollout == "vllm":  # each vLLM layer a sync touches must get all its parts
-        rollout.check_partial_sync(adapted_tensor_names(actor))
+    rollout = make_rollout(cfg, actor, tokenizer, actor_path, dtype=dtype, device=device, latent=plan.latent)
     return Models(
         actor_path,
         tokenizer,
@@ -160,40 +154,9 @@ def build_models(
         actor_engine,
         critic_engine,
         rollout,
-        separate,
         adapter_config,
         warmstart,
     )
-
-
-def make_rollout(
-    plan: Any, actor: Any, actor_path: Path, tokenizer: Any, dtype: torch.dtype
-) -> tuple[Any, bool]:
-    """The sampler, and whether it holds its own weights. With the plain torch engine and HF generation it
-    shares the actor's weights; otherwise it holds its own copy, refreshed after every update."""
-    cfg, latent = plan.cfg, plan.latent
-    if cfg.rollout == "vllm":
-        from sppo_rl.llm.vllm_engine import VLLMRolloutEngine
-
-        # the engine restores the RNG states, thread count and signal handlers it changes when it starts
-        engine = VLLMRolloutEngine(
-            actor_path,
-            tokenizer,
-            dtype=cfg.vllm_dtype or cfg.dtype,
-            seed=cfg.seed,
-            add_special_tokens=False,
-            max_model_len=cfg.vllm_max_model_len,
-            gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-            enable_sleep_mode=cfg.vllm_sleep,
-            sync_timeout_s=cfg.collective_timeout,
-            sampling=plan.sampling,
-        )
-        return engine, True
-    cls = latent.engine if latent else HFRolloutEngine
-    if cfg.engine == "torch":
-        return cls(actor, tokenizer, add_special_tokens=False, sampling=plan.sampling), False
-    replica = load_actor(actor_path, dtype=dtype, device=plan.device).eval().requires_grad_(False)
-    return cls(replica, tokenizer, add_special_tokens=False, sampling=plan.sampling), True
 
 
 def row_fn(plan: Any) -> Any:

@@ -195,7 +195,7 @@ def sequence_logprobs(
         entropy[b, t] = H(softmax(logits[b, P + t - 1] / temperature))
 
     i.e. the plain temperature-scaled distribution with no top-p / top-k truncation, the same one
-    :class:`~sppo_rl.llm.rollout.HFRolloutEngine` reports as ``logprobs``. Values at padded response
+    :class:`~sppo_rl.llm.rollout.hf.HFRollout` reports as ``logprobs``. Values at padded response
     positions are finite but meaningless; mask them. Only the last ``T + 1`` positions go through the
     LM head when the model supports ``logits_to_keep``; see :func:`logprobs_from_logits` for memory.
     """

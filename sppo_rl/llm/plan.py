@@ -13,7 +13,7 @@ this order (each step may refuse the run in one line, :class:`~sppo_rl.runtime.r
    rows), the launcher's ranks against ``--engine``, DeepSpeed's config;
 4. the model folders, the data and the reward function (:func:`~sppo_rl.llm.setup.check_model_paths`,
    :func:`~sppo_rl.llm.setup.load_task`), LoRA targets against the models' ``config.json``;
-5. the latent policy's settings for a latent algorithm (:func:`~sppo_rl.llm.latent.configure_latent`);
+5. the latent policy's settings for a latent algorithm (:func:`~sppo_rl.llm.latent.plugin.configure_latent`);
 6. the device, the rollout's sampling settings, the learner's :class:`~sppo_rl.agents.learner.LearnerConfig`
    and the estimator's parameters.
 
@@ -32,7 +32,7 @@ from sppo_rl.agents import LearnerConfig, check_setup, get_algorithm
 from sppo_rl.agents.algorithms import Algorithm, default_group_size, estimator_params, with_algorithm_defaults
 from sppo_rl.llm.config import LLMConfig, default_max_new_tokens
 from sppo_rl.llm.data import Example
-from sppo_rl.llm.rollout import SamplingOptions
+from sppo_rl.llm.rollout.base import SamplingParams
 from sppo_rl.runtime.run import RunError
 
 
@@ -51,7 +51,7 @@ class Plan:
         ranks: data-parallel processes; ``local_prompts = prompts_per_step / ranks`` prompts each.
         device: where the models train.
         reward_fn: the reward function's spec, ``auto`` resolved.
-        sampling: the rollout's options beyond temperature and top-p.
+        sampling: the rollout's sampling settings, one sample per prompt (each call sets ``n``).
         learner: the update's settings (:class:`~sppo_rl.agents.learner.LearnerConfig`).
         estimator: the estimator's keyword parameters (:func:`~sppo_rl.agents.algorithms.estimator_params`).
         unset: the settings the user left unset and what they became.
@@ -66,7 +66,7 @@ class Plan:
     local_prompts: int
     device: torch.device
     reward_fn: str
-    sampling: SamplingOptions
+    sampling: SamplingParams
     learner: LearnerConfig
     estimator: dict[str, Any]
     unset: dict[str, Any]
@@ -113,8 +113,9 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
     """The frozen :class:`Plan` of ``cfg`` for a run on ``dist``'s ranks (the launcher's, read from its
     environment), and the data it loaded; every refusal of the run's settings happens here, in the order
     of the module docstring. ``cfg`` itself is left unchanged."""
-    from sppo_rl.llm.latent import configure_latent
+    from sppo_rl.llm.latent.plugin import configure_latent
     from sppo_rl.llm.models import check_lora_targets_of
+    from sppo_rl.llm.rollout.factory import sampling_params
     from sppo_rl.llm.setup import check_model_paths, load_task, model_folder
 
     if cfg.max_new_tokens is None:
@@ -165,11 +166,7 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
     if not train:
         raise RunError(f"{cfg.task}: no training examples")
     algo, latent = configure_latent(cfg, algo, train)  # None: a token policy
-    sampling = SamplingOptions(cfg.top_k, cfg.min_p, cfg.repetition_penalty)
-    if latent is not None and not sampling.default:
-        raise RunError(
-            f"{algo.name} samples with --temperature and --top-p only (not --top-k, --min-p, --repetition-penalty)"
-        )
+    sampling = sampling_params(cfg)
     if cfg.device == "auto":
         device = torch.device(f"cuda:{dist.local_rank}" if torch.cuda.is_available() else "cpu")
     else:

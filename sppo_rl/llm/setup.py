@@ -16,7 +16,7 @@ from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.data import Example, load_examples
 from sppo_rl.llm.models import check_model_config, sequence_logprobs
 from sppo_rl.llm.reward import RewardFnError, RewardScorer, RewardWorkerError
-from sppo_rl.llm.rollout import RolloutBatch
+from sppo_rl.llm.rollout.base import RolloutBatch
 from sppo_rl.runtime.run import RunError
 
 TINY_CHARSET = "".join(

@@ -23,7 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from sppo_rl.llm.models import load_actor, sequence_logprobs
-from sppo_rl.llm.rollout import HFRolloutEngine, left_pad
+from sppo_rl.llm.rollout.base import SamplingParams, left_pad
+from sppo_rl.llm.rollout.hf import HFRollout
 from sppo_rl.llm.tiny import load_tokenizer
 
 _DONE = "SFT_COMPLETE.json"
@@ -107,9 +108,8 @@ def fine_tune(
             ho = range(n_train, len(prompts))
             out = engine.generate(
                 [prompts[i] for i in ho],
-                temperature=temperature,
-                max_new_tokens=max_new_tokens,
-                seed=seed + step,
+                SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens),
+                seeds=seed + step,
             )
             acc = float(sum(score(out.texts, [answers[i] for i in ho])) / len(ho))
             model.train()
@@ -178,7 +178,7 @@ def supervised_warmstart(
 
         step, acc, history = fine_tune(
             model,
-            HFRolloutEngine(model, tokenizer),
+            HFRollout(model, tokenizer),
             batch_loss,
             prompts,
             answers,

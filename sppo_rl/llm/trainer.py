@@ -91,7 +91,7 @@ class LLMRun:
             self.logger = start_logging(self.out, plan.given, self._resolved(task), ckpt, world="llm")
         every, text = (cfg.log_completions_every, self.logger.text) if self.dist.main else (0, None)
         self.completions = CompletionLog(self.out, every, text)
-        self.sampler = Sampler(m.rollout, cfg)
+        self.sampler = Sampler(m.rollout, plan.sampling, cfg.seed)
         args = (self.sampler, self.scoring, plan, self.dist, self.device, m.tokenizer)
         self.collector = Collector(
             self.train_set, self.order, *args, self.log_completions, self.completions.due
@@ -155,8 +155,7 @@ class LLMRun:
             self.order.load(before[0])
             torch.set_rng_state(before[1])
             raise
-        if cfg.vllm_sleep and hasattr(m.rollout, "sleep"):
-            m.rollout.sleep(1)  # free the rollout engine's KV cache while training
+        m.rollout.sleep()  # frees the sampler's memory while training (vLLM with --vllm-sleep)
         with timer("train"):
             pad = m.tokenizer.pad_token_id if m.tokenizer.pad_token_id is not None else 0
             picked = pick(got, self.group_size, pad, bool(cfg.dynamic_sampling_rounds), plan.latent)
@@ -172,7 +171,7 @@ class LLMRun:
                 built, plan, m.actor_engine, m.critic_engine, self.rows, self.update_idx, skip, red
             )
         with timer("sync"):
-            sync(m.rollout, m.actor_engine, m.separate, cfg)
+            sync(m.rollout, m.actor_engine, bool(cfg.lora_rank))
         self.update_idx += 1
         return self._row(got, picked, built, {**stats, "rewards_all_equal": int(equal)}, lr, timer)
 
@@ -304,7 +303,7 @@ class LLMRun:
         torch.set_rng_state(s["torch_rng"])
         self.update_idx, self.elapsed, self.generated_tokens = s["step"], s["elapsed"], s["generated_tokens"]
         self.critic_init_p0 = s.get("critic_init_p0")
-        sync(m.rollout, m.actor_engine, m.separate, cfg)
+        sync(m.rollout, m.actor_engine, bool(cfg.lora_rank))
 
     # ------------------------------------------------------------------------------------- loop
 

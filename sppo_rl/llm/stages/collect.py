@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +29,7 @@ from torch import Tensor
 
 from sppo_rl.agents.algorithms import group_signal
 from sppo_rl.llm.data import Example, render_prompt
-from sppo_rl.llm.rollout import RolloutBatch
+from sppo_rl.llm.rollout.base import RolloutBatch
 from sppo_rl.llm.stages.row import StageTimer
 from sppo_rl.llm.stages.score import Scoring, give_up_if_cut
 
@@ -65,26 +66,20 @@ class PromptOrder:
 
 
 class Sampler:
-    """The rollout at the run's temperature, top-p and response length, seeded per prompt."""
+    """The rollout at the run's sampling settings (:class:`~sppo_rl.llm.rollout.base.SamplingParams`),
+    seeded per prompt from the run seed."""
 
-    def __init__(self, rollout: Any, cfg: Any) -> None:
-        self.rollout, self.cfg = rollout, cfg
+    def __init__(self, rollout: Any, params: Any, seed: int) -> None:
+        self.rollout, self.params, self.seed = rollout, params, seed
 
     def sample(self, prompts: list[str], n: int, base: int, positions: list[int]) -> RolloutBatch:
         """``n`` responses per prompt (adjacent rows), prompt ``j`` seeded by position ``positions[j]``."""
-        cfg = self.cfg
-        return self.rollout.generate(
-            prompts,
-            n=n,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            max_new_tokens=cfg.max_new_tokens,
-            seed=prompt_seeds(cfg.seed, base, positions),
-        )
+        params = dataclasses.replace(self.params, n=n)
+        return self.rollout.generate(prompts, params, seeds=prompt_seeds(self.seed, base, positions))
 
     def greedy(self, prompts: list[str]) -> RolloutBatch:
         """One greedy decode per prompt."""
-        return self.rollout.generate(prompts, n=1, greedy=True, max_new_tokens=self.cfg.max_new_tokens)
+        return self.rollout.generate(prompts, self.params.as_greedy())
 
 
 @dataclass

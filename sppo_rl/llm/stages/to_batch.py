@@ -23,7 +23,7 @@ from torch import Tensor
 
 from sppo_rl.agents import SequenceBatch, forward_rows, kl_penalty, terminal_rewards
 from sppo_rl.agents.batch import overlong_penalty
-from sppo_rl.llm.rollout import RolloutBatch
+from sppo_rl.llm.rollout.base import RolloutBatch
 from sppo_rl.llm.stages.collect import Collected
 
 

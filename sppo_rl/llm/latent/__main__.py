@@ -1,0 +1,51 @@
+"""``python -m sppo_rl.llm.latent explicit-model|latent-model [sppo-rl llm flags]``: build the warm starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Sequence
+
+from sppo_rl.llm.latent.plugin import LATENT_FIXES, configure_latent
+from sppo_rl.llm.latent.warmstart import explicit_model
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m sppo_rl.llm.latent explicit-model|latent-model [sppo-rl llm flags]``: build (once) and
+    print the folder of the explicit-reasoning warm start (stage 0: the comparable start of explicit
+    GRPO, ``sppo-rl llm --algo grpo --model <folder>``) or of the latent one."""
+    import tyro
+
+    from sppo_rl.agents import get_algorithm
+    from sppo_rl.llm.config import LLMConfig
+    from sppo_rl.llm.setup import load_task, start_scorer
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] not in ("explicit-model", "latent-model"):
+        print(
+            "usage: python -m sppo_rl.llm.latent explicit-model|latent-model [sppo-rl llm flags]",
+            file=sys.stderr,
+        )
+        return 2
+    what, rest = args[0], args[1:]
+    cfg = tyro.cli(LLMConfig, default=LLMConfig(algo="latent-grpo"), args=rest, prog=f"latent {what}")
+    if what == "latent-model" and cfg.algo not in LATENT_FIXES:
+        cfg = dataclasses.replace(cfg, algo="latent-grpo")
+    cfg.validate()
+    train, _, reward_fn = load_task(cfg)
+    scorer = start_scorer(reward_fn, cfg.reward_timeout)
+    try:
+        if what == "explicit-model":
+            folder = explicit_model(cfg, train, scorer)[0]
+        else:
+            _, policy = configure_latent(cfg, get_algorithm(cfg.algo), train)
+            assert policy is not None
+            folder = policy.embedded_model(cfg, train, scorer)[0]
+    finally:
+        scorer.close()
+    print(folder)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,93 @@
+"""The one place that picks a rollout backend (and its sampling settings) from a run's settings.
+
+======================================  ==========================================================
+run settings                            backend
+======================================  ==========================================================
+``--rollout vllm``                      :class:`~sppo_rl.llm.rollout.vllm.VLLMRollout`, its own copy
+                                        of the weights (synced after every update; with LoRA only
+                                        the adapted modules, checked at start)
+``--rollout hf --engine torch``         :class:`~sppo_rl.llm.rollout.hf.HFRollout` on the actor
+                                        itself (``shares_actor``: never synced)
+``--rollout hf --engine deepspeed``     :class:`~sppo_rl.llm.rollout.hf.HFRollout` on a replica
+                                        (the engine owns the actor's parameters), synced
+a latent algorithm                      the latent plug-in's backend in place of ``HFRollout``
+                                        (:mod:`sppo_rl.llm.latent.rollout`), on the actor or a replica
+======================================  ==========================================================
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from sppo_rl.llm.rollout.base import Rollout, SamplingParams
+from sppo_rl.llm.rollout.hf import HFRollout
+
+
+def sampling_params(cfg: Any) -> SamplingParams:
+    """The run's sampling settings (``--temperature``, ``--top-p``, ``--top-k``, ``--min-p``,
+    ``--repetition-penalty``, ``--max-new-tokens``), one sample per prompt."""
+    return SamplingParams(
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        top_k=cfg.top_k,
+        min_p=cfg.min_p,
+        repetition_penalty=cfg.repetition_penalty,
+        max_new_tokens=cfg.max_new_tokens,
+    )
+
+
+def context_limit(cfg: Any, model_context: int | None) -> int | None:
+    """The longest prompt + response the run's sampler takes: the model's context (None: unknown),
+    capped by ``--vllm-max-model-len`` with vLLM rollouts."""
+    if cfg.rollout == "vllm" and cfg.vllm_max_model_len:
+        return min(model_context or cfg.vllm_max_model_len, cfg.vllm_max_model_len)
+    return model_context
+
+
+def make_rollout(
+    cfg: Any,
+    actor: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    actor_path: Path,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    latent: Any = None,
+) -> Rollout:
+    """The run's sampler (see the module's table). ``actor`` is the trained module (the LoRA-wrapped
+    one with ``--lora-rank``), ``actor_path`` its model folder, ``latent`` the run's latent plug-in
+    (:class:`sppo_rl.llm.latent.plugin.LatentPolicy`; None for a token policy). Prompts are taken as
+    rendered (``add_special_tokens=False``). With vLLM and LoRA, refuses (``ValueError``) adapted
+    modules that would leave one of vLLM's fused layers part-synced."""
+    if cfg.rollout == "vllm":
+        from sppo_rl.llm.rollout.vllm import VLLMRollout
+
+        # the engine restores the RNG states, thread count and signal handlers it changes when it starts
+        engine = VLLMRollout(
+            actor_path,
+            tokenizer,
+            dtype=cfg.vllm_dtype or cfg.dtype,
+            seed=cfg.seed,
+            add_special_tokens=False,
+            max_model_len=cfg.vllm_max_model_len,
+            gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+            enable_sleep_mode=cfg.vllm_sleep,
+            sync_timeout_s=cfg.collective_timeout,
+        )
+        if cfg.lora_rank:  # each vLLM layer a sync touches must get all its parts
+            from sppo_rl.llm.models import adapted_tensor_names
+
+            engine.check_partial_sync(adapted_tensor_names(actor))
+        return engine
+    backend = latent.rollout if latent is not None else HFRollout
+    if cfg.engine == "torch":
+        return backend(actor, tokenizer, add_special_tokens=False, shares_actor=True)
+    from sppo_rl.llm.models import load_actor
+
+    replica = load_actor(actor_path, dtype=dtype, device=device).eval().requires_grad_(False)
+    return backend(replica, tokenizer, add_special_tokens=False)

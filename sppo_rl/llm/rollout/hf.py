@@ -1,0 +1,349 @@
+"""The Hugging Face backend: batched, KV-cached sampling from the causal LM in this process.
+
+:class:`HFRollout` samples from a plain ``transformers`` model, either the trained module itself
+(``shares_actor``: the torch training engine) or a replica refreshed by :meth:`HFRollout.update_weights`.
+It follows the log-prob convention of :mod:`sppo_rl.llm.rollout`; the sampled distribution is built by
+:func:`filter_logits` after :func:`repetition_penalty`, with the nucleus rule of :func:`top_p_mask`
+(the same rule as transformers' ``TopPLogitsWarper``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedTokenizerBase
+
+from sppo_rl.llm.models import accepts_kwarg, positions_from_mask
+from sppo_rl.llm.rollout.base import (
+    RolloutBatch,
+    SamplingParams,
+    Seeds,
+    encode_prompts,
+    left_pad,
+    pad_and_stop_ids,
+)
+
+
+def repetition_penalty(z: Tensor, seen: Tensor, penalty: float) -> Tensor:
+    """``z`` ``[B, V]`` with every ``seen`` (``[B, V]`` bool) entry divided by ``penalty`` where positive and
+    multiplied by it otherwise."""
+    return torch.where(seen, torch.where(z > 0, z / penalty, z * penalty), z)
+
+
+def filter_logits(z: Tensor, params: SamplingParams) -> Tensor:
+    """``z`` ``[B, V]`` with the tokens outside ``params.min_p``, then ``top_k``, then the ``top_p``
+    nucleus set to ``-inf`` (the most probable token is always kept)."""
+    if params.min_p > 0.0:
+        log_p = torch.log_softmax(z, dim=-1)
+        top = log_p.max(-1, keepdim=True).values
+        z = z.masked_fill(log_p < top + float(np.log(params.min_p)), float("-inf"))
+    if 0 < params.top_k < z.shape[-1]:
+        kth = torch.topk(z, params.top_k, dim=-1).values[..., -1:]
+        z = z.masked_fill(z < kth, float("-inf"))
+    if params.top_p < 1.0:
+        z = z.masked_fill(top_p_mask(z, params.top_p), float("-inf"))
+    return z
+
+
+def top_p_mask(z: Tensor, top_p: float) -> Tensor:
+    """``[..., V]`` bool, True on tokens OUTSIDE the nucleus of ``softmax(z)``.
+
+    A token is kept when the probability mass of the tokens ranked before it (descending order) is
+    below ``top_p``; the most probable token is always kept.
+    """
+    sorted_z, order = torch.sort(z, dim=-1, descending=True)
+    probs = torch.softmax(sorted_z, dim=-1)
+    mass_before = probs.cumsum(-1) - probs
+    remove_sorted = mass_before >= top_p
+    remove_sorted[..., 0] = False
+    return torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
+
+
+class HFRollout:
+    """Batched sampling from a Hugging Face causal LM with a KV cache (a :class:`~sppo_rl.llm.rollout.base.Rollout`).
+
+    One prefill over the left-padded prompts, then one token per step for all rows; a row stops at
+    its first stop token (the tokenizer's eos plus the model's ``generation_config.eos_token_id``,
+    or ``stop_token_ids``), and the loop ends when every row has stopped or after
+    ``max_new_tokens``. Runs under ``torch.no_grad()`` in eval mode, restoring the model's previous
+    mode afterwards. The sampling loop is written out (rather than ``model.generate``) so that the
+    log-probs are computed on the fly without keeping ``[B, T, V]`` scores, and so that a seeded
+    ``torch.Generator`` makes sampling reproducible without touching the global RNG.
+
+    Args:
+        model: any causal LM whose forward takes ``input_ids, attention_mask, position_ids`` and a
+            KV cache and returns ``.logits`` (every ``AutoModelForCausalLM``).
+        tokenizer: its tokenizer (see :func:`sppo_rl.llm.tiny.load_tokenizer`).
+        add_special_tokens: passed to the tokenizer for prompts (False for prompts that already went
+            through a chat template which adds BOS).
+        stop_token_ids: token ids that end a response; default as described above.
+        shares_actor: ``model`` is the trained module itself (no weight sync is ever needed).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        add_special_tokens: bool = True,
+        stop_token_ids: Iterable[int] | None = None,
+        shares_actor: bool = False,
+    ) -> None:
+        self.model = model
+        self.shares_actor = shares_actor
+        self.tokenizer = tokenizer
+        self.add_special_tokens = add_special_tokens
+        if stop_token_ids is None:
+            stops = {tokenizer.eos_token_id}
+            gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+            stops |= set(gen_eos) if isinstance(gen_eos, (list, tuple)) else {gen_eos}
+            stop_token_ids = stops
+        self.pad_token_id, self.stop_token_ids = pad_and_stop_ids(tokenizer, stop_token_ids)
+        self._cache_key = "cache" if accepts_kwarg(model, "cache") else "past_key_values"
+        self._logits_to_keep = accepts_kwarg(model, "logits_to_keep")
+
+    @property
+    def device(self) -> torch.device:
+        param = next(self.model.parameters(), None)
+        return param.device if param is not None else torch.device("cpu")
+
+    def update_weights(
+        self, named_tensors: Iterable[tuple[str, Tensor]] | None, partial: bool = False
+    ) -> None:
+        """Copy ``(name, tensor)`` pairs into the model's state; the tensors not named keep their values,
+        so ``partial`` needs nothing more. ``None`` is a no-op (shared model).
+
+        Names follow ``model.state_dict()``; an unknown name raises ``KeyError``.
+        """
+        if named_tensors is None:
+            return
+        state = self.model.state_dict()
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                if name not in state:
+                    raise KeyError(f"unknown parameter {name!r}")
+                state[name].copy_(tensor)
+
+    def sleep(self) -> None:
+        """Nothing to free: the model is the caller's."""
+
+    def wake_up(self) -> None:
+        """Nothing to undo."""
+
+    def close(self) -> None:
+        """Nothing to release: the model is the caller's."""
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams, seeds: Seeds = None) -> RolloutBatch:
+        """Tokenize ``prompts`` and sample ``params.n`` responses for each; see :class:`RolloutBatch`."""
+        encoded = encode_prompts(self.tokenizer, prompts, self.add_special_tokens)
+        prompt_ids, prompt_mask = left_pad(encoded, self.pad_token_id, self.device)
+        return self.generate_from_ids(prompt_ids, prompt_mask, params, seeds)
+
+    def generate_from_ids(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, params: SamplingParams, seeds: Seeds = None
+    ) -> RolloutBatch:
+        """Like :meth:`generate` on already tokenized, left-padded prompts ``[num_prompts, P]``.
+
+        ``seeds`` seeds a private ``torch.Generator`` on the model's device: the same seed, prompts and
+        weights give the same samples on the same device. ``seeds=None`` draws from torch's global RNG.
+        A sequence of one seed per prompt gives every row its own generator (sample ``k`` of prompt
+        ``i`` is seeded with :func:`row_seed` ``(seeds[i], k)``), so a row's sample does not depend on
+        which other prompts share the batch: data-parallel ranks that split a batch draw exactly what
+        one process drawing the whole batch would.
+        """
+        prompt_index, prompt_ids, prompt_mask, generator = self._expand(
+            prompt_ids, prompt_mask, params, seeds
+        )
+        with self._sampling_mode():
+            tokens, logprobs, sampling_logprobs, mask, finished = self._sample(
+                prompt_ids, prompt_mask, params, generator
+            )
+        return RolloutBatch(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            response_ids=tokens,
+            response_mask=mask,
+            logprobs=logprobs,
+            sampling_logprobs=sampling_logprobs,
+            texts=self._decode(tokens, mask),
+            prompt_index=prompt_index,
+            finished=finished,
+            num_generated_tokens=int(mask.sum()),
+        )
+
+    def _expand(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, params: SamplingParams, seed: Seeds
+    ) -> tuple[Tensor, Tensor, Tensor, torch.Generator | list[torch.Generator] | None]:
+        """``(prompt_index, prompt_ids, prompt_mask, generator)``: the left-padded prompts (checked) repeated
+        ``params.n`` times on the model's device, and the sampling generator of ``seed`` (None when greedy
+        or unseeded; one per row, seeded :func:`row_seed`, for a sequence of seeds)."""
+        n, greedy = params.n, params.greedy
+        if prompt_mask.shape[1] == 0 or not bool((prompt_mask[:, -1] != 0).all()):
+            raise ValueError(
+                "prompts must be left-padded and non-empty: the last column must be a real token"
+            )
+        device = self.device
+        prompt_index = torch.arange(prompt_ids.shape[0], device=device).repeat_interleave(n)
+        prompt_ids = prompt_ids.to(device)[prompt_index]
+        prompt_mask = prompt_mask.to(device=device, dtype=torch.long)[prompt_index]
+        generator: torch.Generator | list[torch.Generator] | None = None
+        if seed is not None and not greedy:
+            if isinstance(seed, (int, np.integer)):
+                generator = torch.Generator(device=device).manual_seed(int(seed))
+            else:
+                seeds = [int(x) for x in seed]
+                if len(seeds) != prompt_ids.shape[0] // n:
+                    raise ValueError(f"got {len(seeds)} seeds for {prompt_ids.shape[0] // n} prompts")
+                generator = [
+                    torch.Generator(device=device).manual_seed(row_seed(seeds[i], k))
+                    for i in range(len(seeds))
+                    for k in range(n)
+                ]
+        return prompt_index, prompt_ids, prompt_mask, generator
+
+    @contextmanager
+    def _sampling_mode(self) -> Iterator[None]:
+        """Eval mode under ``torch.no_grad()``, the model's previous mode restored afterwards."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            self.model.train(was_training)
+
+    def _decode(self, tokens: Tensor, mask: Tensor) -> list[str]:
+        """The texts of the ``mask``-ed tokens of each row, special tokens removed."""
+        cpu_tokens, cpu_mask = tokens.cpu(), mask.cpu().bool()
+        return self.tokenizer.batch_decode(
+            [row[keep].tolist() for row, keep in zip(cpu_tokens, cpu_mask)], skip_special_tokens=True
+        )
+
+    def _forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache: Any) -> Any:
+        kwargs: dict[str, Any] = {self._cache_key: cache} if cache is not None else {}
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        return self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            **kwargs,
+        )
+
+    def _sample(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        params: SamplingParams,
+        generator: torch.Generator | list[torch.Generator] | None,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        B, device, max_new_tokens = prompt_ids.shape[0], prompt_ids.device, params.max_new_tokens
+        tokens = torch.full((B, max_new_tokens), self.pad_token_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros(B, max_new_tokens, dtype=torch.float32, device=device)
+        sampling_logprobs = torch.zeros_like(logprobs)
+        mask = torch.zeros(B, max_new_tokens, dtype=torch.long, device=device)
+
+        positions = positions_from_mask(prompt_mask)
+        out = self._forward(prompt_ids, prompt_mask, positions, None)
+        seen = None
+        if params.repetition_penalty != 1.0:  # the prompt's tokens count as seen
+            V = out.logits.shape[-1]
+            seen = torch.zeros(B, V, device=device).scatter_add_(1, prompt_ids, prompt_mask.float()) > 0
+        steps, alive = self._sample_tokens(
+            out,
+            prompt_mask,
+            positions[:, -1:] + 1,
+            (tokens, logprobs, sampling_logprobs, mask),
+            0,
+            params,
+            generator,
+            seen=seen,
+        )
+        finished = ~alive
+        return tokens[:, :steps], logprobs[:, :steps], sampling_logprobs[:, :steps], mask[:, :steps], finished
+
+    def _sample_tokens(
+        self,
+        out: Any,
+        attention_mask: Tensor,
+        position: Tensor,
+        buffers: tuple[Tensor, Tensor, Tensor, Tensor],
+        start: int,
+        params: SamplingParams,
+        generator: torch.Generator | list[torch.Generator] | None,
+        seen: Tensor | None = None,
+    ) -> tuple[int, Tensor]:
+        """Sample tokens into columns ``start, start + 1, ...`` of ``buffers = (tokens, logprobs,
+        sampling_logprobs, mask)`` ``[B, total]`` (see :mod:`sppo_rl.llm.rollout` for the two log-probs), one
+        KV-cached forward per token; ``out`` is the model output over everything before column
+        ``start`` (attention ``attention_mask``), ``position`` ``[B, 1]`` the position of the first token.
+        A row stops at its first stop token; the loop ends when every row has stopped or the buffers
+        are full. Returns the number of columns written (``start`` included) and ``alive`` ``[B]`` bool
+        (rows that never stopped). ``seen`` ``[B, V]`` bool: the tokens the repetition penalty counts as
+        already there (updated in place with every token sampled; None: only the tokens sampled here)."""
+        tokens, logprobs, sampling_logprobs, mask = buffers
+        B, total, device = tokens.shape[0], tokens.shape[1], tokens.device
+        stops = torch.tensor(self.stop_token_ids, device=device)
+        alive = torch.ones(B, dtype=torch.bool, device=device)
+        steps = start
+        rows = torch.arange(B, device=device)
+        for t in range(start, total):
+            z = out.logits[:, -1].float() / params.temperature
+            log_p = torch.log_softmax(z, dim=-1)
+            if params.repetition_penalty != 1.0:
+                if seen is None:
+                    seen = torch.zeros(z.shape, dtype=torch.bool, device=device)
+                z = repetition_penalty(z, seen, params.repetition_penalty)
+            if params.greedy:
+                token = z.argmax(-1)
+                sampled_lp = torch.zeros(B, device=device)
+            else:
+                z = filter_logits(z, params)
+                log_q = torch.log_softmax(z, dim=-1)
+                token = _gumbel_argmax(log_q, generator)
+                sampled_lp = log_q.gather(-1, token[:, None]).squeeze(-1)
+            token = torch.where(alive, token, self.pad_token_id)
+            live = alive.to(logprobs.dtype)
+            tokens[:, t] = token
+            if seen is not None:
+                seen[rows, token] = True
+            mask[:, t] = alive.long()
+            logprobs[:, t] = log_p.gather(-1, token[:, None]).squeeze(-1) * live
+            sampling_logprobs[:, t] = sampled_lp * live
+            alive = alive & ~torch.isin(token, stops)
+            steps = t + 1
+            if t + 1 == total or not bool(alive.any()):
+                break
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(B, 1)], dim=1)
+            out = self._forward(token[:, None], attention_mask, position, cache_of(out))
+            position = position + 1
+        return steps, alive
+
+
+def row_seed(prompt_seed: int, k: int) -> int:
+    """Seed of sample ``k`` of a prompt seeded ``prompt_seed`` (a fixed mix into 63 bits)."""
+    return (int(prompt_seed) * 1_000_003 + 7_919 * int(k) + 12_345) % (2**63 - 1)
+
+
+def _gumbel_argmax(log_q: Tensor, generator: torch.Generator | list[torch.Generator] | None) -> Tensor:
+    """A sample of ``softmax(log_q)`` per row: ``argmax(log_q + G)``, ``G`` standard Gumbel noise
+    ``-log(-log(u))`` (masked ``-inf`` entries are never chosen). A list of generators gives each row
+    its own noise stream."""
+    if isinstance(generator, list):
+        u = torch.stack([torch.rand(log_q.shape[-1], generator=g, device=log_q.device) for g in generator])
+    else:
+        u = torch.rand(log_q.shape, generator=generator, device=log_q.device)
+    gumbel = -torch.log(-torch.log(u.clamp_(min=1e-20, max=1.0 - 1e-7)))
+    return (log_q + gumbel).argmax(-1)
+
+
+def cache_of(output: Any) -> Any:
+    """The KV cache of a model output (``cache`` in transformers 5, ``past_key_values`` before)."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
