@@ -276,7 +276,7 @@ def _plan_llm(cfg: SweepConfig) -> list[Job]:
     if control:
         raise ValueError(
             f"{', '.join(control)}: control settings; an LLM run's task and budget are sppo-rl llm flags "
-            '(e.g. --llm-args "--task scratchpad --steps 100")'
+            '(e.g. --llm-args="--task scratchpad --steps 100")'
         )
     if cfg.workers is not None and cfg.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {cfg.workers}")
