@@ -296,29 +296,35 @@ def test_two_seeds_end_to_end_and_finished_runs_are_reused(tmp_path, tiny):
     assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [0, 1, 2, 3]
 
 
-def test_reuse_keeps_a_finished_run_and_resumes_a_stopped_one(tmp_path, tiny):
+@pytest.mark.slow  # about a minute on a busy machine: three tiny runs; tests/test_sweep.py has the fast one
+def test_reuse_keeps_a_finished_run_and_resumes_a_stopped_one(cmp, tmp_path, tiny, capsys, monkeypatch):
     """The runs go through the sweep's runner: with --reuse a finished run is kept and a run stopped
-    after a checkpoint continues from it (the old runner started it again), both lines on stderr as
-    before; the report reads every run."""
+    after a checkpoint continues from it (the old runner started it again with --overwrite), both lines
+    on stderr as before; the report reads every run."""
+    monkeypatch.setenv("SPPO_RL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
     out = tmp_path / "cmp"
-    proc = _compare(out, tiny, tmp_path / "cache", 2, "sppo", "grpo", seeds=("0",))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    argv = ["--out", str(out), "--seeds", "0", "--steps", "2", "--prompts-per-step", "4", "--eval-every", "1"]
+    argv += ["--workers", "2", "--reuse", "--only", "sppo", "grpo", "--llm-args"]
+    argv += [
+        f"--model {tiny} --train-size 32 --val-size 8 --eval-samples 2 --max-new-tokens 6 --checkpoint-every 1"
+    ]
+    cmp.main(argv)
+    first = capsys.readouterr()
     for name in ("sppo", "grpo"):
-        (line,) = [x for x in proc.stderr.splitlines() if x.startswith(f"{name} seed 0: val ")]
+        (line,) = [x for x in first.err.splitlines() if x.startswith(f"{name} seed 0: val ")]
         assert " in 2 updates, " in line
-    assert "| grpo | 8 | 1 |" in proc.stdout and (out / "sweep.json").is_file()
+    assert "| grpo | 8 | 1 |" in first.out and (out / "sweep.json").is_file()
     grpo = out / "grpo" / "seed0"
     rows = (grpo / "metrics.jsonl").read_text().splitlines()
     (grpo / "summary.json").unlink()  # stopped between update 1's checkpoint and update 2's
     for p in sorted((grpo / "checkpoints").glob("ckpt-*"))[1:]:
         shutil.rmtree(p)
     sppo_metrics = (out / "sppo" / "seed0" / "metrics.jsonl").stat().st_mtime_ns
-    again = _compare(out, tiny, tmp_path / "cache", 2, "sppo", "grpo", seeds=("0",))
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert f"sppo seed 0: reusing the finished run in {out / 'sppo' / 'seed0'}" in again.stderr.splitlines()
-    assert any(
-        x.startswith("grpo seed 0: val ") and " in 2 updates, " in x for x in again.stderr.splitlines()
-    )
+    cmp.main(argv)
+    err = capsys.readouterr().err.splitlines()
+    assert f"sppo seed 0: reusing the finished run in {out / 'sppo' / 'seed0'}" in err
+    assert any(x.startswith("grpo seed 0: val ") and " in 2 updates, " in x for x in err)
     assert (out / "sppo" / "seed0" / "metrics.jsonl").stat().st_mtime_ns == sppo_metrics
     log = (grpo / "log.txt").read_text()
     assert log.count("=== ") == 2 and "--resume" in log.split("=== ")[2] and "--overwrite" not in log
