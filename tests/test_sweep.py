@@ -461,3 +461,33 @@ def test_llm_jobs_from_algos_and_a_folder_with_other_settings(tmp_path):
     assert not job.overwrite
     (job,) = llm_jobs([("sppo", 0, ["--algo", "sppo", "--steps", "3"])], tmp_path, overwrite=True)
     assert job.overwrite
+
+
+@pytest.mark.slow
+def test_sigterm_stops_an_llm_sweep_and_the_rerun_resumes(tmp_path, tiny):
+    out, run = tmp_path / "sweep", tmp_path / "sweep" / "sppo" / "seed0"
+    llm_args = f"--model {tiny} {LLM_ARGS}".replace("--steps 2", "--steps 200").replace(
+        "--eval-every 1", "--eval-every 100"
+    )
+    args = ["--world", "llm", "--runs", "sppo=--algo sppo", "--seeds", "0", "--out-dir", str(out)]
+    args += [
+        "--no-progress",
+        f"--llm-args={llm_args.replace('--checkpoint-every 1', '--checkpoint-every 5')}",
+    ]
+    env = dict(os.environ, SPPO_RL_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "sppo_rl", "sweep", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 300
+    while not list((run / "checkpoints").glob("ckpt-*/meta.json")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    stdout, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and "interrupted" in _line(stdout, "sppo", 0), stdout
+    assert not (run / "summary.json").exists(), "the run finished before the signal; give it more steps"
+    done = [r["step"] for r in read_metrics(run / "metrics.jsonl")]
+
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resumed" in _line(again.stdout, "sppo", 0)
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == list(range(201))
+    assert 1 < len(done) < 201
