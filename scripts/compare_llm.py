@@ -1,6 +1,8 @@
 """The paper's LLM comparison at small scale, over several seeds: every method from the same warm start,
 the same prompts per update and the same number of updates (or the same wall-clock budget), each
-(method, seed) its own ``sppo-rl llm`` process writing to ``<out>/<name>/seed<k>/``; the script then
+(method, seed) its own ``sppo-rl llm`` process writing to ``<out>/<name>/seed<k>/``, run by ``sppo-rl
+sweep``'s runner (:func:`sppo_rl.experiments.sweep.sweep` on :func:`~sppo_rl.experiments.sweep.llm_jobs`:
+its locks, signal handling and ``<out>/sweep.json``); the script then
 reads the metrics back and computes every figure itself into ``<out>/compare.json`` (every number),
 ``<out>/compare.md`` (the two tables, also printed) and ``<out>/compare.png``
 (mean raw validation accuracy over seeds with its min-max band, against updates, generated tokens and
@@ -19,7 +21,8 @@ default). ``--seconds S`` gives every run the same training wall-clock (``--max-
 llm``: the last update is the first to end past S; validation is not counted); ``--steps K`` the same
 number of updates. ``--workers N`` runs N processes at a time: wall-clock figures are only comparable
 on a quiet machine with N no larger than its free cores. ``--reuse`` keeps a run whose folder holds a
-finished run with the same settings.
+finished run with the same settings and continues (``--resume``) one stopped after a checkpoint (the
+sweep's rules); without it every run starts again.
 
 How the figures are computed: by the comparison protocol of :mod:`sppo_rl.experiments.protocol`
 (stated in docs/results.md, each function tested on hand-made numbers and on simulated A/A runs in
@@ -46,9 +49,7 @@ this size by the Python and torch runtime.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import io
 import json
 import math
 import os
@@ -56,13 +57,14 @@ import shlex
 import statistics
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from sppo_rl.experiments import protocol
+from sppo_rl.experiments.config import SweepConfig
+from sppo_rl.experiments.sweep import Job, JobResult, llm_config, llm_jobs, sweep
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -247,49 +249,6 @@ def run_facts(dirs: list[Path]) -> dict:
     }
 
 
-def finished_with(run_dir: Path, flags: list[str]) -> bool:
-    """True when ``run_dir`` holds a finished run (``summary.json``) whose saved config agrees with every
-    flag of ``flags``: ``--group-size 8`` <-> ``group_size == 8`` (numbers compared as numbers, so
-    ``--tis-cap 2`` <-> ``2.0``), ``--level 1 2`` <-> ``[1, 2]``, ``--no-tensorboard`` <->
-    ``tensorboard is False``, a bare ``--overwrite`` <-> ``overwrite is True``."""
-    if not (run_dir / "summary.json").is_file() or not (run_dir / "config.json").is_file():
-        return False
-    config = json.loads((run_dir / "config.json").read_text())
-    i = 0
-    while i < len(flags):
-        flag, _, inline = flags[i].partition("=")
-        if not flag.startswith("--"):
-            return False
-        key = flag[2:].replace("-", "_")
-        j = i + 1
-        while j < len(flags) and not flags[j].startswith("--"):
-            j += 1
-        values = [inline] if inline else flags[i + 1 : j]
-        if values:
-            saved = config.get(key)
-            saved = saved if isinstance(saved, list) else [saved]
-            if len(saved) != len(values) or not all(map(_same_value, saved, values)):
-                return False
-        elif key.startswith("no_") and key[3:] in config:
-            if config[key[3:]] is not False:
-                return False
-        elif config.get(key) is not True:
-            return False
-        i = j
-    return True
-
-
-def _same_value(saved: Any, text: str) -> bool:
-    if str(saved) == text:
-        return True
-    if isinstance(saved, (int, float)) and not isinstance(saved, bool):
-        try:
-            return float(text) == float(saved)
-        except ValueError:
-            return False
-    return False
-
-
 def small_critic(task: str) -> Path:
     """The critic smaller than the actor: the embedded base model's settings for ``task`` with hidden 64,
     2 layers, 2 heads (1 key-value head), the same tokenizer; built once into the cache."""
@@ -325,8 +284,8 @@ def explicit_model(args: argparse.Namespace, seed: int) -> str:
 def llm_flags(
     flags: list[str], args: argparse.Namespace, seed: int, small: str, resolve: bool = True
 ) -> list[str]:
-    """The ``sppo-rl llm`` flags of one (method, seed) run, before ``--out-dir`` (``resolve=False`` keeps
-    the ``{explicit}`` placeholder: nothing is built)."""
+    """The ``sppo-rl llm`` flags of one (method, seed) run, without ``--seed`` and ``--out-dir`` (the
+    sweep's); ``resolve=False`` keeps the ``{explicit}`` placeholder: nothing is built."""
     budget = ["--steps", str(args.steps)]
     if args.seconds is not None:
         budget += ["--max-seconds", str(args.seconds)]
@@ -344,83 +303,71 @@ def llm_flags(
         str(args.prompts_per_step),
         "--eval-every",
         str(args.eval_every),
-        "--seed",
-        str(seed),
         *shlex.split(args.llm_args),
     ]
 
 
-def flag_problem(flags: list[str]) -> str | None:
-    """Why ``sppo-rl llm`` would refuse ``flags`` (parsed into its config and validated), in one line;
-    None if it takes them."""
-    import tyro
-
-    from sppo_rl.llm.config import LLMConfig
-    from sppo_rl.llm.setup import check_model_paths
-    from sppo_rl.runtime.run import RunError
-
-    default = None
-    if "--recipe" in flags:  # as `sppo-rl llm --recipe NAME|FILE`: the recipe's settings are the defaults
-        from sppo_rl.cli import load_recipe
-
-        i = flags.index("--recipe")
-        try:
-            default = load_recipe(LLMConfig, flags[i + 1]) if i + 1 < len(flags) else None
-        except RunError as e:
-            return str(e)
-        if default is None:
-            return "--recipe needs a file"
-        flags = flags[:i] + flags[i + 2 :]
-    text = io.StringIO()
+def flag_problem(name: str, flags: list[str]) -> str | None:
+    """Why the sweep or ``sppo-rl llm`` would refuse run ``name``'s ``flags``
+    (:func:`~sppo_rl.experiments.sweep.llm_config`), in one line; None if taken. A flag whose value is a
+    placeholder (``{small}``, ``{explicit}``: built only after this check) is left out, so the default
+    stands in for it."""
+    holders = (SMALL, EXPLICIT)
+    kept = [
+        f
+        for i, f in enumerate(flags)
+        if f not in holders and flags[i + 1 : i + 2] not in ([SMALL], [EXPLICIT])
+    ]
     try:
-        with contextlib.redirect_stderr(text), contextlib.redirect_stdout(text):
-            cfg = tyro.cli(LLMConfig, args=flags, default=default)
-    except SystemExit:
-        words = [w.strip(" │╭╮╰╯─-") for w in text.getvalue().splitlines()]
-        words = [w for w in words if w and not w.startswith("For full helptext")]
-        return " ".join(words[1:] or words) or "refused"
-    try:
-        cfg.validate()
-        check_model_paths(
-            dataclasses.replace(
-                cfg,
-                critic_model=None if cfg.critic_model == SMALL else cfg.critic_model,
-                model=None if cfg.model == EXPLICIT else cfg.model,
-            )
-        )
-    except (RunError, ValueError) as e:
+        llm_config(name, kept)
+    except ValueError as e:
         return str(e)
     return None
 
 
-def run_one(name: str, seed: int, flags: list[str], run_dir: Path, reuse: bool) -> str | None:
-    """Run (or, with ``reuse``, keep) one (method, seed); the error's tail if it failed."""
-    if reuse and finished_with(run_dir, flags):
+def run_all(runs: list[tuple[str, list[str]]], args: argparse.Namespace, small: str) -> list[str]:
+    """Every (method, seed) through the sweep's runner, ``--workers`` at a time, each line printed as its
+    run ends; the errors of the runs that did not finish. ``--reuse``: the sweep's rules (a finished run
+    with the same settings kept, a stopped one resumed, one with other settings started again); without
+    it every run starts again (``--overwrite``)."""
+    specs = [(name, seed, llm_flags(flags, args, seed, small)) for seed in args.seeds for name, flags in runs]
+    from sppo_rl.runtime.run import RunError
+
+    try:
+        jobs = llm_jobs(specs, args.out, other="overwrite", overwrite=not args.reuse)
+    except ValueError as e:
+        raise SystemExit(refuse(str(e))) from None
+    os.environ["OMP_NUM_THREADS"] = "1"  # every run's process on one thread (wall-clock comparisons)
+    cfg = SweepConfig(world="llm", out_dir=args.out, workers=args.workers, progress=False)
+    try:
+        results = sweep(cfg, jobs, on_done=lambda job, r: said(job, r, Path(args.out)))
+    except RunError as e:  # another sweep holds the folder
+        raise SystemExit(refuse(str(e))) from None
+    return [error(job, r) for job, r in zip(jobs, results) if r.status not in ("done", "resumed", "skipped")]
+
+
+def said(job: Job, r: JobResult, out: Path) -> None:
+    """The line on stderr as a run ends: reused, or its validation accuracy from start to end."""
+    name, seed, run_dir = job.algo, job.seed, out / job.algo / f"seed{job.seed}"
+    if r.status == "skipped":
         print(f"{name} seed {seed}: reusing the finished run in {run_dir}", file=sys.stderr)
-        return None
-    cmd = [
-        sys.executable,
-        "-m",
-        "sppo_rl",
-        "llm",
-        *flags,
-        "--out-dir",
-        str(run_dir),
-        "--no-progress",
-        "--overwrite",
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-    if proc.returncode != 0:
-        return f"{name} seed {seed} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
-    s = json.loads((run_dir / "summary.json").read_text())
-    acc = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
-    print(
-        f"{name} seed {seed}: val {acc(s['start_val_accuracy'])} -> {acc(s['final_val_accuracy'])} "
-        f"in {s['steps']} updates, {s['wall_time_s']:.0f} s",
-        file=sys.stderr,
-    )
-    return None
+    elif r.status in ("done", "resumed"):
+        s = json.loads((run_dir / "summary.json").read_text())
+        acc = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
+        print(
+            f"{name} seed {seed}: val {acc(s['start_val_accuracy'])} -> {acc(s['final_val_accuracy'])} "
+            f"in {s['steps']} updates, {s['wall_time_s']:.0f} s",
+            file=sys.stderr,
+        )
+
+
+def error(job: Job, r: JobResult) -> str:
+    """A run that did not finish: its status and the tail of its last attempt's log."""
+    if r.status != "failed":
+        return f"{job.algo} seed {job.seed} {r.status}" + (f": {r.error}" if r.error else "")
+    log = Path(r.log).read_text(errors="replace") if r.log and Path(r.log).is_file() else ""
+    last = log.rpartition("\n=== ")[2]  # the sweep starts each attempt's part of log.txt with "=== "
+    return f"{job.algo} seed {job.seed} failed ({r.returncode}):\n{last[-3000:]}"
 
 
 def read_rows(run_dir: Path) -> list[dict]:
@@ -675,8 +622,7 @@ def main(argv: list[str] | None = None) -> None:
     names = [n for n, _ in runs]
     problem = problems(args, names)
     for name, flags in runs if problem is None else []:
-        why = flag_problem(llm_flags(flags, args, args.seeds[0], SMALL, resolve=False))
-        problem = f"{name}: sppo-rl llm refuses its flags: {why}" if why else None
+        problem = flag_problem(name, llm_flags(flags, args, args.seeds[0], SMALL, resolve=False))
         if problem:
             break
     if problem:
@@ -685,16 +631,11 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     small = str(small_critic(args.task)) if any(SMALL in f for _, f in runs) else SMALL
-    jobs = [
-        (name, seed, llm_flags(flags, args, seed, small), out / name / f"seed{seed}")
-        for name, flags in runs
-        for seed in args.seeds
-    ]
-    with ThreadPoolExecutor(max_workers=args.workers) as pool:
-        errors = [e for e in pool.map(lambda j: run_one(*j, args.reuse), jobs) if e]
+    errors = run_all(runs, args, small)
     if errors:
         print("\n\n".join(errors), file=sys.stderr)
-        raise SystemExit(f"{len(errors)} of {len(jobs)} runs failed; the finished ones are kept (--reuse)")
+        n = len(runs) * len(args.seeds)
+        raise SystemExit(f"{len(errors)} of {n} runs failed; the finished ones are kept (--reuse)")
 
     rows = {name: {seed: read_rows(out / name / f"seed{seed}") for seed in args.seeds} for name in names}
     silent = [f"{n} seed {k}" for n in names for k in args.seeds if not evaluations(rows[n][k])]

@@ -1,14 +1,15 @@
 """scripts/compare_llm.py: the figures of a multi-seed comparison, worked by hand on made-up metrics rows
 (the pooled target rule that no method's lucky evaluation can set, every run read on the common window
 between its raw evaluations, comparisons paired by seed with their interval, A/A null and verdict in
-the printed table), the run sets (PPO as the project's recipe runs it), ``--reuse``'s
-settings check, bad input refused before any file is touched; and the script end to end on a tiny
-model with two seeds."""
+the printed table), the run sets (PPO as the project's recipe runs it), bad input refused before any
+file is touched; the runs through ``sppo-rl sweep``'s runner (``--reuse`` keeps a finished run and
+resumes a stopped one); and the script end to end on a tiny model with two seeds."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -142,20 +143,6 @@ def test_pass_at_k_and_length_columns(cmp):
     assert "| — | 20.0 |" in cmp.markdown(mixed).splitlines()[2]
 
 
-def test_finished_with_compares_numbers_lists_and_switches(cmp, tmp_path):
-    config = {"algo": "grpo", "group_size": 8, "tis_cap": 2.0, "level": [1, 2], "tensorboard": False}
-    (tmp_path / "config.json").write_text(json.dumps({**config, "overwrite": True, "resolved": {}}))
-    flags = ["--algo", "grpo", "--group-size", "8", "--tis-cap", "2", "--level", "1", "2", "--no-tensorboard"]
-    assert not cmp.finished_with(tmp_path, flags)  # no summary.json: not finished
-    (tmp_path / "summary.json").write_text("{}")
-    assert cmp.finished_with(tmp_path, [*flags, "--overwrite"])
-    assert cmp.finished_with(tmp_path, ["--tis-cap=2.0"])
-    assert not cmp.finished_with(tmp_path, ["--tis-cap", "3"])
-    assert not cmp.finished_with(tmp_path, ["--level", "1"])
-    assert not cmp.finished_with(tmp_path, ["--group-size", "5"])
-    assert not cmp.finished_with(tmp_path, ["--tensorboard"])
-
-
 def test_run_sets(cmp):
     from dataclasses import fields
 
@@ -191,12 +178,13 @@ def test_latent_set_passes_the_flag_check_without_building_its_warm_start(cmp):
     '{explicit}' would refuse the set; resolving it would build a model before anything is validated."""
     args = cmp.parse(["--set", "latent", "--steps", "2"])
     flags = cmp.llm_flags(dict(cmp.run_sets()["latent"])["grpo"], args, 0, cmp.SMALL, resolve=False)
-    assert cmp.EXPLICIT in flags
-    assert cmp.flag_problem(flags) is None
+    assert cmp.EXPLICIT in flags and "--seed" not in flags  # the seed is the sweep's
+    assert cmp.flag_problem("grpo", flags) is None
     bad = cmp.llm_flags(
         ["--algo", "grpo", "--model", "/nonexistent/folder"], args, 0, cmp.SMALL, resolve=False
     )
-    assert cmp.flag_problem(bad) is not None
+    assert "/nonexistent/folder" in cmp.flag_problem("grpo", bad)
+    assert "grpo: --seed is set by the sweep" in cmp.flag_problem("grpo", [*flags, "--seed", "3"])
 
 
 @pytest.mark.parametrize(
@@ -224,10 +212,12 @@ def test_bad_input_is_refused_in_one_line_before_any_file(cmp, tmp_path, capsys,
     assert not out.exists()
 
 
-def _compare(out: Path, tiny: Path, cache: Path, steps: int, *names: str) -> subprocess.CompletedProcess:
+def _compare(
+    out: Path, tiny: Path, cache: Path, steps: int, *names: str, seeds: tuple[str, ...] = ("0", "1")
+) -> subprocess.CompletedProcess:
     llm_args = (
         f"--model {tiny} --train-size 32 --val-size 8 --eval-samples 2 --max-new-tokens 6 --threads 1 "
-        "--no-tensorboard"
+        "--no-tensorboard --checkpoint-every 1"
     )
     cmd = [
         sys.executable,
@@ -235,8 +225,7 @@ def _compare(out: Path, tiny: Path, cache: Path, steps: int, *names: str) -> sub
         "--out",
         str(out),
         "--seeds",
-        "0",
-        "1",
+        *seeds,
         "--steps",
         str(steps),
         "--prompts-per-step",
@@ -305,3 +294,41 @@ def test_two_seeds_end_to_end_and_finished_runs_are_reused(tmp_path, tiny):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "reusing" not in proc.stderr
     assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [0, 1, 2, 3]
+
+
+@pytest.mark.slow  # about a minute on a busy machine: three tiny runs; tests/test_sweep.py has the fast one
+def test_reuse_keeps_a_finished_run_and_resumes_a_stopped_one(cmp, tmp_path, tiny, capsys, monkeypatch):
+    """The runs go through the sweep's runner: with --reuse a finished run is kept and a run stopped
+    after a checkpoint continues from it (the old runner started it again with --overwrite), both lines
+    on stderr as before; the report reads every run."""
+    monkeypatch.setenv("SPPO_RL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    out = tmp_path / "cmp"
+    argv = ["--out", str(out), "--seeds", "0", "--steps", "2", "--prompts-per-step", "4", "--eval-every", "1"]
+    argv += ["--workers", "2", "--reuse", "--only", "sppo", "grpo", "--llm-args"]
+    argv += [
+        f"--model {tiny} --train-size 32 --val-size 8 --eval-samples 2 --max-new-tokens 6 --checkpoint-every 1"
+    ]
+    cmp.main(argv)
+    first = capsys.readouterr()
+    for name in ("sppo", "grpo"):
+        (line,) = [x for x in first.err.splitlines() if x.startswith(f"{name} seed 0: val ")]
+        assert " in 2 updates, " in line
+    assert "| grpo | 8 | 1 |" in first.out and (out / "sweep.json").is_file()
+    grpo = out / "grpo" / "seed0"
+    rows = (grpo / "metrics.jsonl").read_text().splitlines()
+    (grpo / "summary.json").unlink()  # stopped between update 1's checkpoint and update 2's
+    for p in sorted((grpo / "checkpoints").glob("ckpt-*"))[1:]:
+        shutil.rmtree(p)
+    sppo_metrics = (out / "sppo" / "seed0" / "metrics.jsonl").stat().st_mtime_ns
+    cmp.main(argv)
+    err = capsys.readouterr().err.splitlines()
+    assert f"sppo seed 0: reusing the finished run in {out / 'sppo' / 'seed0'}" in err
+    assert any(x.startswith("grpo seed 0: val ") and " in 2 updates, " in x for x in err)
+    assert (out / "sppo" / "seed0" / "metrics.jsonl").stat().st_mtime_ns == sppo_metrics
+    log = (grpo / "log.txt").read_text()
+    assert log.count("=== ") == 2 and "--resume" in log.split("=== ")[2] and "--overwrite" not in log
+    after = (grpo / "metrics.jsonl").read_text().splitlines()
+    assert after[:2] == rows[:2] and len(after) == 3  # rows 0 and 1 kept byte for byte, row 2 again
+    report = json.loads((out / "compare.json").read_text())
+    assert report["methods"]["grpo"]["updates"]["mean"] == 2

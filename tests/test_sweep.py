@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -22,7 +22,15 @@ from sppo_rl.control.config import ControlConfig
 from sppo_rl.envs import TASKS
 from sppo_rl.experiments.config import ReportConfig, SweepConfig
 from sppo_rl.experiments.report import run_report
-from sppo_rl.experiments.sweep import control_flags, parse_control, plan, run_job, sweep
+from sppo_rl.experiments.sweep import (
+    control_flags,
+    llm_config,
+    llm_jobs,
+    parse_control,
+    plan,
+    run_job,
+    sweep,
+)
 from sppo_rl.runtime import read_metrics
 
 QUICK = {
@@ -308,3 +316,178 @@ def test_the_end_of_a_sweep_says_what_came_out_and_where(tmp_path, capsys):
     assert f"  short-cartpole / ppo: final success {finals['ppo']:.3f} (mean of 2 seeds)" in end
     assert f"  short-cartpole / sppo: final success {finals['sppo']:.3f} (mean of 2 seeds)" in end
     assert end[-1] == f"[sppo-rl] next: sppo-rl report {out}    tensorboard --logdir {out}"
+
+
+# ----------------------------------------------------------------------------------- the LLM world
+
+LLM_ARGS = (
+    "--train-size 32 --val-size 8 --eval-samples 2 --max-new-tokens 6 --steps 2 --prompts-per-step 4 "
+    "--eval-every 1 --checkpoint-every 1 --threads 1 --no-tensorboard"
+)
+
+
+def _llm_cli(out: Path, tiny: Path, cache: Path, *runs: str) -> subprocess.CompletedProcess:
+    args = ["--world", "llm", "--runs", *runs, "--seeds", "0", "--workers", "2", "--out-dir", str(out)]
+    args += ["--no-progress", f"--llm-args=--model {tiny} {LLM_ARGS}"]
+    env = dict(os.environ, SPPO_RL_CACHE=str(cache), OMP_NUM_THREADS="1")
+    return subprocess.run(
+        [sys.executable, "-m", "sppo_rl", "sweep", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+
+
+def test_llm_sweep_runs_named_runs_resumes_a_stopped_one_and_skips_a_finished_one(
+    tmp_path, tiny, monkeypatch
+):
+    from paths import LLM_TIMING
+
+    out = tmp_path / "sweep"
+    runs = ("sppo=--algo sppo", "grpo=--algo grpo --group-size 2")
+    proc = _llm_cli(out, tiny, tmp_path / "cache", *runs)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sppo, grpo = out / "sppo" / "seed0", out / "grpo" / "seed0"
+    for name, run in (("sppo", sppo), ("grpo", grpo)):
+        assert "done" in _line(proc.stdout, name, 0)
+        saved = json.loads((run / "config.json").read_text())
+        assert (saved["algo"], saved["seed"], saved["steps"], saved["wandb_group"]) == (name, 0, 2, "sweep")
+        assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 2]
+        assert "-m sppo_rl llm --algo" in (run / "log.txt").read_text()
+        assert "--no-progress" in (run / "log.txt").read_text()
+    assert json.loads((grpo / "config.json").read_text())["resolved"]["group_size"] == 2
+    manifest = json.loads((out / "sweep.json").read_text())
+    assert [j["name"] for j in manifest["jobs"]] == ["sppo/seed0", "grpo/seed0"]
+    assert [r["status"] for r in manifest["results"]] == ["done", "done"]
+    # the headline's final: the protocol's last ceil(10 %) of the 3 evaluations, i.e. the last one
+    last = [r["val_accuracy"] for r in read_metrics(grpo / "metrics.jsonl")][-1]
+    assert f"  grpo: final val accuracy {last:.3f} (mean of 1 seed)" in proc.stdout.splitlines()
+
+    # grpo stopped between update 1's checkpoint and update 2's; sppo finished
+    rows, first = read_metrics(grpo / "metrics.jsonl"), (grpo / "metrics.jsonl").read_text().splitlines()[0]
+    (grpo / "summary.json").unlink()
+    shutil.rmtree(grpo / "checkpoints" / "ckpt-000000002")
+    before = (sppo / "metrics.jsonl").stat().st_mtime_ns
+    monkeypatch.setenv("SPPO_RL_CACHE", str(tmp_path / "cache"))
+    cfg = _llm(
+        out, runs=dict(r.split("=", 1) for r in runs), llm_args=f"--model {tiny} {LLM_ARGS}", workers=2
+    )
+    assert [(r.status, r.mode) for r in sweep(cfg)] == [("skipped", "skip"), ("resumed", "resume")]
+    assert (sppo / "metrics.jsonl").stat().st_mtime_ns == before
+    log = (grpo / "log.txt").read_text()
+    assert log.count("=== ") == 2 and "--resume" in log.split("=== ")[2]
+    assert (grpo / "metrics.jsonl").read_text().splitlines()[0] == first  # kept, not started again
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in LLM_TIMING} for r in rs]  # noqa: E731
+    assert strip(read_metrics(grpo / "metrics.jsonl")) == strip(rows)  # as if never stopped
+
+
+def _llm(out: Path, **kw) -> SweepConfig:
+    base = dict(world="llm", runs={"sppo": "--algo sppo"}, seeds=(0,), out_dir=str(out), progress=False)
+    return SweepConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(runs={"a": "--bogus 1"}), "a: sppo-rl llm refuses its flags: Unrecognized options: --bogus"),
+        (dict(runs={"a": "--algo nosuch"}), "a: sppo-rl llm refuses its flags: unknown algorithm 'nosuch'"),
+        (dict(runs={"a": "--algo grpo --group-size 1"}), "needs group_size >= 2"),
+        (
+            dict(llm_args="--max-new-tokens 0"),
+            "sppo: sppo-rl llm refuses its flags: --max-new-tokens must be >= 1",
+        ),
+        (dict(llm_args="--model /no/such/folder"), "/no/such/folder"),
+        (dict(runs={"a": "--algo sppo --seed 3"}), "a: --seed is set by the sweep"),
+        (dict(llm_args="--out-dir=/tmp/elsewhere"), "sppo: --out-dir=/tmp/elsewhere is set by the sweep"),
+        (dict(llm_args="--overwrite"), "--overwrite is set by the sweep"),
+        (dict(runs={"../up": "--algo sppo"}), "run name '../up'"),
+        (dict(runs={"a": "--algo 'sppo"}), "--runs a: No closing quotation"),
+        (dict(runs={}, algos=("sppo", "bogus")), "unknown algorithm\\(s\\): bogus"),
+        (dict(tasks=("hopper",), overrides={"epochs": "2"}), "--tasks, --overrides: control settings"),
+        (
+            dict(world="control", runs={}, llm_args="--steps 2"),
+            "--runs and --llm-args are settings of --world llm",
+        ),
+        (dict(seeds=()), "at least one run and one seed"),
+    ],
+)
+def test_bad_llm_settings_are_refused_before_any_file(tmp_path, kw, match):
+    with pytest.raises(ValueError, match=match):
+        sweep(_llm(tmp_path / "sweep", **kw))
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_cli_refuses_bad_llm_flags_in_one_line_exit_2_and_no_folder(tmp_path):
+    out = tmp_path / "s"
+    proc = _cli(
+        "--world", "llm", "--runs", "a=--algo sppo", "b=--algo sppo --max-new-tokens 0", "--out-dir", str(out)
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        "sppo-rl: error: b: sppo-rl llm refuses its flags: --max-new-tokens must be >= 1, or None for the task's "
+        "default, got 0"
+    ]
+    assert not out.exists()
+
+
+def test_llm_jobs_from_algos_and_a_folder_with_other_settings(tmp_path):
+    jobs = plan(_llm(tmp_path, runs={}, algos=("sppo", "grpo"), seeds=(0, 1), llm_args="--steps 2"))
+    assert [j.name for j in jobs] == ["sppo/seed0", "grpo/seed0", "sppo/seed1", "grpo/seed1"]
+    run = tmp_path.resolve() / "sppo" / "seed0"
+    assert jobs[0].args == [
+        "--algo", "sppo", "--steps", "2", "--seed", "0", "--out-dir", str(run), "--wandb-group", tmp_path.name,
+    ]  # fmt: skip
+    assert (jobs[0].command, jobs[0].task, jobs[0].out_dir, jobs[0].overwrite) == (
+        "llm",
+        "arithmetic",
+        str(run),
+        False,
+    )
+
+    # a run saved with 3 steps (and another thread count, which changes no result) is another run: the
+    # sweep refuses the folder, compare_llm's --reuse (other="overwrite") starts it again
+    saved = asdict(llm_config("sppo", ["--algo", "sppo", "--steps", "3", "--threads", "4"], 0, str(run)))
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({**saved, "resolved": {"group_size": 1}}))
+    cfg = _llm(tmp_path, llm_args="--steps 2")
+    with pytest.raises(
+        ValueError, match=re.escape(f"{run} holds a run with other settings (steps: 3 there, 2 now)")
+    ):
+        plan(cfg)
+    (job,) = llm_jobs([("sppo", 0, ["--algo", "sppo", "--steps", "2"])], tmp_path, other="overwrite")
+    assert job.overwrite
+    (job,) = plan(_llm(tmp_path, llm_args="--steps 3"))  # the same settings: kept (skipped or resumed)
+    assert not job.overwrite
+    (job,) = llm_jobs([("sppo", 0, ["--algo", "sppo", "--steps", "3"])], tmp_path, overwrite=True)
+    assert job.overwrite
+
+
+@pytest.mark.slow
+def test_sigterm_stops_an_llm_sweep_and_the_rerun_resumes(tmp_path, tiny):
+    out, run = tmp_path / "sweep", tmp_path / "sweep" / "sppo" / "seed0"
+    llm_args = f"--model {tiny} {LLM_ARGS}".replace("--steps 2", "--steps 200").replace(
+        "--eval-every 1", "--eval-every 100"
+    )
+    args = ["--world", "llm", "--runs", "sppo=--algo sppo", "--seeds", "0", "--out-dir", str(out)]
+    args += [
+        "--no-progress",
+        f"--llm-args={llm_args.replace('--checkpoint-every 1', '--checkpoint-every 5')}",
+    ]
+    env = dict(os.environ, SPPO_RL_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "sppo_rl", "sweep", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 300
+    while not list((run / "checkpoints").glob("ckpt-*/meta.json")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    stdout, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and "interrupted" in _line(stdout, "sppo", 0), stdout
+    assert not (run / "summary.json").exists(), "the run finished before the signal; give it more steps"
+    done = [r["step"] for r in read_metrics(run / "metrics.jsonl")]
+
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resumed" in _line(again.stdout, "sppo", 0)
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == list(range(201))
+    assert 1 < len(done) < 201

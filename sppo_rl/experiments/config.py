@@ -35,12 +35,17 @@ def _pairs_spec(metavar: str, cast: type) -> PrimitiveConstructorSpec:
 
 Budgets = Annotated[dict[str, int], _pairs_spec("TASK=EPISODES", int)]
 Overrides = Annotated[dict[str, str], _pairs_spec("FIELD=VALUE", str)]
+Runs = Annotated[dict[str, str], _pairs_spec("NAME=FLAGS", str)]
 
 
 @dataclass
 class SweepConfig:
-    """Algorithms x tasks x seeds of control runs, each an sppo-rl control subprocess; resumable."""
+    """Algorithms x tasks x seeds of control runs (or named runs x seeds of LLM runs, --world llm), each
+    its own sppo-rl control (llm) subprocess; resumable."""
 
+    world: Literal["control", "llm"] = "control"
+    """control: sppo-rl control runs, --algos x --tasks x --seeds, in <out_dir>/<task>/<algo>/seed<k>;
+    llm: sppo-rl llm runs, --runs (or --algos) x --seeds, in <out_dir>/<name>/seed<k>."""
     algos: tuple[str, ...] = ("ppo", "sppo")
     """Algorithms (see ``sppo-rl info``)."""
     tasks: tuple[str, ...] = ("precision-cartpole",)
@@ -56,6 +61,12 @@ class SweepConfig:
     overrides: Overrides = field(default_factory=dict)
     """Extra control settings for every run (ControlConfig fields), e.g. epochs=2 hidden-sizes=32,32
     tensorboard=false; tuple values are separated by commas or spaces, booleans are true or false."""
+    runs: Runs = field(default_factory=dict)
+    """LLM world: named runs, each NAME=FLAGS (its own sppo-rl llm flags), e.g. sppo="--algo sppo"
+    grpo="--algo grpo --group-size 8"; none: one run per --algos, named after it (--algo NAME)."""
+    llm_args: str = ""
+    """LLM world: sppo-rl llm flags of every run, one string after each run's own, given with '=', e.g.
+    --llm-args="--task scratchpad --steps 100" (not --seed, --out-dir, --resume, --overwrite, --progress)."""
     workers: int | None = None
     """Runs at a time (default: the number of CPU cores)."""
     backend: Literal["local", "ray"] = "local"

@@ -1,8 +1,9 @@
-"""``sppo-rl sweep``: algorithms x tasks x seeds of ``sppo-rl control`` runs, resumable.
+"""``sppo-rl sweep``: algorithms x tasks x seeds of ``sppo-rl control`` runs, or (``--world llm``) named
+runs x seeds of ``sppo-rl llm`` runs, resumable.
 
-Every run is a subprocess ``python -m sppo_rl control ... --no-progress`` whose output goes to
+Every run is a subprocess ``python -m sppo_rl control ... --no-progress`` (``llm``) whose output goes to
 ``<run>/log.txt``, so a crash or a kill of one run never takes the sweep down. When a job starts it looks at
-its folder ``<out_dir>/<task>/<algo>/seed<k>`` to decide how to run:
+its folder ``<out_dir>/<task>/<algo>/seed<k>`` (LLM world: ``<out_dir>/<name>/seed<k>``) to decide how to run:
 
 - ``summary.json`` present: the run is finished and is skipped;
 - a checkpoint and ``metrics.jsonl`` present: it continues with ``--resume`` (its metrics continue
@@ -18,6 +19,10 @@ such a run is reported ``busy``. The sweep itself holds ``<out_dir>/.sweep.lock`
 same folder is refused in one line (exit 2) before it writes anything. SIGTERM / Ctrl-C stops the sweep cleanly: no new run starts, each running
 one gets SIGTERM, saves a checkpoint and exits (``interrupted``).
 
+A job made with ``overwrite`` (:func:`llm_jobs`, for ``scripts/compare_llm.py`` without ``--reuse``)
+starts again with ``--overwrite`` whatever its folder holds. Before any of this, :func:`plan` refuses a
+folder that holds a run with other settings (those of :data:`BOOKKEEPING` / :data:`LLM_BOOKKEEPING` aside).
+
 Jobs run seed by seed (every task and algorithm of the first seed first), so a partial sweep is balanced.
 ``<out_dir>/sweep.json`` records the config, the jobs and their results.
 """
@@ -28,6 +33,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -68,6 +74,19 @@ BOOKKEEPING = {
     "calibration_contexts",
     "calibration_samples",
 }
+# LLMConfig fields that change no result (the LLM world's BOOKKEEPING)
+LLM_BOOKKEEPING = BOOKKEEPING - {"eval_episodes", "calibration_contexts", "calibration_samples"} | {
+    "cache_dir",
+    "log_completions_every",
+    "export_adapter",
+    "collective_timeout",
+    "optimizer_state",
+    "resume_without_optimizer",
+}
+# sppo-rl llm flags the sweep sets itself (not allowed in --runs or --llm-args)
+LLM_OWNED = ("--seed", "--out-dir", "--resume", "--no-resume", "--overwrite", "--no-overwrite", "--progress")
+LLM_OWNED += ("--no-progress",)
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")  # one folder name, e.g. reinforce++-baseline
 FINISHED = ("done", "resumed", "skipped")
 LOCK = ".lock"
 SWEEP_LOCK = ".sweep.lock"
@@ -78,17 +97,24 @@ _LIVE: set[subprocess.Popen] = set()  # running control subprocesses of this pro
 
 @dataclass
 class Job:
-    """One ``sppo-rl control`` run of the sweep."""
+    """One ``sppo-rl control`` (``llm``) run of the sweep."""
 
     task: str
     algo: str
+    """The algorithm; an LLM job: the run's name."""
     seed: int
     out_dir: str
     args: list[str]
-    """Control flags, without --resume / --overwrite / --no-progress (chosen when the job starts)."""
+    """Control (llm) flags, without --resume / --overwrite / --no-progress (chosen when the job starts)."""
+    command: str = "control"
+    """The ``sppo-rl`` subcommand: control | llm."""
+    overwrite: bool = False
+    """Start again with --overwrite whatever the folder holds (no skip, no resume)."""
 
     @property
     def name(self) -> str:
+        if self.command == "llm":
+            return f"{self.algo}/seed{self.seed}"
         return f"{self.task}/{self.algo}/seed{self.seed}"
 
 
@@ -162,16 +188,22 @@ def _unique(items: tuple) -> list:
     return list(dict.fromkeys(items))
 
 
-def check_same_settings(out: Path, control: Any) -> None:
-    """Refuse to reuse a run folder whose ``config.json`` has other settings (bookkeeping fields aside)."""
+def other_settings(out: Path, config: Any, bookkeeping: set[str] = BOOKKEEPING) -> str:
+    """The settings (``config``'s fields outside ``bookkeeping``) on which the run saved in
+    ``out/config.json`` differs, as ``"k: <there> there, <now> now; ..."``; "" if none or no config."""
     try:
         saved = json.loads((out / "config.json").read_text())
     except (OSError, json.JSONDecodeError):
-        return
-    want = json.loads(json.dumps(asdict(control), default=str))
-    diff = [k for k, v in want.items() if k not in BOOKKEEPING and k in saved and saved[k] != v]
-    if diff:
-        what = "; ".join(f"{k}: {saved[k]!r} there, {want[k]!r} now" for k in diff)
+        return ""
+    want = json.loads(json.dumps(asdict(config), default=str))
+    diff = [k for k, v in want.items() if k not in bookkeeping and k in saved and saved[k] != v]
+    return "; ".join(f"{k}: {saved[k]!r} there, {want[k]!r} now" for k in diff)
+
+
+def check_same_settings(out: Path, config: Any, bookkeeping: set[str] = BOOKKEEPING) -> None:
+    """Refuse to reuse a run folder whose ``config.json`` has other settings (bookkeeping fields aside)."""
+    what = other_settings(out, config, bookkeeping)
+    if what:
         raise ValueError(
             f"{out} holds a run with other settings ({what}); use another --out-dir or delete that folder"
         )
@@ -179,6 +211,10 @@ def check_same_settings(out: Path, control: Any) -> None:
 
 def plan(cfg: SweepConfig) -> list[Job]:
     """Check every name and setting, then list the jobs (nothing is started or written)."""
+    if cfg.world == "llm":
+        return _plan_llm(cfg)
+    if cfg.runs or cfg.llm_args:
+        raise ValueError("--runs and --llm-args are settings of --world llm")
     from sppo_rl.agents import ALGORITHMS
     from sppo_rl.envs import TASKS
 
@@ -227,6 +263,154 @@ def plan(cfg: SweepConfig) -> list[Job]:
     return jobs
 
 
+def _plan_llm(cfg: SweepConfig) -> list[Job]:
+    """The LLM world's jobs: every run of ``--runs`` (else one per ``--algos``: ``--algo NAME``) with
+    ``--llm-args`` after its own flags, for every seed (:func:`llm_jobs`)."""
+    from dataclasses import fields
+
+    from sppo_rl.agents import ALGORITHMS
+
+    default = {f.name: f.default_factory() if callable(f.default_factory) else f.default for f in fields(cfg)}
+    names = ("tasks", "total_episodes", "budgets", "overrides")
+    control = ["--" + k.replace("_", "-") for k in names if getattr(cfg, k) != default[k]]
+    if control:
+        raise ValueError(
+            f"{', '.join(control)}: control settings; an LLM run's task and budget are sppo-rl llm flags "
+            '(e.g. --llm-args="--task scratchpad --steps 100")'
+        )
+    if cfg.workers is not None and cfg.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {cfg.workers}")
+    if cfg.runs:
+        runs = {}
+        for name, text in cfg.runs.items():
+            try:
+                runs[name] = shlex.split(text)
+            except ValueError as e:
+                raise ValueError(f"--runs {name}: {e}") from None
+    else:
+        algos = _unique(cfg.algos)
+        bad = [a for a in algos if a not in ALGORITHMS]
+        if bad:
+            raise ValueError(f"unknown algorithm(s): {', '.join(bad)}; valid: {', '.join(ALGORITHMS)}")
+        runs = {a: ["--algo", a] for a in algos}
+    try:
+        common = shlex.split(cfg.llm_args)
+    except ValueError as e:
+        raise ValueError(f"--llm-args: {e}") from None
+    seeds = _unique(cfg.seeds)
+    return llm_jobs(
+        [(name, seed, [*flags, *common]) for seed in seeds for name, flags in runs.items()], cfg.out_dir
+    )
+
+
+def parse_llm(flags: list[str]):  # -> LLMConfig
+    """The LLMConfig that ``sppo-rl llm <flags>`` would run (tyro's parser; ``--recipe NAME|FILE`` gives
+    the defaults as on the command line), checked as the run checks it before its folder is touched
+    (``validate``: every setting's type and range; the algorithm with its group size; its model folders);
+    ValueError in one line if refused."""
+    import contextlib
+    import io
+
+    import tyro
+
+    from sppo_rl.agents.algorithms import check_setup, default_group_size, get_algorithm
+    from sppo_rl.cli import cli_fields, load_recipe
+    from sppo_rl.llm.config import LLMConfig
+    from sppo_rl.llm.setup import check_model_paths
+    from sppo_rl.runtime.run import RunError
+
+    default = None
+    if "--recipe" in flags:
+        trust = "--trust-recipe" in flags
+        flags = [f for f in flags if f != "--trust-recipe"]
+        i = flags.index("--recipe")
+        if i + 1 >= len(flags):
+            raise ValueError("--recipe needs a file")
+        rest = flags[:i] + flags[i + 2 :]
+        try:
+            default = load_recipe(LLMConfig, flags[i + 1], trust=trust, given=cli_fields(rest))
+        except RunError as e:
+            raise ValueError(str(e)) from None
+        flags = rest
+    text = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(text), contextlib.redirect_stdout(text):
+            cfg = tyro.cli(LLMConfig, args=flags, default=default)
+    except SystemExit:
+        words = [w.strip(" │╭╮╰╯─-") for w in text.getvalue().splitlines()]
+        words = [w for w in words if w and not w.startswith("For full helptext")]
+        raise ValueError(" ".join(words[1:] or words) or "refused") from None
+    try:
+        cfg.validate()
+        algo = get_algorithm(cfg.algo)
+        group = cfg.group_size if cfg.group_size is not None else default_group_size(algo)
+        check_setup(algo, group, cfg.prompts_per_step * group, use_critic=cfg.critic_model != "none")
+        check_model_paths(cfg)
+    except (RunError, ValueError) as e:
+        raise ValueError(str(e)) from None
+    return cfg
+
+
+def llm_config(name: str, flags: list[str], seed: int = 0, out_dir: str | None = None):  # -> LLMConfig
+    """The checked LLMConfig (:func:`parse_llm`) of the run ``name`` with ``flags`` (its own and the common
+    ones), seed ``seed``, folder ``out_dir``; ValueError in one line naming the run when ``name`` is no
+    plain folder name (:data:`RUN_NAME`), ``flags`` hold a flag the sweep sets (:data:`LLM_OWNED`) or
+    ``sppo-rl llm`` refuses them."""
+    if not RUN_NAME.fullmatch(name):
+        raise ValueError(
+            f"run name {name!r}: letters, digits and . _ + - only, starting with a letter or digit"
+        )
+    owned = [f for f in flags if f.split("=")[0].replace("_", "-") in LLM_OWNED]
+    if owned:
+        raise ValueError(
+            f"{name}: {owned[0]} is set by the sweep (--seeds, --out-dir; --resume or --overwrite as the "
+            "run's folder says)"
+        )
+    full = [*flags, "--seed", str(seed), *(["--out-dir", out_dir] if out_dir else [])]
+    try:
+        return parse_llm(full)
+    except ValueError as e:
+        raise ValueError(f"{name}: sppo-rl llm refuses its flags: {e}") from None
+
+
+def llm_jobs(
+    specs: list[tuple[str, int, list[str]]],
+    out_dir: str | Path,
+    *,
+    other: typing.Literal["refuse", "overwrite"] = "refuse",
+    overwrite: bool = False,
+) -> list[Job]:
+    """The jobs of LLM runs given as ``(name, seed, flags)``, in this order, each in
+    ``<out_dir>/<name>/seed<seed>`` with ``--seed``, ``--out-dir`` and the sweep's ``--wandb-group`` (the
+    folder's name, unless ``flags`` set one); every run checked first (:func:`llm_config`; ValueError,
+    nothing written). A folder holding a run with other settings (:data:`LLM_BOOKKEEPING` aside) is
+    refused (``other="refuse"``) or started again (``"overwrite"``); ``overwrite``: every run starts again."""
+    root = Path(out_dir).resolve()
+    pairs = [(name, seed) for name, seed, _ in specs]
+    twice = sorted({f"{n} seed {k}" for n, k in pairs if pairs.count((n, k)) > 1})
+    if twice:
+        raise ValueError(f"run given twice: {', '.join(twice)}")
+    if not specs:
+        raise ValueError("a sweep needs at least one run and one seed")
+    jobs = []
+    for name, seed, flags in specs:
+        if seed < 0:
+            raise ValueError(f"seed {seed}: seeds are integers >= 0")
+        out = root / name / f"seed{seed}"
+        config = llm_config(name, flags, seed, str(out))
+        args = [*flags, "--seed", str(seed), "--out-dir", str(out)]
+        if config.wandb_group is None:  # the runs of a sweep form one wandb group
+            args += ["--wandb-group", root.name]
+            config = replace(config, wandb_group=root.name)
+        diff = other_settings(out, config, LLM_BOOKKEEPING)
+        if diff and other == "refuse":
+            raise ValueError(
+                f"{out} holds a run with other settings ({diff}); use another --out-dir or delete that folder"
+            )
+        jobs.append(Job(config.task, name, seed, str(out), args, "llm", overwrite or bool(diff)))
+    return jobs
+
+
 # ------------------------------------------------------------------------------------- one job
 
 
@@ -264,9 +448,11 @@ def run_job(job: Job) -> JobResult:
         except BlockingIOError:
             return JobResult("busy", log=str(log), error=f"another process holds {out / LOCK}")
         mode = run_mode(out)
+        if job.overwrite and mode != "fresh":
+            mode = "overwrite"
         if mode == "skip":
             return JobResult("skipped", 0, log=str(log), mode=mode)
-        cmd = [sys.executable, "-m", "sppo_rl", "control", *job.args, "--no-progress"]
+        cmd = [sys.executable, "-m", "sppo_rl", job.command, *job.args, "--no-progress"]
         cmd += {"resume": ["--resume"], "overwrite": ["--overwrite"], "fresh": []}[mode]
         t0 = time.monotonic()
         with open(log, "a") as f:
@@ -388,8 +574,10 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def status_table(jobs: list[Job], results: list[JobResult]) -> str:
-    """One line per run: task, algo, seed, status, wall seconds, and the log of a run that did not finish."""
-    lines = [f"{'task':24s} {'algo':10s} {'seed':>5s}  {'status':16s} {'wall s':>8s}  log"]
+    """One line per run: task, algo (LLM: the run's name), seed, status, wall seconds, and the log of a
+    run that did not finish."""
+    what = "run" if any(j.command == "llm" for j in jobs) else "algo"
+    lines = [f"{'task':24s} {what:10s} {'seed':>5s}  {'status':16s} {'wall s':>8s}  log"]
     for job, r in zip(jobs, results):
         status = r.status + (f" (rc {r.returncode})" if r.status == "failed" and r.returncode else "")
         log = "" if r.status in FINISHED else r.error if r.status == "busy" else r.log
@@ -397,16 +585,21 @@ def status_table(jobs: list[Job], results: list[JobResult]) -> str:
     return "\n".join(lines)
 
 
-def sweep(cfg: SweepConfig) -> list[JobResult]:
+OnJob = Callable[[Job, JobResult], None]
+
+
+def sweep(cfg: SweepConfig, jobs: list[Job] | None = None, on_done: OnJob | None = None) -> list[JobResult]:
     """Run the sweep; returns one result per job (in :func:`plan`'s order). Raises only for a bad config, or a folder another sweep
-    holds (refused in one line)."""
-    jobs = plan(cfg)
+    holds (refused in one line). ``jobs``: these instead of :func:`plan`'s (a script's own run set, made
+    by :func:`llm_jobs`; ``cfg`` gives the folder, workers and backend); ``on_done(job, result)``: called
+    as each run ends, in place of the sweep's own printing (the sweep then prints nothing)."""
+    jobs = plan(cfg) if jobs is None else jobs
     workers = cfg.workers or os.cpu_count() or 1
     root = Path(cfg.out_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
     fd = _lock_sweep(root)
     try:
-        return _sweep(cfg, jobs, workers, root)
+        return _sweep(cfg, jobs, workers, root, on_done)
     finally:
         os.close(fd)
 
@@ -431,7 +624,10 @@ def _lock_sweep(root: Path) -> int:
     return fd
 
 
-def _sweep(cfg: SweepConfig, jobs: list[Job], workers: int, root: Path) -> list[JobResult]:
+def _sweep(
+    cfg: SweepConfig, jobs: list[Job], workers: int, root: Path, report: OnJob | None
+) -> list[JobResult]:
+    say = print if report is None else lambda *a, **k: None
     manifest: dict[str, Any] = {
         "config": asdict(cfg),
         "started": datetime.now().isoformat(timespec="seconds"),
@@ -439,7 +635,7 @@ def _sweep(cfg: SweepConfig, jobs: list[Job], workers: int, root: Path) -> list[
     }
     _write_json(root / "sweep.json", manifest)
     finished_before = sum((Path(j.out_dir) / "summary.json").is_file() for j in jobs)
-    print(
+    say(
         f"sweep: {len(jobs)} runs ({finished_before} finished before), {workers} {cfg.backend} workers -> {root}"
     )
     results: list[JobResult | None] = [None] * len(jobs)
@@ -451,8 +647,10 @@ def _sweep(cfg: SweepConfig, jobs: list[Job], workers: int, root: Path) -> list[
         with lock:
             results[i] = r
             count += 1
+            if report is not None:
+                report(jobs[i], r)
             if cfg.progress:
-                print(
+                say(
                     f"[{count}/{len(jobs)}] {r.status:11s} {jobs[i].name} ({r.wall_time_s:.1f} s)", flush=True
                 )
 
@@ -472,38 +670,43 @@ def _sweep(cfg: SweepConfig, jobs: list[Job], workers: int, root: Path) -> list[
     )
     _write_json(root / "sweep.json", manifest)
     counts = {s: sum(r.status == s for r in final) for s in dict.fromkeys(r.status for r in final)}
-    print("\n" + status_table(jobs, final))
-    print(
+    say("\n" + status_table(jobs, final))
+    say(
         f"{len(jobs)} runs: "
         + ", ".join(f"{n} {s}" for s, n in counts.items())
         + f"; sweep wall time {wall:.1f} s"
     )
-    print(headline(jobs, final, root))
+    say(headline(jobs, final, root))
     return final
 
 
 def headline(jobs: list[Job], results: list[JobResult], root: Path) -> str:
     """The sweep's end: final success of each (task, algorithm) over its finished seeds (the protocol's
     :func:`~sppo_rl.experiments.protocol.final_value` of each run's logged ``success_rate``, as
-    ``sppo-rl report`` computes it), the folder and the next commands."""
+    ``sppo-rl report`` computes it; LLM runs: of ``val_accuracy``, per run name), the folder and the
+    next commands."""
     from sppo_rl.experiments.protocol import final_value
     from sppo_rl.runtime.logging import read_metrics
 
+    llm = any(j.command == "llm" for j in jobs)
     finals: dict[tuple[str, str], list[float]] = {}
     for job, r in zip(jobs, results):
         metrics = Path(job.out_dir) / "metrics.jsonl"
         if r.status in FINISHED and metrics.is_file():
-            value = final_value([row.get("success_rate") for row in read_metrics(metrics)])
+            key = "val_accuracy" if job.command == "llm" else "success_rate"
+            value = final_value([row.get(key) for row in read_metrics(metrics)])
             if not math.isnan(value):
                 finals.setdefault((job.task, job.algo), []).append(value)
+    what = "val accuracy" if llm else "success"
     lines = [
-        f"  {task} / {algo}: final success {sum(v) / len(v):.3f} (mean of {len(v)} seed{'s' * (len(v) > 1)})"
+        f"  {algo if llm else f'{task} / {algo}'}: final {what} {sum(v) / len(v):.3f} "
+        f"(mean of {len(v)} seed{'s' * (len(v) > 1)})"
         for (task, algo), v in finals.items()
     ]
     return "\n".join(
         ["[sppo-rl] done: " + ("" if lines else "no finished run with metrics"), *lines]
         + [
-            f"[sppo-rl] sweep folder: {root} (sweep.json, <task>/<algo>/seed<k>/)",
+            f"[sppo-rl] sweep folder: {root} (sweep.json, {'<name>' if llm else '<task>/<algo>'}/seed<k>/)",
             f"[sppo-rl] next: sppo-rl report {root}    tensorboard --logdir {root}",
         ]
     )
