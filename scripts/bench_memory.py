@@ -58,7 +58,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     from sppo_rl.agents import LearnerConfig, SequenceBatch, forward_rows, get_algorithm, ppo_update
-    from sppo_rl.llm.engines import TorchEngine
+    from sppo_rl.llm.engines import HFTorchEngine
     from sppo_rl.llm.models import load_actor
     from sppo_rl.llm.rollout.base import RolloutBatch
     from sppo_rl.llm.setup import rollout_rows
@@ -68,7 +68,7 @@ def worker(args: argparse.Namespace) -> None:
     actor = load_actor(args.model, dtype=torch.float32)
     if args.checkpointing:
         actor.gradient_checkpointing_enable()
-    engine = TorchEngine(actor, 1e-6)
+    engine = HFTorchEngine(actor, 1e-6)
     n_params = sum(p.numel() for p in actor.parameters())
     vocab = actor.config.vocab_size
 

@@ -48,14 +48,14 @@ def test_qwen2_params_match_the_real_modules(bench, tiny):
     critics over the conftest tiny model (hidden 32, one layer, kv 1 of 2 heads)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from sppo_rl.llm.models import SequenceCritic, TokenCritic, load_actor
+    from sppo_rl.llm.models import SequenceCritic, StepCritic, load_actor
 
     model = Qwen2ForCausalLM(Qwen2Config(**CONFIG))
     assert sum(p.numel() for p in model.parameters()) == HAND_ACTOR
     config = json.loads((tiny / "config.json").read_text())
     actor = load_actor(tiny)
     assert sum(p.numel() for p in actor.parameters()) == bench.qwen2_params(config)
-    for cls in (SequenceCritic, TokenCritic):
+    for cls in (SequenceCritic, StepCritic):
         critic = cls.from_backbone(tiny)
         assert sum(p.numel() for p in critic.parameters()) == bench.qwen2_params(config, value_head=True)
 

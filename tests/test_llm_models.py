@@ -9,7 +9,7 @@ import torch
 
 from sppo_rl.llm.models import (
     SequenceCritic,
-    TokenCritic,
+    StepCritic,
     check_same_tokenizer,
     load_actor,
     logprobs_from_logits,
@@ -186,7 +186,7 @@ def test_sequence_critic_save_load_round_trip(seq_critic, tok, tmp_path):
         assert torch.equal(loaded(ids, mask), seq_critic(ids, mask))
     check_same_tokenizer(tok, load_tokenizer(tmp_path / "critic"))
     with pytest.raises(ValueError, match="'sequence' critic, not a 'token'"):
-        TokenCritic.from_pretrained(tmp_path / "critic")
+        StepCritic.from_pretrained(tmp_path / "critic")
 
 
 def test_critic_trains_toward_targets(tiny, tok):
@@ -211,7 +211,7 @@ def test_critic_trains_toward_targets(tiny, tok):
 
 def test_token_critic_values_are_aligned(tiny, tok):
     torch.manual_seed(0)
-    critic = TokenCritic.from_backbone(tiny, init_std=0.05).eval()
+    critic = StepCritic.from_backbone(tiny, init_std=0.05).eval()
     ids, mask = _prompts(tok, ["1+1=", "12+30="])
     full, full_mask, T = _with_responses(tok, ids, mask, ["2<eos>", "42<eos>"])
     with torch.no_grad():
@@ -230,15 +230,15 @@ def test_token_critic_values_are_aligned(tiny, tok):
 
 def test_token_critic_save_load_round_trip(tiny, tok, tmp_path):
     torch.manual_seed(1)
-    critic = TokenCritic.from_backbone(tiny, init_std=0.05).eval()
+    critic = StepCritic.from_backbone(tiny, init_std=0.05).eval()
     ids, mask = _prompts(tok, ["1+1=", "12+30="])
     full, full_mask, T = _with_responses(tok, ids, mask, ["2<eos>", "42"])
     critic.save_pretrained(tmp_path / "vc")
-    loaded = TokenCritic.from_pretrained(tmp_path / "vc").eval()
+    loaded = StepCritic.from_pretrained(tmp_path / "vc").eval()
     with torch.no_grad():
         assert torch.equal(loaded(full, full_mask, T), critic(full, full_mask, T))
     with pytest.raises(FileNotFoundError):
-        TokenCritic.from_pretrained(tiny)
+        StepCritic.from_pretrained(tiny)
 
 
 # ------------------------------------------------------------------------------- tokenizer check

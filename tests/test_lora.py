@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 pytest.importorskip("peft")
 
 from sppo_rl.llm.config import LLMConfig  # noqa: E402
-from sppo_rl.llm.engines import TorchEngine  # noqa: E402
+from sppo_rl.llm.engines import HFTorchEngine  # noqa: E402
 from sppo_rl.llm.models import (  # noqa: E402
     BaseModelView,
     SequenceCritic,
@@ -162,7 +162,7 @@ def test_only_adapter_and_value_head_get_gradients_and_optimizer_state(tiny):
     assert {"head.weight", "head.bias"} <= trainable
     assert all(n.startswith("head.") or ".lora_" in n for n in trainable)
     before = {n: p.detach().clone() for n, p in critic.named_parameters()}
-    engine = TorchEngine(critic, lr=1e-2)
+    engine = HFTorchEngine(critic, lr=1e-2)
     logits = critic(IDS, MASK)
     engine.backward(torch.nn.functional.binary_cross_entropy_with_logits(logits, torch.tensor([1.0, 0.0])))
     grads = {n for n, p in critic.named_parameters() if p.grad is not None}
@@ -299,7 +299,7 @@ def test_final_actor_is_a_merged_plain_folder_loadable_without_peft(tiny, tmp_pa
 
 def test_resume_refuses_a_checkpoint_written_without_lora(tiny, tmp_path):
     model = load_actor(tiny, dtype=torch.float32)
-    TorchEngine(model, lr=1e-3).save(tmp_path / "plain")
-    lora = TorchEngine(_lora_actor(tiny), lr=1e-3)
+    HFTorchEngine(model, lr=1e-3).save(tmp_path / "plain")
+    lora = HFTorchEngine(_lora_actor(tiny), lr=1e-3)
     with pytest.raises(RuntimeError, match="written without LoRA, loaded with it"):
         lora.load(tmp_path / "plain")

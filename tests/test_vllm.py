@@ -20,7 +20,7 @@ from paths import assert_rows_match, reward_file
 
 pytest.importorskip("vllm")
 
-from sppo_rl.llm.engines import TorchEngine, free_port  # noqa: E402
+from sppo_rl.llm.engines import HFTorchEngine, free_port  # noqa: E402
 from sppo_rl.llm.models import load_actor, positions_from_mask, sequence_logprobs  # noqa: E402
 from sppo_rl.llm.rollout.base import Rollout, SamplingParams, left_pad, logprob_agreement  # noqa: E402
 from sppo_rl.llm.rollout.hf import HFRollout, top_p_mask  # noqa: E402
@@ -116,7 +116,7 @@ def train_one_step(model) -> None:
     """One AdamW step of the trainer's engine on the NLL of a fixed text (changes every weight)."""
     tok = load_tokenizer(model.name_or_path)
     ids = torch.tensor([tok.encode("12+34=46 and 7*8=56", add_special_tokens=False)])
-    train = TorchEngine(model, lr=1e-2)
+    train = HFTorchEngine(model, lr=1e-2)
     model.train()
     train.backward(model(input_ids=ids, labels=ids).loss)
     train.step()
@@ -265,7 +265,7 @@ def test_weight_sync_after_an_optimizer_step(engine, hf):
     stale = logprob_agreement(engine, hf, prompts, SamplingParams(n=2, max_new_tokens=16))
     assert before_step < TOL and stale > 1e-2, (before_step, stale)
 
-    engine.update_weights(TorchEngine(hf, lr=0.0).full_state_items())
+    engine.update_weights(HFTorchEngine(hf, lr=0.0).full_state_items())
     assert engine.last_sync["tensors"] == len(engine.checkpoint.shapes) and engine.last_sync["seconds"] > 0
     for temperature, top_p in [(1.0, 1.0), (0.7, 0.9)]:
         diff = logprob_agreement(
@@ -609,7 +609,7 @@ def test_lora_partial_sync_sends_the_adapted_modules_only(engine, hf, tiny):
     )
     names = adapted_tensor_names(model)
     engine.check_partial_sync(names)
-    train = TorchEngine(model, lr=0.0)
+    train = HFTorchEngine(model, lr=0.0)
     engine.update_weights(train.sync_state_items(), partial=True)
     shapes = engine.checkpoint.shapes
     assert (

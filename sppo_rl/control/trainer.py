@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -27,24 +27,20 @@ import torch
 from torch import Tensor
 
 from sppo_rl.agents import (
-    LearnerConfig,
     SequenceBatch,
     TorchEngine,
-    check_setup,
     compute_advantages,
     forward_rows,
-    get_algorithm,
     ppo_update,
 )
-from sppo_rl.agents.algorithms import default_group_size, estimator_params, value_units
+from sppo_rl.agents.algorithms import value_units
 from sppo_rl.control.actor_files import (
-    check_init_actor,
     load_actor_file,
-    resolve_init,
     save_actor_file,
 )
 from sppo_rl.control.config import ControlConfig
 from sppo_rl.control.networks import CRITICS, Actor
+from sppo_rl.control.plan import resolve
 from sppo_rl.control.rollout import Episodes, collect
 from sppo_rl.experiments.protocol import final_value
 from sppo_rl.runtime import (
@@ -56,25 +52,11 @@ from sppo_rl.runtime.checkpoint import torch_load, torch_save
 from sppo_rl.runtime.files import atomic_write_text
 from sppo_rl.runtime.logging import start_logging
 from sppo_rl.runtime.loop import Schedule, announce, progress_bar, run_loop
-from sppo_rl.runtime.run import RunError, check_resume, set_threads, unlock_run_dir
+from sppo_rl.runtime.run import check_resume, set_threads, unlock_run_dir
 from sppo_rl.runtime.schedule import lr_factor, set_lr
 from sppo_rl.runtime.trace import TRACE_FILE, write_trace
 
 EVAL_SEED_BASE = 2_000_000_000  # evaluation start states: seeds EVAL_SEED_BASE + i, never drawn for training
-
-
-@dataclass
-class Resolved:
-    """Settings derived from the config and the task, saved beside it."""
-
-    task: str
-    env_id: str
-    horizon: int
-    episodes_per_update: int
-    group_size: int
-    contexts_per_update: int
-    greedy_per_update: int
-    init_from: str
 
 
 class ControlRun:
@@ -82,41 +64,14 @@ class ControlRun:
 
     def __init__(self, cfg: ControlConfig) -> None:
         from sppo_rl.envs import make_episode_env
-        from sppo_rl.envs.custom import resolve_task
 
-        cfg.validate()
-        self.cfg = cfg
-        self.algo = get_algorithm(cfg.algo)
-        if "control" not in self.algo.worlds:
-            raise RunError(f"{self.algo.name} trains a language model only: use sppo-rl llm")
-        try:
-            self.spec = resolve_task(cfg.task, cfg.success)
-        except (KeyError, ValueError) as e:
-            raise RunError(str(e).strip("'\"")) from None
+        self.plan = plan = resolve(cfg)
+        self.cfg, self.algo, self.spec = cfg, plan.algo, plan.spec
         req = self.algo.requires
-        E = cfg.episodes_per_update or self.spec.episodes_per_update
-        G = cfg.group_size if cfg.group_size is not None else default_group_size(self.algo, E)
-        check_setup(self.algo, G, E)
-        if cfg.total_episodes < E:
-            raise RunError(
-                f"--total-episodes ({cfg.total_episodes}) is smaller than one update ({E} episodes)"
-            )
-        if cfg.epochs < 1 or cfg.minibatches < 1 or cfg.minibatches > E:
-            raise RunError(f"need epochs >= 1 and 1 <= minibatches <= episodes_per_update ({E})")
-        contexts = E // G
-        n_greedy = contexts if req.greedy_baseline else 0
-        init_path = resolve_init(cfg.init_from, self.spec.name)
-        if init_path is not None:
-            check_init_actor(init_path, self.spec)
-        self.resolved = Resolved(
-            task=self.spec.name,
-            env_id=self.spec.env_id,
-            horizon=self.spec.horizon,
-            episodes_per_update=E,
-            group_size=G,
-            contexts_per_update=contexts,
-            greedy_per_update=n_greedy,
-            init_from=str(init_path) if init_path else "none",
+        E, n_greedy, init_path = (
+            plan.resolved.episodes_per_update,
+            plan.resolved.greedy_per_update,
+            plan.init_path,
         )
         self.out = prepare_run_dir(cfg.out_dir, resume=cfg.resume, overwrite=cfg.overwrite)
         if cfg.resume:
@@ -173,15 +128,10 @@ class ControlRun:
         # the newest intact checkpoint (damaged ones are skipped with a warning; none intact: refused)
         ckpt = self.ckpts.resume(load) if cfg.resume else None
         resolved = {
-            **asdict(self.resolved),
-            "learner": asdict(self.learner_cfg),
+            **asdict(plan.resolved),
+            "learner": asdict(plan.learner),
         }  # the update's settings in force
         self.logger = start_logging(self.out, cfg, resolved, ckpt, world="control")
-
-    @property
-    def learner_cfg(self) -> LearnerConfig:
-        cfg = self.cfg
-        return LearnerConfig.from_run(cfg, self.resolved.horizon, self.algo.defaults)
 
     @property
     def actor_engine(self) -> TorchEngine:
@@ -238,7 +188,7 @@ class ControlRun:
 
     def _seeds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-row reset seeds, group ids and greedy flags for one update."""
-        r = self.resolved
+        r = self.plan.resolved
         ctx = self.seed_rng.integers(0, 2**31 - 1, size=r.contexts_per_update)
         seeds = np.repeat(ctx, r.group_size)
         groups = np.repeat(np.arange(r.contexts_per_update), r.group_size)
@@ -260,7 +210,7 @@ class ControlRun:
             baseline_rewards=greedy_success[torch.from_numpy(groups)] if greedy_success is not None else None,
         )
         if self.critic is not None:
-            batch.values = forward_rows(self._critic_fn(ep), batch.lengths, batch.lengths, self.learner_cfg)
+            batch.values = forward_rows(self._critic_fn(ep), batch.lengths, batch.lengths, self.plan.learner)
         return batch
 
     def _actor_fn(self, ep: Episodes):
@@ -279,7 +229,7 @@ class ControlRun:
         return lambda rows, T: self.critic.values(ep.obs[rows, :T])
 
     def update(self) -> dict[str, Any]:
-        cfg, algo, r = self.cfg, self.algo, self.resolved
+        algo, r = self.algo, self.plan.resolved
         t0 = time.perf_counter()
         seeds, groups, greedy = self._seeds()
         self.actor.eval()
@@ -289,7 +239,7 @@ class ControlRun:
         ep = ep_all.rows(torch.arange(n))
         greedy_success = ep_all.success[n:] if r.greedy_per_update else None
         batch = self._batch(ep, groups[:n], greedy_success)
-        compute_advantages(batch, algo, **estimator_params(cfg))
+        compute_advantages(batch, algo, **self.plan.estimator)
         check_finite(self.update_idx + 1, advantages=batch.advantages)
         lr = self._schedule_lr()
         stats = self._optimise(ep, batch)
@@ -323,7 +273,7 @@ class ControlRun:
         """Set both optimizers' learning rates for the update about to run (``--lr-schedule``, from the
         update index: :mod:`sppo_rl.runtime.schedule`); returns the actor's."""
         cfg = self.cfg
-        K = math.ceil(cfg.total_episodes / self.resolved.episodes_per_update)
+        K = math.ceil(cfg.total_episodes / self.plan.resolved.episodes_per_update)
         f = lr_factor(cfg.lr_schedule, self.update_idx, K, cfg.warmup_updates)
         set_lr(self.actor_opt, cfg.actor_lr * f)
         if self.critic_opt is not None:
@@ -335,7 +285,7 @@ class ControlRun:
         stats = ppo_update(
             batch,
             self.algo,
-            self.learner_cfg,
+            self.plan.learner,
             self._actor_fn(ep),
             self.actor_engine,
             self._critic_fn(ep) if self.critic is not None else None,
@@ -360,7 +310,7 @@ class ControlRun:
         seeds = EVAL_SEED_BASE + np.arange(episodes)
         gen = torch.Generator().manual_seed(12345)
         flags = np.full(episodes, greedy)
-        ep = collect(self._eval_env, self.actor, seeds, self.resolved.horizon, flags, gen)
+        ep = collect(self._eval_env, self.actor, seeds, self.plan.resolved.horizon, flags, gen)
         return float(ep.success.mean())
 
     @torch.no_grad()
@@ -374,7 +324,7 @@ class ControlRun:
         env = make_episode_env(self.spec, num_envs=contexts * samples, dense=self.cfg.dense)
         seeds = np.repeat(EVAL_SEED_BASE + 10_000 + np.arange(contexts), samples)
         ep = collect(
-            env, self.actor, seeds, self.resolved.horizon, None, torch.Generator().manual_seed(54321)
+            env, self.actor, seeds, self.plan.resolved.horizon, None, torch.Generator().manual_seed(54321)
         )
         env.close()
         pred = value_units(self.algo, self.critic.values(ep.obs[::samples]))
@@ -393,10 +343,12 @@ class ControlRun:
             return
         env = make_episode_env(self.spec, num_envs=episodes, dense=self.cfg.dense)
         seeds = EVAL_SEED_BASE + 20_000 + np.arange(episodes)
-        ep = collect(env, self.actor, seeds, self.resolved.horizon, None, torch.Generator().manual_seed(4242))
+        ep = collect(
+            env, self.actor, seeds, self.plan.resolved.horizon, None, torch.Generator().manual_seed(4242)
+        )
         env.close()
         v = value_units(self.algo, self.critic.values(ep.obs))
-        write_trace(path, v.numpy(), ep.lengths.numpy(), ep.success.numpy(), self.resolved.horizon)
+        write_trace(path, v.numpy(), ep.lengths.numpy(), ep.success.numpy(), self.plan.resolved.horizon)
 
     # ------------------------------------------------------------------------------------- loop
 
@@ -434,7 +386,7 @@ class ControlRun:
             atomic_write_text(self.out / "calibration.json", json.dumps(cal) + "\n")
         self.critic_trace(self.out / TRACE_FILE)
         meta = {"summary": summary, "config": asdict(cfg)}
-        meta["observation"] = {"horizon": self.resolved.horizon, "appended": self.spec.appended}
+        meta["observation"] = {"horizon": self.plan.resolved.horizon, "appended": self.spec.appended}
         save_actor_file(self.out / "final.pt", self.actor, meta)
         return summary
 
@@ -445,7 +397,7 @@ class ControlRun:
 
     def run(self, callback: Any = None) -> dict[str, Any]:
         """Train to the budget; ``callback(row)`` after each update, ``False`` stops (:func:`run_loop`)."""
-        cfg, E = self.cfg, self.resolved.episodes_per_update
+        cfg, E = self.cfg, self.plan.resolved.episodes_per_update
         total = math.ceil(cfg.total_episodes / E)
         bar = progress_bar(cfg.progress, total, self.update_idx, f"{self.algo.name}/{self.spec.name}")
         return run_loop(

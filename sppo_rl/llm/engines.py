@@ -195,7 +195,7 @@ class TrainEngine(Protocol):
     def sync_state_items(self) -> Iterator[tuple[str, Tensor]]: ...
 
 
-class TorchEngine(CoreTorchEngine):
+class HFTorchEngine(CoreTorchEngine):
     """Plain PyTorch: AdamW over the module's trainable parameters, global-norm gradient clipping
     (:class:`sppo_rl.agents.learner.TorchEngine`), plus resumable state and exports."""
 
@@ -403,9 +403,9 @@ class DeepSpeedEngine:
             self.inner.save_pretrained(folder, state_dict=state, **kwargs)
 
 
-def make_engine(kind: str, module: nn.Module, lr: float, **kwargs: Any) -> TorchEngine | DeepSpeedEngine:
+def make_engine(kind: str, module: nn.Module, lr: float, **kwargs: Any) -> HFTorchEngine | DeepSpeedEngine:
     if kind == "torch":
-        return TorchEngine(
+        return HFTorchEngine(
             module, lr, **{k: v for k, v in kwargs.items() if k in ("weight_decay", "max_grad_norm")}
         )
     if kind == "deepspeed":

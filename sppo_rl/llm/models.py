@@ -13,7 +13,7 @@ generation, so a row's numbers do not depend on how much padding its batch neede
 - The actor is any ``AutoModelForCausalLM`` folder (:func:`load_actor`).
 - :class:`SequenceCritic` (SPPO) reads the hidden state of the last prompt token and returns one
   success logit per prompt, ``sigmoid(logit) = P(R = 1 | prompt)``; it never sees the response.
-- :class:`TokenCritic` (PPO) returns ``V(s_t)`` for every response position ``t``, read at the
+- :class:`StepCritic` (PPO) returns ``V(s_t)`` for every response position ``t``, read at the
   position preceding response token ``t`` (verl's convention).
 - Both critics are an ``AutoModel`` backbone (possibly a smaller model than the actor, with the same
   tokenizer: :func:`check_same_tokenizer`) plus a one-output linear head.
@@ -369,7 +369,7 @@ class SequenceCritic(_ValueHeadModel):
 
     ``forward(input_ids, attention_mask, response_len=0) -> logits [B]`` with
     ``sigmoid(logits) = P(R = 1 | prompt)``, on prompts or on ``[prompt | response]`` rows whose last
-    ``response_len`` columns (the response) it drops: the same call as :class:`TokenCritic`'s.
+    ``response_len`` columns (the response) it drops: the same call as :class:`StepCritic`'s.
     Prompts must be left-padded, so column ``-1`` holds every row's last prompt token; the backbone is
     causal, so that hidden state summarises the whole prompt and nothing else. Trained with
     BCE-with-logits against ``R`` (:func:`sppo_rl.agents.bce_value_loss`).
@@ -386,7 +386,7 @@ class SequenceCritic(_ValueHeadModel):
         return self._head(self._hidden(input_ids, attention_mask)[:, -1])
 
 
-class TokenCritic(_ValueHeadModel):
+class StepCritic(_ValueHeadModel):
     """PPO's critic ``V(s_t)`` on every response token.
 
     ``forward(input_ids, attention_mask, response_len) -> values [B, T]`` on ``[prompt | response]``
@@ -404,7 +404,7 @@ class TokenCritic(_ValueHeadModel):
         return self._head(hidden[:, -(T + 1) : -1])
 
 
-CRITICS: dict[str, type[_ValueHeadModel]] = {"step": TokenCritic, "sequence": SequenceCritic}
+CRITICS: dict[str, type[_ValueHeadModel]] = {"step": StepCritic, "sequence": SequenceCritic}
 """The critic class for each :attr:`~sppo_rl.agents.advantages.Requirements.critic` kind."""
 
 
