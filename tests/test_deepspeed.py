@@ -241,14 +241,21 @@ def test_a_rank_ends_past_the_interpreters_teardown_with_everything_written(tiny
 
 
 def test_bad_input_in_a_rank_is_one_line_and_exit_2(tiny, tmp_path):
-    """The model folder is checked after the group is joined: the error still gets its one line and
-    status 2 through the same way out, and no run folder is made."""
+    """A mistake found once the group is joined (``--resume`` of a folder without a checkpoint: the run
+    folder is looked at only then) still gets its one line and status 2 through the same way out, and no
+    run folder is made; a mistake in the settings (a model folder that is not there) is refused before the
+    group is joined (:func:`sppo_rl.llm.plan.resolve`)."""
     out = tmp_path / "run"
+    done = _entry([*_args(tiny, out), "--engine", "deepspeed", "--resume"])
+    assert done.returncode == 2, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("sppo-rl: error:")]
+    assert len(errors) == 1 and "no checkpoint" in errors[0], done.stderr[-3000:]
+    assert "exit hooks ran" not in done.stdout  # it had joined the group: ended by end_process
+    assert not out.exists()
     args = _args(tiny, out)
     args[args.index("--model") + 1] = str(tmp_path / "no-such-model")
     done = _entry([*args, "--engine", "deepspeed"])
     assert done.returncode == 2, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("sppo-rl: error:")]
     assert len(errors) == 1 and "no-such-model" in errors[0], done.stderr[-3000:]
-    assert "exit hooks ran" not in done.stdout
     assert not out.exists()

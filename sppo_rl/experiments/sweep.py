@@ -306,17 +306,17 @@ def _plan_llm(cfg: SweepConfig) -> list[Job]:
 def parse_llm(flags: list[str]):  # -> LLMConfig
     """The LLMConfig that ``sppo-rl llm <flags>`` would run (tyro's parser; ``--recipe NAME|FILE`` gives
     the defaults as on the command line), checked as the run checks it before its folder is touched
-    (``validate``: every setting's type and range; the algorithm with its group size; its model folders);
-    ValueError in one line if refused."""
+    (:func:`sppo_rl.llm.plan.resolve`: every setting, the algorithm with its group size and batch shape,
+    the model folders, the data and the reward function); ValueError in one line if refused."""
     import contextlib
     import io
 
     import tyro
 
-    from sppo_rl.agents.algorithms import check_setup, default_group_size, get_algorithm
     from sppo_rl.cli import cli_fields, load_recipe
     from sppo_rl.llm.config import LLMConfig
-    from sppo_rl.llm.setup import check_model_paths
+    from sppo_rl.llm.engines import launcher_dist
+    from sppo_rl.llm.plan import resolve
     from sppo_rl.runtime.run import RunError
 
     default = None
@@ -341,11 +341,7 @@ def parse_llm(flags: list[str]):  # -> LLMConfig
         words = [w for w in words if w and not w.startswith("For full helptext")]
         raise ValueError(" ".join(words[1:] or words) or "refused") from None
     try:
-        cfg.validate()
-        algo = get_algorithm(cfg.algo)
-        group = cfg.group_size if cfg.group_size is not None else default_group_size(algo)
-        check_setup(algo, group, cfg.prompts_per_step * group, use_critic=cfg.critic_model != "none")
-        check_model_paths(cfg)
+        resolve(cfg, launcher_dist())
     except (RunError, ValueError) as e:
         raise ValueError(str(e)) from None
     return cfg

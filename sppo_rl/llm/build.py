@@ -172,6 +172,27 @@ def row_fn(plan: Any) -> Any:
     return rows
 
 
+def config_record(plan: Any, m: Models, n_train: int, n_val: int, ranks: int) -> dict[str, Any]:
+    """What ``config.json`` records beside the settings as given (its ``resolved``)."""
+    import dataclasses
+
+    return {
+        "group_size": plan.group_size,
+        "rows_per_step": plan.rows_per_step,
+        "ranks": ranks,
+        "actor": str(m.actor_path),
+        "critic": str(plan.cfg.critic_model or (m.actor_path if m.critic else "none")),
+        "warmstart": m.warmstart,
+        "train_examples": n_train,
+        "val_examples": n_val,
+        "reward_fn": plan.reward_fn,
+        "device": str(plan.device),
+        "learner": dataclasses.asdict(plan.learner),  # the update's settings in force
+        "unset": plan.unset,
+        "latent": dataclasses.asdict(plan.latent.settings) if plan.latent else None,
+    }
+
+
 CRITIC_INIT_CLIP = 0.01
 """``--critic-init first-batch`` clips the first batch's success rate to ``[0.01, 0.99]`` (a batch of
 all 0 or all 1 would otherwise ask for an infinite logit)."""

@@ -67,6 +67,23 @@ class CompletionLog:
         """Whether the training samples of update ``step`` are written."""
         return self.every > 0 and step % self.every == 0
 
+    def write_batch(
+        self, step: int, split: str, prompts: list[str], rb: Any, truths: list[str], R: Any, valid: Any = None
+    ) -> None:
+        """The first ``max_rows`` rows of the rollout batch ``rb`` with their rewards ``R`` (and validity), at
+        ``step``: row ``i``'s prompt is ``prompts[rb.prompt_index[i]]``, its reference ``truths[...]``."""
+        k = min(len(rb.texts), self.max_rows)
+        index = [int(i) for i in rb.prompt_index[:k]]
+        self.write(
+            step,
+            split,
+            [prompts[i] for i in index],
+            rb.texts[:k],
+            [truths[i] for i in index],
+            R[:k].tolist(),
+            None if valid is None else valid[:k].tolist(),
+        )
+
     def write(
         self,
         step: int,

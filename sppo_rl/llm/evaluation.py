@@ -27,8 +27,8 @@ class Evaluator:
         sampler: :class:`~sppo_rl.llm.stages.collect.Sampler`; scoring: :class:`~sppo_rl.llm.stages.score.Scoring`.
         critic_engine: the critic's training engine (None without a critic); rows: the learner's world
             callable ``rows(rb, model, policy)``.
-        dist, device, tokenizer: the ranks, the device, the tokenizer; log: ``log(split, prompts, rb,
-            truths, R)`` writes completions.
+        dist, device, tokenizer: the ranks, the device, the tokenizer; completions: the run's
+            :class:`~sppo_rl.llm.completions.CompletionLog`.
     """
 
     val_set: list
@@ -40,7 +40,7 @@ class Evaluator:
     dist: Any
     device: Any
     tokenizer: Any
-    log: Any
+    completions: Any
 
     @property
     def cfg(self) -> Any:
@@ -52,7 +52,7 @@ class Evaluator:
 
 
 @torch.no_grad()
-def evaluate(self: Evaluator) -> dict[str, Any]:
+def evaluate(self: Evaluator, step: int) -> dict[str, Any]:
     """mean@k accuracy and pass@k on the validation split (k = ``eval_samples``, at the rollout
     temperature), greedy accuracy, and for SPPO the critic's calibration against per-prompt mean@k.
     Ranks split the prompts (every ``world``-th) and their sums are added up."""
@@ -68,7 +68,7 @@ def evaluate(self: Evaluator) -> dict[str, Any]:
         rows = [self.val_set[mine[int(i)]] for i in rb.prompt_index]
         s = self.scoring(rb.texts, [e.answer for e in rows], rows)
         scores, err, cut = s.R, s.errors, s.cut
-        self.log("val", prompts, rb, truths, scores)
+        self.completions.write_batch(step, "val", prompts, rb, truths, scores)
         per_prompt = scores.view(len(prompts), k)
         greedy = self.sampler.greedy(prompts)
         g = self.scoring(greedy.texts, truths, [self.val_set[i] for i in mine])

@@ -17,7 +17,14 @@ from typing import Any
 
 import torch
 
-from sppo_rl.llm.build import actor_folder, build_models, init_critic_bias, prepare_prompts, row_fn
+from sppo_rl.llm.build import (
+    actor_folder,
+    build_models,
+    config_record,
+    init_critic_bias,
+    prepare_prompts,
+    row_fn,
+)
 from sppo_rl.llm.completions import CompletionLog
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.engines import init_process_group, launcher_dist
@@ -88,17 +95,21 @@ class LLMRun:
         ckpt = self._resume() if cfg.resume else None
         self.logger: RunLogger | NullLogger = NullLogger()
         if self.dist.main:
-            self.logger = start_logging(self.out, plan.given, self._resolved(task), ckpt, world="llm")
+            self.logger = start_logging(
+                self.out,
+                plan.given,
+                config_record(plan, m, len(self.train_set), len(self.val_set), self.dist.world),
+                ckpt,
+                world="llm",
+            )
         every, text = (cfg.log_completions_every, self.logger.text) if self.dist.main else (0, None)
         self.completions = CompletionLog(self.out, every, text)
         self.sampler = Sampler(m.rollout, plan.sampling, cfg.seed)
         args = (self.sampler, self.scoring, plan, self.dist, self.device, m.tokenizer)
-        self.collector = Collector(
-            self.train_set, self.order, *args, self.log_completions, self.completions.due
-        )
+        self.collector = Collector(self.train_set, self.order, *args, self.completions)
         self.evaluator = Evaluator(
             self.val_set, plan, self.sampler, self.scoring, m.critic_engine, self.rows, self.dist, self.device,
-            m.tokenizer, self.log_completions,
+            m.tokenizer, self.completions,
         )  # fmt: skip
         self._fail_streak = 0  # consecutive updates without one valid reward (--reward-fail-limit)
         self._failed_row: dict[str, Any] = {}
@@ -108,27 +119,6 @@ class LLMRun:
         if self.cfg.resume:
             check_resume(out, self.plan.given)
         return out
-
-    def _resolved(self, task: Any) -> dict[str, Any]:
-        """What ``config.json`` records beside the settings as given."""
-        import dataclasses
-
-        m, plan = self.models, self.plan
-        return {
-            "group_size": plan.group_size,
-            "rows_per_step": plan.rows_per_step,
-            "ranks": self.dist.world,
-            "actor": str(m.actor_path),
-            "critic": str(self.cfg.critic_model or (m.actor_path if m.critic else "none")),
-            "warmstart": m.warmstart,
-            "train_examples": len(self.train_set),
-            "val_examples": len(self.val_set),
-            "reward_fn": plan.reward_fn,
-            "device": str(self.device),
-            "learner": dataclasses.asdict(plan.learner),  # the update's settings in force
-            "unset": plan.unset,
-            "latent": dataclasses.asdict(plan.latent.settings) if plan.latent else None,
-        }
 
     def _main_first(self, fn: Any) -> Any:
         """Run ``fn`` on rank 0, then hand its result (or its error) to every rank."""
@@ -234,31 +224,6 @@ class LLMRun:
             set_lr(m.critic_engine.optimizer, cfg.critic_lr * f)
         return cfg.actor_lr * f
 
-    def log_completions(
-        self,
-        split: str,
-        prompts: list[str],
-        rb: Any,
-        truths: list[str],
-        R: Any,
-        valid: Any = None,
-        step: Any = None,
-    ) -> None:
-        """The first rows of ``rb`` (prompt ``prompts[prompt_index]``, reference ``truths[prompt_index]``)
-        with their rewards to ``completions.jsonl`` (:class:`~sppo_rl.llm.completions.CompletionLog`), at
-        ``step`` (default: the updates done)."""
-        k = min(len(rb.texts), self.completions.max_rows)
-        index = [int(i) for i in rb.prompt_index[:k]]
-        self.completions.write(
-            self.update_idx if step is None else step,
-            split,
-            [prompts[i] for i in index],
-            rb.texts[:k],
-            [truths[i] for i in index],
-            R[:k].tolist(),
-            None if valid is None else valid[:k].tolist(),
-        )
-
     # ------------------------------------------------------------------------------------- state
 
     def save_checkpoint(self) -> Path:
@@ -312,7 +277,7 @@ class LLMRun:
         return self.update_idx
 
     def evaluate(self) -> dict[str, Any]:
-        return evaluate(self.evaluator)
+        return evaluate(self.evaluator, self.update_idx)
 
     def finish(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """Exports (``final/``, the critic trace; all ranks) and, on rank 0, the summary from every row
@@ -361,6 +326,7 @@ class LLMRun:
     def close(self) -> None:
         self.logger.close()
         self.scoring.close()
+        self.models.rollout.close()
         unlock_run_dir(self.out)
 
 

@@ -114,7 +114,7 @@ class Collector:
         train: the training prompts (rendered); order: their :class:`PromptOrder`.
         sampler: the rollout (:class:`Sampler`); scoring: the reward workers (:class:`Scoring`).
         plan: the run's :class:`~sppo_rl.llm.plan.Plan`; dist: its ranks; device: the reductions' device.
-        log: ``log(split, prompts, rb, truths, R, valid, step)`` writes completions; due: ``due(step)``.
+        completions: the run's :class:`~sppo_rl.llm.completions.CompletionLog`.
         tokenizer: renders a prompt (:func:`~sppo_rl.llm.data.render_prompt`).
     """
 
@@ -128,12 +128,11 @@ class Collector:
         dist: Any,
         device: Any,
         tokenizer: Any,
-        log: Any,
-        due: Any,
+        completions: Any,
     ) -> None:
         self.train, self.order, self.sampler, self.scoring = train, order, sampler, scoring
         self.plan, self.dist, self.device, self.tokenizer = plan, dist, device, tokenizer
-        self.log, self.due = log, due
+        self.completions = completions
 
     def _next_prompts(self) -> tuple[list[Example], list[int]]:
         """This rank's prompts of the next round and their positions in the whole round."""
@@ -156,8 +155,10 @@ class Collector:
             s = self.scoring(rb.texts, [e.answer for e in rows], rows)
             fn += s.fn
             R, valid, errors, cut = s.R, s.valid, s.errors, s.cut
-            if index == 0 and self.due(step + 1):
-                self.log("train", prompts, rb, [e.answer for e in examples], R, valid, step + 1)
+            if index == 0 and self.completions.due(step + 1):
+                self.completions.write_batch(
+                    step + 1, "train", prompts, rb, [e.answer for e in examples], R, valid
+                )
             baseline = baseline_valid = None
             if greedy_rb is not None:
                 g = self.scoring(greedy_rb.texts, [e.answer for e in examples], examples)
