@@ -153,10 +153,14 @@ def test_only_the_final_box_is_paid():
 
 
 def test_max_new_tokens_defaults_per_task_and_level():
-    def resolved(**kw):
-        cfg = LLMConfig(**kw)
-        cfg.validate()
-        return cfg.max_new_tokens
+    from sppo_rl.llm.engines import launcher_dist
+    from sppo_rl.llm.plan import resolve
+
+    def resolved(**kw):  # what the run resolves (resolve leaves the config as given)
+        cfg = LLMConfig(train_size=8, val_size=4, **kw)
+        plan = resolve(cfg, launcher_dist())[0]
+        assert cfg.max_new_tokens == kw.get("max_new_tokens")
+        return plan.cfg.max_new_tokens
 
     assert resolved(task="arithmetic") == 16
     assert resolved(task="scratchpad") == LEVELS[1].max_chars + 1 + MARGIN == 100
