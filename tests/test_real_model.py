@@ -245,3 +245,23 @@ def test_make_demo_real_installs_the_real_extra_and_runs_the_settings_that_learn
     )
     assert (cfg.actor_lr, cfg.max_new_tokens, cfg.out_dir) == (2e-5, 32, "runs/demo-real")
     assert _recipe("demo")[-1] == "/nonexistent-venv/bin/sppo-rl demo --out-dir runs/demo"  # unchanged
+
+
+# ------------------------------------------------------------------------------ scripts/bench_rollout.py
+
+
+def test_the_floors_matmul_shapes_are_every_weight_of_smollm2_once():
+    """The floor's FLOPs per token are 2 x (the weights the matmuls read): SmolLM2-135M's shapes, written out
+    by hand: per layer q, o 576 x 576, k, v 576 x 192, gate, up 576 x 1536, down 1536 x 576 = 3,538,944; 30
+    layers and the tied 576 x 49,152 head give 134,479,872, the 134,515,008 parameters less the 61 norms."""
+    from paths import script_module
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True)  # fmt: skip
+    with script_module("bench_rollout") as bench:
+        shapes = bench.linear_shapes(config)
+        assert sum(k * n * c for k, n, c in shapes) == 30 * 3_538_944 + 576 * 49152 == 134_479_872
+        assert bench.PARAMS - 134_479_872 == 61 * 576  # 2 norms per layer and the final one
+        small = [(8, 8, 1)]  # 2 x 4 x 8 x 8 = 512 FLOPs a pass
+        assert 0 < bench.matmul_gflops(small, 4, seconds=0.05) < 1e4
