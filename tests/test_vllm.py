@@ -717,3 +717,52 @@ def test_a_bfloat16_sampler_beside_a_float32_trainer_shows_the_mismatch_tis_corr
         assert r["rollout_mismatch_max"] > 5e-4, r["rollout_mismatch_max"]
     resolved = json.loads((out / "config.json").read_text())
     assert resolved["vllm_dtype"] == "bfloat16" and resolved["dtype"] == "float32"
+
+
+# ---------------------------------------------------------------------------------------- the export
+
+_VLLM_LOADS_FOLDER = """
+import json, os, sys
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+from vllm import LLM, SamplingParams
+llm = LLM(model=sys.argv[1], dtype="float32", enforce_eager=True, kv_cache_memory_bytes=64 * 2**20, max_num_seqs=8)
+prompts = [{"prompt_token_ids": ids} for ids in json.loads(sys.argv[2])]
+outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, logprobs=0), use_tqdm=False)
+got = [[list(c.token_ids), [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)]] for c in (o.outputs[0] for o in outs)]
+print("RESULT " + json.dumps(got))
+"""
+
+
+def test_vllm_loads_an_exported_final_actor_and_generates(tiny, tmp_path):
+    """`final/actor` of a one-update `sppo-rl llm` run (HF rollouts) loads in a plain `vllm.LLM` (its own
+    process) and decodes greedily what transformers decodes from the same folder, with its log-probs."""
+    import subprocess
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "sppo_rl", "llm", "--algo", "grpo", "--group-size", "2", "--model", str(tiny),
+           "--steps", "1", "--prompts-per-step", "4", "--train-size", "16", "--val-size", "2", "--eval-every", "0",
+           "--max-new-tokens", "8", "--actor-lr", "1e-2", "--no-progress", "--no-tensorboard", "--threads", "1",
+           "--out-dir", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    final = out / "final" / "actor"
+    tok = AutoTokenizer.from_pretrained(final, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(final, local_files_only=True, dtype=torch.float32).eval()
+    ids = [tok.encode(p, add_special_tokens=False) for p in PROMPTS]
+    proc = subprocess.run([sys.executable, "-c", _VLLM_LOADS_FOLDER, str(final), json.dumps(ids)],
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    eos = model.generation_config.eos_token_id
+    for prompt, (tokens, logprobs) in zip(ids, got):
+        x = torch.tensor([prompt])
+        with torch.no_grad():
+            gen = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=8,
+                                 eos_token_id=eos, pad_token_id=tok.pad_token_id)  # fmt: skip
+            new = gen[0, len(prompt) :]
+            logits = model(gen).logits[0, len(prompt) - 1 : -1].float()
+        assert tokens and tokens == new.tolist()[: len(tokens)] and len(tokens) == len(new)
+        ref = logits.log_softmax(-1).gather(-1, new[:, None]).squeeze(-1)
+        assert max(abs(a - b) for a, b in zip(logprobs, ref.tolist())) < TOL

