@@ -212,8 +212,11 @@ def _recipe(target: str) -> list[str]:
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
     repo = Path(__file__).resolve().parents[1]
-    proc = subprocess.run(["make", "-n", "-B", target, "VENV=/nonexistent-venv"], cwd=repo, capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+    }  # under `make test`
+    proc = subprocess.run(["make", "--no-print-directory", "-n", "-B", target, "VENV=/nonexistent-venv"], cwd=repo,
+                          capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.replace("\\\n", " ").splitlines()
 
