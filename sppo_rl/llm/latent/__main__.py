@@ -6,7 +6,7 @@ import dataclasses
 import sys
 from collections.abc import Sequence
 
-from sppo_rl.llm.latent.plugin import LATENT_FIXES, configure_latent
+from sppo_rl.llm.latent.plugin import LATENT_FIXES
 from sppo_rl.llm.latent.warmstart import explicit_model
 
 
@@ -16,9 +16,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     GRPO, ``sppo-rl llm --algo grpo --model <folder>``) or of the latent one."""
     import tyro
 
-    from sppo_rl.agents import get_algorithm
     from sppo_rl.llm.config import LLMConfig
-    from sppo_rl.llm.setup import load_task, start_scorer
+    from sppo_rl.llm.engines import launcher_dist
+    from sppo_rl.llm.plan import resolve
+    from sppo_rl.llm.setup import start_scorer
 
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] not in ("explicit-model", "latent-model"):
@@ -31,16 +32,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = tyro.cli(LLMConfig, default=LLMConfig(algo="latent-grpo"), args=rest, prog=f"latent {what}")
     if what == "latent-model" and cfg.algo not in LATENT_FIXES:
         cfg = dataclasses.replace(cfg, algo="latent-grpo")
-    cfg.validate()
-    train, _, reward_fn = load_task(cfg)
-    scorer = start_scorer(reward_fn, cfg.reward_timeout)
+    plan, task = resolve(cfg, launcher_dist())  # the run's own settings, as `sppo-rl llm` resolves them
+    scorer = start_scorer(plan.reward_fn, plan.cfg.reward_timeout)
     try:
         if what == "explicit-model":
-            folder = explicit_model(cfg, train, scorer)[0]
+            folder = explicit_model(plan.cfg, task.train, scorer)[0]
         else:
-            _, policy = configure_latent(cfg, get_algorithm(cfg.algo), train)
-            assert policy is not None
-            folder = policy.embedded_model(cfg, train, scorer)[0]
+            assert plan.latent is not None
+            folder = plan.latent.embedded_model(plan.cfg, task.train, scorer)[0]
     finally:
         scorer.close()
     print(folder)
