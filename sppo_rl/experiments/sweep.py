@@ -303,11 +303,13 @@ def _plan_llm(cfg: SweepConfig) -> list[Job]:
     )
 
 
-def parse_llm(flags: list[str]):  # -> LLMConfig
+def parse_llm(flags: list[str], check: bool = True):  # -> LLMConfig
     """The LLMConfig that ``sppo-rl llm <flags>`` would run (tyro's parser; ``--recipe NAME|FILE`` gives
     the defaults as on the command line), checked as the run checks it before its folder is touched
     (:func:`sppo_rl.llm.plan.resolve`: every setting, the algorithm with its group size and batch shape,
-    the model folders, the data and the reward function); ValueError in one line if refused."""
+    the model folders, the data and the reward function; ``check=False``: the parse and ``validate`` alone, for a run
+    whose settings differ from a checked one only in its seed and folder, which ``resolve`` reads no further);
+    ValueError in one line if refused."""
     import contextlib
     import io
 
@@ -341,13 +343,18 @@ def parse_llm(flags: list[str]):  # -> LLMConfig
         words = [w for w in words if w and not w.startswith("For full helptext")]
         raise ValueError(" ".join(words[1:] or words) or "refused") from None
     try:
-        resolve(cfg, launcher_dist())
+        if check:
+            resolve(cfg, launcher_dist())
+        else:  # every setting's type and range still (the seed's among them)
+            cfg.validate()
     except (RunError, ValueError) as e:
         raise ValueError(str(e)) from None
     return cfg
 
 
-def llm_config(name: str, flags: list[str], seed: int = 0, out_dir: str | None = None):  # -> LLMConfig
+def llm_config(
+    name: str, flags: list[str], seed: int = 0, out_dir: str | None = None, check: bool = True
+):  # -> LLMConfig
     """The checked LLMConfig (:func:`parse_llm`) of the run ``name`` with ``flags`` (its own and the common
     ones), seed ``seed``, folder ``out_dir``; ValueError in one line naming the run when ``name`` is no
     plain folder name (:data:`RUN_NAME`), ``flags`` hold a flag the sweep sets (:data:`LLM_OWNED`) or
@@ -364,7 +371,7 @@ def llm_config(name: str, flags: list[str], seed: int = 0, out_dir: str | None =
         )
     full = [*flags, "--seed", str(seed), *(["--out-dir", out_dir] if out_dir else [])]
     try:
-        return parse_llm(full)
+        return parse_llm(full, check)
     except ValueError as e:
         raise ValueError(f"{name}: sppo-rl llm refuses its flags: {e}") from None
 
@@ -389,11 +396,13 @@ def llm_jobs(
     if not specs:
         raise ValueError("a sweep needs at least one run and one seed")
     jobs = []
+    checked: set[tuple[str, ...]] = set()  # flag sets resolved once: their other seeds read the same data
     for name, seed, flags in specs:
         if seed < 0:
             raise ValueError(f"seed {seed}: seeds are integers >= 0")
         out = root / name / f"seed{seed}"
-        config = llm_config(name, flags, seed, str(out))
+        config = llm_config(name, flags, seed, str(out), check=tuple(flags) not in checked)
+        checked.add(tuple(flags))
         args = [*flags, "--seed", str(seed), "--out-dir", str(out)]
         if config.wandb_group is None:  # the runs of a sweep form one wandb group
             args += ["--wandb-group", root.name]
