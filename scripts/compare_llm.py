@@ -49,7 +49,6 @@ this size by the Python and torch runtime.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -101,9 +100,10 @@ def run_sets() -> dict[str, list[tuple[str, list[str]]]]:
     """The named run sets. DAPO-style GRPO takes clip-higher (0.28), overlong filtering and dynamic
     sampling (at most 3 extra generation rounds per update) from the flags this ``sppo-rl llm`` has (its
     ``LLMConfig`` fields)."""
+    from sppo_rl.config import flat_keys
     from sppo_rl.llm.config import LLMConfig
 
-    fields = {f.name for f in dataclasses.fields(LLMConfig)}
+    fields = set(flat_keys(LLMConfig))  # config.json's keys: one per flag
     flags = dict(ALL)
     dapo = ["--algo", "grpo", "--group-size", "8"]
     dapo += ["--clip-high", "0.28"] if "clip_high" in fields else []

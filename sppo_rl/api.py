@@ -89,6 +89,8 @@ from typing import Any
 
 import numpy as np
 
+from sppo_rl.config import flat_keys, from_flat, unknown_keys
+
 __all__ = [
     "Evaluation",
     "LLMPolicy",
@@ -115,15 +117,16 @@ def _new_run_dir(kind: str, task: str, algo: str) -> Path:
 
 
 def _config(cls: type, caller: str, fields: dict[str, Any]) -> Any:
-    """``cls(**fields)``, refusing unknown fields in one line; lists become tuples (``hidden_sizes``)."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(fields) - names)
+    """``cls`` from settings named by their flag (``lora_rank=8`` for ``--lora-rank 8``: the flat keys of
+    :func:`sppo_rl.config.flat_keys`), refusing unknown ones in one line; lists become tuples
+    (``hidden_sizes``)."""
+    unknown = unknown_keys(cls, fields)
     if unknown:
         raise TypeError(
-            f"{caller}: unknown setting(s) {', '.join(unknown)}; the settings are the fields of "
-            f"{cls.__name__} (valid: {', '.join(sorted(names))})"
+            f"{caller}: unknown setting(s) {', '.join(unknown)}; the settings are the flags of "
+            f"{cls.__name__} with underscores (valid: {', '.join(sorted(flat_keys(cls)))})"
         )
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+    return from_flat(cls, {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
 # ------------------------------------------------------------------------------------- control
@@ -687,5 +690,5 @@ def train_llm(
         _write_data(path, texts[key])
     from sppo_rl.llm.config import default_max_new_tokens
 
-    n = cfg.max_new_tokens or default_max_new_tokens(cfg.task, cfg.level)
+    n = cfg.max_new_tokens or default_max_new_tokens(cfg.task, cfg.level, cfg.model)
     return LLMPolicy(out / "final" / "actor", out, summary, max_new_tokens=n)

@@ -138,11 +138,11 @@ def load_recipe(
     reward file, model folders, ...) are refused in one line unless ``trust`` (``--trust-recipe``) or the
     field is in ``given`` (passed on the command line, so the recipe's value is not used). The built-in
     recipes, shipped with the package, are trusted."""
-    import dataclasses
     import json
     import re
     from pathlib import Path
 
+    from sppo_rl.config import from_flat, unknown_keys
     from sppo_rl.runtime.run import RunError
 
     file = Path(path)
@@ -171,8 +171,7 @@ def load_recipe(
         raise RunError(f"--recipe {file}: cannot read it ({e.strerror or e})") from None
     if not isinstance(values, dict):
         raise RunError(f"{file}: a recipe is a JSON object {{field: value}}, got {type(values).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - set(fields) - {"_comment"})
+    unknown = [k for k in unknown_keys(cls, values) if k != "_comment"]
     if unknown:
         raise RunError(f"{file}: unknown field(s) {', '.join(unknown)} for {cls.__name__}")
     values.pop("_comment", None)
@@ -190,7 +189,7 @@ def load_recipe(
     for name, value in values.items():
         if isinstance(value, list):
             values[name] = tuple(value)
-    cfg = cls(**values)
+    cfg = from_flat(cls, values)
     if hasattr(cfg, "field_problems"):
         lines = text.splitlines()
         for name, message in cfg.field_problems():
@@ -206,6 +205,7 @@ def resume_defaults(cls: type, args: list[str]) -> object | None:
     resumed run; None when there is none (the trainer then says there is nothing to resume)."""
     import dataclasses
 
+    from sppo_rl.config import flat_keys, from_flat
     from sppo_rl.runtime.run import saved_config
 
     out = next((a.split("=", 1)[1] for a in args if a.startswith("--out-dir=")), None)
@@ -216,9 +216,9 @@ def resume_defaults(cls: type, args: list[str]) -> object | None:
     saved = saved_config(out)
     if saved is None:
         return None
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = flat_keys(cls)
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in names}
-    return cls(**values)
+    return from_flat(cls, values)
 
 
 OTHER_WORLD: dict[str, tuple[str, ...]] = {"control": ("tis_cap",)}
@@ -257,9 +257,68 @@ def help_view(command: str, cls: type) -> type:
             view.append((name, Annotated[hints[name], tyro.conf.arg(help=text)], _same_default(names[name])))
     for name in OTHER_WORLD.get(command, ()):
         view.append((name, Annotated[hints[name], tyro.conf.Suppress], _same_default(names[name])))
-    out = dataclasses.make_dataclass(cls.__name__, view, bases=(cls,))
+    return _subclass(cls, view)
+
+
+def _subclass(cls: type, overrides: list) -> type:
+    """A dataclass of ``cls``'s fields with ``overrides`` (``(name, type, field)``) in their place; tyro
+    reads the other fields' help from ``cls``'s source."""
+    import dataclasses
+
+    out = dataclasses.make_dataclass(cls.__name__, overrides, bases=(cls,))
     out.__doc__, out.__module__ = cls.__doc__, cls.__module__
     return out
+
+
+def flag_view(cls: type) -> type:
+    """``cls`` as tyro parses it: each :class:`~sppo_rl.config.Section` field's settings are flags named by
+    their flat key (``--lora-rank``, not tyro's ``--lora.rank``), shown as one group with the section's
+    help. :func:`parse` turns what tyro returns back into ``cls``."""
+    import dataclasses
+    from typing import Annotated, get_type_hints
+
+    from sppo_rl.config import Section
+
+    view = []
+    for f in dataclasses.fields(cls):
+        section = f.default_factory
+        if not (isinstance(section, type) and issubclass(section, Section)):
+            continue
+        hints = get_type_hints(section)
+        inner = []
+        for g in dataclasses.fields(section):
+            name = g.metadata.get("key", f"{f.name}_{g.name}").replace("_", "-")
+            arg = tyro.conf.arg(name=name, prefix_name=False)
+            inner.append((g.name, Annotated[hints[g.name], arg], _same_default(g)))
+        shown = _subclass(section, inner)
+        view.append(
+            (f.name, Annotated[shown, tyro.conf.arg(name=f.name)], dataclasses.field(default_factory=shown))
+        )
+    return _subclass(cls, view) if view else cls
+
+
+def _as(kind: type, value: object) -> object:
+    """``value`` (a dataclass) rebuilt as ``kind``, its sections as ``kind``'s section classes."""
+    import dataclasses
+
+    values = {}
+    for f in dataclasses.fields(kind):
+        v = getattr(value, f.name)
+        section = f.default_factory
+        if isinstance(section, type) and dataclasses.is_dataclass(section) and dataclasses.is_dataclass(v):
+            v = _as(section, v)
+        values[f.name] = v
+    return kind(**values)
+
+
+def parse(cls: type, args: list[str], *, default: object | None = None, prog: str | None = None) -> object:
+    """The ``cls`` that the flags ``args`` give (tyro's parser on :func:`flag_view`), from the defaults of
+    ``default`` when given; exits as tyro does (status 2) on a flag it refuses."""
+    view = flag_view(cls)
+    if view is cls:
+        return tyro.cli(cls, default=default, args=args, prog=prog)
+    out = tyro.cli(view, default=None if default is None else _as(view, default), args=args, prog=prog)
+    return _as(cls, out)
 
 
 def _same_default(f: object) -> object:
@@ -299,7 +358,7 @@ def main(argv: list[str] | None = None) -> None:
         except RunError as e:
             print(f"sppo-rl: error: {e}", file=sys.stderr)
             sys.exit(2)
-        cfg = tyro.cli(cls, default=default, args=rest, prog=f"sppo-rl {args[0]}")
+        cfg = parse(cls, rest, default=default, prog=f"sppo-rl {args[0]}")
     elif "--resume" in args and args and args[0] in ("control", "llm"):
         # `sppo-rl control --out-dir R --resume`: the run's saved config gives the defaults, flags override
         cls, _ = commands[args[0]]
@@ -308,14 +367,17 @@ def main(argv: list[str] | None = None) -> None:
         except RunError as e:
             print(f"sppo-rl: error: {e}", file=sys.stderr)
             sys.exit(2)
-        cfg = tyro.cli(cls, default=default, args=args[1:], prog=f"sppo-rl {args[0]}")
+        cfg = parse(cls, args[1:], default=default, prog=f"sppo-rl {args[0]}")
     else:
+        views = {name: flag_view(cls) for name, (cls, _) in commands.items()}
         cfg = tyro.extras.subcommand_cli_from_dict(
-            {name: cls for name, (cls, _) in commands.items()},
+            views,
             prog="sppo-rl",
             description="Sequence-level PPO and its baselines for RL with verifiable rewards.",
             args=args,
         )
+        name = next(n for n, view in views.items() if type(cfg) is view)
+        cfg = _as(commands[name][0], cfg) if views[name] is not commands[name][0] else cfg
     for cls, run in commands.values():
         if type(cfg) is cls:
             import sppo_rl.runtime.loop

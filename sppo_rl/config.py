@@ -12,6 +12,8 @@ parent's, and a value out of range is refused in one line naming the flag and wh
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import types
 from collections.abc import Callable
@@ -125,6 +127,119 @@ def _type_words(tp: Any) -> str:
 
 
 @dataclass
+class Section:
+    """A family of settings that share a flag prefix, held by a config as one field: field ``rank`` of
+    the section a config holds as ``lora`` is ``cfg.lora.rank`` in Python, the flag ``--lora-rank`` and
+    the key ``lora_rank`` of ``config.json`` and of recipes (its *flat key*, :func:`flat_keys`); a field's
+    ``metadata["key"]`` names another (wandb's ``enabled`` is ``--wandb``). ``config.json`` stays flat,
+    one key per flag, so files written before the sections existed read the same."""
+
+
+def _section_type(f: Any) -> type | None:
+    kind = f.default_factory
+    return kind if isinstance(kind, type) and issubclass(kind, Section) else None
+
+
+def flat_keys(cls: Any) -> dict[str, tuple[str, str | None]]:
+    """Every flat key of the config class (or instance) ``cls``, in field order, each as
+    ``(field, section field or None)``."""
+    cls = cls if isinstance(cls, type) else type(cls)
+    out: dict[str, tuple[str, str | None]] = {}
+    for f in fields(cls):
+        section = _section_type(f)
+        if section is None:
+            out[f.name] = (f.name, None)
+        else:
+            for g in fields(section):
+                out[g.metadata.get("key", f"{f.name}_{g.name}")] = (f.name, g.name)
+    return out
+
+
+def key_type(cls: Any, key: str) -> Any:
+    """The type hint of flat key ``key`` of the config class ``cls``."""
+    cls = cls if isinstance(cls, type) else type(cls)
+    top, inner = flat_keys(cls)[key]
+    hints = get_type_hints(cls)
+    return hints[top] if inner is None else get_type_hints(_section_type(_field(cls, top)))[inner]
+
+
+def _field(cls: type, name: str) -> Any:
+    return next(f for f in fields(cls) if f.name == name)
+
+
+def get_flat(cfg: Any, key: str) -> Any:
+    """The value of flat key ``key`` (``"lora_rank"`` -> ``cfg.lora.rank``)."""
+    top, inner = flat_keys(cfg)[key]
+    value = getattr(cfg, top)
+    return value if inner is None else getattr(value, inner)
+
+
+def flat_dict(cfg: Any) -> dict[str, Any]:
+    """``{flat key: value}`` of a config, sections expanded in place (values deep-copied)."""
+    return {key: copy.deepcopy(get_flat(cfg, key)) for key in flat_keys(cfg)}
+
+
+def unknown_keys(cls: Any, keys: Any) -> list[str]:
+    """The keys of ``keys`` that are no flat key of ``cls``, sorted."""
+    return sorted(set(keys) - set(flat_keys(cls)))
+
+
+def _by_field(cls: Any, values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """Flat ``values`` split into top-level fields and ``{section: {its field: value}}``; an unknown key
+    is a :class:`TypeError` naming it, as an unknown keyword is."""
+    unknown = unknown_keys(cls, values)
+    if unknown:
+        name = cls.__name__ if isinstance(cls, type) else type(cls).__name__
+        raise TypeError(f"{name}: unknown setting(s) {', '.join(unknown)}")
+    keys = flat_keys(cls)
+    top: dict[str, Any] = {}
+    inner: dict[str, dict[str, Any]] = {}
+    for key, value in values.items():
+        name, sub = keys[key]
+        if sub is None:
+            top[name] = value
+        else:
+            inner.setdefault(name, {})[sub] = value
+    return top, inner
+
+
+def from_flat(cls: type, values: dict[str, Any]) -> Any:
+    """``cls`` from flat keys, each left out at its default (``{"lora_rank": 8}`` ->
+    ``cls(lora=LoRA(rank=8))``)."""
+    top, inner = _by_field(cls, values)
+    for name, sub_values in inner.items():
+        top[name] = _section_type(_field(cls, name))(**sub_values)
+    return cls(**top)
+
+
+def replace_flat(cfg: Any, **changes: Any) -> Any:
+    """:func:`dataclasses.replace` by flat key: ``replace_flat(cfg, lora_rank=8)`` is
+    ``replace(cfg, lora=replace(cfg.lora, rank=8))``."""
+    top, inner = _by_field(cfg, changes)
+    for name, sub_values in inner.items():
+        top[name] = dataclasses.replace(getattr(cfg, name), **sub_values)
+    return dataclasses.replace(cfg, **top)
+
+
+@dataclass
+class WandB(Section):
+    """Weights & Biases logging (off by default; offline when on, unless --wandb-mode online)."""
+
+    enabled: bool = field(default=False, metadata={"key": "wandb"})
+    """Also log to Weights & Biases."""
+    mode: Literal["offline", "online"] = "offline"
+    """wandb mode (offline by default: nothing leaves the machine)."""
+    project: str = "sppo_rl"
+    """wandb project name."""
+    entity: str | None = None
+    """wandb entity (user or team) the run belongs to (None: wandb's default)."""
+    group: str | None = None
+    """wandb group of the run (a sweep sets its folder's name, so that its runs are grouped)."""
+    tags: tuple[str, ...] = ()
+    """wandb tags of the run."""
+
+
+@dataclass
 class RunConfig:
     """Settings every training run has: algorithm, seed, the PPO update, the run folder, logging."""
 
@@ -206,18 +321,8 @@ class RunConfig:
     """Show a progress bar."""
     tensorboard: bool = True
     """Write TensorBoard events to <out_dir>/tb."""
-    wandb: bool = False
-    """Also log to Weights & Biases."""
-    wandb_mode: Literal["offline", "online"] = "offline"
-    """wandb mode (offline by default: nothing leaves the machine)."""
-    wandb_project: str = "sppo_rl"
-    """wandb project name."""
-    wandb_entity: str | None = None
-    """wandb entity (user or team) the run belongs to (None: wandb's default)."""
-    wandb_group: str | None = None
-    """wandb group of the run (a sweep sets its folder's name, so that its runs are grouped)."""
-    wandb_tags: tuple[str, ...] = ()
-    """wandb tags of the run."""
+    wandb: WandB = field(default_factory=WandB)
+    """Weights & Biases logging (off by default; offline when on, unless --wandb-mode online)."""
     exp_name: str | None = None
     """Name of the run in wandb (None: <task>/<algo>/seed<k>)."""
     extra: dict[str, str] = field(default_factory=dict)
@@ -251,7 +356,7 @@ class RunConfig:
             ("max_seconds", optional(gt(0)), "> 0 seconds, or None for no budget"),
             ("threads", ge(1), ">= 1"),
             # fields both worlds have, each with its own default
-            ("actor_lr", gt(0), "> 0"),
+            ("actor_lr", optional(gt(0)), "> 0 (LLM: or None for the model's default)"),
             ("critic_lr", gt(0), "> 0"),
             ("epochs", ge(1), ">= 1"),
             ("minibatches", ge(1), ">= 1"),
@@ -269,29 +374,49 @@ class RunConfig:
         ]
 
     def field_problems(self) -> list[tuple[str, str]]:
-        """``(field, "must be ..., got ...")`` for every field of the wrong type or out of its range (one
-        per field: a field of the wrong type is not range-checked, and only its first failed check counts)."""
-        hints = get_type_hints(type(self))
+        """``(flat key, "must be ..., got ...")`` for every setting of the wrong type or out of its range
+        (one per key: a key of the wrong type is not range-checked, and only its first failed check
+        counts); a section field holding anything but its section is one problem for each of its keys."""
         out: list[tuple[str, str]] = []
-        wrong_type = set()
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if not _type_ok(hints[f.name], value):
-                wrong_type.add(f.name)
-                out.append((f.name, f"must be {_type_words(hints[f.name])}, got {value!r}"))
-        for f in fields(self):  # an absurd count (steps 10^30) is no budget: refused before any work
-            value = getattr(self, f.name)
-            values = value if isinstance(value, (tuple, list)) else (value,)
-            if f.name not in wrong_type and f.name not in UNBOUNDED_INTS and any(_too_big(v) for v in values):
-                wrong_type.add(f.name)
-                out.append((f.name, f"must be at most {MAX_COUNT:,} (a count or budget), got {value!r}"))
+        keys = flat_keys(self)
+        broken = {
+            f.name
+            for f in fields(self)
+            if _section_type(f) and not isinstance(getattr(self, f.name), _section_type(f))
+        }
+        values = {}
+        for key, (top, _) in keys.items():
+            if top in broken:
+                out.append(
+                    (
+                        key,
+                        f"must be in a {_section_type(_field(type(self), top)).__name__} section, got {getattr(self, top)!r}",
+                    )
+                )
+                continue
+            value = get_flat(self, key)
+            values[key] = value
+            if not _type_ok(key_type(self, key), value):
+                out.append((key, f"must be {_type_words(key_type(self, key))}, got {value!r}"))
+        wrong_type = {key for key, _ in out}
+        for (
+            key,
+            value,
+        ) in values.items():  # an absurd count (steps 10^30) is no budget: refused before any work
+            many = value if isinstance(value, (tuple, list)) else (value,)
+            if key not in wrong_type and key not in UNBOUNDED_INTS and any(_too_big(v) for v in many):
+                wrong_type.add(key)
+                out.append((key, f"must be at most {MAX_COUNT:,} (a count or budget), got {value!r}"))
         for name, ok, allowed in self.checks():
-            if name in wrong_type or not hasattr(self, name) or any(name == n for n, _ in out):
-                continue  # a field of the wrong type, or already refused: one message per field
-            value = getattr(self, name)
+            if name in wrong_type or name not in values or any(name == n for n, _ in out):
+                continue  # a key of the wrong type, or already refused: one message per key
+            value = values[name]
             try:
                 good = bool(ok(value))
-            except TypeError:  # a cross-field check reading another field of the wrong type
+            except (
+                TypeError,
+                AttributeError,
+            ):  # a cross-field check reading another setting of the wrong type
                 continue
             if not good:
                 out.append((name, f"must be {allowed}, got {value!r}"))

@@ -286,21 +286,23 @@ def test_one_sided_noise_samples_the_same_rollouts_and_changes_only_the_log_prob
 
 
 def test_configure_latent_resolves_the_fixes_and_refuses_what_it_cannot_run():
-    from sppo_rl.llm.config import LLMConfig
+    from sppo_rl.llm.config import Latent, LLMConfig
 
     train = [Example("58+67=", "125"), Example("12+35=", "47")]
     algo, policy = configure_latent(LLMConfig(algo="latent-grpo"), get_algorithm("latent-grpo"), train)
     assert policy.settings.steps == 3 and policy.settings.one_sided and algo.selector == "first-token"
-    cfg = LLMConfig(algo="latent-grpo-naive", latent_one_sided=True, latent_first_token=True, latent_steps=2)
+    cfg = LLMConfig(algo="latent-grpo-naive", latent=Latent(one_sided=True, first_token=True, steps=2))
     algo, policy = configure_latent(cfg, get_algorithm("latent-grpo-naive"), train)
     assert policy.settings.one_sided and not policy.settings.mask_invalid and policy.settings.steps == 2
     assert algo.selector == "first-token"
-    cfg = LLMConfig(algo="latent-grpo", latent_first_token=False, latent_mask_invalid=False)
+    cfg = LLMConfig(algo="latent-grpo", latent=Latent(first_token=False, mask_invalid=False))
     algo, policy = configure_latent(cfg, get_algorithm("latent-grpo"), train)
     assert algo.selector is None and not policy.settings.mask_invalid
     assert configure_latent(LLMConfig(algo="grpo"), get_algorithm("grpo"), train)[1] is None
     with pytest.raises(RunError, match="vocabulary of 98 tokens"):  # the embedded tiny model's
-        configure_latent(LLMConfig(algo="latent-grpo", latent_topk=99), get_algorithm("latent-grpo"), train)
+        configure_latent(
+            LLMConfig(algo="latent-grpo", latent=Latent(topk=99)), get_algorithm("latent-grpo"), train
+        )
     with pytest.raises(RunError, match="--rollout hf"):
         configure_latent(LLMConfig(algo="latent-grpo", rollout="vllm"), get_algorithm("latent-grpo"), train)
     with pytest.raises(RunError, match=r"--temperature and --top-p only \(not --top-k"):
@@ -373,7 +375,7 @@ def test_latent_warmstart_is_cached_by_its_settings(tiny, tmp_path):
 
 
 def test_two_updates_of_latent_grpo_and_the_naive_variant(tiny, tmp_path):
-    from sppo_rl.llm.config import LLMConfig
+    from sppo_rl.llm.config import Latent, LLMConfig
     from sppo_rl.llm.trainer import run_llm
     from sppo_rl.runtime import read_metrics
 
@@ -390,8 +392,7 @@ def test_two_updates_of_latent_grpo_and_the_naive_variant(tiny, tmp_path):
             eval_samples=2,
             eval_every=2,
             max_new_tokens=6,
-            latent_steps=2,
-            latent_topk=4,
+            latent=Latent(steps=2, topk=4),
             out_dir=str(tmp_path / algo),
             progress=False,
             tensorboard=False,

@@ -14,6 +14,7 @@ import torch
 from paths import outside_a_launcher, reward_file
 
 from sppo_rl.agents import get_algorithm
+from sppo_rl.config import from_flat
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.setup import TINY_CHARSET
 from sppo_rl.llm.trainer import LLMRun, run_llm
@@ -43,7 +44,7 @@ def _cfg(tmp_path: Path, model: Path | None, **kw) -> LLMConfig:
         cache_dir=str(tmp_path / "cache"),
     )
     base.update(kw)
-    return LLMConfig(**base)
+    return from_flat(LLMConfig, base)
 
 
 @pytest.mark.parametrize("algo", ALGOS)

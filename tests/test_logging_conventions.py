@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from sppo_rl.config import WandB
 from sppo_rl.control.config import ControlConfig
 from sppo_rl.runtime import read_metrics
 from sppo_rl.runtime.logging import RunLogger, start_logging, tb_tag
@@ -112,8 +113,8 @@ class _FakeWandb(types.ModuleType):
 def test_wandb_run_is_named_grouped_and_tagged(tmp_path, monkeypatch):
     fake = _FakeWandb()
     monkeypatch.setitem(sys.modules, "wandb", fake)
-    base = dict(task="short-cartpole", algo="ppo", seed=3, wandb=True, tensorboard=False)
-    cfg = ControlConfig(**base, wandb_entity="team", wandb_group="sweep-a", wandb_tags=("x", "y"))
+    base = dict(task="short-cartpole", algo="ppo", seed=3, tensorboard=False)
+    cfg = ControlConfig(**base, wandb=WandB(enabled=True, entity="team", group="sweep-a", tags=("x", "y")))
     out = tmp_path / "a"
     out.mkdir()
     logger = start_logging(out, cfg, {}, None, world="control")
@@ -125,18 +126,20 @@ def test_wandb_run_is_named_grouped_and_tagged(tmp_path, monkeypatch):
     assert fake.logged == [({"charts/SPS": 10.0, "charts/episodes": 4, "charts/env_steps": 99}, 99)]
     out = tmp_path / "b"
     out.mkdir()
-    start_logging(out, ControlConfig(**base, exp_name="mine"), {}, None, world="control").close()
+    start_logging(
+        out, ControlConfig(**base, wandb=WandB(enabled=True), exp_name="mine"), {}, None, world="control"
+    ).close()
     kw = fake.inits[-1]
     assert kw["name"] == "mine" and kw["group"] is None and kw["tags"] is None and kw["entity"] is None
-    RunLogger(tmp_path / "c", tensorboard=False, wandb=True).close()
+    RunLogger(tmp_path / "c", tensorboard=False, wandb=WandB(enabled=True)).close()
     assert fake.inits[-1]["name"] == "c"  # a bare logger: the folder's name, as before
 
 
 def test_new_wandb_settings_are_checked():
-    assert ControlConfig(wandb_tags=("a",), exp_name="n", wandb_group="g", wandb_entity="e").problems() == []
-    problems = " ".join(ControlConfig(wandb_tags=("",), exp_name=" ", wandb_entity="").problems())
+    assert ControlConfig(wandb=WandB(tags=("a",), group="g", entity="e"), exp_name="n").problems() == []
+    problems = " ".join(ControlConfig(wandb=WandB(tags=("",), entity=""), exp_name=" ").problems())
     assert "--wandb-tags" in problems and "--exp-name" in problems and "--wandb-entity" in problems
-    assert ControlConfig(wandb_tags=("t" * 65,)).problems()
+    assert ControlConfig(wandb=WandB(tags=("t" * 65,))).problems()
 
 
 def test_sweep_groups_its_runs_by_folder(tmp_path):
@@ -145,10 +148,10 @@ def test_sweep_groups_its_runs_by_folder(tmp_path):
 
     kw = dict(algos=("ppo",), tasks=("short-cartpole",), seeds=(0, 1), out_dir=str(tmp_path / "my-sweep"))
     jobs = plan(SweepConfig(**kw))
-    assert [parse_control(j.args).wandb_group for j in jobs] == ["my-sweep", "my-sweep"]
+    assert [parse_control(j.args).wandb.group for j in jobs] == ["my-sweep", "my-sweep"]
     assert [j.name for j in jobs] == ["short-cartpole/ppo/seed0", "short-cartpole/ppo/seed1"]
     jobs = plan(SweepConfig(**kw, overrides={"wandb-group": "mine"}))  # the user's group wins
-    assert [parse_control(j.args).wandb_group for j in jobs] == ["mine", "mine"]
+    assert [parse_control(j.args).wandb.group for j in jobs] == ["mine", "mine"]
     assert jobs[0].args.count("--wandb-group") == 1
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sppo_rl.config import from_flat
 from sppo_rl.control.config import ControlConfig
 from sppo_rl.control.trainer import run_control
 from sppo_rl.runtime import read_metrics
@@ -146,4 +147,4 @@ def test_resume_takes_the_saved_config_and_refuses_another_run(tmp_path, capsys)
     assert [r["update"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4]
     with pytest.raises(RunError, match="seed 5 -> 1"):  # the Python API is held to the same rule
         saved.pop("resolved")
-        run_control(ControlConfig(**{**saved, "seed": 1, "resume": True, "progress": False}))
+        run_control(from_flat(ControlConfig, {**saved, "seed": 1, "resume": True, "progress": False}))

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 pytest.importorskip("peft")
 
+from sppo_rl.config import from_flat
 from sppo_rl.llm.config import LLMConfig  # noqa: E402
 from sppo_rl.llm.engines import HFTorchEngine  # noqa: E402
 from sppo_rl.llm.models import (  # noqa: E402
@@ -75,7 +76,7 @@ def _cfg(tmp_path: Path, model: Path, **kw) -> LLMConfig:
         threads=1,
     )
     base.update(kw)
-    return LLMConfig(**base)
+    return from_flat(LLMConfig, base)
 
 
 # ------------------------------------------------------------------------------------ the adapters

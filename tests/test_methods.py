@@ -326,6 +326,7 @@ def test_dapo_soft_overlong_punishment_worked_numbers():
 def test_overlong_filtering_leaves_truncated_responses_out_of_the_loss(tmp_path, tiny):
     """An untrained tiny model never stops within 8 tokens: with the filter every response is cut, so
     nothing is left to train the actor on, and every one is counted."""
+    from sppo_rl.config import from_flat
     from sppo_rl.llm.config import LLMConfig
     from sppo_rl.llm.trainer import run_llm
     from sppo_rl.runtime import read_metrics
@@ -337,7 +338,7 @@ def test_overlong_filtering_leaves_truncated_responses_out_of_the_loss(tmp_path,
     )  # fmt: skip
     rows = {}
     for name, extra in {"plain": {}, "filtered": {"overlong_filter": True}}.items():
-        cfg = LLMConfig(**common, **extra, out_dir=str(tmp_path / name))
+        cfg = from_flat(LLMConfig, {**common, **extra, "out_dir": str(tmp_path / name)})
         run_llm(cfg)
         rows[name] = [r for r in read_metrics(tmp_path / name / "metrics.jsonl") if r["step"] == 1][0]
     cut = rows["filtered"]["response_clip_frac"] * 16

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from sppo_rl.llm.config import LLMConfig, Overlong
 from sppo_rl.llm.verify import last_number, verify_boxed_or_last_number
 
 # ------------------------------------------------------------------------------- lenient reward
@@ -299,3 +300,39 @@ def test_keep_checkpoints_resume_is_bit_identical_and_no_optimizer_state_is_smal
         )
     )  # fmt: skip
     assert [r["step"] for r in read_metrics(tmp_path / "lean" / "metrics.jsonl") if r["step"] > 0][-1] == 3
+
+
+# ------------------------------------------------------------------------------- defaults of a named model
+
+
+def test_a_named_model_brings_its_own_learning_rate_and_response_length():
+    """Left unset, ``--actor-lr`` and ``--max-new-tokens`` are the named model's (smollm2-135m: 2e-5,
+    32 tokens on arithmetic, 256 on a data file), and stay the tiny model's (1e-4, 16) for the embedded
+    default and any model folder; set, they win. No model is loaded: the registry alone decides."""
+    from sppo_rl.llm.config import default_actor_lr, default_max_new_tokens
+    from sppo_rl.llm.scratchpad import max_new_tokens
+
+    assert default_actor_lr("smollm2-135m") == default_actor_lr("smollm2-135m:layers=4") == 2e-5
+    assert default_actor_lr(None) == default_actor_lr("/models/smollm2-135m") == 1e-4
+    assert default_actor_lr("smollm2-135m:layers=x") == 1e-4  # malformed: refused later, by the model check
+    assert default_max_new_tokens("arithmetic", (1,), "smollm2-135m") == 32
+    assert default_max_new_tokens("data/gsm8k.parquet", (1,), "smollm2-135m") == 256
+    assert default_max_new_tokens("arithmetic", (1,), None) == default_max_new_tokens("x.jsonl", (1,)) == 16
+    assert default_max_new_tokens("scratchpad", (5,), "smollm2-135m") == max_new_tokens((5,)) == 234
+    # the overlong buffer is checked against the length the run will have
+    assert LLMConfig(model="smollm2-135m", overlong=Overlong(buffer=30)).problems() == []
+    assert LLMConfig(overlong=Overlong(buffer=30)).problems() == [
+        "--overlong-buffer must be >= 0 and <= --max-new-tokens, got 30"
+    ]
+
+
+def test_the_plan_resolves_an_unset_learning_rate_and_keeps_a_given_one(tmp_path, llama):
+    from sppo_rl.llm.engines import launcher_dist
+    from sppo_rl.llm.plan import resolve
+
+    plan, _ = resolve(_cfg(tmp_path, llama, "lr", actor_lr=None), launcher_dist())
+    assert plan.cfg.actor_lr == plan.given.actor_lr == 1e-4, (
+        "a model folder: the tiny model's rate, saved as such"
+    )
+    plan, _ = resolve(_cfg(tmp_path, llama, "lr2", actor_lr=3e-6), launcher_dist())
+    assert plan.cfg.actor_lr == 3e-6

@@ -224,8 +224,7 @@ def _recipe(target: str) -> list[str]:
 def test_make_demo_real_installs_the_real_extra_and_runs_the_settings_that_learn():
     import shlex
 
-    import tyro
-
+    from sppo_rl.cli import parse
     from sppo_rl.llm.config import LLMConfig
 
     lines = _recipe("demo-real")
@@ -234,7 +233,7 @@ def test_make_demo_real_installs_the_real_extra_and_runs_the_settings_that_learn
     run = [line for line in lines if "/bin/sppo-rl llm " in line]
     assert len(run) == 1
     argv = shlex.split(run[0])
-    cfg = tyro.cli(LLMConfig, args=argv[argv.index("llm") + 1 :])  # what `sppo-rl llm` parses and validates
+    cfg = parse(LLMConfig, argv[argv.index("llm") + 1 :])  # what `sppo-rl llm` parses and validates
     assert (cfg.model, cfg.critic_model, cfg.algo, cfg.task) == (
         "smollm2-135m",
         "smollm2-135m:layers=4",

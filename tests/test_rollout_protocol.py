@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sppo_rl.agents import ALGORITHMS
-from sppo_rl.llm.config import LLMConfig
+from sppo_rl.llm.config import VLLM, LLMConfig
 from sppo_rl.llm.latent.maths import LatentSettings
 from sppo_rl.llm.latent.plugin import LATENT_FIXES, LatentPolicy
 from sppo_rl.llm.latent.rollout import LatentRollout
@@ -102,8 +102,8 @@ def test_the_factory_picks_the_backend_from_the_run_settings(tiny):
     assert not latent.add_special_tokens  # prompts arrive rendered
     # the sampler's context: vLLM's --vllm-max-model-len caps the model's
     assert context_limit(LLMConfig(), 512) == 512
-    assert context_limit(LLMConfig(rollout="vllm", vllm_max_model_len=256), 512) == 256
-    assert context_limit(LLMConfig(rollout="vllm", vllm_max_model_len=256), None) == 256
+    assert context_limit(LLMConfig(rollout="vllm", vllm=VLLM(max_model_len=256)), 512) == 256
+    assert context_limit(LLMConfig(rollout="vllm", vllm=VLLM(max_model_len=256)), None) == 256
 
 
 def test_the_latent_backend_refuses_what_it_does_not_sample_with(tiny):

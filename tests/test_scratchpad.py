@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from sppo_rl.config import ConfigError
-from sppo_rl.llm.config import LLMConfig
+from sppo_rl.config import ConfigError, from_flat
+from sppo_rl.llm.config import SFT, LLMConfig
 from sppo_rl.llm.data import Example
 from sppo_rl.llm.scratchpad import (
     LEVELS,
@@ -157,7 +157,7 @@ def test_max_new_tokens_defaults_per_task_and_level():
     from sppo_rl.llm.plan import resolve
 
     def resolved(**kw):  # what the run resolves (resolve leaves the config as given)
-        cfg = LLMConfig(train_size=8, val_size=4, **kw)
+        cfg = from_flat(LLMConfig, dict(train_size=8, val_size=4, **kw))
         plan = resolve(cfg, launcher_dist())[0]
         assert cfg.max_new_tokens == kw.get("max_new_tokens")
         return plan.cfg.max_new_tokens
@@ -231,8 +231,7 @@ def test_embedded_model_warm_starts_on_the_scratchpad(tmp_path):
         train_size=16,
         val_size=2,
         eval_samples=1,
-        sft_steps=2,
-        sft_target=0.99,
+        sft=SFT(steps=2, target=0.99),
         out_dir=str(tmp_path / "run"),
         cache_dir=str(tmp_path / "cache"),
         progress=False,

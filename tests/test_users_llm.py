@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from paths import outside_a_launcher
 
+from sppo_rl.config import from_flat
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.reward import RewardScorer
 from sppo_rl.llm.rollout.base import SamplingParams
@@ -77,7 +78,7 @@ def _cfg(tmp_path: Path, model: Path, **kw) -> LLMConfig:
         threads=1,
     )
     base.update(kw)
-    return LLMConfig(**base)
+    return from_flat(LLMConfig, base)
 
 
 # ------------------------------------------------------------------------------------- item 2: rewards
@@ -354,7 +355,7 @@ def test_sampling_flags_reach_the_run_and_are_checked(tmp_path, tiny, rewards):
         (dict(repetition_penalty=0.0), "--repetition-penalty"),
     ):
         with pytest.raises(ConfigError, match=flag):
-            LLMConfig(**bad).validate()
+            from_flat(LLMConfig, bad).validate()
 
 
 # ------------------------------------------------------------------------------------- item 8: LoRA
@@ -438,7 +439,7 @@ def test_a_gpt2_folder_trains_sppo_with_all_linear_lora(tmp_path, tiny, rewards)
     GPT2LMHeadModel(config).save_pretrained(folder)
     tok.save_pretrained(folder)
     cfg = _cfg(tmp_path, folder, algo="sppo", group_size=None, reward_fn=f"{rewards}:even", lora_rank=2)
-    cfg.lora_targets, cfg.export_adapter, cfg.actor_lr = ("all-linear",), True, 1e-2
+    cfg.lora.targets, cfg.export_adapter, cfg.actor_lr = ("all-linear",), True, 1e-2
     run_llm(cfg)
     adapter = json.loads((tmp_path / "run" / "final" / "actor-adapter" / "adapter_config.json").read_text())
     assert sorted(adapter["target_modules"]) == ["c_attn", "c_fc", "c_proj"] and adapter["fan_in_fan_out"]

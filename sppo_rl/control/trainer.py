@@ -34,6 +34,7 @@ from sppo_rl.agents import (
     ppo_update,
 )
 from sppo_rl.agents.algorithms import value_units
+from sppo_rl.config import flat_dict
 from sppo_rl.control.actor_files import (
     load_actor_file,
     save_actor_file,
@@ -385,7 +386,7 @@ class ControlRun:
         if cal is not None:
             atomic_write_text(self.out / "calibration.json", json.dumps(cal) + "\n")
         self.critic_trace(self.out / TRACE_FILE)
-        meta = {"summary": summary, "config": asdict(cfg)}
+        meta = {"summary": summary, "config": flat_dict(cfg)}
         meta["observation"] = {"horizon": self.plan.resolved.horizon, "appended": self.spec.appended}
         save_actor_file(self.out / "final.pt", self.actor, meta)
         return summary

@@ -48,6 +48,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from sppo_rl.config import flat_dict, flat_keys, key_type, replace_flat
 from sppo_rl.experiments.config import SweepConfig
 
 # ControlConfig fields the sweep sets itself (not allowed in --overrides)
@@ -139,7 +140,7 @@ def control_flags(overrides: dict[str, Any]) -> list[str]:
     -> ``["--hidden-sizes", "32", "32", "--no-tensorboard"]``. Keys are ControlConfig fields (``-`` or ``_``)."""
     from sppo_rl.control.config import ControlConfig
 
-    hints = typing.get_type_hints(ControlConfig)
+    hints = {key: key_type(ControlConfig, key) for key in flat_keys(ControlConfig)}
     flags: list[str] = []
     for key, value in overrides.items():
         name = key.replace("-", "_")
@@ -170,14 +171,13 @@ def parse_control(flags: list[str]):  # -> ControlConfig
     import contextlib
     import io
 
-    import tyro
-
+    from sppo_rl.cli import parse
     from sppo_rl.control.config import ControlConfig
 
     text = io.StringIO()
     try:
         with contextlib.redirect_stderr(text), contextlib.redirect_stdout(text):
-            return tyro.cli(ControlConfig, args=flags)
+            return parse(ControlConfig, flags)
     except SystemExit:
         raise ValueError(
             f"--overrides: sppo-rl control refuses {shlex.join(flags)}\n{text.getvalue()}"
@@ -195,7 +195,7 @@ def other_settings(out: Path, config: Any, bookkeeping: set[str] = BOOKKEEPING) 
         saved = json.loads((out / "config.json").read_text())
     except (OSError, json.JSONDecodeError):
         return ""
-    want = json.loads(json.dumps(asdict(config), default=str))
+    want = json.loads(json.dumps(flat_dict(config), default=str))
     diff = [k for k, v in want.items() if k not in bookkeeping and k in saved and saved[k] != v]
     return "; ".join(f"{k}: {saved[k]!r} there, {want[k]!r} now" for k in diff)
 
@@ -243,7 +243,7 @@ def plan(cfg: SweepConfig) -> list[Job]:
     base = parse_control(flags)
     base.validate()  # every setting's type and range (ConfigError names the flag), before any run
     root = Path(cfg.out_dir).resolve()
-    group = base.wandb_group or root.name  # the runs of a sweep form one wandb group
+    group = base.wandb.group or root.name  # the runs of a sweep form one wandb group
     jobs = []
     for seed in seeds:
         for task in tasks:
@@ -253,11 +253,11 @@ def plan(cfg: SweepConfig) -> list[Job]:
                 control = replace(
                     base, algo=algo, task=task, seed=seed, total_episodes=budget, out_dir=str(out)
                 )
-                control = replace(control, wandb_group=group)
+                control = replace_flat(control, wandb_group=group)
                 check_same_settings(out, control)
                 coords = ["--algo", algo, "--task", task, "--seed", str(seed)]
                 coords += ["--total-episodes", str(budget), "--out-dir", str(out)]
-                if base.wandb_group is None:
+                if base.wandb.group is None:
                     coords += ["--wandb-group", group]
                 jobs.append(Job(task, algo, seed, str(out), coords + flags))
     return jobs
@@ -313,9 +313,7 @@ def parse_llm(flags: list[str], check: bool = True):  # -> LLMConfig
     import contextlib
     import io
 
-    import tyro
-
-    from sppo_rl.cli import cli_fields, load_recipe
+    from sppo_rl.cli import cli_fields, load_recipe, parse
     from sppo_rl.llm.config import LLMConfig
     from sppo_rl.llm.engines import launcher_dist
     from sppo_rl.llm.plan import resolve
@@ -337,7 +335,7 @@ def parse_llm(flags: list[str], check: bool = True):  # -> LLMConfig
     text = io.StringIO()
     try:
         with contextlib.redirect_stderr(text), contextlib.redirect_stdout(text):
-            cfg = tyro.cli(LLMConfig, args=flags, default=default)
+            cfg = parse(LLMConfig, flags, default=default)
     except SystemExit:
         words = [w.strip(" │╭╮╰╯─-") for w in text.getvalue().splitlines()]
         words = [w for w in words if w and not w.startswith("For full helptext")]
@@ -388,6 +386,8 @@ def llm_jobs(
     folder's name, unless ``flags`` set one); every run checked first (:func:`llm_config`; ValueError,
     nothing written). A folder holding a run with other settings (:data:`LLM_BOOKKEEPING` aside) is
     refused (``other="refuse"``) or started again (``"overwrite"``); ``overwrite``: every run starts again."""
+    from sppo_rl.llm.plan import as_given
+
     root = Path(out_dir).resolve()
     pairs = [(name, seed) for name, seed, _ in specs]
     twice = sorted({f"{n} seed {k}" for n, k in pairs if pairs.count((n, k)) > 1})
@@ -404,10 +404,10 @@ def llm_jobs(
         config = llm_config(name, flags, seed, str(out), check=tuple(flags) not in checked)
         checked.add(tuple(flags))
         args = [*flags, "--seed", str(seed), "--out-dir", str(out)]
-        if config.wandb_group is None:  # the runs of a sweep form one wandb group
+        if config.wandb.group is None:  # the runs of a sweep form one wandb group
             args += ["--wandb-group", root.name]
-            config = replace(config, wandb_group=root.name)
-        diff = other_settings(out, config, LLM_BOOKKEEPING)
+            config = replace_flat(config, wandb_group=root.name)
+        diff = other_settings(out, as_given(config), LLM_BOOKKEEPING)  # as its config.json records it
         if diff and other == "refuse":
             raise ValueError(
                 f"{out} holds a run with other settings ({diff}); use another --out-dir or delete that folder"

@@ -112,13 +112,13 @@ def build_models(
     actor = load_actor(actor_path, dtype=dtype, device=device)
     if cfg.gradient_checkpointing:
         actor.gradient_checkpointing_enable()
-    lora = dict(alpha=cfg.lora_alpha, targets=cfg.lora_targets, dropout=cfg.lora_dropout)
+    lora = dict(alpha=cfg.lora.alpha, targets=cfg.lora.targets, dropout=cfg.lora.dropout)
     adapter_config = None
-    if cfg.lora_rank:
-        adapter_config = lora_config(actor, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets, cfg.lora_dropout)
-        apply_lora(actor, cfg.lora_rank, seed=cfg.seed, **lora)
+    if cfg.lora.rank:
+        adapter_config = lora_config(actor, cfg.lora.rank, cfg.lora.alpha, cfg.lora.targets, cfg.lora.dropout)
+        apply_lora(actor, cfg.lora.rank, seed=cfg.seed, **lora)
     ref = None
-    if cfg.kl_coef > 0 and not cfg.lora_rank:  # with LoRA: the actor with its adapters off (below)
+    if cfg.kl_coef > 0 and not cfg.lora.rank:  # with LoRA: the actor with its adapters off (below)
         ref = load_actor(actor_path, dtype=dtype, device=device).eval().requires_grad_(False)
     critic = None
     kind = plan.algo.requires.critic
@@ -131,8 +131,8 @@ def build_models(
         critic = CRITICS[kind].from_backbone(critic_path, dtype=dtype, device=device)
         if cfg.gradient_checkpointing:
             critic.gradient_checkpointing_enable()
-        if cfg.lora_rank:  # the value head stays fully trainable
-            apply_lora(critic.backbone, cfg.lora_rank, seed=cfg.seed + 1, **lora)
+        if cfg.lora.rank:  # the value head stays fully trainable
+            apply_lora(critic.backbone, cfg.lora.rank, seed=cfg.seed + 1, **lora)
     kw = dict(
         weight_decay=cfg.weight_decay,
         max_grad_norm=cfg.max_grad_norm,
@@ -142,7 +142,7 @@ def build_models(
     )
     actor_engine = make_engine(cfg.engine, actor, cfg.actor_lr, **kw)
     critic_engine = make_engine(cfg.engine, critic, cfg.critic_lr, **kw) if critic else None
-    if cfg.kl_coef > 0 and cfg.lora_rank:
+    if cfg.kl_coef > 0 and cfg.lora.rank:
         ref = BaseModelView(actor_engine.module)
     rollout = make_rollout(cfg, actor, tokenizer, actor_path, dtype=dtype, device=device, latent=plan.latent)
     return Models(

@@ -2,13 +2,100 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
-from sppo_rl.config import Check, RunConfig, ge, gt, optional, within
+from sppo_rl.config import Check, RunConfig, Section, ge, gt, optional, within
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """Default ``--lora-targets``: the attention and MLP projections of Qwen2 / Llama-style models."""
+
+
+@dataclass
+class LoRA(Section):
+    """LoRA adapters via peft (flags --lora-*; off at rank 0)."""
+
+    rank: int = 0
+    """LoRA rank r (0: off, full fine-tuning). On: only low-rank adapters on --lora-targets of the actor and of the
+    critic's backbone train (and the critic's value head); the KL reference is the base model (adapters off);
+    vLLM gets only the adapted modules' merged weights after each update; final/actor is merged."""
+    alpha: float = 16.0
+    """LoRA scale: each adapted weight is W + (alpha / r) * B A."""
+    targets: tuple[str, ...] = LORA_TARGETS
+    """Linear modules (by name; GPT-2's Conv1D layers too: c_attn, c_proj, c_fc) that get LoRA adapters, or
+    'all-linear' (every linear layer but the output head); default the attention and MLP projections of
+    Qwen2/Llama."""
+    dropout: float = 0.0
+    """Dropout on the LoRA adapters' input while training."""
+
+
+@dataclass
+class VLLM(Section):
+    """The vLLM rollout engine's own settings (flags --vllm-*; with --rollout vllm)."""
+
+    max_model_len: int | None = None
+    """vLLM: longest prompt + response in tokens (default: the model's own limit)."""
+    gpu_memory_utilization: float = 0.4
+    """vLLM: fraction of accelerator memory for its weights and KV cache."""
+    sleep: bool = False
+    """vLLM: put the engine to sleep during training (frees its KV cache; where the platform supports it)."""
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """vLLM: the sampler's own dtype (default: --dtype, the trainer's). A bfloat16 sampler beside a float32
+    trainer is the rollout/trainer mismatch that --tis-cap corrects, reproducible on a CPU."""
+
+
+@dataclass
+class Latent(Section):
+    """Latent-GRPO's settings (flags --latent-*; latent algorithms only)."""
+
+    steps: int | None = None
+    """Latent algorithms (latent-grpo*): latent reasoning steps after the prompt, before the answer tokens
+    (--max-new-tokens counts answer tokens only). None: the most reasoning lines of a training example
+    (arithmetic level 1: 3), so the warm start's last stage makes every line latent."""
+    topk: int = 10
+    """Latent algorithms: candidates K mixed into each latent step's input embedding (the paper: 10)."""
+    gumbel_temperature: float = 1.0
+    """Latent algorithms: temperature tau of the mixture weights softmax(perturbed top-K scores / tau)."""
+    noise_scale: float = 1.0
+    """Latent algorithms: scale sigma of the Gumbel noise of latent steps (the paper's code: 1.0)."""
+    one_sided: bool | None = None
+    """Latent-GRPO fix (b), one-sided noise (clipped Gumbel shifted to >= 0). None: the algorithm's own
+    (on for latent-grpo, off for latent-grpo-naive)."""
+    mask_invalid: bool | None = None
+    """Latent-GRPO fix (a): rollouts cut at the length limit or without a parseable box are invalid (advantage
+    0, out of the group statistics). None: the algorithm's own (on for latent-grpo, off for latent-grpo-naive)."""
+    first_token: bool | None = None
+    """Latent-GRPO fix (c): per group, only the most likely correct rollout's first latent step is trained.
+    None: the algorithm's own (on for latent-grpo, off for latent-grpo-naive)."""
+    sft_steps: int = 600
+    """Embedded default, latent algorithms: most updates of each latent stage of the warm-start curriculum
+    (each stage ends once its sampled accuracy reaches --sft-target)."""
+
+
+@dataclass
+class Overlong(Section):
+    """DAPO's handling of responses cut at --max-new-tokens (flags --overlong-*)."""
+
+    filter: bool = False
+    """DAPO's overlong filtering: responses cut at --max-new-tokens (no stop token) are left out of the loss
+    (their group statistics still count them); counted as overlong_filtered."""
+    buffer: int = 0
+    """DAPO's soft overlong punishment: the last N tokens before --max-new-tokens cost up to
+    --overlong-penalty in the reward, linearly (0: off). The critic's BCE target stays the outcome."""
+    penalty: float = 1.0
+    """The largest soft overlong punishment (reached at --max-new-tokens)."""
+
+
+@dataclass
+class SFT(Section):
+    """The embedded default's supervised warm start (flags --sft-*; embedded tiny model only)."""
+
+    steps: int = 1500
+    """Embedded default only: most supervised warm-start steps on the task (the LLM twin of behaviour cloning)."""
+    lr: float = 1e-3
+    """Embedded default only: warm-start learning rate."""
+    target: float = 0.3
+    """Embedded default only: stop the warm start once sampled accuracy on held-out training prompts reaches this."""
 
 
 @dataclass
@@ -55,12 +142,8 @@ class LLMConfig(RunConfig):
     """System message put first in every prompt (replacing the data's); default: the data's, or the template's own."""
     instruction: str | None = None
     """Text appended, after a space, to every prompt's (last) user message, e.g. 'Answer with just the number.'."""
-    sft_steps: int = 1500
-    """Embedded default only: most supervised warm-start steps on the task (the LLM twin of behaviour cloning)."""
-    sft_lr: float = 1e-3
-    """Embedded default only: warm-start learning rate."""
-    sft_target: float = 0.3
-    """Embedded default only: stop the warm start once sampled accuracy on held-out training prompts reaches this."""
+    sft: SFT = field(default_factory=SFT)
+    """The embedded default's supervised warm start (flags --sft-*; embedded tiny model only)."""
     cache_dir: str | None = None
     """Where the embedded model and its warm start are built once (default: $SPPO_RL_CACHE or ~/.cache/sppo_rl)."""
     temperature: float = 1.0
@@ -75,17 +158,11 @@ class LLMConfig(RunConfig):
     """Rollout: divide the positive logits (multiply the negative ones) of every token already in the prompt or
     the response by this (1: off; CTRL's / transformers' rule)."""
     max_new_tokens: int | None = None
-    """Longest response in tokens. Default (None): the task's: 16 for arithmetic and for data files; for
-    scratchpad the longest reference response of the chosen --level(s) plus its EOS plus 16 (level 1: 100,
-    level 5: 234)."""
-    overlong_filter: bool = False
-    """DAPO's overlong filtering: responses cut at --max-new-tokens (no stop token) are left out of the loss
-    (their group statistics still count them); counted as overlong_filtered."""
-    overlong_buffer: int = 0
-    """DAPO's soft overlong punishment: the last N tokens before --max-new-tokens cost up to
-    --overlong-penalty in the reward, linearly (0: off). The critic's BCE target stays the outcome."""
-    overlong_penalty: float = 1.0
-    """The largest soft overlong punishment (reached at --max-new-tokens)."""
+    """Longest response in tokens. Default (None): the task's: 16 for arithmetic and for data files (a named
+    --model: its own, smollm2-135m 32 on arithmetic and 256 on a data file); for scratchpad the longest
+    reference response of the chosen --level(s) plus its EOS plus 16 (level 1: 100, level 5: 234)."""
+    overlong: Overlong = field(default_factory=Overlong)
+    """DAPO's handling of responses cut at --max-new-tokens (flags --overlong-*)."""
     dynamic_sampling_rounds: int = 0
     """DAPO's dynamic sampling (group methods only): drop groups whose valid outcomes are all equal (no signal)
     and sample up to this many extra rounds of --prompts-per-step prompts to refill the batch; at the cap, train
@@ -93,8 +170,9 @@ class LLMConfig(RunConfig):
     max_prompt_tokens: int | None = None
     """Longest prompt in tokens; longer ones are skipped, counted in a warning (default and upper bound: the
     model's context minus --max-new-tokens; 1024 if the model's config gives no context length)."""
-    actor_lr: float = 1e-4
-    """Actor AdamW learning rate."""
+    actor_lr: float | None = None
+    """Actor AdamW learning rate. Default (None): the model's: 1e-4 for the embedded tiny model and for a
+    model folder, a named model's own (smollm2-135m: 2e-5)."""
     critic_lr: float = 5e-4
     """Critic AdamW learning rate."""
     weight_decay: float = 0.0
@@ -117,28 +195,8 @@ class LLMConfig(RunConfig):
     """LamPO: temperature of the confidence weighting of pairwise reward differences. 1.0 here (0.1 in
     the control world): on the tiny arithmetic task 0.1 keeps almost only the misordered pairs, which
     push probability towards unlikely responses, and the entropy ran away after ~100 updates."""
-    latent_steps: int | None = None
-    """Latent algorithms (latent-grpo*): latent reasoning steps after the prompt, before the answer tokens
-    (--max-new-tokens counts answer tokens only). None: the most reasoning lines of a training example
-    (arithmetic level 1: 3), so the warm start's last stage makes every line latent."""
-    latent_topk: int = 10
-    """Latent algorithms: candidates K mixed into each latent step's input embedding (the paper: 10)."""
-    latent_gumbel_temperature: float = 1.0
-    """Latent algorithms: temperature tau of the mixture weights softmax(perturbed top-K scores / tau)."""
-    latent_noise_scale: float = 1.0
-    """Latent algorithms: scale sigma of the Gumbel noise of latent steps (the paper's code: 1.0)."""
-    latent_one_sided: bool | None = None
-    """Latent-GRPO fix (b), one-sided noise (clipped Gumbel shifted to >= 0). None: the algorithm's own
-    (on for latent-grpo, off for latent-grpo-naive)."""
-    latent_mask_invalid: bool | None = None
-    """Latent-GRPO fix (a): rollouts cut at the length limit or without a parseable box are invalid (advantage
-    0, out of the group statistics). None: the algorithm's own (on for latent-grpo, off for latent-grpo-naive)."""
-    latent_first_token: bool | None = None
-    """Latent-GRPO fix (c): per group, only the most likely correct rollout's first latent step is trained.
-    None: the algorithm's own (on for latent-grpo, off for latent-grpo-naive)."""
-    latent_sft_steps: int = 600
-    """Embedded default, latent algorithms: most updates of each latent stage of the warm-start curriculum
-    (each stage ends once its sampled accuracy reaches --sft-target)."""
+    latent: Latent = field(default_factory=Latent)
+    """Latent-GRPO's settings (flags --latent-*; latent algorithms only)."""
     max_grad_norm: float = 1.0
     """Gradient clipping of actor and critic."""
     reward_fn: str = "auto"
@@ -174,31 +232,14 @@ class LLMConfig(RunConfig):
     """Training dtype (bfloat16 on GPUs)."""
     rollout: Literal["hf", "vllm"] = "hf"
     """Rollout engine: Hugging Face generation, or in-process vLLM with weight sync after each update."""
-    vllm_max_model_len: int | None = None
-    """vLLM: longest prompt + response in tokens (default: the model's own limit)."""
-    vllm_gpu_memory_utilization: float = 0.4
-    """vLLM: fraction of accelerator memory for its weights and KV cache."""
-    vllm_sleep: bool = False
-    """vLLM: put the engine to sleep during training (frees its KV cache; where the platform supports it)."""
-    vllm_dtype: Literal["float32", "bfloat16", "float16"] | None = None
-    """vLLM: the sampler's own dtype (default: --dtype, the trainer's). A bfloat16 sampler beside a float32
-    trainer is the rollout/trainer mismatch that --tis-cap corrects, reproducible on a CPU."""
+    vllm: VLLM = field(default_factory=VLLM)
+    """The vLLM rollout engine's own settings (flags --vllm-*; with --rollout vllm)."""
     collective_timeout: float = 600.0
     """Seconds any collective (and weight sync) may take before the run fails with an error instead of hanging."""
     gradient_checkpointing: bool = False
     """Activation checkpointing in actor and critic."""
-    lora_rank: int = 0
-    """LoRA rank r (0: off, full fine-tuning). On: only low-rank adapters on --lora-targets of the actor and of the
-    critic's backbone train (and the critic's value head); the KL reference is the base model (adapters off);
-    vLLM gets only the adapted modules' merged weights after each update; final/actor is merged."""
-    lora_alpha: float = 16.0
-    """LoRA scale: each adapted weight is W + (alpha / r) * B A."""
-    lora_targets: tuple[str, ...] = LORA_TARGETS
-    """Linear modules (by name; GPT-2's Conv1D layers too: c_attn, c_proj, c_fc) that get LoRA adapters, or
-    'all-linear' (every linear layer but the output head); default the attention and MLP projections of
-    Qwen2/Llama."""
-    lora_dropout: float = 0.0
-    """Dropout on the LoRA adapters' input while training."""
+    lora: LoRA = field(default_factory=LoRA)
+    """LoRA adapters via peft (flags --lora-*; off at rank 0)."""
     export_adapter: bool = False
     """With --lora-rank: also write the actor's adapter alone (peft's adapter_config.json and
     adapter_model.safetensors, loadable with peft over the base model) to final/actor-adapter."""
@@ -243,7 +284,9 @@ class LLMConfig(RunConfig):
             (
                 "overlong_buffer",
                 lambda v: (
-                    ge(0)(v) and v <= (self.max_new_tokens or default_max_new_tokens(self.task, self.level))
+                    ge(0)(v)
+                    and v
+                    <= (self.max_new_tokens or default_max_new_tokens(self.task, self.level, self.model))
                 ),
                 ">= 0 and <= --max-new-tokens",
             ),
@@ -268,7 +311,7 @@ class LLMConfig(RunConfig):
             ("top_k", ge(0), ">= 0 (0: off)"),
             ("min_p", lambda v: within(0, 1)(v) and v < 1, "in [0, 1) (0: off)"),
             ("repetition_penalty", gt(0), "> 0 (1: off)"),
-            ("export_adapter", lambda v: not v or self.lora_rank > 0, "only with --lora-rank"),
+            ("export_adapter", lambda v: not v or self.lora.rank > 0, "only with --lora-rank"),
             ("eval_samples", ge(1), ">= 1"),
             ("zero_stage", lambda v: v in (2, 3), "2 or 3"),
             ("vllm_max_model_len", optional(ge(1)), ">= 1, or None for the model's own limit"),
@@ -287,12 +330,39 @@ class LLMConfig(RunConfig):
         ]
 
 
-def default_max_new_tokens(task: str, levels: tuple[int, ...] | list[int]) -> int:
-    """The one place ``--max-new-tokens`` gets its per-task default: for ``scratchpad``
-    :func:`sppo_rl.llm.scratchpad.max_new_tokens` of ``levels``; 16 otherwise (arithmetic's longest
-    response is 14 characters plus EOS; data files keep the same default)."""
+TINY_ACTOR_LR = 1e-4
+"""``--actor-lr`` left unset with the embedded tiny model or a model folder."""
+
+
+def _named(model: str | None):  # -> Pretrained | None
+    """The registry entry ``--model`` names (None for a folder, the tiny model, or a malformed name,
+    which :func:`~sppo_rl.llm.setup.check_model_paths` refuses later)."""
+    from sppo_rl.llm.pretrained import PretrainedError, parse_ref
+
+    try:
+        ref = parse_ref(model)
+    except PretrainedError:
+        return None
+    return None if ref is None else ref.model
+
+
+def default_actor_lr(model: str | None) -> float:
+    """``--actor-lr`` left unset: a named model's own (:attr:`~sppo_rl.llm.pretrained.Pretrained.actor_lr`,
+    smollm2-135m: 2e-5), else :data:`TINY_ACTOR_LR`."""
+    named = _named(model)
+    return TINY_ACTOR_LR if named is None else named.actor_lr
+
+
+def default_max_new_tokens(task: str, levels: tuple[int, ...] | list[int], model: str | None = None) -> int:
+    """The one place ``--max-new-tokens`` gets its default: for ``scratchpad``
+    :func:`sppo_rl.llm.scratchpad.max_new_tokens` of ``levels``; with a named ``model``, its own
+    (:class:`~sppo_rl.llm.pretrained.Pretrained`: smollm2-135m 32 on arithmetic, 256 on a data file);
+    else 16 (arithmetic's longest response is 14 characters plus EOS; data files keep the same)."""
     if task == "scratchpad":
         from sppo_rl.llm.scratchpad import max_new_tokens
 
         return max_new_tokens(tuple(levels) if isinstance(levels, (list, tuple)) else ())
+    named = _named(model)
+    if named is not None:
+        return named.max_new_tokens if task == "arithmetic" else named.file_max_new_tokens
     return 16

@@ -4,8 +4,9 @@
 this order (each step may refuse the run in one line, :class:`~sppo_rl.runtime.run.RunError` or
 ``ValueError``; nothing has been written yet):
 
-1. every setting's type and range (:meth:`LLMConfig.validate`), ``max_new_tokens`` left at None becoming
-   the task's default (:func:`~sppo_rl.llm.config.default_max_new_tokens`);
+1. every setting's type and range (:meth:`LLMConfig.validate`), ``max_new_tokens`` and ``actor_lr`` left
+   at None becoming the task's and the model's defaults (:func:`~sppo_rl.llm.config.default_max_new_tokens`,
+   :func:`~sppo_rl.llm.config.default_actor_lr`);
 2. the algorithm, and the settings left unset becoming its own
    (:func:`~sppo_rl.agents.algorithms.with_algorithm_defaults`: GSPO's clip range, REINFORCE++'s KL);
 3. group size ``G`` (``--group-size``, else the method's), the batch's shape (``prompts_per_step``
@@ -30,7 +31,8 @@ import torch
 
 from sppo_rl.agents import LearnerConfig, check_setup, get_algorithm
 from sppo_rl.agents.algorithms import Algorithm, default_group_size, estimator_params, with_algorithm_defaults
-from sppo_rl.llm.config import LLMConfig, default_max_new_tokens
+from sppo_rl.config import flat_dict, get_flat
+from sppo_rl.llm.config import LLMConfig, default_actor_lr, default_max_new_tokens
 from sppo_rl.llm.data import Example
 from sppo_rl.llm.rollout.base import SamplingParams
 from sppo_rl.runtime.run import RunError
@@ -109,6 +111,16 @@ class Task:
     val: list[Example]
 
 
+def as_given(cfg: LLMConfig) -> LLMConfig:
+    """``cfg`` as the run records it in ``config.json`` (:attr:`Plan.given`): ``max_new_tokens`` and
+    ``actor_lr`` left at None filled with the task's and the model's defaults; the rest unchanged."""
+    if cfg.max_new_tokens is None:
+        cfg = dataclasses.replace(cfg, max_new_tokens=default_max_new_tokens(cfg.task, cfg.level, cfg.model))
+    if cfg.actor_lr is None:
+        cfg = dataclasses.replace(cfg, actor_lr=default_actor_lr(cfg.model))
+    return cfg
+
+
 def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
     """The frozen :class:`Plan` of ``cfg`` for a run on ``dist``'s ranks (the launcher's, read from its
     environment), and the data it loaded; every refusal of the run's settings happens here, in the order
@@ -118,8 +130,7 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
     from sppo_rl.llm.rollout.factory import sampling_params
     from sppo_rl.llm.setup import check_model_paths, load_task, model_folder
 
-    if cfg.max_new_tokens is None:
-        cfg = dataclasses.replace(cfg, max_new_tokens=default_max_new_tokens(cfg.task, cfg.level))
+    cfg = as_given(cfg)
     cfg.validate()
     given = cfg
     algo = get_algorithm(cfg.algo)
@@ -155,11 +166,11 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
         if not cfg.optimizer_state:
             raise RunError("--no-optimizer-state: not with --engine deepspeed (its shards hold them)")
     check_model_paths(cfg)  # and the data and the reward function
-    if cfg.lora_rank:  # LoRA targets against the models' config.json (no weights read)
+    if cfg.lora.rank:  # LoRA targets against the models' config.json (no weights read)
         try:
             no_critic = req.critic == "none" or cfg.critic_model == "none"
             critic_folder = False if no_critic else model_folder(cfg, cfg.critic_model)
-            check_lora_targets_of(cfg.lora_targets, model_folder(cfg, cfg.model), critic_folder)
+            check_lora_targets_of(cfg.lora.targets, model_folder(cfg, cfg.model), critic_folder)
         except ValueError as e:
             raise RunError(str(e)) from None
     train, val, reward_fn = load_task(cfg)
@@ -174,7 +185,7 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
     learner = LearnerConfig.from_run(
         cfg, cfg.max_new_tokens, algo.defaults, kl_coef=cfg.kl_coef if cfg.kl_in == "loss" else 0.0
     )
-    unset = {k: getattr(cfg, k) for k, v in dataclasses.asdict(given).items() if v is None}
+    unset = {k: get_flat(cfg, k) for k, v in flat_dict(given).items() if v is None}
     plan = Plan(
         given=given,
         cfg=cfg,

@@ -59,6 +59,11 @@ class Pretrained:
         params: the parameter count of the built model (checked after every build).
         layers: its transformer layers (``:layers=L`` takes ``1 <= L < layers``).
         needs: modules that loading the GGUF needs besides ``transformers``.
+        actor_lr: ``--actor-lr`` when a run leaves it unset (the embedded tiny model's 1e-4 moved this
+            model's KL to the sampler to 0.08-0.49 in one update; 2e-5 learned, issue 25's runs).
+        max_new_tokens: ``--max-new-tokens`` left unset on a generated task (arithmetic: the answer
+            sentence of an instruct model; 16 cut most of them); ``file_max_new_tokens`` on a data file
+            (verl's GSM8K quick start samples 256-token responses).
     """
 
     name: str
@@ -68,6 +73,9 @@ class Pretrained:
     params: int
     layers: int
     needs: tuple[str, ...] = ("gguf", "accelerate")
+    actor_lr: float = 2e-5
+    max_new_tokens: int = 32
+    file_max_new_tokens: int = 256
 
 
 REGISTRY: dict[str, Pretrained] = {

@@ -161,7 +161,7 @@ class LLMRun:
                 built, plan, m.actor_engine, m.critic_engine, self.rows, self.update_idx, skip, red
             )
         with timer("sync"):
-            sync(m.rollout, m.actor_engine, bool(cfg.lora_rank))
+            sync(m.rollout, m.actor_engine, bool(cfg.lora.rank))
         self.update_idx += 1
         return self._row(got, picked, built, {**stats, "rewards_all_equal": int(equal)}, lr, timer)
 
@@ -197,7 +197,7 @@ class LLMRun:
             row["critic_init_p0"] = self.critic_init_p0
         if picked.latent_invalid is not None:
             row["latent_invalid"] = self.dist.all_sum([float(picked.latent_invalid)], self.device)[0]
-        if cfg.overlong_filter:
+        if cfg.overlong.filter:
             row["overlong_filtered"] = self.dist.all_sum([float((~built.rb.finished).sum())], self.device)[0]
         return row
 
@@ -268,7 +268,7 @@ class LLMRun:
         torch.set_rng_state(s["torch_rng"])
         self.update_idx, self.elapsed, self.generated_tokens = s["step"], s["elapsed"], s["generated_tokens"]
         self.critic_init_p0 = s.get("critic_init_p0")
-        sync(m.rollout, m.actor_engine, bool(cfg.lora_rank))
+        sync(m.rollout, m.actor_engine, bool(cfg.lora.rank))
 
     # ------------------------------------------------------------------------------------- loop
 

@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from sppo_rl.config import WandB
 from sppo_rl.runtime.run import RunError
 
 LOSS_KEYS = {
@@ -155,9 +156,10 @@ class RunLogger:
         out_dir: the run folder.
         config: the resolved config (stored with the wandb run).
         tensorboard: write ``out_dir/tb`` events.
-        wandb: also log to wandb (``wandb_mode`` "offline" by default: nothing leaves the machine).
-        wandb_name, wandb_group, wandb_tags, wandb_entity: the wandb run's name (default: the folder's),
-            group, tags and entity (None: wandb's defaults).
+        wandb: the run's :class:`~sppo_rl.config.WandB` section: logs to wandb when ``enabled`` (its
+            ``mode`` "offline" by default: nothing leaves the machine), with its project, group, tags and
+            entity (None: wandb's defaults). None: off.
+        wandb_name: the wandb run's name (default: the folder's).
         world: ``"control"`` or ``"llm"``: the naming table of :func:`tb_tag` (None: CleanRL's two prefixes).
         resume_position: byte length of ``metrics.jsonl`` recorded by the checkpoint being resumed.
         resume_step: that checkpoint's step; TensorBoard events after it are purged.
@@ -169,13 +171,8 @@ class RunLogger:
         config: dict[str, Any] | None = None,
         *,
         tensorboard: bool = True,
-        wandb: bool = False,
-        wandb_project: str = "sppo_rl",
-        wandb_mode: str = "offline",
+        wandb: WandB | None = None,
         wandb_name: str | None = None,
-        wandb_group: str | None = None,
-        wandb_tags: tuple[str, ...] = (),
-        wandb_entity: str | None = None,
         world: str | None = None,
         resume_position: int | None = None,
         resume_step: int | None = None,
@@ -200,23 +197,23 @@ class RunLogger:
             purge = None if resume_step is None else resume_step + 1
             self._tb = SummaryWriter(log_dir=str(self.out_dir / "tb"), purge_step=purge)
         self._wandb = None
-        if wandb:
+        if wandb is not None and wandb.enabled:
             import wandb as wandb_lib
 
             id_file = self.out_dir / "wandb_id.txt"
             run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
             id_file.write_text(run_id)
             self._wandb = wandb_lib.init(
-                project=wandb_project,
+                project=wandb.project,
                 dir=str(self.out_dir),
                 config=config or {},
                 id=run_id,
                 resume="allow",
-                mode=wandb_mode,
+                mode=wandb.mode,
                 name=wandb_name or self.out_dir.name,
-                group=wandb_group,
-                tags=list(wandb_tags) or None,
-                entity=wandb_entity,
+                group=wandb.group,
+                tags=list(wandb.tags) or None,
+                entity=wandb.entity,
             )
 
     def position(self) -> int:
@@ -314,12 +311,7 @@ def start_logging(
         record,
         tensorboard=cfg.tensorboard,
         wandb=cfg.wandb,
-        wandb_project=cfg.wandb_project,
-        wandb_mode=cfg.wandb_mode,
         wandb_name=name,
-        wandb_group=getattr(cfg, "wandb_group", None),
-        wandb_tags=tuple(getattr(cfg, "wandb_tags", ())),
-        wandb_entity=getattr(cfg, "wandb_entity", None),
         world=world,
         resume_position=meta["metrics_bytes"] if meta else None,
         resume_step=meta.get("log_step", meta["step"]) if meta else None,

@@ -263,7 +263,10 @@ def check_resume(out_dir: str | Path, cfg: Any) -> None:
 
 
 def config_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)
+    """A config as ``config.json`` holds it: one key per flag (:func:`sppo_rl.config.flat_dict`)."""
+    from sppo_rl.config import flat_dict
+
+    return flat_dict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)
 
 
 def save_config(out_dir: str | Path, cfg: Any, name: str = "config.json") -> Path:

@@ -14,8 +14,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m sppo_rl.llm.latent explicit-model|latent-model [sppo-rl llm flags]``: build (once) and
     print the folder of the explicit-reasoning warm start (stage 0: the comparable start of explicit
     GRPO, ``sppo-rl llm --algo grpo --model <folder>``) or of the latent one."""
-    import tyro
-
+    from sppo_rl.cli import parse
     from sppo_rl.llm.config import LLMConfig
     from sppo_rl.llm.engines import launcher_dist
     from sppo_rl.llm.plan import resolve
@@ -29,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     what, rest = args[0], args[1:]
-    cfg = tyro.cli(LLMConfig, default=LLMConfig(algo="latent-grpo"), args=rest, prog=f"latent {what}")
+    cfg = parse(LLMConfig, rest, default=LLMConfig(algo="latent-grpo"), prog=f"latent {what}")
     if what == "latent-model" and cfg.algo not in LATENT_FIXES:
         cfg = dataclasses.replace(cfg, algo="latent-grpo")
     plan, task = resolve(cfg, launcher_dist())  # the run's own settings, as `sppo-rl llm` resolves them

@@ -73,22 +73,22 @@ def configure_latent(cfg: Any, algo: Any, train: list[Any]) -> tuple[Any, Latent
     if getattr(cfg, "dynamic_sampling_rounds", 0):
         raise RunError(f"{algo.name} does not support --dynamic-sampling-rounds yet")
     vocab = _vocab_size(cfg.model)
-    if vocab is not None and cfg.latent_topk > vocab:
-        raise RunError(f"--latent-topk {cfg.latent_topk} exceeds the model's vocabulary of {vocab} tokens")
-    steps = cfg.latent_steps
+    if vocab is not None and cfg.latent.topk > vocab:
+        raise RunError(f"--latent-topk {cfg.latent.topk} exceeds the model's vocabulary of {vocab} tokens")
+    steps = cfg.latent.steps
     if steps is None:
         steps = max([len(reasoning_lines(cfg.task, e)[0]) for e in train] + [1])
     settings = LatentSettings(
         steps=steps,
-        topk=cfg.latent_topk,
-        tau=cfg.latent_gumbel_temperature,
-        noise_scale=cfg.latent_noise_scale,
-        one_sided=_pick(cfg.latent_one_sided, own.get("one_sided", True)),
-        mask_invalid=_pick(cfg.latent_mask_invalid, own.get("mask_invalid", True)),
+        topk=cfg.latent.topk,
+        tau=cfg.latent.gumbel_temperature,
+        noise_scale=cfg.latent.noise_scale,
+        one_sided=_pick(cfg.latent.one_sided, own.get("one_sided", True)),
+        mask_invalid=_pick(cfg.latent.mask_invalid, own.get("mask_invalid", True)),
     )
-    if not _pick(cfg.latent_first_token, algo.selector == "first-token") and algo.selector == "first-token":
+    if not _pick(cfg.latent.first_token, algo.selector == "first-token") and algo.selector == "first-token":
         algo = dataclasses.replace(algo, selector=None)
-    elif _pick(cfg.latent_first_token, False) and algo.selector is None:
+    elif _pick(cfg.latent.first_token, False) and algo.selector is None:
         algo = dataclasses.replace(algo, selector="first-token")
     if cfg.top_k or cfg.min_p or cfg.repetition_penalty != 1.0:
         raise RunError(

@@ -44,8 +44,8 @@ def sampling_params(cfg: Any) -> SamplingParams:
 def context_limit(cfg: Any, model_context: int | None) -> int | None:
     """The longest prompt + response the run's sampler takes: the model's context (None: unknown),
     capped by ``--vllm-max-model-len`` with vLLM rollouts."""
-    if cfg.rollout == "vllm" and cfg.vllm_max_model_len:
-        return min(model_context or cfg.vllm_max_model_len, cfg.vllm_max_model_len)
+    if cfg.rollout == "vllm" and cfg.vllm.max_model_len:
+        return min(model_context or cfg.vllm.max_model_len, cfg.vllm.max_model_len)
     return model_context
 
 
@@ -71,15 +71,15 @@ def make_rollout(
         engine = VLLMRollout(
             actor_path,
             tokenizer,
-            dtype=cfg.vllm_dtype or cfg.dtype,
+            dtype=cfg.vllm.dtype or cfg.dtype,
             seed=cfg.seed,
             add_special_tokens=False,
-            max_model_len=cfg.vllm_max_model_len,
-            gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-            enable_sleep_mode=cfg.vllm_sleep,
+            max_model_len=cfg.vllm.max_model_len,
+            gpu_memory_utilization=cfg.vllm.gpu_memory_utilization,
+            enable_sleep_mode=cfg.vllm.sleep,
             sync_timeout_s=cfg.collective_timeout,
         )
-        if cfg.lora_rank:  # each vLLM layer a sync touches must get all its parts
+        if cfg.lora.rank:  # each vLLM layer a sync touches must get all its parts
             from sppo_rl.llm.models import adapted_tensor_names
 
             engine.check_partial_sync(adapted_tensor_names(actor))

@@ -19,7 +19,7 @@ def advantages(batch: SequenceBatch, plan: Any, finished: Tensor, update: int) -
     ``finished``: ``[B]`` bool, the response ended with a stop token."""
     compute_advantages(batch, plan.algo, **plan.estimator)
     check_finite(update, advantages=batch.advantages)
-    if plan.cfg.overlong_filter:  # a truncated response teaches nothing about its (unseen) answer
+    if plan.cfg.overlong.filter:  # a truncated response teaches nothing about its (unseen) answer
         cut = ~finished.to(batch.mask.device)
         batch.loss_mask = batch.loss_mask * (~cut).to(batch.mask.dtype)[:, None]
         batch.advantages = batch.advantages * batch.loss_mask

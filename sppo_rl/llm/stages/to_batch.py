@@ -145,7 +145,7 @@ def to_batch(p: Picked, plan: Any, actor: Any, ref: Any, critic: Any, rows: Any,
     R = p.R.to(device)
     token_rewards = terminal_rewards(R, mask)  # plus DAPO's soft overlong punishment, if on
     penalty = overlong_penalty(
-        rb.response_lengths, cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty
+        rb.response_lengths, cfg.max_new_tokens, cfg.overlong.buffer, cfg.overlong.penalty
     )
     penalty = penalty.to(R.device)
     token_rewards += terminal_rewards(penalty, mask)
