@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -67,7 +68,7 @@ def top_p_mask(z: Tensor, top_p: float) -> Tensor:
 class HFRollout:
     """Batched sampling from a Hugging Face causal LM with a KV cache (a :class:`~sppo_rl.llm.rollout.base.Rollout`).
 
-    One prefill over the left-padded prompts, then one token per step for all rows; a row stops at
+    One prefill over the left-padded prompts (the `n` samples of a prompt share it: :meth:`_prefill`), then one token per step for all rows; a row stops at
     its first stop token (the tokenizer's eos plus the model's ``generation_config.eos_token_id``,
     or ``stop_token_ids``), and the loop ends when every row has stopped or after
     ``max_new_tokens``. Runs under ``torch.no_grad()`` in eval mode, restoring the model's previous
@@ -236,6 +237,22 @@ class HFRollout:
             **kwargs,
         )
 
+    def _prefill(self, prompt_ids: Tensor, prompt_mask: Tensor, positions: Tensor, n: int) -> Any:
+        """The model's output over the prompts ``[P * n, L]`` (each prompt repeated ``n`` times in a row):
+        with ``n > 1`` one forward over the ``P`` distinct prompts, its last logits and its KV cache then
+        repeated ``n`` times (``batch_repeat_interleave``), since the ``n`` copies of a prompt compute the
+        same thing; the prompt's work is paid once, as a prefix cache pays it (GRPO's ``n = 8``: an
+        eighth of the prefill). A cache without ``batch_repeat_interleave`` gets the plain forward."""
+        if n == 1:
+            return self._forward(prompt_ids, prompt_mask, positions, None)
+        first = slice(None, None, n)
+        out = self._forward(prompt_ids[first], prompt_mask[first], positions[first], None)
+        cache = cache_of(out)
+        if not hasattr(cache, "batch_repeat_interleave"):
+            return self._forward(prompt_ids, prompt_mask, positions, None)
+        cache.batch_repeat_interleave(n)
+        return SimpleNamespace(logits=out.logits[:, -1:].repeat_interleave(n, dim=0), cache=cache)
+
     def _sample(
         self,
         prompt_ids: Tensor,
@@ -250,7 +267,7 @@ class HFRollout:
         mask = torch.zeros(B, max_new_tokens, dtype=torch.long, device=device)
 
         positions = positions_from_mask(prompt_mask)
-        out = self._forward(prompt_ids, prompt_mask, positions, None)
+        out = self._prefill(prompt_ids, prompt_mask, positions, params.n)
         seen = None
         if params.repetition_penalty != 1.0:  # the prompt's tokens count as seen
             V = out.logits.shape[-1]
@@ -296,6 +313,7 @@ class HFRollout:
         for t in range(start, total):
             z = out.logits[:, -1].float() / params.temperature
             log_p = torch.log_softmax(z, dim=-1)
+            unfiltered = z
             if params.repetition_penalty != 1.0:
                 if seen is None:
                     seen = torch.zeros(z.shape, dtype=torch.bool, device=device)
@@ -305,7 +323,7 @@ class HFRollout:
                 sampled_lp = torch.zeros(B, device=device)
             else:
                 z = filter_logits(z, params)
-                log_q = torch.log_softmax(z, dim=-1)
+                log_q = log_p if z is unfiltered else torch.log_softmax(z, dim=-1)  # no filter: the same
                 token = _gumbel_argmax(log_q, generator)
                 sampled_lp = log_q.gather(-1, token[:, None]).squeeze(-1)
             token = torch.where(alive, token, self.pad_token_id)
