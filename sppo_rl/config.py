@@ -256,7 +256,8 @@ class RunConfig:
     accumulate over its micro-batches (None: a whole minibatch per pass). The update equals the unsplit one."""
     max_tokens_per_micro_batch: int | None = None
     """Token (step) budget of a pass: rows are packed longest first while (rows x longest row) fits, each
-    micro-batch cut to its own longest row (verl's dynamic batch size)."""
+    micro-batch cut to its own longest row (verl's dynamic batch size). None: no budget, except that a
+    named LLM (--model smollm2-135m) brings its own (1,024) when --micro-batch-size is unset too."""
     clip: float | None = None
     """PPO clip range epsilon (both sides). None: the algorithm's own (gspo: 3e-4 with --clip-high 4e-4,
     the GSPO paper's), else 0.2."""

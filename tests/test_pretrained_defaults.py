@@ -336,3 +336,17 @@ def test_the_plan_resolves_an_unset_learning_rate_and_keeps_a_given_one(tmp_path
     )
     plan, _ = resolve(_cfg(tmp_path, llama, "lr2", actor_lr=3e-6), launcher_dist())
     assert plan.cfg.actor_lr == 3e-6
+
+
+def test_a_named_model_trains_in_token_budget_micro_batches_unless_a_micro_batch_flag_is_given():
+    from sppo_rl.llm.plan import as_given
+
+    assert as_given(LLMConfig(model="smollm2-135m")).max_tokens_per_micro_batch == 1024
+    assert as_given(LLMConfig(model="smollm2-135m", micro_batch_size=4)).max_tokens_per_micro_batch is None
+    assert (
+        as_given(LLMConfig(model="smollm2-135m", max_tokens_per_micro_batch=300)).max_tokens_per_micro_batch
+        == 300
+    )
+    assert as_given(LLMConfig()).max_tokens_per_micro_batch is None  # the tiny model: whole minibatches
+    given = as_given(LLMConfig(model="smollm2-135m"))
+    assert (given.actor_lr, given.max_new_tokens) == (2e-5, 32)

@@ -353,6 +353,13 @@ def default_actor_lr(model: str | None) -> float:
     return TINY_ACTOR_LR if named is None else named.actor_lr
 
 
+def default_token_budget(model: str | None) -> int | None:
+    """``--max-tokens-per-micro-batch`` for a run that sets no micro-batch flag: a named model's own
+    (smollm2-135m: 1,024 tokens), else None (a whole minibatch per pass, the tiny model's)."""
+    named = _named(model)
+    return None if named is None else named.max_tokens_per_micro_batch
+
+
 def default_max_new_tokens(task: str, levels: tuple[int, ...] | list[int], model: str | None = None) -> int:
     """The one place ``--max-new-tokens`` gets its default: for ``scratchpad``
     :func:`sppo_rl.llm.scratchpad.max_new_tokens` of ``levels``; with a named ``model``, its own

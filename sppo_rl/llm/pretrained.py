@@ -64,6 +64,9 @@ class Pretrained:
         max_new_tokens: ``--max-new-tokens`` left unset on a generated task (arithmetic: the answer
             sentence of an instruct model; 16 cut most of them); ``file_max_new_tokens`` on a data file
             (verl's GSM8K quick start samples 256-token responses).
+        max_tokens_per_micro_batch: the token budget of a training pass when a run sets neither
+            ``--micro-batch-size`` nor ``--max-tokens-per-micro-batch`` (an update equals the unsplit one;
+            without a budget, activations of 32 short rows took this model's process to 7.6 GB).
     """
 
     name: str
@@ -76,6 +79,7 @@ class Pretrained:
     actor_lr: float = 2e-5
     max_new_tokens: int = 32
     file_max_new_tokens: int = 256
+    max_tokens_per_micro_batch: int = 1024
 
 
 REGISTRY: dict[str, Pretrained] = {
