@@ -350,3 +350,19 @@ def test_a_named_model_trains_in_token_budget_micro_batches_unless_a_micro_batch
     assert as_given(LLMConfig()).max_tokens_per_micro_batch is None  # the tiny model: whole minibatches
     given = as_given(LLMConfig(model="smollm2-135m"))
     assert (given.actor_lr, given.max_new_tokens) == (2e-5, 32)
+
+
+def test_a_named_model_on_arithmetic_is_asked_for_the_number_and_paid_for_it():
+    """An instruct model writes '59 + 63 = 122', never the tiny model's box: on the generated arithmetic
+    task a named model gets "Answer with just the number." and, for --reward-fn auto, the lenient
+    reward; whatever the user sets wins, data files keep auto's strict choice."""
+    from sppo_rl.llm.plan import as_given
+
+    given = as_given(LLMConfig(model="smollm2-135m"))
+    assert (given.instruction, given.reward_fn) == ("Answer with just the number.", "boxed-or-last-number")
+    mine = as_given(LLMConfig(model="smollm2-135m", instruction="Be brief.", reward_fn="integer"))
+    assert (mine.instruction, mine.reward_fn) == ("Be brief.", "integer")
+    data = as_given(LLMConfig(model="smollm2-135m", task="gsm8k.parquet"))
+    assert (data.instruction, data.reward_fn) == (None, "auto")
+    tiny = as_given(LLMConfig())
+    assert (tiny.instruction, tiny.reward_fn) == (None, "auto")

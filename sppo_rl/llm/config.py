@@ -141,7 +141,8 @@ class LLMConfig(RunConfig):
     system_prompt: str | None = None
     """System message put first in every prompt (replacing the data's); default: the data's, or the template's own."""
     instruction: str | None = None
-    """Text appended, after a space, to every prompt's (last) user message, e.g. 'Answer with just the number.'."""
+    """Text appended, after a space, to every prompt's (last) user message, e.g. 'Answer with just the number.'.
+    Default: none, except a named --model's own on the arithmetic task (smollm2-135m: that sentence)."""
     sft: SFT = field(default_factory=SFT)
     """The embedded default's supervised warm start (flags --sft-*; embedded tiny model only)."""
     cache_dir: str | None = None
@@ -200,9 +201,10 @@ class LLMConfig(RunConfig):
     max_grad_norm: float = 1.0
     """Gradient clipping of actor and critic."""
     reward_fn: str = "auto"
-    """Reward: 'auto' (integer check for arithmetic, math-verify otherwise), 'integer', 'math', 'boxed-or-last-number'
+    """Reward: 'auto' (integer check for arithmetic, boxed-or-last-number for arithmetic with a named --model,
+    math-verify otherwise), 'integer', 'math', 'boxed-or-last-number'
     (the math verdict on a boxed answer, else the response's final number equal to a numeric reference; refuses
-    hedges like '122 or 123'; never chosen by 'auto'; sppo_rl/llm/verify.py), or 'file.py:function'
+    hedges like '122 or 123'; never chosen by 'auto' on data; sppo_rl/llm/verify.py), or 'file.py:function'
     returning a score in [0, 1] (a value outside it is refused: counted in verifier_errors, with a warning, and the
     rollout is masked out of the update as invalid): f(response, answer) -> float, or TRL's f(completions,
     **columns) -> list[float] (told apart by a parameter named 'completions'). Several, comma-separated
@@ -334,7 +336,7 @@ TINY_ACTOR_LR = 1e-4
 """``--actor-lr`` left unset with the embedded tiny model or a model folder."""
 
 
-def _named(model: str | None):  # -> Pretrained | None
+def named_model(model: str | None):  # -> Pretrained | None
     """The registry entry ``--model`` names (None for a folder, the tiny model, or a malformed name,
     which :func:`~sppo_rl.llm.setup.check_model_paths` refuses later)."""
     from sppo_rl.llm.pretrained import PretrainedError, parse_ref
@@ -349,15 +351,8 @@ def _named(model: str | None):  # -> Pretrained | None
 def default_actor_lr(model: str | None) -> float:
     """``--actor-lr`` left unset: a named model's own (:attr:`~sppo_rl.llm.pretrained.Pretrained.actor_lr`,
     smollm2-135m: 2e-5), else :data:`TINY_ACTOR_LR`."""
-    named = _named(model)
+    named = named_model(model)
     return TINY_ACTOR_LR if named is None else named.actor_lr
-
-
-def default_token_budget(model: str | None) -> int | None:
-    """``--max-tokens-per-micro-batch`` for a run that sets no micro-batch flag: a named model's own
-    (smollm2-135m: 1,024 tokens), else None (a whole minibatch per pass, the tiny model's)."""
-    named = _named(model)
-    return None if named is None else named.max_tokens_per_micro_batch
 
 
 def default_max_new_tokens(task: str, levels: tuple[int, ...] | list[int], model: str | None = None) -> int:
@@ -369,7 +364,7 @@ def default_max_new_tokens(task: str, levels: tuple[int, ...] | list[int], model
         from sppo_rl.llm.scratchpad import max_new_tokens
 
         return max_new_tokens(tuple(levels) if isinstance(levels, (list, tuple)) else ())
-    named = _named(model)
+    named = named_model(model)
     if named is not None:
         return named.max_new_tokens if task == "arithmetic" else named.file_max_new_tokens
     return 16

@@ -32,7 +32,7 @@ import torch
 from sppo_rl.agents import LearnerConfig, check_setup, get_algorithm
 from sppo_rl.agents.algorithms import Algorithm, default_group_size, estimator_params, with_algorithm_defaults
 from sppo_rl.config import flat_dict, get_flat
-from sppo_rl.llm.config import LLMConfig, default_actor_lr, default_max_new_tokens, default_token_budget
+from sppo_rl.llm.config import LLMConfig, default_actor_lr, default_max_new_tokens, named_model
 from sppo_rl.llm.data import Example
 from sppo_rl.llm.rollout.base import SamplingParams
 from sppo_rl.runtime.run import RunError
@@ -115,14 +115,21 @@ def as_given(cfg: LLMConfig) -> LLMConfig:
     """``cfg`` as the run records it in ``config.json`` (:attr:`Plan.given`): ``max_new_tokens`` and
     ``actor_lr`` left at None filled with the task's and the model's defaults, and for a named model
     (:class:`~sppo_rl.llm.pretrained.Pretrained`) its token budget per training pass when no
-    micro-batch setting is given; the rest unchanged."""
+    micro-batch setting is given and, on the generated arithmetic task, its instruction (when
+    ``--instruction`` is unset) and reward (for ``--reward-fn auto``); the rest unchanged."""
     if cfg.max_new_tokens is None:
         cfg = dataclasses.replace(cfg, max_new_tokens=default_max_new_tokens(cfg.task, cfg.level, cfg.model))
     if cfg.actor_lr is None:
         cfg = dataclasses.replace(cfg, actor_lr=default_actor_lr(cfg.model))
-    budget = default_token_budget(cfg.model)
-    if budget is not None and cfg.micro_batch_size is None and cfg.max_tokens_per_micro_batch is None:
-        cfg = dataclasses.replace(cfg, max_tokens_per_micro_batch=budget)
+    named = named_model(cfg.model)
+    if named is None:
+        return cfg
+    if cfg.micro_batch_size is None and cfg.max_tokens_per_micro_batch is None:
+        cfg = dataclasses.replace(cfg, max_tokens_per_micro_batch=named.max_tokens_per_micro_batch)
+    if cfg.task == "arithmetic" and cfg.instruction is None:
+        cfg = dataclasses.replace(cfg, instruction=named.arithmetic_instruction)
+    if cfg.task == "arithmetic" and cfg.reward_fn == "auto":
+        cfg = dataclasses.replace(cfg, reward_fn=named.arithmetic_reward)
     return cfg
 
 

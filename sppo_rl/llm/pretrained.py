@@ -64,6 +64,10 @@ class Pretrained:
         max_new_tokens: ``--max-new-tokens`` left unset on a generated task (arithmetic: the answer
             sentence of an instruct model; 16 cut most of them); ``file_max_new_tokens`` on a data file
             (verl's GSM8K quick start samples 256-token responses).
+        arithmetic_instruction, arithmetic_reward: ``--instruction`` and ``--reward-fn auto`` on the
+            generated arithmetic task, whose answers an instruct model writes as a sentence or an
+            equation, never in the tiny model's ``\\boxed{}`` (the strict check paid 0 to every such answer;
+            this format learned in issue 25's runs).
         max_tokens_per_micro_batch: the token budget of a training pass when a run sets neither
             ``--micro-batch-size`` nor ``--max-tokens-per-micro-batch`` (an update equals the unsplit one;
             without a budget, activations of 32 short rows took this model's process to 7.6 GB).
@@ -80,6 +84,8 @@ class Pretrained:
     max_new_tokens: int = 32
     file_max_new_tokens: int = 256
     max_tokens_per_micro_batch: int = 1024
+    arithmetic_instruction: str = "Answer with just the number."
+    arithmetic_reward: str = "boxed-or-last-number"
 
 
 REGISTRY: dict[str, Pretrained] = {
