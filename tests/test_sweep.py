@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -447,7 +447,13 @@ def test_llm_jobs_from_algos_and_a_folder_with_other_settings(tmp_path):
 
     # a run saved with 3 steps (and another thread count, which changes no result) is another run: the
     # sweep refuses the folder, compare_llm's --reuse (other="overwrite") starts it again
-    saved = asdict(llm_config("sppo", ["--algo", "sppo", "--steps", "3", "--threads", "4"], 0, str(run)))
+    from sppo_rl.llm.plan import as_given
+    from sppo_rl.runtime.run import config_dict
+
+    # as a run writes its config.json: flat, the defaults it fills in (max_new_tokens, actor_lr) filled
+    saved = config_dict(
+        as_given(llm_config("sppo", ["--algo", "sppo", "--steps", "3", "--threads", "4"], 0, str(run)))
+    )
     run.mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({**saved, "resolved": {"group_size": 1}}))
     cfg = _llm(tmp_path, llm_args="--steps 2")
