@@ -44,7 +44,8 @@ def test_the_prompt_is_run_once_per_prompt_and_the_samples_equal_a_prefill_of_ev
     a = shared.generate(PROMPTS, params, seeds=[5, 6, 7, 8])
     prefill = seen[0]
     assert prefill[0] == len(PROMPTS), f"one prefill row per prompt, not per sample: {prefill}"
-    assert all(shape == (len(PROMPTS) * n, 1) for shape in seen[1:]), "then one token per sample and step"
+    assert seen[1] == (len(PROMPTS) * n, 1), "then one token per sample and step"
+    assert all(shape[1] == 1 and shape[0] <= len(PROMPTS) * n for shape in seen[2:])
     b = EveryCopy(load_actor(tiny), load_tokenizer(tiny)).generate(PROMPTS, params, seeds=[5, 6, 7, 8])
     assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.response_mask, b.response_mask)
     assert torch.allclose(a.logprobs, b.logprobs, atol=1e-5)
@@ -60,3 +61,40 @@ def test_shared_prefill_with_a_repetition_penalty_counts_each_copys_prompt(tiny)
     b = EveryCopy(load_actor(tiny), load_tokenizer(tiny)).generate(PROMPTS, params, seeds=[1, 2, 3, 4])
     assert torch.equal(a.response_ids, b.response_ids)
     assert torch.allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
+class NoCompaction(HFRollout):
+    """The former decode loop: stopped rows stay in the batch to the end."""
+
+    def _sample_tokens(self, *args, **kwargs):
+        import sppo_rl.llm.rollout.hf as hf
+
+        keep, hf._compactable = hf._compactable, lambda generator, cache: False
+        try:
+            return super()._sample_tokens(*args, **kwargs)
+        finally:
+            hf._compactable = keep
+
+
+def test_stopped_rows_leave_the_decode_batch_and_the_others_sample_the_same(tiny):
+    """Per-row seeds: once a quarter of the rows have stopped the decode batch shrinks (a forward hook
+    sees fewer rows), and every row's tokens and log-probs equal those of the loop that keeps them all."""
+    params = SamplingParams(n=8, temperature=1.0, max_new_tokens=30)
+    seeds = [11, 12, 13, 14]
+    shrinking = HFRollout(load_actor(tiny), load_tokenizer(tiny))
+    seen = _rows_seen(shrinking)
+    a = shrinking.generate(PROMPTS, params, seeds=seeds)
+    decode_rows = [shape[0] for shape in seen[1:]]
+    assert a.finished.any() and not a.finished.all(), "want both stopped and cut rows"
+    assert decode_rows[0] == 32 and min(decode_rows) < 32, decode_rows
+    assert decode_rows == sorted(decode_rows, reverse=True)
+    assert min(decode_rows) >= int((~a.finished).sum()), "rows that never stop are never dropped"
+    b = NoCompaction(load_actor(tiny), load_tokenizer(tiny)).generate(PROMPTS, params, seeds=seeds)
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.response_mask, b.response_mask)
+    assert torch.equal(a.finished, b.finished) and a.texts == b.texts
+    assert torch.allclose(a.logprobs, b.logprobs, atol=1e-5)
+    assert torch.allclose(a.sampling_logprobs, b.sampling_logprobs, atol=1e-5)
+    # one seed for the whole batch: the rows' draws depend on the batch, so the batch is kept whole
+    seen.clear()
+    shrinking.generate(PROMPTS, params, seeds=3)
+    assert {shape[0] for shape in seen[1:]} == {32}

@@ -301,7 +301,9 @@ class HFRollout:
         KV-cached forward per token; ``out`` is the model output over everything before column
         ``start`` (attention ``attention_mask``), ``position`` ``[B, 1]`` the position of the first token.
         A row stops at its first stop token; the loop ends when every row has stopped or the buffers
-        are full. Returns the number of columns written (``start`` included) and ``alive`` ``[B]`` bool
+        are full. With one generator per row, once a quarter of the batch's rows have stopped they leave
+        it (their cache rows too, :func:`_compactable`): the rows still going sample what they would in
+        the full batch, and a long tail costs only its own rows. Returns the number of columns written (``start`` included) and ``alive`` ``[B]`` bool
         (rows that never stopped). ``seen`` ``[B, V]`` bool: the tokens the repetition penalty counts as
         already there (updated in place with every token sampled; None: only the tokens sampled here)."""
         tokens, logprobs, sampling_logprobs, mask = buffers
@@ -309,39 +311,54 @@ class HFRollout:
         stops = torch.tensor(self.stop_token_ids, device=device)
         alive = torch.ones(B, dtype=torch.bool, device=device)
         steps = start
-        rows = torch.arange(B, device=device)
+        active = torch.arange(B, device=device)  # the buffer rows the model's batch holds, in order
         for t in range(start, total):
             z = out.logits[:, -1].float() / params.temperature
             log_p = torch.log_softmax(z, dim=-1)
             unfiltered = z
             if params.repetition_penalty != 1.0:
                 if seen is None:
-                    seen = torch.zeros(z.shape, dtype=torch.bool, device=device)
-                z = repetition_penalty(z, seen, params.repetition_penalty)
+                    seen = torch.zeros(B, z.shape[-1], dtype=torch.bool, device=device)
+                z = repetition_penalty(z, seen[active], params.repetition_penalty)
             if params.greedy:
                 token = z.argmax(-1)
-                sampled_lp = torch.zeros(B, device=device)
+                sampled_lp = torch.zeros(z.shape[0], device=device)
             else:
                 z = filter_logits(z, params)
                 log_q = log_p if z is unfiltered else torch.log_softmax(z, dim=-1)  # no filter: the same
                 token = _gumbel_argmax(log_q, generator)
                 sampled_lp = log_q.gather(-1, token[:, None]).squeeze(-1)
-            token = torch.where(alive, token, self.pad_token_id)
-            live = alive.to(logprobs.dtype)
-            tokens[:, t] = token
+            now = alive[active]
+            token = torch.where(now, token, self.pad_token_id)
+            live = now.to(logprobs.dtype)
+            tokens[active, t] = token
             if seen is not None:
-                seen[rows, token] = True
-            mask[:, t] = alive.long()
-            logprobs[:, t] = log_p.gather(-1, token[:, None]).squeeze(-1) * live
-            sampling_logprobs[:, t] = sampled_lp * live
-            alive = alive & ~torch.isin(token, stops)
+                seen[active, token] = True
+            mask[active, t] = now.long()
+            logprobs[active, t] = log_p.gather(-1, token[:, None]).squeeze(-1) * live
+            sampling_logprobs[active, t] = sampled_lp * live
+            now = now & ~torch.isin(token, stops)
+            alive[active] = now
             steps = t + 1
-            if t + 1 == total or not bool(alive.any()):
+            if t + 1 == total or not bool(now.any()):
                 break
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(B, 1)], dim=1)
-            out = self._forward(token[:, None], attention_mask, position, cache_of(out))
+            cache = cache_of(out)
+            if _compactable(generator, cache) and 4 * int(now.sum()) <= 3 * len(active):
+                keep = now.nonzero().squeeze(1)  # stopped rows leave the batch: per-row noise streams
+                cache.batch_select_indices(keep)  # make each row's draws independent of the others
+                active, token, position = active[keep], token[keep], position[keep]
+                attention_mask = attention_mask[keep]
+                generator = [generator[i] for i in keep.tolist()]
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(active), 1)], dim=1)
+            out = self._forward(token[:, None], attention_mask, position, cache)
             position = position + 1
         return steps, alive
+
+
+def _compactable(generator: torch.Generator | list[torch.Generator] | None, cache: Any) -> bool:
+    """Whether the decode loop may drop stopped rows from its batch: only with one noise stream per row
+    (the rows' samples are then what the full batch draws) and a cache that can select rows."""
+    return isinstance(generator, list) and hasattr(cache, "batch_select_indices")
 
 
 def row_seed(prompt_seed: int, k: int) -> int:
