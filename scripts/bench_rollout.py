@@ -3,8 +3,10 @@ measured in the same process.
 
 Generation: :class:`~sppo_rl.llm.rollout.hf.HFRollout` (the default rollout of ``sppo-rl llm``) samples
 ``--prompts`` arithmetic prompts (chat template, "Answer with just the number.") x ``--samples``
-responses at temperature 1 with ``--new-tokens`` new tokens at most; tok/s = generated tokens (EOS
-included, ``num_generated_tokens``) / seconds of the call, the run's ``gen_tokens_per_s``.
+responses at temperature 1 with ``--new-tokens`` new tokens at most, one seed per prompt as a run
+draws them (so the samples of a prompt share its prefill and stopped rows leave the decode batch);
+tok/s = generated tokens (EOS included, ``num_generated_tokens``) / seconds of the call, the run's
+``gen_tokens_per_s``.
 
 Training: one forward + backward pass of the actor on ``--train-rows`` full sequences (prompt + a
 ``--new-tokens`` response), the loss the sum of the response tokens' log-probs
@@ -91,7 +93,9 @@ def time_generate(name: str, rollout, prompts: list[str], args, floor: float) ->
         for r in range(args.repeats):
             params = SamplingParams(n=args.samples, max_new_tokens=T)
             start, cpu = time.perf_counter(), time.process_time()
-            rb = rollout.generate(prompts, params, seeds=r)
+            rb = rollout.generate(
+                prompts, params, seeds=[1000 * r + i for i in range(len(prompts))]
+            )  # per prompt, as a run
             wall, cpu = time.perf_counter() - start, time.process_time() - cpu
             calls.append((rb.num_generated_tokens / cpu, rb.num_generated_tokens, wall))
         rate, n, wall = max(calls)

@@ -77,7 +77,7 @@ class NoCompaction(HFRollout):
 
 
 def test_stopped_rows_leave_the_decode_batch_and_the_others_sample_the_same(tiny):
-    """Per-row seeds: once a quarter of the rows have stopped the decode batch shrinks (a forward hook
+    """Per-row seeds: once an eighth of the rows have stopped the decode batch shrinks (a forward hook
     sees fewer rows), and every row's tokens and log-probs equal those of the loop that keeps them all."""
     params = SamplingParams(n=8, temperature=1.0, max_new_tokens=30)
     seeds = [11, 12, 13, 14]

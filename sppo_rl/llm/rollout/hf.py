@@ -301,7 +301,7 @@ class HFRollout:
         KV-cached forward per token; ``out`` is the model output over everything before column
         ``start`` (attention ``attention_mask``), ``position`` ``[B, 1]`` the position of the first token.
         A row stops at its first stop token; the loop ends when every row has stopped or the buffers
-        are full. With one generator per row, once a quarter of the batch's rows have stopped they leave
+        are full. With one generator per row, once an eighth of the batch's rows have stopped they leave
         it (their cache rows too, :func:`_compactable`): the rows still going sample what they would in
         the full batch, and a long tail costs only its own rows. Returns the number of columns written (``start`` included) and ``alive`` ``[B]`` bool
         (rows that never stopped). ``seen`` ``[B, V]`` bool: the tokens the repetition penalty counts as
@@ -343,7 +343,7 @@ class HFRollout:
             if t + 1 == total or not bool(now.any()):
                 break
             cache = cache_of(out)
-            if _compactable(generator, cache) and 4 * int(now.sum()) <= 3 * len(active):
+            if _compactable(generator, cache) and 8 * int(now.sum()) <= 7 * len(active):
                 keep = now.nonzero().squeeze(1)  # stopped rows leave the batch: per-row noise streams
                 cache.batch_select_indices(keep)  # make each row's draws independent of the others
                 active, token, position = active[keep], token[keep], position[keep]
