@@ -23,10 +23,13 @@ into consecutive blocks of ``E`` (a trailing partial block is dropped), and each
 ``metrics.jsonl`` as ours logs per update: ``episodes`` (the count so far), ``success_rate`` (the
 block's mean), ``wall_time_s`` (training seconds when its last episode ended), ``env_steps``, ``sps``.
 From there both are measured with the same functions as ``sppo-rl report``
-(:func:`sppo_rl.experiments.report.run_numbers` and ``group_numbers``), except the crossings: the curve is
-smoothed by a trailing mean over ``--smooth`` rows (5), "episodes to x" is the first episode count where the
-smoothed curve is >= x, "final success" the mean raw success over the last ``--final-frac`` of the rows.
-Wall-clock to x is the same first crossing read on ``wall_time_s``.
+(:func:`sppo_rl.experiments.report.run_numbers` and ``group_numbers``), crossings included: "episodes to x"
+is :func:`sppo_rl.experiments.protocol.crossing` of the raw (unsmoothed) per-row success rate against
+``episodes``: ``e_0`` if ``y_0 >= x``, else ``e_{j-1} + (x - y_{j-1}) / (y_j - y_{j-1}) (e_j - e_{j-1})`` for
+the first row ``j`` with ``y_j >= x``, None if no row reaches x; "wall s to x" is the same crossing read on
+``wall_time_s``; "final success" the mean raw success over the last ``--final-frac`` of the rows (at least
+one). (Until this version the script read the first row of a trailing mean over ``--smooth`` rows, which
+lags the raw curve by about half the window; ``--smooth`` is now refused.)
 
 Ours: every run of ``--algos`` (default ppo, sppo) for these tasks and seeds under the ``--ours``
 folders (a sweep's ``<dir>/<task>/<algo>/seed<k>``, any folder with ``metrics.jsonl`` and
@@ -101,7 +104,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--n-steps", type=int, default=None, help="SB3 steps per env per rollout (default: measured)"
     )
-    ap.add_argument("--smooth", type=int, default=5, help="trailing mean over this many rows (as the report)")
+    ap.add_argument(
+        "--smooth", type=int, default=None, help=argparse.SUPPRESS
+    )  # removed: refused in validate
     ap.add_argument("--final-frac", type=float, default=0.1, help="final success: last fraction of the rows")
     ap.add_argument("--fresh", action="store_true", help="retrain SB3 runs that finished before")
     ap.add_argument("--out", default="runs/peer_sb3", help="output folder")
@@ -179,8 +184,10 @@ def validate(args: argparse.Namespace) -> dict[str, int]:
         raise UsageError("--skip-sb3 leaves nothing to compare: give --ours DIR or --run-ours")
     if args.n_steps is not None and args.n_steps < 1:
         raise UsageError(f"--n-steps must be >= 1, got {args.n_steps}")
-    if args.smooth < 1:
-        raise UsageError(f"--smooth must be >= 1, got {args.smooth}")
+    if args.smooth is not None:
+        raise UsageError(
+            "--smooth was removed: crossings are the report's, interpolated between raw rows (protocol.crossing)"
+        )
     if not 0 < args.final_frac <= 1:
         raise UsageError(f"--final-frac must be in (0, 1], got {args.final_frac}")
     if Path(args.out).exists() and not Path(args.out).is_dir():
@@ -437,16 +444,16 @@ def find_ours(dirs: list[str], tasks: list[str], seeds: list[int], algos: list[s
 
 
 def run_summary(run, cfg) -> dict[str, Any]:
-    """The report's per-run numbers (:func:`~sppo_rl.experiments.report.run_numbers`) plus ``wall_to``:
-    the first ``wall_time_s`` where the smoothed curve is >= each threshold, and ``s_per_1k_episodes``."""
-    from sppo_rl.experiments import report, stats
+    """The report's per-run numbers (:func:`~sppo_rl.experiments.report.run_numbers`: ``episodes_to`` is
+    :func:`~sppo_rl.experiments.protocol.crossing` of the raw success rate against ``episodes``) plus
+    ``wall_to``, the same crossing against ``wall_time_s``, and ``s_per_1k_episodes`` =
+    ``1000 * wall_time_s / episodes`` of the last row."""
+    from sppo_rl.experiments import protocol, report
 
     numbers = report.run_numbers(run, cfg)
-    y = stats.trailing_mean([r["success_rate"] for r in run.rows], cfg.smooth)
+    y = [r["success_rate"] for r in run.rows]
     wall = [r.get("wall_time_s", math.nan) for r in run.rows]
-    eps = [r.get("episodes", math.nan) for r in run.rows]  # this script's smoothed first crossing
-    numbers["episodes_to"] = {str(t): stats.first_crossing(eps, y, t) for t in cfg.thresholds}
-    numbers["wall_to"] = {str(t): stats.first_crossing(wall, y, t) for t in cfg.thresholds}
+    numbers["wall_to"] = {str(t): protocol.crossing(wall, y, t) for t in cfg.thresholds}
     last = run.rows[-1]
     numbers["s_per_1k_episodes"] = 1000 * last["wall_time_s"] / last["episodes"]
     return numbers
@@ -506,8 +513,9 @@ def markdown(groups: list[dict[str, Any]], cfg) -> str:
         )
     lines += [
         "",
-        f"episodes / wall s to x: first point where the success rate, a trailing mean over {cfg.smooth} rows "
-        "(blocks of one update's episodes), is >= x; median [min-max] over the seeds that reach it "
+        "episodes / wall s to x: where the raw success rate (blocks of one update's episodes), read as "
+        "straight lines between rows, first reaches x (the report's crossing); median [min-max] over the "
+        "seeds that reach it "
         f"(reached/seeds). final success: mean raw success over the last {cfg.final_frac:.0%} of the rows, "
         "mean ± 95% t half-width over seeds. s / 1k episodes: training seconds per 1,000 episodes, mean "
         "over seeds.",
@@ -526,7 +534,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from sppo_rl.experiments.config import ReportConfig
     from sppo_rl.runtime.logging import json_safe
 
-    cfg = ReportConfig(inputs=(args.out,), smooth=args.smooth, final_frac=args.final_frac)
+    cfg = ReportConfig(inputs=(args.out,), final_frac=args.final_frac)
     found = find_ours(args.ours, list(budgets), args.seeds, args.algos) if args.ours else []
     if args.skip_sb3 and not args.run_ours and not found:
         print(
@@ -569,7 +577,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     table = markdown(groups, cfg)
     result = {
         "budgets": budgets,
-        "smooth": cfg.smooth,
+        "crossing": "protocol.crossing: interpolated between raw rows",
         "final_frac": cfg.final_frac,
         "groups": groups,
         "runs": per_run,

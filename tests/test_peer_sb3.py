@@ -1,6 +1,6 @@
 """scripts/peer_sb3.py: SB3's PPO starts from exactly our warm-start policy, success is read per episode
 from the env's flag, SB3's episode stream becomes update rows as ours logs, the first-reach and summary
-numbers follow the report's definitions on hand-worked runs, bad input is refused before any file is
+numbers follow the report's definitions (its crossing on the raw curve) on hand-worked runs, bad input is refused before any file is
 written, and a short run on PrecisionCartPole goes end to end beside our PPO."""
 
 from __future__ import annotations
@@ -110,29 +110,53 @@ def _run(seed: int, success: list[float], wall: list[float]) -> Run:
 
 
 def test_first_reach_and_group_summary_by_hand(peer):
-    """smooth = 2. Seed 0: raw 0, .5, 1, 1 -> smoothed 0, .25, .75, 1: 0.5 first at episode 12 (3 s; the
-    raw curve would say 8), 0.9 at 16 (4 s). Seed 1: raw .5 throughout: 0.5 at 4 (2 s), never 0.9.
-    Final success (last half of the rows): 1.0 and 0.5 -> mean 0.75, t half-width
+    """The report's crossing (protocol.crossing, straight lines between raw rows), not a smoothed first
+    row. Seed 0: raw 0, .5, 1, 1 at episodes 4, 8, 12, 16 (1-4 s): 0.5 is reached at row 1 itself ->
+    episode 8 (2 s); 0.9 between rows 1 and 2: 8 + (0.9 - 0.5) / (1 - 0.5) * 4 = 11.2 episodes,
+    2 + 0.8 * 1 = 2.8 s. The old rule (first row of a trailing mean over 2: 0, .25, .75, 1) said 12 and 16
+    episodes (3 and 4 s). Seed 1: raw .5 throughout (2-8 s): 0.5 at its first row, episode 4 (2 s), never
+    0.9. Final success (last half of the rows): 1.0 and 0.5 -> mean 0.75, t half-width
     t_{.975,1} * sd / sqrt(2) = 12.706 * 0.3536 / 1.414 = 3.18. Seconds per 1,000 episodes: 4/16 and 8/16
     s per episode -> 250 and 500, mean 375."""
-    cfg = ReportConfig(inputs=("x",), smooth=2, final_frac=0.5)
+    cfg = ReportConfig(inputs=("x",), final_frac=0.5)
     a = peer.run_summary(_run(0, [0.0, 0.5, 1.0, 1.0], [1, 2, 3, 4]), cfg)
     b = peer.run_summary(_run(1, [0.5] * 4, [2, 4, 6, 8]), cfg)
-    assert a["episodes_to"] == {"0.5": 12.0, "0.9": 16.0} and a["wall_to"] == {"0.5": 3.0, "0.9": 4.0}
+    assert a["episodes_to"] == {"0.5": 8.0, "0.9": pytest.approx(11.2)}
+    assert a["wall_to"] == {"0.5": 2.0, "0.9": pytest.approx(2.8)}
     assert b["episodes_to"] == {"0.5": 4.0, "0.9": None} and b["wall_to"] == {"0.5": 2.0, "0.9": None}
     assert (a["final_success"], b["final_success"]) == (1.0, 0.5)
     assert (a["s_per_1k_episodes"], b["s_per_1k_episodes"]) == (250.0, 500.0)
 
     g = peer.group_summary([a, b], cfg)
-    assert g["episodes_to"]["0.5"] == {"median": 8.0, "min": 4.0, "max": 12.0, "reached": 2, "seeds": 2}
-    assert g["episodes_to"]["0.9"] == {"median": 16.0, "min": 16.0, "max": 16.0, "reached": 1, "seeds": 2}
-    assert g["wall_to"]["0.9"]["median"] == 4.0 and g["wall_to"]["0.9"]["reached"] == 1
+    assert g["episodes_to"]["0.5"] == {"median": 6.0, "min": 4.0, "max": 8.0, "reached": 2, "seeds": 2}
+    assert (
+        g["episodes_to"]["0.9"]["median"] == pytest.approx(11.2) and g["episodes_to"]["0.9"]["reached"] == 1
+    )
+    assert g["wall_to"]["0.9"]["median"] == pytest.approx(2.8) and g["wall_to"]["0.9"]["reached"] == 1
     assert g["final_success_mean"] == 0.75
     assert g["final_success_half"] == pytest.approx(12.7062 * math.sqrt(0.125) / math.sqrt(2), rel=1e-4)
     assert g["s_per_1k_episodes"] == 375.0
 
     row = peer.markdown([g], cfg).splitlines()[2]
-    assert row == "| t | ppo | 2 | 16 | 8 [4-12] (2/2) | 16 (1/2) | 4.0 (1/2) | 0.75 ± 3.18 | 375.0 |"
+    assert row == "| t | ppo | 2 | 16 | 6 [4-8] (2/2) | 11 (1/2) | 2.8 (1/2) | 0.75 ± 3.18 | 375.0 |"
+
+
+def test_crossings_are_the_reports_on_the_same_run(peer):
+    """One definition: the script's episodes to x are exactly ``sppo-rl report``'s on the same run, and its
+    seconds to x the same crossing on wall_time_s. Raw 0.2, 0.95, 0.3, 0.3, 1 at episodes 4-20 (1-5 s):
+    the raw curve first reaches 0.9 between rows 0 and 1, at 4 + 0.7 / 0.75 * 4 = 7.73 episodes
+    (1 + 0.7 / 0.75 = 1.93 s), and 0.5 at 4 + 0.3 / 0.75 * 4 = 5.6; a trailing mean over 5 rows (0.2,
+    0.575, 0.483, 0.438, 0.55) never reaches 0.9 and reaches 0.5 only at row 1 (8 episodes)."""
+    from sppo_rl.experiments import report
+
+    run = _run(0, [0.2, 0.95, 0.3, 0.3, 1.0], [1, 2, 3, 4, 5])
+    cfg = ReportConfig(inputs=("x",))
+    mine = peer.run_summary(run, cfg)
+    assert mine["episodes_to"] == report.run_numbers(run, cfg)["episodes_to"]
+    assert mine["episodes_to"]["0.9"] == pytest.approx(4 + 0.7 / 0.75 * 4)
+    assert mine["wall_to"]["0.9"] == pytest.approx(1 + 0.7 / 0.75)
+    assert mine["episodes_to"]["0.5"] == pytest.approx(5.6)
+    assert mine["wall_to"]["0.5"] == pytest.approx(1.4)
 
 
 # ------------------------------------------------------------------------------------- bad input
@@ -153,7 +177,7 @@ def test_first_reach_and_group_summary_by_hand(peer):
         ),
         (["--tasks", "hopper", "--budgets", "hopper=8", "--ours", "/no/such/dir"], "--ours: /no/such/dir"),
         (["--tasks", "hopper", "--budgets", "hopper=8", "--skip-sb3"], "--skip-sb3 leaves nothing"),
-        (["--tasks", "hopper", "--budgets", "hopper=8", "--smooth", "0"], "--smooth must be >= 1"),
+        (["--tasks", "hopper", "--budgets", "hopper=8", "--smooth", "5"], "--smooth was removed"),
         (["--tasks", "hopper", "--budgets", "hopper=8", "--overrides", "epochs=2"], "to --run-ours only"),
         (
             ["--tasks", "hopper", "--budgets", "hopper=8", "--run-ours", "--overrides", "nope=1"],
