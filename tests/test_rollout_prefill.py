@@ -1,5 +1,6 @@
 """HFRollout's shared prefill: the ``n`` samples of a prompt share one forward over the prompt (its KV
-cache repeated ``n`` times), and sample what a prefill over every copy would."""
+cache repeated ``n`` times), a head every prompt shares (a chat template's system message) runs once,
+and both sample what a prefill over every copy would."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ class EveryCopy(HFRollout):
     """The former prefill: one forward over all ``P * n`` prompt rows."""
 
     def _prefill(self, prompt_ids, prompt_mask, positions, n):
-        return self._forward(prompt_ids, prompt_mask, positions, None)
+        return self._forward(prompt_ids, prompt_mask, positions, None), prompt_mask
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +64,46 @@ def test_shared_prefill_with_a_repetition_penalty_counts_each_copys_prompt(tiny)
     assert torch.allclose(a.logprobs, b.logprobs, atol=1e-5)
 
 
+HEAD = "system answer with the number\n"  # 30 characters of the charset, one token each
+SHARED = [HEAD + p for p in PROMPTS]
+
+
+def test_shared_prefix_of_every_prompt_is_run_once_then_the_remainders_then_the_samples():
+    """``shared_prefix`` counts the leading tokens all left-padded rows share (at least
+    ``SHARED_PREFIX_MIN``, never a row's last token); with different remainders one short head is 0."""
+    from sppo_rl.llm.rollout.hf import SHARED_PREFIX_MIN, shared_prefix
+
+    pad = 0
+    rows = [[pad, pad, 5, 6, 7, 8, 9, 10, 11, 12, 13, 1], [5, 6, 7, 8, 9, 10, 11, 12, 13, 2, 3, 4]]
+    ids = torch.tensor(rows)
+    mask = (ids != pad).long()
+    assert SHARED_PREFIX_MIN == 8 and shared_prefix(ids, mask) == 9
+    assert shared_prefix(ids[:, 4:], mask[:, 4:]) == 0  # 5 shared tokens < 8
+    same = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, 13]] * 2)
+    assert shared_prefix(same, torch.ones_like(same)) == 8  # the last token stays in the rows' part
+    assert shared_prefix(same[:1], torch.ones_like(same[:1])) == 0  # one row: nothing to share
+
+
+@pytest.mark.parametrize("n,seeds", [(1, [5, 6, 7, 8]), (4, [5, 6, 7, 8]), (8, 3)])
+def test_a_shared_head_runs_once_and_the_samples_equal_a_prefill_of_every_copy(tiny, n, seeds):
+    """The head every prompt starts with is one forward of one row, the remainders one forward of the
+    ``P`` prompts after it (left-padded behind the head), then decode: tokens equal the plain prefill's,
+    log-probs within float rounding (with per-row seeds rows also leave the batch as they stop)."""
+    params = SamplingParams(n=n, temperature=1.0, max_new_tokens=12, repetition_penalty=1.3)
+    shared = HFRollout(load_actor(tiny), load_tokenizer(tiny))
+    seen = _rows_seen(shared)
+    a = shared.generate(SHARED, params, seeds=seeds)
+    assert seen[0] == (1, len(HEAD)), f"the head once, as one row: {seen[:2]}"
+    longest_rest = max(len(p) for p in PROMPTS)
+    assert seen[1] == (len(PROMPTS), longest_rest), "then the remainders, one row per prompt"
+    assert seen[2] == (len(PROMPTS) * n, 1)
+    b = EveryCopy(load_actor(tiny), load_tokenizer(tiny)).generate(SHARED, params, seeds=seeds)
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.response_mask, b.response_mask)
+    assert torch.allclose(a.logprobs, b.logprobs, atol=1e-5)
+    assert torch.allclose(a.sampling_logprobs, b.sampling_logprobs, atol=1e-5)
+    assert a.texts == b.texts and torch.equal(a.prompt_ids, b.prompt_ids)
+
+
 class NoCompaction(HFRollout):
     """The former decode loop: stopped rows stay in the batch to the end."""
 
@@ -98,3 +139,24 @@ def test_stopped_rows_leave_the_decode_batch_and_the_others_sample_the_same(tiny
     seen.clear()
     shrinking.generate(PROMPTS, params, seeds=3)
     assert {shape[0] for shape in seen[1:]} == {32}
+
+
+def test_a_chat_templates_system_message_is_shared_on_a_bpe_llama(tmp_path):
+    """On a small Llama with a byte-level BPE and a ChatML template, prompts that start with the same
+    system message share its prefill; the samples equal a prefill of every copy."""
+    from test_pretrained import build_small_llama, chatml
+
+    llama = build_small_llama(tmp_path / "llama")
+    system = ("system", "You are a careful calculator.")
+    prompts = [chatml(system, ("user", q)) for q in ("3+4=", "What is the sum? 21+35=", "7+70=")]
+    tok = load_tokenizer(llama)
+    lengths = [len(tok(p)["input_ids"]) for p in prompts]
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=10)
+    shared = HFRollout(load_actor(llama), tok)
+    seen = _rows_seen(shared)
+    a = shared.generate(prompts, params, seeds=[1, 2, 3])
+    assert seen[0][0] == 1 and seen[0][1] >= 8, f"the system message once: {seen[:2]}"
+    assert seen[1] == (3, max(lengths) - seen[0][1])
+    b = EveryCopy(load_actor(llama), load_tokenizer(llama)).generate(prompts, params, seeds=[1, 2, 3])
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.response_mask, b.response_mask)
+    assert torch.allclose(a.logprobs, b.logprobs, atol=1e-5)

@@ -237,21 +237,55 @@ class HFRollout:
             **kwargs,
         )
 
-    def _prefill(self, prompt_ids: Tensor, prompt_mask: Tensor, positions: Tensor, n: int) -> Any:
-        """The model's output over the prompts ``[P * n, L]`` (each prompt repeated ``n`` times in a row):
-        with ``n > 1`` one forward over the ``P`` distinct prompts, its last logits and its KV cache then
-        repeated ``n`` times (``batch_repeat_interleave``), since the ``n`` copies of a prompt compute the
-        same thing; the prompt's work is paid once, as a prefix cache pays it (GRPO's ``n = 8``: an
-        eighth of the prefill). A cache without ``batch_repeat_interleave`` gets the plain forward."""
-        if n == 1:
-            return self._forward(prompt_ids, prompt_mask, positions, None)
-        first = slice(None, None, n)
-        out = self._forward(prompt_ids[first], prompt_mask[first], positions[first], None)
-        cache = cache_of(out)
-        if not hasattr(cache, "batch_repeat_interleave"):
-            return self._forward(prompt_ids, prompt_mask, positions, None)
-        cache.batch_repeat_interleave(n)
-        return SimpleNamespace(logits=out.logits[:, -1:].repeat_interleave(n, dim=0), cache=cache)
+    def _prefill(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, positions: Tensor, n: int
+    ) -> tuple[Any, Tensor]:
+        """The model's output over the prompts ``[P * n, L]`` (each prompt repeated ``n`` times in a row)
+        and the attention mask its KV cache goes with, paying each piece of prompt once, as a prefix
+        cache does:
+
+        - the ``n`` copies of a prompt compute the same thing: one forward over the ``P`` distinct
+          prompts, its last logits and cache then repeated ``n`` times (GRPO's ``n = 8``: an eighth);
+        - tokens every prompt starts with (a chat template's system message: :func:`shared_prefix`, at
+          least :data:`SHARED_PREFIX_MIN` of them) run once, as one row, its cache repeated ``P`` times
+          and the prompts' remainders run after it; the mask then reads ``[prefix | padding | rest]``
+          (positions count real tokens, so every token keeps its position).
+
+        A cache without ``batch_repeat_interleave`` gets the plain forward over every row."""
+        ids, mask = prompt_ids[::n], prompt_mask[::n]
+        c = shared_prefix(ids, mask)
+        if n == 1 and c == 0:
+            return self._forward(prompt_ids, prompt_mask, positions, None), prompt_mask
+        if c == 0:
+            out = self._forward(ids, mask, positions[::n], None)
+            logits, cache = out.logits[:, -1:], cache_of(out)
+        else:
+            P, L = ids.shape
+            start = L - int(mask[0].sum())
+            prefix = self._forward(
+                ids[:1, start : start + c],
+                mask[:1, start : start + c],
+                positions[:1, start : start + c],
+                None,
+            )
+            cache = cache_of(prefix)
+            if not hasattr(cache, "batch_repeat_interleave"):
+                return self._forward(prompt_ids, prompt_mask, positions, None), prompt_mask
+            cache.batch_repeat_interleave(P)
+            width = int((mask.sum(1) - c).max())  # the longest remainder
+            columns = torch.arange(L - width, L, device=ids.device)
+            first_rest = (L - mask.sum(1) + c)[:, None]  # each row's first token after the prefix
+            rest_mask = (columns[None, :] >= first_rest).long()
+            rest = torch.where(rest_mask.bool(), ids[:, L - width :], self.pad_token_id)
+            mask = torch.cat([mask.new_ones(P, c), rest_mask], dim=1)
+            out = self._forward(rest, mask, (c + rest_mask.cumsum(-1) - 1).clamp(min=0), cache)
+            logits, cache = out.logits[:, -1:], cache_of(out)
+        if n > 1:
+            if not hasattr(cache, "batch_repeat_interleave"):
+                return self._forward(prompt_ids, prompt_mask, positions, None), prompt_mask
+            cache.batch_repeat_interleave(n)
+            logits, mask = logits.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0)
+        return SimpleNamespace(logits=logits, cache=cache), mask
 
     def _sample(
         self,
@@ -267,14 +301,14 @@ class HFRollout:
         mask = torch.zeros(B, max_new_tokens, dtype=torch.long, device=device)
 
         positions = positions_from_mask(prompt_mask)
-        out = self._prefill(prompt_ids, prompt_mask, positions, params.n)
+        out, cache_mask = self._prefill(prompt_ids, prompt_mask, positions, params.n)
         seen = None
         if params.repetition_penalty != 1.0:  # the prompt's tokens count as seen
             V = out.logits.shape[-1]
             seen = torch.zeros(B, V, device=device).scatter_add_(1, prompt_ids, prompt_mask.float()) > 0
         steps, alive = self._sample_tokens(
             out,
-            prompt_mask,
+            cache_mask,
             positions[:, -1:] + 1,
             (tokens, logprobs, sampling_logprobs, mask),
             0,
@@ -353,6 +387,26 @@ class HFRollout:
             out = self._forward(token[:, None], attention_mask, position, cache)
             position = position + 1
         return steps, alive
+
+
+SHARED_PREFIX_MIN = 8
+"""Fewest leading tokens all prompts share for :meth:`HFRollout._prefill` to run them once."""
+
+
+def shared_prefix(ids: Tensor, mask: Tensor) -> int:
+    """How many leading real tokens every left-padded row of ``ids`` ``[P, L]`` shares, kept below every
+    row's length (a row's last token must stay in its own part); 0 when under :data:`SHARED_PREFIX_MIN`
+    or for a single row (nothing to share)."""
+    lengths = mask.sum(1)
+    shortest = int(lengths.min())
+    if ids.shape[0] < 2 or shortest - 1 < SHARED_PREFIX_MIN:
+        return 0
+    L = ids.shape[1]
+    columns = (L - lengths)[:, None] + torch.arange(shortest - 1, device=ids.device)[None, :]
+    heads = ids.gather(1, columns)  # [P, shortest - 1]: each row's first real tokens
+    same = (heads == heads[:1]).all(0)
+    c = int(same.long().cumprod(0).sum())
+    return c if c >= SHARED_PREFIX_MIN else 0
 
 
 def _compactable(generator: torch.Generator | list[torch.Generator] | None, cache: Any) -> bool:
