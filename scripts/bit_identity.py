@@ -7,7 +7,10 @@ time or memory (:data:`TIMING`), floats written with ``repr`` (exact), and of it
 tensor of ``final/`` in name order, its dtype, shape and bytes). Equal digests mean bit-identical numbers.
 The LLM runs use the embedded tiny model (built and warm-started once into the cache), 3 updates of 4
 prompts; the control runs 3 updates of ``ShortCartPole``. Each run is one process (``sppo-rl ...``), as a
-user runs it, with one torch thread.
+user runs it, with one torch thread. ``--ignore KEY ...`` leaves more keys out of the rows' digest (the
+same list on both sides): for a change that is meant to move a diagnostic alone, e.g. the sampler's own
+log-probs (``rollout_logp_diff``, ``rollout_mismatch_mean``) when only the rollout's arithmetic changes
+and its tokens, the trained weights and every other number must stay bit-identical.
 """
 
 from __future__ import annotations
@@ -91,9 +94,10 @@ def _float(x: object) -> object:
     return repr(x) if isinstance(x, float) else x
 
 
-def rows_digest(path: Path) -> tuple[str, list[dict]]:
+def rows_digest(path: Path, ignore: frozenset[str] = frozenset()) -> tuple[str, list[dict]]:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    kept = [{k: _float(v) for k, v in sorted(r.items()) if k not in TIMING} for r in rows]
+    left_out = set(TIMING) | ignore
+    kept = [{k: _float(v) for k, v in sorted(r.items()) if k not in left_out} for r in rows]
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest(), kept
 
 
@@ -127,13 +131,13 @@ def _tensors(obj: object, prefix: str) -> dict:
     return out
 
 
-def run(world: str, args: list[str], out: Path) -> dict:
+def run(world: str, args: list[str], out: Path, ignore: frozenset[str] = frozenset()) -> dict:
     cmd = [sys.executable, "-m", "sppo_rl", world, *args, "--out-dir", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0:
         return {"error": f"exit {p.returncode}: {p.stderr.strip().splitlines()[-1:]!s}"}
-    rows, kept = rows_digest(out / "metrics.jsonl")
+    rows, kept = rows_digest(out / "metrics.jsonl", ignore)
     final = out / "final"
     if not final.is_dir():  # the control world's final policy is one file
         final = Path(tempfile.mkdtemp())
@@ -147,8 +151,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="write the fingerprints here (JSON)")
     ap.add_argument("--against", type=Path, help="compare with fingerprints written before")
     ap.add_argument("--only", nargs="*", help="run names to run (default: all)")
+    ap.add_argument(
+        "--ignore",
+        nargs="*",
+        default=[],
+        help="metrics keys left out of the rows' digest besides the timing ones (give the same list to "
+        "--out and --against; recorded in the file)",
+    )
     a = ap.parse_args(argv)
+    ignore = frozenset(a.ignore)
     before = json.loads(a.against.read_text()) if a.against else None
+    if before is not None and sorted(before.pop("_ignore", [])) != sorted(ignore):
+        ap.error(f"{a.against} was written with another --ignore list")
     result: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
@@ -162,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                     if actor is None:  # the embedded tiny model's folder, as the first LLM run resolved it
                         actor = _embedded_actor(base)
                     flags = [actor if f == "{actor}" else f for f in flags]
-                r = run(world, [*common, *flags], base / key)
+                r = run(world, [*common, *flags], base / key, ignore)
                 result[key] = r
                 same = ""
                 if before is not None and key in before:
@@ -177,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
     if a.out:
-        a.out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        a.out.write_text(json.dumps({**result, "_ignore": sorted(ignore)}, indent=1, sort_keys=True) + "\n")
     if before is None:
         return 0
     bad = [

@@ -71,6 +71,11 @@ SMALL = "{small}"  # stands for the small critic's folder, built on first use
 EXPLICIT = (
     "{explicit}"  # stands for the seed's explicit-reasoning warm start (Latent-GRPO's comparable start)
 )
+# the value of a group method's --prompts-per-step that gives it the single-sample methods' samples per
+# update: the script's --prompts-per-step divided by the run's --group-size (at least 1)
+SAME_SAMPLES = "{same-samples}"
+REAL_MODEL = "smollm2-135m"  # the real pretrained model of the "real" set, and its 4-layer critic
+REAL_CRITIC = f"{REAL_MODEL}:layers=4"
 # token-level PPO as the project's PPO recipe (ppo-1.5b-deepscaler.json) and verl run it: whitened
 # advantages, value clipping 0.5
 PPO = ["--algo", "ppo", "--whiten", "--value-clip", "0.5"]
@@ -92,7 +97,7 @@ ALL = [
     # lambda (alpha 1: lambda 0.9 at 10 tokens; VAPO's 0.05 is for responses of hundreds), value pre-training
     ("ppo-vc", [*PPO, "--lam-critic", "1.0", "--lam-alpha", "1.0", "--critic-warmup", "5"]),
 ]
-SET_NAMES = ("long", "methods", "latent", "all")
+SET_NAMES = ("long", "methods", "latent", "real", "all")
 BASELINE = "sppo"  # every other method is compared against it (--baseline)
 
 
@@ -123,6 +128,27 @@ def run_sets() -> dict[str, list[tuple[str, list[str]]]]:
             ("grpo", ["--algo", "grpo", "--group-size", "8", "--model", EXPLICIT, "--max-new-tokens", "32"]),
             ("sppo", ["--algo", "sppo", "--model", EXPLICIT, "--max-new-tokens", "32"]),
         ],
+        # a real pretrained model (SmolLM2-135M-Instruct, its named defaults: chat template, "Answer with
+        # just the number.", boxed-or-last-number, lr 2e-5, 32 new tokens); the same samples per update
+        # for every method (GRPO: --prompts-per-step / 4 prompts x 4 samples); SPPO and PPO with the
+        # model's first 4 layers as their critic
+        "real": [
+            ("sppo", ["--algo", "sppo", "--model", REAL_MODEL, "--critic-model", REAL_CRITIC]),
+            (
+                "grpo",
+                [
+                    "--algo",
+                    "grpo",
+                    "--group-size",
+                    "4",
+                    "--prompts-per-step",
+                    SAME_SAMPLES,
+                    "--model",
+                    REAL_MODEL,
+                ],
+            ),
+            ("ppo", [*PPO, "--model", REAL_MODEL, "--critic-model", REAL_CRITIC]),
+        ],  # fmt: skip
         "all": list(ALL),
     }
 
@@ -156,6 +182,7 @@ def seed_figures(rows: list[dict]) -> dict:
     evals = evaluations(rows)
     acc = [r["val_accuracy"] for r in evals]
     passk = [r.get("pass_at_k") for r in evals]
+    formats = {key: [r.get(f"val_{key}") for r in evals] for key in FORMATS}
     lengths = [r["response_length"] for r in rows if r.get("response_length") is not None]
     last = rows[-1] if rows else {}
     return {
@@ -164,6 +191,14 @@ def seed_figures(rows: list[dict]) -> dict:
             "tokens": [r["generated_tokens"] for r in evals],
             "seconds": [r["wall_time_s"] for r in evals],
             "val_accuracy": acc,
+        },
+        "format_curve": {key: v for key, v in formats.items() if v and None not in v},
+        **{
+            f"{when}_{key}": (v[0] if when == "start" else protocol.final_value(v))
+            if v and None not in v
+            else None
+            for key, v in formats.items()
+            for when in ("start", "final")
         },
         "start_val_accuracy": acc[0] if acc else None,
         "final_val_accuracy": protocol.final_value(acc) if acc else None,
@@ -177,6 +212,9 @@ def seed_figures(rows: list[dict]) -> dict:
     }
 
 
+FORMATS = ("number_rate", "boxed_rate")
+"""The format-learning rates a run logs at each evaluation (``val_number_rate``, ``val_boxed_rate``: the
+shares of sampled validation responses that are a bare number or hold a closed box, right or wrong)."""
 RUN_STATS = ("acc_at_seconds", "acc_at_tokens", "auc_seconds", "seconds_to_target", "tokens_to_target")
 
 
@@ -185,6 +223,7 @@ def method_figures(per_seed: dict[int, dict]) -> dict:
     seeds = sorted(per_seed)
     out: dict[str, Any] = {"seeds": seeds}
     keys = ("start_val_accuracy", "final_val_accuracy", "start_pass_at_k", "final_pass_at_k")
+    keys += tuple(f"{when}_{key}" for key in FORMATS for when in ("start", "final"))
     for key in (*keys, *RUN_STATS, "response_length", "updates", "tokens", "seconds"):
         out[key] = spread([per_seed[k][key] for k in seeds])
     ks = {per_seed[k]["k"] for k in seeds} - {None}
@@ -289,18 +328,21 @@ def llm_flags(
     budget = ["--steps", str(args.steps)]
     if args.seconds is not None:
         budget += ["--max-seconds", str(args.seconds)]
+    group = int(flags[flags.index("--group-size") + 1]) if "--group-size" in flags else 1
+    same_samples = str(max(1, args.prompts_per_step // group))
+    own = [
+        f.replace(SMALL, small)
+        .replace(EXPLICIT, explicit_model(args, seed) if resolve and f == EXPLICIT else f)
+        .replace(SAME_SAMPLES, same_samples)
+        for f in flags
+    ]
+    prompts = [] if "--prompts-per-step" in own else ["--prompts-per-step", str(args.prompts_per_step)]
     return [
-        *[
-            f.replace(SMALL, small).replace(
-                EXPLICIT, explicit_model(args, seed) if resolve and f == EXPLICIT else f
-            )
-            for f in flags
-        ],
+        *own,
         *budget,
         "--task",
         args.task,
-        "--prompts-per-step",
-        str(args.prompts_per_step),
+        *prompts,
         "--eval-every",
         str(args.eval_every),
         *shlex.split(args.llm_args),
@@ -445,6 +487,22 @@ def markdown(report: dict) -> str:
             )
         ),
     ]
+    with_formats = {n: f for n, f in report["methods"].items() if f["final_number_rate"]["n"]}
+    if with_formats:
+        lines += [
+            "",
+            "| run | bare-number rate start -> final | boxed rate start -> final |",
+            "|---|---|---|",
+        ]
+        for name, f in with_formats.items():
+            lines.append(
+                f"| {name} | {_mean_sd(f['start_number_rate'])} -> {_mean_sd(f['final_number_rate'])} | "
+                f"{_mean_sd(f['start_boxed_rate'])} -> {_mean_sd(f['final_boxed_rate'])} |"
+            )
+        lines.append(
+            "Format (sampled validation responses, right or wrong): a bare number (what 'Answer with just "
+            "the number.' asks for) or a closed \\boxed{} (sppo_rl.llm.verify.answer_format)."
+        )
     if not report["pairs"]:
         lines.append(
             f"No comparison: the baseline ({report['baseline']}) is not among the runs (--baseline NAME)."
@@ -481,6 +539,53 @@ def markdown(report: dict) -> str:
         "its k samples; length: mean response length in positions over the updates."
     )
     return "\n".join(lines)
+
+
+def plot_formats(report: dict, path: Path, title: str) -> bool:
+    """The format-learning curves: mean bare-number and boxed rates of the sampled validation responses
+    over seeds (straight lines between evaluations, min-max band) against training seconds, one colour
+    per method; False (nothing written) when no run logged them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    drawn = False
+    for name, f in report["methods"].items():
+        color = None
+        for ax, key in zip(axes, FORMATS):
+            runs = [
+                protocol.Curve(
+                    np.asarray(c["curve"]["seconds"], dtype=float),
+                    np.asarray(c["curve"]["tokens"], dtype=float),
+                    np.asarray(c["curve"]["updates"], dtype=float),
+                    np.asarray(c["format_curve"][key], dtype=float),
+                )
+                for c in (f["per_seed"][k] for k in f["seeds"])
+                if key in c["format_curve"]
+            ]
+            if not runs:
+                continue
+            x, y = protocol.on_grid(runs, "seconds", points=101)
+            (line,) = ax.plot(x, y.mean(axis=0), color=color, label=f"{name} ({len(runs)} seeds)")
+            color = line.get_color()
+            ax.fill_between(x, y.min(axis=0), y.max(axis=0), color=color, alpha=0.15)
+            drawn = True
+    if not drawn:
+        plt.close(fig)
+        return False
+    for ax, label in zip(axes, ("bare-number rate", "boxed rate")):
+        ax.set_title(label)
+        ax.set_xlabel("training wall-clock seconds")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("share of sampled validation responses")
+    axes[0].legend(loc="best")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
 
 
 def plot(report: dict, path: Path, title: str) -> None:
@@ -669,7 +774,10 @@ def main(argv: list[str] | None = None) -> None:
     from sppo_rl.runtime.logging import json_safe
 
     (out / "compare.json").write_text(json.dumps(json_safe(report), indent=2) + "\n")
-    plot(report, out / "compare.png", f"tiny Qwen2 on {args.task}, same warm start, seeds {args.seeds}")
+    model = "SmolLM2-135M-Instruct" if args.set == "real" else "tiny Qwen2"
+    title = f"{model} on {args.task}, same start, seeds {args.seeds}"
+    plot(report, out / "compare.png", title)
+    plot_formats(report, out / "compare_format.png", f"answer format: {title}")
 
 
 if __name__ == "__main__":

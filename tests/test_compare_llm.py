@@ -167,10 +167,64 @@ def test_run_sets(cmp):
     for name in ("ppo", "ppo-vc"):
         flags = methods[name]
         assert "--whiten" in flags and flags[flags.index("--value-clip") + 1] == "0.5", name
+    real = dict(sets["real"])  # a real pretrained model: the same samples per update for every method
+    assert list(real) == ["sppo", "grpo", "ppo"]
+    assert all(f[f.index("--model") + 1] == "smollm2-135m" for f in real.values())
+    for name in ("sppo", "ppo"):
+        assert real[name][real[name].index("--critic-model") + 1] == "smollm2-135m:layers=4"
+    assert "--whiten" in real["ppo"] and real["ppo"][real["ppo"].index("--value-clip") + 1] == "0.5"
     latent = dict(sets["latent"])
     assert list(latent) == ["latent-grpo", "latent-grpo-naive", "grpo", "sppo"]
     for explicit in ("grpo", "sppo"):  # explicit runs start from the curriculum's explicit stage
         assert latent[explicit][latent[explicit].index("--model") + 1] == cmp.EXPLICIT
+
+
+def test_a_group_method_of_the_real_set_gets_the_same_samples_per_update(cmp):
+    """GRPO (N = 4) runs --prompts-per-step / 4 prompts, so that every method of the set samples 32
+    responses per update; its own flag replaces the script's (one --prompts-per-step in the command)."""
+    real = dict(cmp.run_sets()["real"])
+    args = cmp.parse(["--set", "real", "--seconds", "60", "--prompts-per-step", "32"])
+    grpo = cmp.llm_flags(real["grpo"], args, 0, cmp.SMALL, resolve=False)
+    sppo = cmp.llm_flags(real["sppo"], args, 0, cmp.SMALL, resolve=False)
+    assert grpo.count("--prompts-per-step") == 1 and grpo[grpo.index("--prompts-per-step") + 1] == "8"
+    assert sppo.count("--prompts-per-step") == 1 and sppo[sppo.index("--prompts-per-step") + 1] == "32"
+    args = cmp.parse(["--set", "real", "--prompts-per-step", "2"])
+    grpo = cmp.llm_flags(real["grpo"], args, 0, cmp.SMALL, resolve=False)
+    assert grpo[grpo.index("--prompts-per-step") + 1] == "1"  # never 0 prompts
+
+
+def test_format_rates_start_final_table_and_figure(cmp, tmp_path):
+    """The bare-number and boxed rates a run logs at each evaluation: start (the first evaluation) and
+    final (the protocol's final) per seed, their mean over seeds in a table of their own, and a figure;
+    runs that did not log them (older folders) get no table row and no figure."""
+
+    def with_formats(number: list[float], boxed: list[float]):
+        rows = rows_of([0.1] * len(number))
+        for r, n, b in zip(cmp.evaluations(rows), number, boxed):
+            r.update(val_number_rate=n, val_boxed_rate=b)
+        return rows
+
+    seeds = {
+        0: with_formats([0.0, 0.5, 0.9], [0.0, 0.0, 0.1]),
+        1: with_formats([0.2, 0.6, 0.7], [0.0, 0.1, 0.1]),
+    }
+    report = cmp.compare(
+        {"sppo": seeds, "old": {0: rows_of([0.1, 0.2, 0.3]), 1: rows_of([0.1, 0.2, 0.2])}},
+        target=0.9,
+        reps=200,
+    )
+    f = report["methods"]["sppo"]
+    assert (f["per_seed"][0]["start_number_rate"], f["per_seed"][0]["final_number_rate"]) == (0.0, 0.9)
+    assert f["final_number_rate"]["mean"] == pytest.approx(0.8) and f["start_boxed_rate"]["mean"] == 0.0
+    assert report["methods"]["old"]["final_number_rate"]["n"] == 0
+    for name in report["methods"]:
+        report["methods"][name].update(group_size=1, peak_rss_mib=1.0, model_state_mib=1.0)
+    md = cmp.markdown(report)
+    assert "| sppo | 0.100 ± 0.141 -> 0.800 ± 0.141 | 0.000 ± 0.000 -> 0.100 ± 0.000 |" in md
+    assert "| old |" not in md.split("bare-number rate start")[1].split("Format")[0]
+    assert cmp.plot_formats(report, tmp_path / "f.png", "t") and (tmp_path / "f.png").stat().st_size > 0
+    del report["methods"]["sppo"]
+    assert not cmp.plot_formats(report, tmp_path / "g.png", "t") and not (tmp_path / "g.png").exists()
 
 
 def test_latent_set_passes_the_flag_check_without_building_its_warm_start(cmp):

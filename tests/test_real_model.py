@@ -267,3 +267,50 @@ def test_the_floors_matmul_shapes_are_every_weight_of_smollm2_once():
         assert bench.PARAMS - 134_479_872 == 61 * 576  # 2 norms per layer and the final one
         small = [(8, 8, 1)]  # 2 x 4 x 8 x 8 = 512 FLOPs a pass
         assert 0 < bench.matmul_gflops(small, 4, seconds=0.05) < 1e4
+
+
+# ------------------------------------------------------------------------------ format-learning curves
+
+
+def test_answer_format_tells_a_box_a_bare_number_and_anything_else():
+    from sppo_rl.llm.verify import answer_format
+
+    boxed = ["\\boxed{122}", "so 59 + 63 = \\boxed{122}.", "\\boxed{\\frac{1}{2}}", "\\fbox{7}"]
+    number = ["122", " 122 ", "122.", "-7", "\u22127", "1,234", "0.5", "1,234.50.", "12\n"]
+    other = [
+        "59 + 63 = 122",
+        "The answer is 122.",
+        "\\boxed{122",  # a box that never closes is no box
+        "122 or 123",
+        "12 13",
+        "x = 4",
+        "",
+        ".",
+        "1" * 200,  # too long to be an answer
+        None,
+    ]
+    assert [answer_format(t) for t in boxed] == ["boxed"] * len(boxed)
+    assert [answer_format(t) for t in number] == ["number"] * len(number)
+    assert [answer_format(t) for t in other] == ["other"] * len(other)
+
+
+def test_validation_logs_the_share_of_sampled_responses_in_each_format(tmp_path, tiny):
+    """``val_boxed_rate`` / ``val_number_rate`` of every evaluation equal the formats of its sampled
+    validation responses, each read back from completions.jsonl (4 prompts x 2 samples: all 8 logged)
+    and classified here; an untrained model writes one character: a digit is a bare number, the rest other."""
+    from sppo_rl.llm.trainer import run_llm
+    from sppo_rl.llm.verify import answer_format
+
+    out = tmp_path / "run"
+    run_llm(_cfg(tmp_path, tiny, val_size=4, eval_samples=2, eval_every=1, max_new_tokens=1, seed=1))
+    evals = [r for r in _rows(out) if "val_accuracy" in r]
+    logged = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    seen = set()
+    for row in evals:
+        texts = [c["response"] for c in logged if c["split"] == "val" and c["step"] == row["step"]]
+        assert len(texts) == 8
+        formats = [answer_format(t) for t in texts]
+        assert row["val_boxed_rate"] == formats.count("boxed") / 8
+        assert row["val_number_rate"] == formats.count("number") / 8
+        seen |= set(formats)
+    assert len(evals) == 3 and {"number", "other"} <= seen  # the rates are not all 0 or all 1

@@ -15,6 +15,7 @@ from sppo_rl.agents import forward_rows
 from sppo_rl.agents.algorithms import value_units
 from sppo_rl.llm.data import render_prompt
 from sppo_rl.llm.stages.score import give_up_if_cut
+from sppo_rl.llm.verify import answer_format
 from sppo_rl.runtime.trace import write_trace
 
 
@@ -54,7 +55,9 @@ class Evaluator:
 @torch.no_grad()
 def evaluate(self: Evaluator, step: int) -> dict[str, Any]:
     """mean@k accuracy and pass@k on the validation split (k = ``eval_samples``, at the rollout
-    temperature), greedy accuracy, and for SPPO the critic's calibration against per-prompt mean@k.
+    temperature), greedy accuracy, the format-learning rates of the sampled responses (``val_boxed_rate``,
+    ``val_number_rate``: the shares that :func:`~sppo_rl.llm.verify.answer_format` calls ``"boxed"`` and
+    ``"number"``, right or wrong), and for SPPO the critic's calibration against per-prompt mean@k.
     Ranks split the prompts (every ``world``-th) and their sums are added up."""
     cfg = self.cfg
     if not self.val_set:
@@ -73,14 +76,17 @@ def evaluate(self: Evaluator, step: int) -> dict[str, Any]:
         greedy = self.sampler.greedy(prompts)
         g = self.scoring(greedy.texts, truths, [self.val_set[i] for i in mine])
         g_scores, g_err, cut = g.R, g.errors, cut or g.cut
+        formats = [answer_format(t) for t in rb.texts]
         sums = [
             float(per_prompt.sum()),
             float((per_prompt.max(1).values > 0).sum()),
             float(g_scores.sum()),
             float(err + g_err),
+            float(formats.count("boxed")),
+            float(formats.count("number")),
         ]
     else:
-        sums, cut = [0.0, 0.0, 0.0, 0.0], False
+        sums, cut = [0.0] * 6, False
     give_up_if_cut(cut, self.dist, self.device)
     tot = self.dist.all_sum(sums, self.device)
     n = len(self.val_set)
@@ -90,6 +96,8 @@ def evaluate(self: Evaluator, step: int) -> dict[str, Any]:
         "val_greedy_accuracy": tot[2] / n,
         "val_k": k,
         "val_verifier_errors": int(tot[3]),
+        "val_boxed_rate": tot[4] / (n * k),
+        "val_number_rate": tot[5] / (n * k),
     }
     pairs: list[tuple[float, float]] = []
     if self.critic_engine is not None and mine:

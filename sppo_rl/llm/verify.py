@@ -153,6 +153,23 @@ def extract_boxed(
     return None
 
 
+_NUMBER_ONLY = re.compile(r"\s*[-\u2212]?[0-9][0-9,]{0,40}(?:\.[0-9]{1,40})?\s*\.?\s*")
+
+
+def answer_format(text: str) -> str:
+    """How a response gives its answer, right or wrong: ``"boxed"`` when :func:`extract_boxed` finds a
+    closed ``\\boxed{...}`` in it, ``"number"`` when the whole response is one plain number (optionally
+    signed, with thousands commas, a decimal part and one final period: ``122``, ``-7``, ``1,234.``, the
+    form "Answer with just the number." asks for), else ``"other"`` (a sentence, an equation, an
+    unclosed box). The format-learning curves of validation (``val_boxed_rate``, ``val_number_rate``)
+    count these; no reward reads them."""
+    if not isinstance(text, str):
+        return "other"
+    if extract_boxed(text) is not None:
+        return "boxed"
+    return "number" if len(text) <= 128 and _NUMBER_ONLY.fullmatch(text) else "other"
+
+
 # ------------------------------------------------------------------------------- fast comparisons
 
 
