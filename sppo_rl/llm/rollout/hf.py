@@ -84,6 +84,8 @@ class HFRollout:
             through a chat template which adds BOS).
         stop_token_ids: token ids that end a response; default as described above.
         shares_actor: ``model`` is the trained module itself (no weight sync is ever needed).
+        autocast: run the model's forward passes under ``torch.autocast`` with this dtype (``--autocast``;
+            None: the model's own dtype). Log-probs and sampling stay float32.
     """
 
     def __init__(
@@ -94,9 +96,11 @@ class HFRollout:
         add_special_tokens: bool = True,
         stop_token_ids: Iterable[int] | None = None,
         shares_actor: bool = False,
+        autocast: torch.dtype | None = None,
     ) -> None:
         self.model = model
         self.shares_actor = shares_actor
+        self.autocast = autocast
         self.tokenizer = tokenizer
         self.add_special_tokens = add_special_tokens
         if stop_token_ids is None:
@@ -209,11 +213,12 @@ class HFRollout:
 
     @contextmanager
     def _sampling_mode(self) -> Iterator[None]:
-        """Eval mode under ``torch.no_grad()``, the model's previous mode restored afterwards."""
+        """Eval mode under ``torch.no_grad()`` (and ``self.autocast``), the model's previous mode restored
+        afterwards."""
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), autocast_to(self.autocast, self.device):
                 yield
         finally:
             self.model.train(was_training)
@@ -387,6 +392,12 @@ class HFRollout:
             out = self._forward(token[:, None], attention_mask, position, cache)
             position = position + 1
         return steps, alive
+
+
+def autocast_to(dtype: torch.dtype | None, device: torch.device) -> Any:
+    """``torch.autocast`` on ``device`` to ``dtype`` (mixed precision: matmuls in ``dtype`` over the weights'
+    own), or a context that changes nothing for None."""
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 
 
 SHARED_PREFIX_MIN = 8
