@@ -352,6 +352,20 @@ def test_a_named_model_trains_in_token_budget_micro_batches_unless_a_micro_batch
     assert (given.actor_lr, given.max_new_tokens) == (2e-5, 32)
 
 
+def test_a_named_model_brings_its_small_critic_to_a_method_that_trains_one():
+    """SPPO and PPO without --critic-model get the model's first 4 layers as critic (recorded in
+    config.json's settings); a group method gets none; a given critic (the full model included) wins;
+    a model folder or the tiny model keeps the actor as critic (critic_model unset)."""
+    from sppo_rl.llm.plan import as_given
+
+    for algo in ("sppo", "ppo", "sppo-seq"):
+        assert as_given(LLMConfig(model="smollm2-135m", algo=algo)).critic_model == "smollm2-135m:layers=4"
+    assert as_given(LLMConfig(model="smollm2-135m", algo="grpo")).critic_model is None
+    full = LLMConfig(model="smollm2-135m", algo="sppo", critic_model="smollm2-135m")
+    assert as_given(full).critic_model == "smollm2-135m"
+    assert as_given(LLMConfig(algo="sppo")).critic_model is None
+
+
 def test_a_named_model_on_arithmetic_is_asked_for_the_number_and_paid_for_it():
     """An instruct model writes '59 + 63 = 122', never the tiny model's box: on the generated arithmetic
     task a named model gets "Answer with just the number." and, for --reward-fn auto, the lenient

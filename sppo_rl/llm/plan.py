@@ -115,8 +115,10 @@ def as_given(cfg: LLMConfig) -> LLMConfig:
     """``cfg`` as the run records it in ``config.json`` (:attr:`Plan.given`): ``max_new_tokens`` and
     ``actor_lr`` left at None filled with the task's and the model's defaults, and for a named model
     (:class:`~sppo_rl.llm.pretrained.Pretrained`) its token budget per training pass when no
-    micro-batch setting is given and, on the generated arithmetic task, its instruction (when
-    ``--instruction`` is unset) and reward (for ``--reward-fn auto``); the rest unchanged."""
+    micro-batch setting is given, its small critic (``NAME:layers=L``, :attr:`Pretrained.critic_layers`)
+    when the algorithm trains one and ``--critic-model`` is unset, and, on the generated arithmetic task,
+    its instruction (when ``--instruction`` is unset) and reward (for ``--reward-fn auto``); the rest
+    unchanged."""
     if cfg.max_new_tokens is None:
         cfg = dataclasses.replace(cfg, max_new_tokens=default_max_new_tokens(cfg.task, cfg.level, cfg.model))
     if cfg.actor_lr is None:
@@ -126,11 +128,21 @@ def as_given(cfg: LLMConfig) -> LLMConfig:
         return cfg
     if cfg.micro_batch_size is None and cfg.max_tokens_per_micro_batch is None:
         cfg = dataclasses.replace(cfg, max_tokens_per_micro_batch=named.max_tokens_per_micro_batch)
+    if cfg.critic_model is None and _trains_a_critic(cfg.algo):
+        cfg = dataclasses.replace(cfg, critic_model=f"{named.name}:layers={named.critic_layers}")
     if cfg.task == "arithmetic" and cfg.instruction is None:
         cfg = dataclasses.replace(cfg, instruction=named.arithmetic_instruction)
     if cfg.task == "arithmetic" and cfg.reward_fn == "auto":
         cfg = dataclasses.replace(cfg, reward_fn=named.arithmetic_reward)
     return cfg
+
+
+def _trains_a_critic(name: str) -> bool:
+    """Whether algorithm ``name`` trains a critic (False for an unknown name: ``validate`` refuses it)."""
+    try:
+        return get_algorithm(name).requires.critic != "none"
+    except (KeyError, ValueError):
+        return False
 
 
 def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
