@@ -314,3 +314,33 @@ def test_validation_logs_the_share_of_sampled_responses_in_each_format(tmp_path,
         assert row["val_number_rate"] == formats.count("number") / 8
         seen |= set(formats)
     assert len(evals) == 3 and {"number", "other"} <= seen  # the rates are not all 0 or all 1
+
+
+# ------------------------------------------------------------------------------ LoRA on a Llama's projections
+
+
+def test_lora_on_a_llamas_projections_trains_only_them_and_exports_a_plain_merged_folder(tmp_path, llama):
+    """The small Llama (SmolLM2's architecture) with --lora-rank 4 and the default targets: the exported
+    ``final/actor`` holds every weight of the model, and only the adapted projections (q, k, v, o, gate,
+    up, down of the layers) differ from the start; it loads without peft."""
+    import torch
+    from safetensors.torch import load_file
+
+    from sppo_rl.llm.config import LORA_TARGETS, LoRA
+    from sppo_rl.llm.trainer import run_llm
+
+    run_llm(_cfg(tmp_path, llama, reward_fn=_parity(tmp_path), actor_lr=1e-2, lora=LoRA(rank=4)))
+    final = tmp_path / "run" / "final" / "actor"
+    assert not (final / "adapter_config.json").exists()
+    start, end = load_file(llama / "model.safetensors"), load_file(final / "model.safetensors")
+    assert set(start) == set(end)
+    changed = {k for k in end if not torch.equal(start[k], end[k])}
+    projections = {k for k in start if k.rsplit(".", 2)[-2] in LORA_TARGETS}
+    assert changed and changed <= projections, changed - projections
+    assert {"q_proj", "down_proj"} <= {k.rsplit(".", 2)[-2] for k in changed}
+    probe = (
+        "import sys; sys.modules['peft'] = None\n"  # any import of peft now fails
+        f"from transformers import AutoModelForCausalLM\nAutoModelForCausalLM.from_pretrained({str(final)!r})\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
