@@ -623,6 +623,8 @@ def plot(report: dict, path: Path, title: str) -> None:
             ax.axhline(target, color="grey", ls="--", lw=1)
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
+    # thousands of tokens as "40k": six-digit tick labels run into each other
+    axes[1].xaxis.set_major_formatter(plt.FuncFormatter(lambda x, _: f"{x / 1000:g}k" if x else "0"))
     axes[0].set_ylabel("validation accuracy (raw evaluations)")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center right")
