@@ -227,6 +227,16 @@ def measure(precision: str, model, tok, folder, prompts: list[str], shapes, args
         if time.process_time() - cpu < took:
             took, wall = time.process_time() - cpu, time.perf_counter() - start
     model.eval()
+    if autocast is not None:  # how far its log-probs move from float32's on the same sequences
+        with torch.no_grad():
+            exact, _ = sequence_logprobs(model, ids, mask, rb.response_len)
+            with autocast_to(autocast, torch.device("cpu")):
+                mixed, _ = sequence_logprobs(model, ids, mask, rb.response_len)
+        gap = (mixed - exact)[rb.response_mask[: args.train_rows].bool()].abs()
+        print(
+            f"[{label}] response log-probs against float32's on these rows: mean |diff| "
+            f"{gap.mean():.4f}, max {gap.max():.4f} nats ({gap.numel()} tokens)"
+        )
     rate = args.train_rows * L / took
     print(
         f"[{label}] train fwd+bwd {args.train_rows} rows x {L} tokens: {took:.1f} CPU s ({wall:.1f} s wall), "

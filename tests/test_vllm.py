@@ -725,7 +725,9 @@ _VLLM_LOADS_FOLDER = """
 import json, os, sys
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 from vllm import LLM, SamplingParams
-llm = LLM(model=sys.argv[1], dtype="float32", enforce_eager=True, kv_cache_memory_bytes=64 * 2**20, max_num_seqs=8)
+max_len = int(sys.argv[3]) if len(sys.argv) > 3 else None  # a context the 64 MiB KV cache holds
+llm = LLM(model=sys.argv[1], dtype="float32", enforce_eager=True, kv_cache_memory_bytes=64 * 2**20, max_num_seqs=8,
+          max_model_len=max_len)
 prompts = [{"prompt_token_ids": ids} for ids in json.loads(sys.argv[2])]
 outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, logprobs=0), use_tqdm=False)
 got = [[list(c.token_ids), [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)]] for c in (o.outputs[0] for o in outs)]
@@ -752,17 +754,22 @@ def test_vllm_loads_an_exported_final_actor_and_generates(tiny, tmp_path):
     _vllm_decodes_as_transformers(final, [tok.encode(p, add_special_tokens=False) for p in PROMPTS], TOL)
 
 
-def _vllm_decodes_as_transformers(final, ids: list[list[int]], tol: float) -> None:
-    """A plain ``vllm.LLM`` on the folder ``final`` (its own process) decodes each prompt of ``ids`` greedily
-    (8 tokens) to what transformers decodes from the same folder, its log-probs within ``tol``."""
+def _vllm_decodes_as_transformers(
+    final, ids: list[list[int]], tol: float, max_len: int | None = None
+) -> None:
+    """A plain ``vllm.LLM`` on the folder ``final`` (its own process; ``max_len``: its ``max_model_len``)
+    decodes each prompt of ``ids`` greedily (8 tokens) to what transformers decodes from the same folder,
+    its log-probs within ``tol``."""
     import subprocess
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(final, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(final, local_files_only=True, dtype=torch.float32).eval()
-    proc = subprocess.run([sys.executable, "-c", _VLLM_LOADS_FOLDER, str(final), json.dumps(ids)],
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    argv = [sys.executable, "-c", _VLLM_LOADS_FOLDER, str(final), json.dumps(ids)]
+    proc = subprocess.run(
+        argv + ([str(max_len)] if max_len else []), capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
     eos = model.generation_config.eos_token_id
@@ -807,4 +814,4 @@ def test_vllm_loads_an_exported_smollm2_actor_and_generates(tmp_path):
         tok.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=False)
         for c in chats
     ]
-    _vllm_decodes_as_transformers(final, [list(x) for x in ids], 1e-3)
+    _vllm_decodes_as_transformers(final, [list(x) for x in ids], 1e-3, max_len=512)  # its context: 8,192
