@@ -284,8 +284,19 @@ def run_facts(dirs: list[Path]) -> dict:
     return {
         "group_size": summaries[0]["group_size"],
         "peak_rss_mib": max(s["peak_memory_mb"] for s in summaries),
-        "model_state_mib": sum(model_state_mib(Path(m)) for m in models),
+        "model_state_mib": sum(model_state_mib(recorded_folder(m)) for m in models),
     }
+
+
+def recorded_folder(value: str) -> Path:
+    """The model folder a run's ``config.json`` records: a folder; or, in folders written before the
+    critic was recorded as one, a named model (``smollm2-135m:layers=4``), whose folder in the default
+    cache is returned without building or verifying it."""
+    from sppo_rl.llm import pretrained
+    from sppo_rl.llm.setup import default_cache_dir
+
+    ref = None if Path(value).is_dir() else pretrained.parse_ref(value)
+    return default_cache_dir() / ref.folder_name if ref else Path(value)
 
 
 def small_critic(task: str) -> Path:

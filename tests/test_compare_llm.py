@@ -386,3 +386,15 @@ def test_reuse_keeps_a_finished_run_and_resumes_a_stopped_one(cmp, tmp_path, tin
     assert after[:2] == rows[:2] and len(after) == 3  # rows 0 and 1 kept byte for byte, row 2 again
     report = json.loads((out / "compare.json").read_text())
     assert report["methods"]["grpo"]["updates"]["mean"] == 2
+
+
+def test_recorded_model_folders_include_named_models_of_older_run_folders(cmp, tmp_path, monkeypatch):
+    """A run folder's ``config.json`` records the critic as a folder; older ones recorded a named
+    model's reference (``smollm2-135m:layers=4``), which must map to that model's cache folder (the
+    4-layer one, not the full model's) rather than be read as a relative path."""
+    monkeypatch.setenv("SPPO_RL_CACHE", str(tmp_path / "cache"))
+    assert cmp.recorded_folder("smollm2-135m:layers=4") == tmp_path / "cache" / "smollm2-135m-layers4-v1"
+    assert cmp.recorded_folder("smollm2-135m") == tmp_path / "cache" / "smollm2-135m-v1"
+    folder = tmp_path / "smollm2-135m"  # a folder given by path stays that folder
+    folder.mkdir()
+    assert cmp.recorded_folder(str(folder)) == folder

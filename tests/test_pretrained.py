@@ -380,7 +380,10 @@ def test_smollm2_builds_loads_and_trains_two_sppo_steps(tmp_path):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "reward_mean" in r] == [1, 2]
     resolved = json.loads((out / "config.json").read_text())
-    assert str(folder) in json.dumps(resolved) and "smollm2-135m:layers=4" in json.dumps(resolved)
+    assert (
+        resolved["resolved"]["actor"] == str(folder) and resolved["critic_model"] == "smollm2-135m:layers=4"
+    )
+    assert resolved["resolved"]["critic"] == str(default_cache_dir() / "smollm2-135m-layers4-v1")  # a folder
     critic = AutoModelForCausalLM.from_pretrained(
         default_cache_dir() / "smollm2-135m-layers4-v1", local_files_only=True
     )

@@ -37,8 +37,8 @@ from sppo_rl.runtime.run import RunError
 class Models:
     """The run's models: the actor's folder, its tokenizer, the actor, the KL reference (None: off), the
     critic (None: none), their training engines, the rollout (:mod:`sppo_rl.llm.rollout`), the LoRA adapter
-    config (None: full fine-tuning) and what the
-    embedded model's warm start reported."""
+    config (None: full fine-tuning), what the embedded model's warm start reported, and the critic's
+    backbone folder (None: no critic)."""
 
     actor_path: Path
     tokenizer: Any
@@ -50,6 +50,7 @@ class Models:
     rollout: Any
     adapter_config: Any
     warmstart: dict[str, Any]
+    critic_path: Path | None = None
 
 
 def actor_folder(
@@ -121,7 +122,7 @@ def build_models(
     ref = None
     if cfg.kl_coef > 0 and not cfg.lora.rank:  # with LoRA: the actor with its adapters off (below)
         ref = load_actor(actor_path, dtype=dtype, device=device).eval().requires_grad_(False)
-    critic = None
+    critic, critic_path = None, None
     kind = plan.algo.requires.critic
     if kind != "none":
         critic_path = (
@@ -157,6 +158,7 @@ def build_models(
         rollout,
         adapter_config,
         warmstart,
+        critic_path,
     )
 
 
@@ -192,7 +194,7 @@ def config_record(plan: Any, m: Models, n_train: int, n_val: int, ranks: int) ->
         "rows_per_step": plan.rows_per_step,
         "ranks": ranks,
         "actor": str(m.actor_path),
-        "critic": str(plan.cfg.critic_model or (m.actor_path if m.critic else "none")),
+        "critic": str(m.critic_path or "none"),  # a folder, as the actor's (a named model resolved)
         "warmstart": m.warmstart,
         "train_examples": n_train,
         "val_examples": n_val,
