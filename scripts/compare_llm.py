@@ -515,9 +515,12 @@ def markdown(report: dict) -> str:
             "the number.' asks for) or a closed \\boxed{} (sppo_rl.llm.verify.answer_format)."
         )
     if not report["pairs"]:
-        lines.append(
-            f"No comparison: the baseline ({report['baseline']}) is not among the runs (--baseline NAME)."
+        why = (
+            "it is the only method run"
+            if set(report["methods"]) == {report["baseline"]}
+            else "it is not among the runs (--baseline NAME)"
         )
+        lines.append(f"No comparison against the baseline ({report['baseline']}): {why}.")
     else:
         lines += [
             "",

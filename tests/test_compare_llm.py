@@ -398,3 +398,17 @@ def test_recorded_model_folders_include_named_models_of_older_run_folders(cmp, t
     folder = tmp_path / "smollm2-135m"  # a folder given by path stays that folder
     folder.mkdir()
     assert cmp.recorded_folder(str(folder)) == folder
+
+
+def test_no_comparison_says_why(cmp):
+    """One method and no pairs: the table says whether the baseline was the only method run (``--only
+    sppo``) or is missing from the runs, never that a method it did run is missing."""
+    extra = {"group_size": 1, "peak_rss_mib": 1.0, "model_state_mib": 1.0}
+    seeds = {k: rows_of([0.2, 0.3 + 0.01 * k]) for k in range(2)}
+    alone = cmp.compare({"sppo": seeds}, target=0.9, reps=100)
+    alone["methods"]["sppo"].update(extra)
+    assert "No comparison against the baseline (sppo): it is the only method run." in cmp.markdown(alone)
+    other = cmp.compare({"grpo": seeds}, target=0.9, reps=100)
+    other["methods"]["grpo"].update(extra)
+    md = cmp.markdown(other)
+    assert "No comparison against the baseline (sppo): it is not among the runs (--baseline NAME)." in md
