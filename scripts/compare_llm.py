@@ -279,24 +279,27 @@ def run_facts(dirs: list[Path]) -> dict:
     """What a method's run folders say beside its curves: the group size, the peak RSS over seeds and
     the model state (actor, plus the critic if any) of the first seed's resolved models."""
     summaries = [json.loads((d / "summary.json").read_text()) for d in dirs]
-    resolved = json.loads((dirs[0] / "config.json").read_text())["resolved"]
+    config = json.loads((dirs[0] / "config.json").read_text())
+    resolved = config["resolved"]
     models = [resolved["actor"]] + ([resolved["critic"]] if resolved["critic"] != "none" else [])
     return {
         "group_size": summaries[0]["group_size"],
         "peak_rss_mib": max(s["peak_memory_mb"] for s in summaries),
-        "model_state_mib": sum(model_state_mib(recorded_folder(m)) for m in models),
+        "model_state_mib": sum(model_state_mib(recorded_folder(m, config.get("cache_dir"))) for m in models),
     }
 
 
-def recorded_folder(value: str) -> Path:
+def recorded_folder(value: str, cache_dir: str | None = None) -> Path:
     """The model folder a run's ``config.json`` records: a folder; or, in folders written before the
-    critic was recorded as one, a named model (``smollm2-135m:layers=4``), whose folder in the default
-    cache is returned without building or verifying it."""
+    critic was recorded as one, a named model (``smollm2-135m:layers=4``), whose folder in the run's
+    ``cache_dir`` (None: the default cache) is returned without building or verifying it."""
     from sppo_rl.llm import pretrained
     from sppo_rl.llm.setup import default_cache_dir
 
     ref = None if Path(value).is_dir() else pretrained.parse_ref(value)
-    return default_cache_dir() / ref.folder_name if ref else Path(value)
+    if ref is None:
+        return Path(value)
+    return (Path(cache_dir) if cache_dir else default_cache_dir()) / ref.folder_name
 
 
 def small_critic(task: str) -> Path:

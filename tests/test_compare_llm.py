@@ -398,6 +398,9 @@ def test_recorded_model_folders_include_named_models_of_older_run_folders(cmp, t
     folder = tmp_path / "smollm2-135m"  # a folder given by path stays that folder
     folder.mkdir()
     assert cmp.recorded_folder(str(folder)) == folder
+    # a run given --cache-dir: its named models lie there, not in the default cache
+    own = tmp_path / "own"
+    assert cmp.recorded_folder("smollm2-135m:layers=4", str(own)) == own / "smollm2-135m-layers4-v1"
 
 
 def test_no_comparison_says_why(cmp):
