@@ -117,6 +117,9 @@ class LLMConfig(RunConfig):
     """Column holding the reference answer (auto-detected: 'reward_model.ground_truth', 'answer', 'solution')."""
     level: tuple[int, ...] = (1,)
     """Difficulty levels (1-5) of the arithmetic or scratchpad task mixed in the train and validation splits."""
+    arithmetic_prompt: Literal["equation", "question"] | None = None
+    """How --task arithmetic words a prompt: 'equation' ("41+74=") or 'question' ("What is 41 + 74?");
+    default: a named --model's own (smollm2-135m: question), else equation (sppo_rl/llm/tasks.py)."""
     train_size: int = 4000
     """Arithmetic / scratchpad: generated training problems."""
     val_size: int = 128
@@ -278,6 +281,11 @@ class LLMConfig(RunConfig):
     def checks(self) -> list[Check]:
         return super().checks() + [
             ("level", lambda v: len(v) >= 1, "a non-empty list of levels"),
+            (
+                "arithmetic_prompt",
+                lambda v: v is None or self.task == "arithmetic",
+                "left unset unless --task arithmetic",
+            ),
             ("train_size", ge(1), ">= 1"),
             ("val_size", ge(0), ">= 0"),
             ("steps", ge(1), ">= 1"),

@@ -117,19 +117,23 @@ def as_given(cfg: LLMConfig) -> LLMConfig:
     (:class:`~sppo_rl.llm.pretrained.Pretrained`) its token budget per training pass when no
     micro-batch setting is given, its small critic (``NAME:layers=L``, :attr:`Pretrained.critic_layers`)
     when the algorithm trains one and ``--critic-model`` is unset, and, on the generated arithmetic task,
-    its instruction (when ``--instruction`` is unset) and reward (for ``--reward-fn auto``); the rest
-    unchanged."""
+    its prompt wording (``--arithmetic-prompt``; 'equation' without a named model), instruction (when
+    ``--instruction`` is unset) and reward (for ``--reward-fn auto``); the rest unchanged."""
     if cfg.max_new_tokens is None:
         cfg = dataclasses.replace(cfg, max_new_tokens=default_max_new_tokens(cfg.task, cfg.level, cfg.model))
     if cfg.actor_lr is None:
         cfg = dataclasses.replace(cfg, actor_lr=default_actor_lr(cfg.model))
     named = named_model(cfg.model)
     if named is None:
+        if cfg.task == "arithmetic" and cfg.arithmetic_prompt is None:
+            cfg = dataclasses.replace(cfg, arithmetic_prompt="equation")
         return cfg
     if cfg.micro_batch_size is None and cfg.max_tokens_per_micro_batch is None:
         cfg = dataclasses.replace(cfg, max_tokens_per_micro_batch=named.max_tokens_per_micro_batch)
     if cfg.critic_model is None and _trains_a_critic(cfg.algo):
         cfg = dataclasses.replace(cfg, critic_model=f"{named.name}:layers={named.critic_layers}")
+    if cfg.task == "arithmetic" and cfg.arithmetic_prompt is None:
+        cfg = dataclasses.replace(cfg, arithmetic_prompt=named.arithmetic_prompt)
     if cfg.task == "arithmetic" and cfg.instruction is None:
         cfg = dataclasses.replace(cfg, instruction=named.arithmetic_instruction)
     if cfg.task == "arithmetic" and cfg.reward_fn == "auto":

@@ -64,6 +64,9 @@ class Pretrained:
         max_new_tokens: ``--max-new-tokens`` left unset on a generated task (arithmetic: the answer
             sentence of an instruct model; 16 cut most of them); ``file_max_new_tokens`` on a data file
             (verl's GSM8K quick start samples 256-token responses).
+        arithmetic_prompt: ``--arithmetic-prompt`` left unset on the arithmetic task: "What is 41 + 74?"
+            rather than the tiny model's "41+74=", which an instruct model reads as a fragment (at the
+            start it solved 1-2 % of sampled validation prompts in that form; docs/llm.md).
         arithmetic_instruction, arithmetic_reward: ``--instruction`` and ``--reward-fn auto`` on the
             generated arithmetic task, whose answers an instruct model writes as a sentence or an
             equation, never in the tiny model's ``\\boxed{}`` (the strict check paid 0 to every such answer;
@@ -89,6 +92,7 @@ class Pretrained:
     file_max_new_tokens: int = 256
     max_tokens_per_micro_batch: int = 1024
     critic_layers: int = 4
+    arithmetic_prompt: str = "question"
     arithmetic_instruction: str = "Answer with just the number."
     arithmetic_reward: str = "boxed-or-last-number"
 

@@ -4,6 +4,7 @@ mistake in one line before the run folder is touched."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
 from pathlib import Path
@@ -74,6 +75,12 @@ def load_task(cfg: LLMConfig) -> tuple[list[Example], list[Example], str]:
             train, val = task.make(cfg.data_seed, cfg.train_size, cfg.val_size, tuple(cfg.level))
         except ValueError as e:
             raise RunError(f"--task {cfg.task}: {e}") from None
+        if cfg.task == "arithmetic" and cfg.arithmetic_prompt == "question":
+            from sppo_rl.llm.tasks import as_question
+
+            train, val = (
+                [dataclasses.replace(e, prompt=as_question(str(e.prompt))) for e in s] for s in (train, val)
+            )
         return train, val, (task.REWARD_FN if cfg.reward_fn == "auto" else cfg.reward_fn)
     path = Path(cfg.task)
     if not path.suffix and not path.is_dir():

@@ -176,6 +176,21 @@ def generated_splits(
     return train, val
 
 
+PROMPT_FORMS = ("equation", "question")
+"""How a prompt of this task may be worded (``--arithmetic-prompt``): the expression as drawn, or
+:func:`as_question` of it."""
+
+
+def as_question(prompt: str) -> str:
+    """An equation prompt in words: ``"41+74="`` -> ``"What is 41 + 74?"`` (one space around every
+    operator; operands are never negative, so every ``-`` is a subtraction). The map is one-to-one, so
+    the splits stay disjoint and free of duplicates."""
+    expression = prompt.removesuffix("=")
+    for op in "+-*":
+        expression = expression.replace(op, f" {op} ")
+    return f"What is {expression}?"
+
+
 def make_arithmetic(
     seed: int, n_train: int, n_val: int, level: int | tuple[int, ...] = 1
 ) -> tuple[list[Example], list[Example]]:
