@@ -380,3 +380,55 @@ def test_a_named_model_on_arithmetic_is_asked_for_the_number_and_paid_for_it():
     assert (data.instruction, data.reward_fn) == (None, "auto")
     tiny = as_given(LLMConfig())
     assert (tiny.instruction, tiny.reward_fn) == (None, "auto")
+
+
+def test_a_named_model_words_arithmetic_prompts_as_questions_unless_told_otherwise():
+    """Unset, --arithmetic-prompt is the named model's ('question') and 'equation' otherwise; a given
+    form wins; on any task but arithmetic it stays unset, and setting it there is refused."""
+    from sppo_rl.llm.plan import as_given
+
+    assert as_given(LLMConfig(model="smollm2-135m")).arithmetic_prompt == "question"
+    assert as_given(LLMConfig(model="smollm2-135m", arithmetic_prompt="equation")).arithmetic_prompt == (
+        "equation"
+    )
+    assert as_given(LLMConfig()).arithmetic_prompt == "equation"  # the tiny model learned on '41+74='
+    assert as_given(LLMConfig(arithmetic_prompt="question")).arithmetic_prompt == "question"
+    assert as_given(LLMConfig(model="smollm2-135m", task="gsm8k.parquet")).arithmetic_prompt is None
+    assert LLMConfig(task="scratchpad", arithmetic_prompt="question").problems() == [
+        "--arithmetic-prompt must be left unset unless --task arithmetic, got 'question'"
+    ]
+
+
+@pytest.mark.parametrize(
+    "equation, question",
+    [
+        ("41+74=", "What is 41 + 74?"),
+        ("9-3=", "What is 9 - 3?"),
+        ("12*7+5=", "What is 12 * 7 + 5?"),
+        ("0-0-0=", "What is 0 - 0 - 0?"),
+    ],
+)
+def test_as_question_spaces_every_operator(equation, question):
+    from sppo_rl.llm.tasks import as_question
+
+    assert as_question(equation) == question
+
+
+def test_question_prompts_keep_the_splits_and_answers_of_the_equations(tmp_path):
+    """load_task with 'question' gives the same examples as 'equation', prompt for prompt in words
+    (answers, levels, order unchanged), still disjoint between splits and free of duplicates, on every
+    level."""
+    from sppo_rl.llm.setup import load_task
+    from sppo_rl.llm.tasks import as_question
+
+    base = dict(task="arithmetic", level=(1, 2, 3, 4), train_size=300, val_size=60)
+    eq_train, eq_val, fn = load_task(LLMConfig(**base, arithmetic_prompt="equation"))
+    q_train, q_val, q_fn = load_task(LLMConfig(**base, arithmetic_prompt="question"))
+    assert fn == q_fn
+    for eq, q in ((eq_train, q_train), (eq_val, q_val)):
+        assert [as_question(e.prompt) for e in eq] == [e.prompt for e in q]
+        assert [(e.answer, e.meta) for e in eq] == [(e.answer, e.meta) for e in q]
+        assert all(e.prompt.startswith("What is ") and e.prompt.endswith("?") for e in q)
+    prompts = [e.prompt for e in q_train + q_val]
+    assert len(set(prompts)) == len(prompts), "as_question must stay one-to-one"
+    assert any("-" in p for p in prompts) and any("*" in p for p in prompts)
