@@ -314,6 +314,24 @@ def test_the_cache_is_checksummed_rebuilt_when_damaged_and_refused_when_it_canno
     assert len(builds) == 2 and not (folder / "config.json").exists()
 
 
+def test_building_a_model_draws_no_progress_bar_into_a_redirected_log(capfd):
+    """The build's transformers bars (the GGUF reader's own tqdm, and the hub-style ones) are off while
+    stderr is no terminal (as under pytest), and each is restored afterwards."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    assert not sys.stderr.isatty()
+    hf_logging.enable_progress_bar()
+    bar = gguf_utils.tqdm
+    with pretrained._plain_lines_off_a_terminal():
+        assert list(gguf_utils.tqdm(range(3), desc="GGUF tensors")) == [0, 1, 2]
+        assert not hf_logging.is_progress_bar_enabled()
+    assert "GGUF tensors" not in capfd.readouterr().err
+    assert gguf_utils.tqdm is bar and hf_logging.is_progress_bar_enabled()
+    list(gguf_utils.tqdm(range(3), desc="GGUF tensors"))  # outside the block: drawn as before
+    assert "GGUF tensors" in capfd.readouterr().err
+
+
 def test_a_truncated_model_is_the_first_layers_of_the_full_one(tmp_path, llama):
     from transformers import AutoModelForCausalLM
 

@@ -22,6 +22,7 @@ one line. The package is located with ``importlib.util.find_spec`` and never imp
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -30,7 +31,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -280,6 +281,29 @@ def _plain_config(config: Any) -> Any:
     return type(config).from_dict(data)
 
 
+@contextlib.contextmanager
+def _plain_lines_off_a_terminal() -> Iterator[None]:
+    """Within this block transformers draws its progress bars (the GGUF reader's 272 tensors, loading
+    and writing weights) only when stderr is a terminal: in a redirected log each bar would be one
+    line of carriage returns. The GGUF reader calls ``tqdm`` directly, so it gets ``disable=None``
+    (tqdm's "off unless a terminal")."""
+    import functools
+
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    bar, bars_on = gguf_utils.tqdm, hf_logging.is_progress_bar_enabled()
+    gguf_utils.tqdm = functools.partial(bar, disable=None)
+    if not sys.stderr.isatty():
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
+        if bars_on:
+            hf_logging.enable_progress_bar()
+
+
 def build_from_gguf(model: Pretrained, folder: Path) -> None:
     """Write ``model`` as a float32 Hugging Face folder: the GGUF de-quantized by ``transformers``,
     copied into an ordinary model (``from_config`` + ``load_state_dict(strict=True)``), saved with
@@ -294,8 +318,9 @@ def build_from_gguf(model: Pretrained, folder: Path) -> None:
     src = package_folder(model)
     if not (src / model.gguf_file).is_file():
         raise PretrainedError(f"{src}: no {model.gguf_file} in the installed {model.package}")
-    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=model.gguf_file)
-    loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=model.gguf_file, dtype=torch.float32)
+    with _plain_lines_off_a_terminal():
+        tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=model.gguf_file)
+        loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=model.gguf_file, dtype=torch.float32)
     with torch.random.fork_rng(devices=[]):  # the fresh init is overwritten; the global RNG untouched
         plain = AutoModelForCausalLM.from_config(_plain_config(loaded.config), dtype=torch.float32)
     plain.load_state_dict(loaded.state_dict(), strict=True)
@@ -305,8 +330,9 @@ def build_from_gguf(model: Pretrained, folder: Path) -> None:
         raise PretrainedError(
             f"{model.name}: the GGUF of {model.package} gave {n:,} parameters, not {model.params:,}"
         )
-    plain.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    with _plain_lines_off_a_terminal():
+        plain.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
 
 
 def truncate_state(state: dict[str, Any], layers: int) -> dict[str, Any]:
