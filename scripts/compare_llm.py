@@ -35,6 +35,9 @@ How the figures are computed: by the comparison protocol of :mod:`sppo_rl.experi
 - per seed: accuracy at equal wall-clock and at equal generated tokens (the window's end), the area
   under accuracy-vs-seconds (normalised), seconds and tokens to the target (the time spent below it),
   final accuracy (the protocol's "final": the last 10 % of the evaluations, at least one);
+- a row per seed: start accuracy (sampled, and greedy), final, the first update whose evaluation reaches
+  the target, the share of responses cut at the length limit over the first and the last 5 updates
+  (a run drifting to the limit), its updates and generated tokens;
 - every method against ``--baseline`` (default SPPO), over the seeds both have: differences of
   accuracies and ratios of the means (AUC, time and tokens to target), each with a seed-paired bootstrap
   interval, the A/A null interval (the same statistic between two halves of one method's seeds) and a
@@ -128,10 +131,10 @@ def run_sets() -> dict[str, list[tuple[str, list[str]]]]:
             ("grpo", ["--algo", "grpo", "--group-size", "8", "--model", EXPLICIT, "--max-new-tokens", "32"]),
             ("sppo", ["--algo", "sppo", "--model", EXPLICIT, "--max-new-tokens", "32"]),
         ],
-        # a real pretrained model (SmolLM2-135M-Instruct, its named defaults: chat template, "Answer with
-        # just the number.", boxed-or-last-number, lr 2e-5, 32 new tokens); the same samples per update
-        # for every method (GRPO: --prompts-per-step / 4 prompts x 4 samples); SPPO and PPO with the
-        # model's first 4 layers as their critic
+        # a real pretrained model (SmolLM2-135M-Instruct, its named defaults: chat template, "What is
+        # 41 + 74? Answer with just the number.", boxed-or-last-number, lr 2e-5, 32 new tokens); the
+        # same samples per update for every method (GRPO: --prompts-per-step / 4 prompts x 4 samples);
+        # SPPO and PPO with the model's first 4 layers as their critic
         "real": [
             ("sppo", ["--algo", "sppo", "--model", REAL_MODEL, "--critic-model", REAL_CRITIC]),
             (
@@ -177,13 +180,16 @@ def spread(values: list[float | None]) -> dict:
 
 def seed_figures(rows: list[dict]) -> dict:
     """One seed's raw curve and what it logged: start and final accuracy and pass@k (final: the
-    protocol's :func:`~sppo_rl.experiments.protocol.final_value` over the evaluations), the mean
-    response length over the updates, the totals of its last row."""
+    protocol's :func:`~sppo_rl.experiments.protocol.final_value` over the evaluations), the start's
+    greedy accuracy, the mean response length over the updates, the mean share of responses cut at the
+    length limit over the first and over the last :data:`CUT_UPDATES` updates, the totals of its last
+    row."""
     evals = evaluations(rows)
     acc = [r["val_accuracy"] for r in evals]
     passk = [r.get("pass_at_k") for r in evals]
     formats = {key: [r.get(f"val_{key}") for r in evals] for key in FORMATS}
     lengths = [r["response_length"] for r in rows if r.get("response_length") is not None]
+    cut = [r["response_clip_frac"] for r in rows if r.get("response_clip_frac") is not None]
     last = rows[-1] if rows else {}
     return {
         "curve": {
@@ -201,6 +207,9 @@ def seed_figures(rows: list[dict]) -> dict:
             for when in ("start", "final")
         },
         "start_val_accuracy": acc[0] if acc else None,
+        "start_greedy_accuracy": evals[0].get("val_greedy_accuracy") if evals else None,
+        "cut_first": statistics.fmean(cut[:CUT_UPDATES]) if cut else None,
+        "cut_last": statistics.fmean(cut[-CUT_UPDATES:]) if cut else None,
         "final_val_accuracy": protocol.final_value(acc) if acc else None,
         "k": evals[-1].get("val_k") if evals else None,
         "start_pass_at_k": passk[0] if passk and passk[0] is not None else None,
@@ -210,6 +219,15 @@ def seed_figures(rows: list[dict]) -> dict:
         "tokens": last.get("generated_tokens"),
         "seconds": last.get("wall_time_s"),
     }
+
+
+CUT_UPDATES = 5
+"""How many updates at each end of a run :func:`seed_figures` averages ``response_clip_frac`` over."""
+
+
+def first_update_at(rows: list[dict], target: float) -> int | None:
+    """The update of the first evaluation whose accuracy is at least ``target`` (None: never)."""
+    return next((r["step"] for r in evaluations(rows) if r["val_accuracy"] >= target), None)
 
 
 FORMATS = ("number_rate", "boxed_rate")
@@ -250,7 +268,14 @@ def compare(
     result = protocol.protocol(curves, pairs, target=target, gain=gain, reps=reps)
     figures = {}
     for name, seeds in rows.items():
-        per_seed = {k: {**seed_figures(seeds[k]), **result["runs"][name][k]} for k in sorted(seeds)}
+        per_seed = {
+            k: {
+                **seed_figures(seeds[k]),
+                **result["runs"][name][k],
+                "first_update_at_target": first_update_at(seeds[k], result["target"]["value"]),
+            }
+            for k in sorted(seeds)
+        }
         figures[name] = {**method_figures(per_seed), "per_seed": per_seed}
     return {
         "target": {**result["target"], "gain": gain},
@@ -463,6 +488,14 @@ STAT_LABELS = {
 }
 
 
+def _num(value: float | None, fmt: str = ".3f") -> str:
+    return "—" if value is None else format(value, fmt)
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0%}"
+
+
 def _interval(lo: float, hi: float, fmt: str) -> str:
     return "—" if math.isnan(lo) or math.isnan(hi) else f"[{lo:{fmt}}, {hi:{fmt}}]"
 
@@ -501,6 +534,21 @@ def markdown(report: dict) -> str:
             )
         ),
     ]
+    lines += [
+        "",
+        "| run | seed | start (greedy) | final | first update at target | cut: first -> last "
+        f"{CUT_UPDATES} updates | updates | generated tokens |",
+        "|" + "---|" * 8,
+    ]
+    for name, f in report["methods"].items():
+        for k, r in f["per_seed"].items():
+            lines.append(
+                f"| {name} | {k} | {_num(r['start_val_accuracy'])} ({_num(r['start_greedy_accuracy'])}) | "
+                f"{_num(r['final_val_accuracy'])} | "
+                f"{'never' if r['first_update_at_target'] is None else r['first_update_at_target']} | "
+                f"{_pct(r['cut_first'])} -> {_pct(r['cut_last'])} | {r['updates']} | "
+                f"{_num(r['tokens'], ',.0f')} |"
+            )
     with_formats = {n: f for n, f in report["methods"].items() if f["final_number_rate"]["n"]}
     if with_formats:
         lines += [
@@ -553,7 +601,9 @@ def markdown(report: dict) -> str:
         "null: the same statistic between two halves of one method's seeds (every split of A's and of "
         f"B's); 'difference measured' needs the interval to exclude no difference, the estimate outside "
         f"the null and >= {protocol.MIN_SEEDS} seed pairs. pass@k: a validation prompt solved by any of "
-        "its k samples; length: mean response length in positions over the updates."
+        "its k samples; length: mean response length in positions over the updates. Per seed: start (greedy) "
+        "the sampled and the greedy accuracy of the start's evaluation; cut: the mean share of responses "
+        "that hit the length limit."
     )
     return "\n".join(lines)
 

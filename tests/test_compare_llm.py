@@ -415,3 +415,22 @@ def test_no_comparison_says_why(cmp):
     other["methods"]["grpo"].update(extra)
     md = cmp.markdown(other)
     assert "No comparison against the baseline (sppo): it is not among the runs (--baseline NAME)." in md
+
+
+def test_a_row_per_seed_says_when_it_took_off_and_whether_it_drifted_to_the_length_limit(cmp):
+    """Seed 0 reaches the target 0.3 at its second evaluation (update 20) and is never cut; seed 1
+    never reaches it and its cut share rises from 0.1 (first 5 updates) to 0.9 (last 5). The start's
+    greedy accuracy is read from the step-0 evaluation."""
+    took_off, drifted = rows_of([0.0, 0.1, 0.5, 0.6]), rows_of([0.02, 0.0, 0.02, 0.0])
+    for rows, first, last in ((took_off, 0.0, 0.0), (drifted, 0.1, 0.9)):
+        rows[0]["val_greedy_accuracy"] = 0.0625
+        for r in rows[1:]:
+            r["response_clip_frac"] = first if r["step"] <= 5 else last if r["step"] > 25 else 0.5
+    report = cmp.compare({"sppo": {0: took_off, 1: drifted}}, target=0.3, reps=100)
+    seeds = report["methods"]["sppo"]["per_seed"]
+    assert (seeds[0]["first_update_at_target"], seeds[1]["first_update_at_target"]) == (20, None)
+    assert seeds[1]["cut_first"] == pytest.approx(0.1) and seeds[1]["cut_last"] == pytest.approx(0.9)
+    report["methods"]["sppo"].update(group_size=1, peak_rss_mib=1.0, model_state_mib=1.0)
+    md = cmp.markdown(report).splitlines()
+    assert "| sppo | 0 | 0.000 (0.062) | 0.600 | 20 | 0% -> 0% | 30 | 3,000 |" in md
+    assert "| sppo | 1 | 0.020 (0.062) | 0.000 | never | 10% -> 90% | 30 | 3,000 |" in md
