@@ -124,16 +124,14 @@ def as_given(cfg: LLMConfig) -> LLMConfig:
     if cfg.actor_lr is None:
         cfg = dataclasses.replace(cfg, actor_lr=default_actor_lr(cfg.model))
     named = named_model(cfg.model)
+    if cfg.task == "arithmetic" and cfg.arithmetic_prompt is None:
+        cfg = dataclasses.replace(cfg, arithmetic_prompt=named.arithmetic_prompt if named else "equation")
     if named is None:
-        if cfg.task == "arithmetic" and cfg.arithmetic_prompt is None:
-            cfg = dataclasses.replace(cfg, arithmetic_prompt="equation")
         return cfg
     if cfg.micro_batch_size is None and cfg.max_tokens_per_micro_batch is None:
         cfg = dataclasses.replace(cfg, max_tokens_per_micro_batch=named.max_tokens_per_micro_batch)
     if cfg.critic_model is None and _trains_a_critic(cfg.algo):
         cfg = dataclasses.replace(cfg, critic_model=f"{named.name}:layers={named.critic_layers}")
-    if cfg.task == "arithmetic" and cfg.arithmetic_prompt is None:
-        cfg = dataclasses.replace(cfg, arithmetic_prompt=named.arithmetic_prompt)
     if cfg.task == "arithmetic" and cfg.instruction is None:
         cfg = dataclasses.replace(cfg, instruction=named.arithmetic_instruction)
     if cfg.task == "arithmetic" and cfg.reward_fn == "auto":

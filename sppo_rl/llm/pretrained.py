@@ -287,7 +287,9 @@ def _plain_lines_off_a_terminal() -> Iterator[None]:
     """Within this block transformers draws its progress bars (the GGUF reader's 272 tensors, loading
     and writing weights) only when stderr is a terminal: in a redirected log each bar would be one
     line of carriage returns. The GGUF reader calls ``tqdm`` directly, so it gets ``disable=None``
-    (tqdm's "off unless a terminal")."""
+    (tqdm's "off unless a terminal"). A run also turns the hub-style bars off for its whole length
+    (:func:`sppo_rl.llm.setup.quiet_transformers`), which reaches neither the GGUF reader's bar nor a
+    build started outside a run (``resolve`` from the API or a script)."""
     import functools
 
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
