@@ -25,6 +25,9 @@ class ConfigError(ValueError):
     """A setting out of its type or range; the message names every such flag and what it may be."""
 
 
+AggName = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+"""The loss aggregations ``--agg`` offers (:data:`sppo_rl.agents.losses.AGG_MODES`)."""
+
 Check = tuple[str, Callable[[Any], bool], str]
 """One line of a config's range table: the field, a predicate its value must meet, the allowed range
 in words (``"> 0"``, ``"in [0, 1]"``, ...)."""
@@ -268,9 +271,11 @@ class RunConfig:
     """Dual-clip constant c > 1 for negative advantages (off by default)."""
     value_clip: float | None = None
     """Clip range of a per-step (token) critic's clipped MSE around its old values (None: plain MSE; verl: 0.5)."""
-    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None = None
+    agg: AggName | None = None
     """Loss aggregation over positions: token-mean (every step/token equal; verl's default and the paper's),
-    seq-mean-token-mean (every sequence equal), seq-mean-token-sum-norm (sum over positions / horizon).
+    seq-mean-token-mean (every sequence equal), seq-mean-token-sum (sum over positions, mean over
+    sequences: verl's), seq-mean-token-sum-norm (that divided by the horizon: Dr. GRPO, TRL; verl's mode
+    of this name is B times larger).
     None: the algorithm's own (Dr. GRPO: seq-mean-token-sum-norm; GSPO: seq-mean-token-mean; else token-mean)."""
     ratio_level: Literal["token", "sequence", "sequence-token"] | None = None
     """Importance ratio per token (PPO), or per sequence: the geometric mean of its token ratios, clipped

@@ -201,6 +201,97 @@ def test_remax_and_reinforce():
         ESTIMATORS["remax"](token_rewards=tr, mask=mask, baseline_rewards=None)
 
 
+def test_remax_with_a_kl_reward_is_the_return_to_go_minus_the_greedy_outcome():
+    """verl's ``compute_remax_outcome_advantage``: the reverse cumulative sum of the token rewards minus
+    the greedy baseline. Row 0: outcome 1 with per-token penalties -0.1, -0.2, -0.3 (rewards
+    ``[-0.1, -0.2, 0.7]``), greedy outcome 1: returns-to-go ``[0.4, 0.5, 0.7]``, ``A = [-0.6, -0.5, -0.3]``
+    (the whole-sequence sum would put -0.6 on every token). Row 1: outcome 1 alone on its last of 2
+    positions, greedy 0: ``A = [1, 1]``, padding 0."""
+    mask = lengths_to_mask(torch.tensor([3, 2]), 4).double()
+    tr = torch.tensor([[-0.1, -0.2, 0.7, 0.0], [0.0, 1.0, 0.0, 0.0]])
+    adv, ret = ESTIMATORS["remax"](token_rewards=tr, mask=mask, baseline_rewards=torch.tensor([1.0, 0.0]))
+    torch.testing.assert_close(adv, torch.tensor([[-0.6, -0.5, -0.3, 0.0], [1.0, 1.0, 0.0, 0.0]]))
+    torch.testing.assert_close(ret, torch.tensor([0.4, 1.0]))  # the sequence's R (no critic reads it)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.floats(-2, 2), st.floats(-2, 2), st.integers(1, 6)), min_size=1, max_size=6))
+def test_remax_without_per_token_rewards_is_bit_identical_to_r_minus_greedy(rows):
+    """With the outcome alone on the last valid position (no KL in the reward) every return-to-go is
+    exactly ``R``: the advantages are those of ``A_i = R_i - R_greedy`` broadcast, to the bit."""
+    R = torch.tensor([r for r, _, _ in rows])
+    b = torch.tensor([g for _, g, _ in rows])
+    mask = lengths_to_mask(torch.tensor([n for _, _, n in rows]), 7).double()
+    adv, _ = ESTIMATORS["remax"](token_rewards=terminal_rewards(R, mask), mask=mask, baseline_rewards=b)
+    assert torch.equal(adv, (R - b)[:, None] * mask)
+
+
+def test_a_singleton_group_gets_zero_where_verl_gives_it_its_reward():
+    """A group of one (a prompt with one valid sample) has nothing to compare with. Here: 0 under GRPO,
+    Dr. GRPO, RLOO and REINFORCE++-baseline's centring. verl's ``compute_grpo_outcome_advantage`` takes
+    its mean as 0 and std as 1 (``A = R / (1 + 1e-6)``), its ``compute_rloo_outcome_advantage`` leaves
+    the score as it is (``A = R``); GRPO's ``lone="reward"`` (Latent-GRPO's) gives ``A = R``. Group 0 is
+    the singleton ``R = 0.8``; group 1 ``R = [1, 0]``."""
+    R, mask, tr = _batch([0.8, 1.0, 0.0], [2, 2, 2])
+    kw = dict(token_rewards=tr, mask=mask, group_ids=torch.tensor([0, 1, 1]))
+    for name in ("grpo", "drgrpo", "rloo"):
+        adv, _ = ESTIMATORS[name](**kw)
+        assert adv[0].tolist() == [0.0, 0.0], name
+        assert float(adv[1, 0]) > 0 > float(adv[2, 0]), name
+    adv, _ = ESTIMATORS["grpo"](**kw, lone="reward")
+    assert adv[0].tolist() == [0.8, 0.8]
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)  # group [1, 0]: mean 0.5, sample std sqrt(0.5)
+    assert adv[1:, 0].tolist() == pytest.approx([a, -a], abs=1e-12)
+    # REINFORCE++-baseline: the singleton's centred outcome is 0; the 6 tokens [0, 0, .5, .5, -.5, -.5]
+    # have mean 0 and unbiased variance 1 / 5, so the singleton stays at 0 after whitening (verl centres
+    # it to R = 0.8 and whitens that with the others)
+    adv, _ = ESTIMATORS["reinforce++-baseline"](**kw)
+    assert adv[0].tolist() == [0.0, 0.0]
+    assert adv[1].tolist() == pytest.approx([0.5 / math.sqrt(0.2)] * 2)
+
+
+def test_the_group_std_rule_with_a_kl_penalty_in_the_reward():
+    """An ALL-CORRECT group (outcome 1 for each of 4 samples) with a per-token KL penalty in the reward
+    (beta = 0.05, two tokens each) is no longer equal: ``R = 1 - 0.05 * KL_sum``. GRPO zeroes a group
+    only when its sample std is at most ``std_threshold`` (0.05): so
+
+    - KL sums ``[0.5, 1, 2, 4]``: ``R = [0.975, 0.95, 0.9, 0.8]``, mean 0.90625, sample std
+      ``sqrt(0.01796875 / 3) = 0.077392 > 0.05``: NOT zeroed; ``A = (R - mean) / std =
+      [0.8883, 0.5653, -0.0808, -1.3729]``, unit-size advantages that rank the four correct answers by
+      their KL alone (Dr. GRPO gives the same ranking at the penalty's own size, ``R - mean``);
+    - KL sums ``[0.5, 0.6, 0.7, 0.8]``: std ``0.05 * 0.129099 = 0.006455 <= 0.05``: zeroed;
+    - a threshold of 0.1 (``--group-std-threshold 0.1``) zeroes the first group too.
+    """
+    mask = torch.ones(8, 2)
+    kl_sum = torch.tensor([0.5, 1.0, 2.0, 4.0, 0.5, 0.6, 0.7, 0.8])
+    kl_tok = torch.stack([0.25 * kl_sum, 0.75 * kl_sum], -1)  # per token, summing to kl_sum
+    tr = terminal_rewards(torch.ones(8), mask) - 0.05 * kl_tok
+    kw = dict(token_rewards=tr, mask=mask, group_ids=torch.tensor([0] * 4 + [1] * 4))
+    adv, R = ESTIMATORS["grpo"](**kw)
+    torch.testing.assert_close(R[:4], torch.tensor([0.975, 0.95, 0.9, 0.8]))
+    sd = math.sqrt(0.01796875 / 3)
+    assert sd == pytest.approx(0.077392, abs=1e-6)
+    expected = [(r - 0.90625) / (sd + 1e-6) for r in (0.975, 0.95, 0.9, 0.8)]
+    assert expected == pytest.approx([0.8883, 0.5653, -0.0808, -1.3729], abs=1e-4)
+    assert adv[:4, 0].tolist() == pytest.approx(expected, abs=1e-9)
+    assert torch.equal(adv[4:], torch.zeros(4, 2))
+    zeroed, _ = ESTIMATORS["grpo"](**kw, std_threshold=0.1)
+    assert torch.equal(zeroed, torch.zeros(8, 2))
+    dr, _ = ESTIMATORS["drgrpo"](**kw)
+    assert dr[:4, 0].tolist() == pytest.approx([0.06875, 0.04375, -0.00625, -0.10625], abs=1e-12)
+
+
+def test_gae_whitening_by_hand():
+    """``whiten=True`` (verl's GAE always whitens): with ``V = 0`` and ``gamma = lam = 1`` the advantages
+    are ``R`` on every position; rows ``R = [1, 0]`` of lengths 1 and 3: values ``[1, 0, 0, 0]``, mean
+    0.25, unbiased variance ``(0.5625 + 3 * 0.0625) / 3 = 0.25``: ``A = [1.5, -0.5, -0.5, -0.5]``."""
+    R, mask, tr = _batch([1.0, 0.0], [1, 3])
+    adv, _ = ESTIMATORS["gae"](token_rewards=tr, mask=mask, values=torch.zeros(2, 3), whiten=True)
+    torch.testing.assert_close(adv, torch.tensor([[1.5, 0.0, 0.0], [-0.5, -0.5, -0.5]]), atol=1e-7, rtol=0)
+    plain, _ = ESTIMATORS["gae"](token_rewards=tr, mask=mask, values=torch.zeros(2, 3))
+    torch.testing.assert_close(plain, torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]))
+
+
 def test_compute_advantages_passes_what_is_declared():
     R, mask, tr = _batch([1.0, 0.0, 1.0, 1.0], [2, 3, 1, 2], T=3)
     batch = SequenceBatch(

@@ -9,6 +9,7 @@ import torch
 
 from sppo_rl.agents import (
     agg_loss,
+    agg_units,
     bce_value_loss,
     clipped_value_loss,
     critic_loss,
@@ -115,8 +116,93 @@ def test_aggregation_modes():
     # seq sums (4, 2, 0) averaged over B = 3, divided by the budget
     assert float(agg_loss(loss_mat, mask, "seq-mean-token-sum-norm")) == pytest.approx(2 / 4)
     assert float(agg_loss(loss_mat, mask, "seq-mean-token-sum-norm", length_budget=10)) == pytest.approx(0.2)
+    # seq-mean-token-sum (verl's): sums (4, 2) over the 2 non-empty sequences
+    assert float(agg_loss(loss_mat, mask, "seq-mean-token-sum")) == pytest.approx(3.0)
     with pytest.raises(ValueError, match="valid: token-mean"):
         agg_loss(loss_mat, mask, "mean")  # type: ignore[arg-type]
+
+
+def test_seq_mean_token_sum_weighs_each_position_one_over_the_sequences():
+    """``seq-mean-token-sum`` = ``mean_b sum_t l * m`` over non-empty sequences: every valid position's
+    gradient is ``1 / B'`` (B' = 2 here), whatever its sequence's length, where ``token-mean`` gives
+    ``1 / 4`` and ``seq-mean-token-mean`` ``1 / (2 * length)``. verl's ``seq-mean-token-sum-norm`` is
+    ``sum_b sum_t l * m / L``: ``B`` times this project's (and TRL's ``dr_grpo``) ``mean_b ... / L``."""
+    mask = lengths_to_mask(torch.tensor([3, 1, 0]), 4)
+    for mode, expected in [
+        ("seq-mean-token-sum", [[0.5, 0.5, 0.5, 0.0], [0.5, 0.0, 0.0, 0.0]]),
+        ("token-mean", [[0.25, 0.25, 0.25, 0.0], [0.25, 0.0, 0.0, 0.0]]),
+        ("seq-mean-token-mean", [[1 / 6, 1 / 6, 1 / 6, 0.0], [0.5, 0.0, 0.0, 0.0]]),
+    ]:
+        x = torch.zeros(3, 4, requires_grad=True)
+        agg_loss(x, mask, mode).backward()  # type: ignore[arg-type]
+        torch.testing.assert_close(x.grad[:2], torch.tensor(expected))
+        assert torch.all(x.grad[2] == 0)
+    loss_mat = torch.rand(3, 4)
+    verl_norm = (loss_mat * mask).sum() / 4  # verl: the sequences' sums added, then / L
+    ours = agg_loss(loss_mat, mask, "seq-mean-token-sum-norm")
+    torch.testing.assert_close(verl_norm, 3 * ours)
+    assert agg_units(mask, "seq-mean-token-sum") == 2.0
+
+
+def test_every_aggregation_is_a_choice_of_the_agg_flag():
+    from typing import get_args
+
+    from sppo_rl.agents.losses import AGG_MODES
+    from sppo_rl.config import AggName
+
+    assert get_args(AggName) == AGG_MODES and "seq-mean-token-sum" in AGG_MODES
+
+
+def test_verls_dual_clip_c3_by_hand():
+    """verl's ``compute_policy_loss_vanilla`` applies ``clip_ratio_c = 3`` to every ``A < 0`` position:
+    ``l = min(max(-A r, -A clip(r, 0.8, 1.2)), -3 A)``. ``A = -1``, ``r = [0.5, 1, 2, 5]``:
+    PPO ``[0.8, 1, 2, 5]`` -> dual ``[0.8, 1, 2, 3]`` (mean 1.7 against 2.2); ``A = +1``: PPO
+    ``-min(r, clip(r))`` = ``[-0.5, -1, -1.2, -1.2]`` with or without the dual clip."""
+    r = torch.tensor([[0.5, 1.0, 2.0, 5.0]])
+    logp, logp_old, mask = torch.log(r), torch.zeros(1, 4), torch.ones(1, 4)
+    neg, pos = -torch.ones(1, 4), torch.ones(1, 4)
+    assert float(policy_loss(logp, logp_old, neg, mask)[0]) == pytest.approx((0.8 + 1 + 2 + 5) / 4)
+    dual, m = policy_loss(logp, logp_old, neg, mask, dual_clip=3.0)
+    assert float(dual) == pytest.approx((0.8 + 1 + 2 + 3) / 4)
+    assert m["dual_clipfrac"] == pytest.approx(0.25)
+    for c in (None, 3.0):
+        assert float(policy_loss(logp, logp_old, pos, mask, dual_clip=c)[0]) == pytest.approx(-3.9 / 4)
+
+
+def test_kl_clamp_bounds_every_estimator_at_ten_by_default():
+    """``k3`` at ``d = ref - logp = 15``: ``e^15 - 16 = 3,269,001.4`` and gradient ``1 - e^15`` w.r.t.
+    ``logp``; clamped (default 10, verl's ``low_var_kl`` and OpenRLHF's bound): 10, gradient 0.
+    ``k1`` at ``d = -12``: 12 -> 10; ``k2`` at ``d = 5``: 12.5 -> 10. Inside the bound (``d = 2``: k3 =
+    ``e^2 - 3 = 4.389``) the value is bit-identical with the clamp off; ``clamp`` None, 0 or inf: off."""
+    ref = torch.tensor([15.0, 2.0, -12.0, 5.0], dtype=torch.float64)
+    logp = torch.zeros(4, dtype=torch.float64, requires_grad=True)
+    k3 = kl_penalty(logp, ref, "k3")
+    assert k3.tolist()[:2] == pytest.approx([10.0, math.exp(2) - 3], abs=1e-12)
+    k3.sum().backward()
+    assert logp.grad.tolist()[:2] == pytest.approx([0.0, 1 - math.exp(2)], abs=1e-12)
+    for off in (None, 0.0, math.inf):
+        raw = kl_penalty(logp.detach(), ref, "k3", clamp=off)
+        assert float(raw[0]) == pytest.approx(math.exp(15) - 16, rel=1e-12)
+        assert float(raw[1]) == float(k3[1].detach())
+    g = logp.detach().clone().requires_grad_(True)
+    kl_penalty(g, ref, "k3", clamp=None).sum().backward()
+    assert float(g.grad[0]) == pytest.approx(1 - math.exp(15), rel=1e-12)
+    assert kl_penalty(logp.detach(), ref, "k1").tolist() == pytest.approx([-10.0, -2.0, 10.0, -5.0])
+    assert kl_penalty(logp.detach(), ref, "k2").tolist() == pytest.approx([10.0, 2.0, 10.0, 10.0])
+    assert kl_penalty(logp.detach(), ref, "k2", clamp=100).tolist() == pytest.approx([100.0, 2.0, 72.0, 12.5])
+    assert kl_penalty(logp.detach(), ref, "k1", clamp=5).tolist() == pytest.approx([-5.0, -2.0, 5.0, -5.0])
+
+
+def test_kl_clamp_is_a_flag_that_reaches_the_learner():
+    from sppo_rl.agents.learner import LearnerConfig
+    from sppo_rl.llm.config import LLMConfig
+
+    assert LLMConfig().kl_clamp == 10.0 and LearnerConfig().kl_clamp == 10.0
+    assert LearnerConfig.from_run(LLMConfig(kl_clamp=0.0), 16).kl_clamp == 0.0
+    assert LearnerConfig.from_run(LLMConfig(kl_clamp=3.5), 16).kl_clamp == 3.5
+    for ok in (0.0, 3.5, math.inf):
+        assert not [p for p in LLMConfig(kl_clamp=ok).problems() if "--kl-clamp" in p]
+    assert [p for p in LLMConfig(kl_clamp=-1.0).problems() if "--kl-clamp" in p]
 
 
 def test_clipped_value_loss():

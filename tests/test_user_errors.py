@@ -100,6 +100,7 @@ def test_control_numbers_out_of_range_are_refused(tmp_path, capsys, flags, named
         (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
         (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
         (["--kl-coef", "-1"], "--kl-coef must be >= 0"),
+        (["--kl-clamp", "-1"], "--kl-clamp must be >= 0"),
         (["--reward-timeout", "0"], "--reward-timeout must be > 0"),
         (["--group-size", "0"], "--group-size must be >= 1"),
         (["--micro-batch-size", "0"], "--micro-batch-size must be >= 1"),

@@ -305,11 +305,18 @@ def rloo(*, token_rewards: Tensor, mask: Tensor, group_ids: Tensor, **_: object)
 def remax(
     *, token_rewards: Tensor, mask: Tensor, baseline_rewards: Tensor, **_: object
 ) -> tuple[Tensor, Tensor]:
-    """ReMax: ``A_i = R_i - R_greedy(context_i)``, the baseline being one greedy rollout of the same context."""
+    """ReMax: ``A_{i,t} = G_{i,t} - R_greedy(context_i)``, the baseline being one greedy rollout of the
+    same context and ``G_{i,t} = sum_{s >= t} r_{i,s}`` the return-to-go of the token rewards (verl's
+    ``compute_remax_outcome_advantage``). With the outcome alone on the last position ``G_{i,t} = R_i``
+    on every position, so ``A_i = R_i - R_greedy``; with a per-token KL penalty in the reward each
+    position carries only the penalties from itself on (worked example: rewards ``[-0.1, -0.2, 1 - 0.3]``,
+    greedy outcome 1: ``A = [-0.6, -0.5, -0.3]``, where the whole sum would put -0.6 everywhere).
+    ``returns`` is the sequence's ``R_i`` (no critic reads it)."""
     if baseline_rewards is None or baseline_rewards.shape != mask.shape[:1]:
         raise ValueError(f"remax needs baseline_rewards of shape ({mask.shape[0]},)")
     R = sequence_scores(token_rewards, mask)
-    return broadcast(R - baseline_rewards.to(R.dtype), mask), R
+    to_go = (token_rewards * mask).flip(-1).cumsum(-1).flip(-1)
+    return (to_go - baseline_rewards.to(R.dtype)[:, None]).to(mask.dtype) * mask, R
 
 
 @register_estimator("reinforce", Requirements())

@@ -30,6 +30,7 @@ from torch import Tensor
 from sppo_rl.agents.algorithms import Algorithm, critic_loss, critic_values, resolve_defaults
 from sppo_rl.agents.batch import SequenceBatch
 from sppo_rl.agents.losses import (
+    KL_CLAMP,
     AggMode,
     LossMode,
     RatioLevel,
@@ -108,7 +109,8 @@ class LearnerConfig:
 
     ``length_budget`` is ``L`` of ``seq-mean-token-sum-norm`` (the horizon or ``max_new_tokens``):
     fixed, so cutting a micro-batch short never changes it. ``kl_coef > 0`` with ``batch.ref_logp``
-    adds ``kl_coef * agg(k(logp, ref_logp))`` to the actor's loss. ``ratio_level`` and ``policy_loss``
+    adds ``kl_coef * agg(k(logp, ref_logp))`` to the actor's loss, each ``k`` bounded to
+    ``[-kl_clamp, kl_clamp]`` (:func:`~sppo_rl.agents.losses.kl_penalty`). ``ratio_level`` and ``policy_loss``
     choose the surrogate (:func:`~sppo_rl.agents.losses.policy_loss`: GSPO's sequence ratio, CISPO).
     ``tis_cap = C`` with ``batch.logp_rollout`` (the sampler's own log-probs ``mu``) weighs each
     position's loss by ``min(pi_old / mu, C)``: truncated importance sampling against a rollout engine
@@ -126,6 +128,7 @@ class LearnerConfig:
     ent_coef: float = 0.0
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
+    kl_clamp: float | None = KL_CLAMP
     value_clip: float | None = None
     micro_batch_size: int | None = None
     max_tokens_per_micro_batch: int | None = None
@@ -394,7 +397,8 @@ def ppo_update(
                     loss = pl - cfg.ent_coef * entropy
                     w = agg_units(b.loss_mask, cfg.agg) * dist.world / max(a_tot, 1.0)
                     if cfg.kl_coef > 0 and b.ref_logp is not None:
-                        kl = agg_loss(kl_penalty(logp, b.ref_logp, cfg.kl_estimator), b.loss_mask, cfg.agg, L)
+                        kl_tok = kl_penalty(logp, b.ref_logp, cfg.kl_estimator, cfg.kl_clamp)
+                        kl = agg_loss(kl_tok, b.loss_mask, cfg.agg, L)
                         loss = loss + cfg.kl_coef * kl
                         add("kl_loss", float(kl.detach()) * w)
                     guard(policy_loss=loss)

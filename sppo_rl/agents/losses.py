@@ -6,15 +6,18 @@ Conventions: ``mask`` is 1 on valid positions; every per-position matrix is redu
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+AGG_MODES: tuple[str, ...] = get_args(AggMode)
 KLEstimator = Literal["k1", "k2", "k3"]
+KL_CLAMP = 10.0
+"""Default bound of :func:`kl_penalty`'s values: ``[-10, 10]``, verl's ``low_var_kl`` and OpenRLHF's."""
 RatioLevel = Literal["token", "sequence", "sequence-token"]
 RATIO_LEVELS: tuple[str, ...] = ("token", "sequence", "sequence-token")
 LossMode = Literal["ppo", "cispo"]
@@ -29,8 +32,16 @@ def agg_loss(
       the SPPO paper's).
     - ``seq-mean-token-mean``: ``mean_b [ sum_t(l * m) / sum_t(m) ]`` over sequences with at least one
       valid position; every sequence weighs the same (the original GRPO).
+    - ``seq-mean-token-sum``: ``mean_b [ sum_t(l * m) ]`` over sequences with at least one valid
+      position: a sequence weighs as many times as it has positions (verl's ``seq-mean-token-sum``).
     - ``seq-mean-token-sum-norm``: ``mean_b [ sum_t(l * m) ] / L`` with a fixed length budget ``L``
-      (default ``T``), so the weight of a position does not depend on its sequence's length (Dr. GRPO).
+      (default ``T``), so the weight of a position does not depend on its sequence's length (Dr. GRPO's
+      paper and TRL's ``loss_type="dr_grpo"``; verl's mode of that name sums over the sequences instead of
+      averaging, so it is ``B`` times this).
+
+    Worked example: per-position losses ``[[1, 3, -], [2, -, -], [-, -, -]]`` (``-``: masked), ``T = 4``:
+    token-mean ``6 / 3 = 2``, seq-mean-token-mean ``(2 + 2) / 2 = 2``, seq-mean-token-sum
+    ``(4 + 2) / 2 = 3``, seq-mean-token-sum-norm ``(4 + 2 + 0) / 3 / 4 = 0.5``.
     """
     mask = mask.to(loss_mat.dtype)
     if mode == "token-mean":
@@ -40,6 +51,9 @@ def agg_loss(
         seq = (loss_mat * mask).sum(-1) / lengths.clamp(min=1)
         keep = (lengths > 0).to(seq.dtype)
         return (seq * keep).sum() / keep.sum().clamp(min=1)
+    if mode == "seq-mean-token-sum":
+        keep = (mask.sum(-1) > 0).to(loss_mat.dtype)
+        return ((loss_mat * mask).sum(-1) * keep).sum() / keep.sum().clamp(min=1)
     if mode == "seq-mean-token-sum-norm":
         budget = loss_mat.shape[-1] if length_budget is None else length_budget
         if budget <= 0:
@@ -50,13 +64,13 @@ def agg_loss(
 
 def agg_units(mask: Tensor, mode: AggMode = "token-mean") -> float:
     """How much of :func:`agg_loss`'s denominator rows ``mask`` make up: valid positions
-    (``token-mean``), rows with a valid position (``seq-mean-token-mean``) or rows
-    (``seq-mean-token-sum-norm``). A batch split into parts ``k`` has
+    (``token-mean``), rows with a valid position (``seq-mean-token-mean``, ``seq-mean-token-sum``) or
+    rows (``seq-mean-token-sum-norm``). A batch split into parts ``k`` has
     ``agg_loss(whole) = sum_k agg_loss(part_k) * units(part_k) / units(whole)``: the weight of a
     micro-batch, or of a data-parallel rank, in the whole batch's loss."""
     if mode == "token-mean":
         return float(mask.sum())
-    if mode == "seq-mean-token-mean":
+    if mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
         return float((mask.sum(-1) > 0).sum())
     if mode == "seq-mean-token-sum-norm":
         return float(mask.shape[0])
@@ -191,7 +205,9 @@ def bce_value_loss(
     return agg_loss(per_pos, mask, agg)
 
 
-def kl_penalty(logp: Tensor, logp_ref: Tensor, estimator: KLEstimator = "k3") -> Tensor:
+def kl_penalty(
+    logp: Tensor, logp_ref: Tensor, estimator: KLEstimator = "k3", clamp: float | None = KL_CLAMP
+) -> Tensor:
     """Per-position estimate of ``KL(pi || pi_ref)`` from samples of ``pi`` (on-policy).
 
     With ``d = logp_ref - logp``: ``k1 = -d``; ``k2 = d^2 / 2``; ``k3 = exp(d) - d - 1`` (``d`` clamped
@@ -206,17 +222,28 @@ def kl_penalty(logp: Tensor, logp_ref: Tensor, estimator: KLEstimator = "k3") ->
     - ``k2``: ``E_pi[(log pi - log ref) grad log pi] = grad KL(pi || pi_ref)``;
     - ``k3``: ``E_pi[(1 - ref / pi) grad log pi] = grad KL(pi_ref || pi)``, the reverse KL.
 
-    The default, ``k3`` in the loss, is verl's (``low_var_kl``) and GRPO's.
+    ``clamp = c`` bounds every estimate to ``[-c, c]`` (default 10; None, 0 or inf: unbounded), as
+    OpenRLHF's ``compute_approx_kl`` does for all three and verl's ``kl_penalty`` for ``k3``
+    (``low_var_kl``). Where the bound is active the position's value is ``+-c`` and its gradient 0:
+    without it ``k3`` and its gradient ``1 - e^d`` grow like ``e^d`` as the reference gets likelier than
+    the policy (``k3 = 10`` at ``d = 2.611``, the reference 13.6 times likelier, and at ``d = -11.0``);
+    ``k2`` reaches 10 at ``|d| = 4.472``, ``k1`` at ``|d| = 10``. Inside the bound every value is
+    unchanged to the bit.
+    The default, ``k3`` in the loss clamped at 10, is verl's (``low_var_kl``) and GRPO's estimator.
     """
     d = logp_ref - logp
     if estimator == "k1":
-        return -d
-    if estimator == "k2":
-        return 0.5 * d**2
-    if estimator == "k3":
+        out = -d
+    elif estimator == "k2":
+        out = 0.5 * d**2
+    elif estimator == "k3":
         d = d.clamp(-20.0, 20.0)
-        return torch.exp(d) - d - 1.0
-    raise ValueError(f"unknown KL estimator {estimator!r}; valid: k1, k2, k3")
+        out = torch.exp(d) - d - 1.0
+    else:
+        raise ValueError(f"unknown KL estimator {estimator!r}; valid: k1, k2, k3")
+    if clamp is not None and 0 < clamp < math.inf:
+        out = out.clamp(-clamp, clamp)
+    return out
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -192,6 +193,11 @@ class LLMConfig(RunConfig):
     example), else 0 (off, as in the paper's SPPO/GRPO/PPO runs)."""
     kl_estimator: Literal["k1", "k2", "k3"] | None = None
     """KL estimator. None: the algorithm's own (reinforce++: k1, the REINFORCE++ paper's), else k3."""
+    kl_clamp: float = 10.0
+    """Bound of every per-token KL estimate: each value is clamped to between -c and c, its gradient 0 where the
+    bound is active (verl does this for k3, low_var_kl; OpenRLHF for k1, k2 and k3); 0 or inf: off. The
+    default changes only tokens whose estimate exceeds 10 in size (k3: the reference more than 13.6 times
+    likelier than the policy); a run whose estimates stay inside the bound is unchanged to the bit."""
     kl_in: Literal["reward", "loss"] | None = None
     """Where the KL penalty goes: subtracted from token rewards, or added to the actor loss. None: the
     algorithm's own (reinforce++: reward), else loss."""
@@ -310,6 +316,7 @@ class LLMConfig(RunConfig):
             ("max_prompt_tokens", optional(ge(1)), ">= 1, or None for the model's context"),
             ("weight_decay", ge(0), ">= 0"),
             ("kl_coef", optional(ge(0)), ">= 0, or None for the algorithm's default"),
+            ("kl_clamp", lambda v: v == math.inf or ge(0)(v), ">= 0 (0 or inf: no bound)"),
             ("reward_timeout", gt(0), "> 0 seconds"),
             (
                 "reward_weights",

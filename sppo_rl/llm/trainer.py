@@ -171,7 +171,7 @@ class LLMRun:
         """The metrics row of the update just done (:mod:`sppo_rl.llm.stages.row`); counts the run's
         generated tokens and seconds, and stops the run when rewards keep failing."""
         cfg, dynamic = self.cfg, bool(self.cfg.dynamic_sampling_rounds)
-        kl_tok = built.kl_per_token(cfg.kl_estimator)
+        kl_tok = built.kl_per_token(cfg.kl_estimator, cfg.kl_clamp)
         tot = update_sums(
             got.rounds, picked.informative, built.batch.mask, kl_tok, dynamic, self.dist, self.device
         )

@@ -114,16 +114,17 @@ class Built:
     kl_tok: Tensor | None
     ref_logp: Tensor | None
 
-    def kl_per_token(self, estimator: str) -> Tensor | None:
+    def kl_per_token(self, estimator: str, clamp: float | None = None) -> Tensor | None:
         """``KL_t`` to the reference on the response tokens, for the row: the reward's penalty when the KL
         went in the reward, else ``kl_penalty(logp_old, ref_logp)`` (``logp_old`` the training pass's when
-        the update was fused; None when the actor was left alone then, or without a reference)."""
+        the update was fused; None when the actor was left alone then, or without a reference), each
+        value bounded to ``[-clamp, clamp]`` as in :func:`~sppo_rl.agents.losses.kl_penalty`."""
         if self.kl_tok is not None:
             return self.kl_tok
         logp = self.batch.logp_old
         if self.ref_logp is None or logp is None:
             return None
-        return kl_penalty(logp, self.ref_logp, estimator) * self.batch.mask
+        return kl_penalty(logp, self.ref_logp, estimator, clamp) * self.batch.mask
 
 
 @torch.no_grad()
@@ -150,7 +151,7 @@ def to_batch(p: Picked, plan: Any, actor: Any, ref: Any, critic: Any, rows: Any,
     penalty = penalty.to(R.device)
     token_rewards += terminal_rewards(penalty, mask)
     kl_tok = (
-        kl_penalty(logp_old, ref_logp, cfg.kl_estimator) * mask
+        kl_penalty(logp_old, ref_logp, cfg.kl_estimator, cfg.kl_clamp) * mask
         if plan.kl_reward and ref is not None
         else None
     )
