@@ -142,6 +142,17 @@ def test_a_trl_or_verl_name_gets_our_flag_in_one_line(capsys):
     )
 
 
+def test_recipe_given_with_an_equals_sign_is_read_as_a_recipe():
+    from sppo_rl.cli import _split_recipe
+
+    assert _split_recipe(["--recipe=sppo-7b-dapo", "--steps", "3"]) == [
+        "--recipe",
+        "sppo-7b-dapo",
+        "--steps",
+        "3",
+    ]
+
+
 def test_the_name_table_matches_the_docs_and_names_real_flags():
     flags = known_flags("llm", LLMConfig)
     for name, (ours, whose) in FOREIGN_FLAGS.items():
