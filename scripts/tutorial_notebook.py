@@ -11,7 +11,8 @@ and each figure it leaves open as a PNG, as Jupyter would: it needs neither a Ju
     python scripts/tutorial_notebook.py                 # run it (about a minute on one core) and write the file
     python scripts/tutorial_notebook.py --check         # exit 1 if the file's cells differ from the page's
 
-``tests/test_tutorial_notebook.py`` checks that the file matches the page and that it runs.
+``tests/test_tutorial.py`` runs the notebook's cells (:func:`execute`) and checks the numbers the page quotes;
+``tests/test_tutorial_notebook.py`` checks that the file matches the page and holds its outputs and plots.
 """
 
 from __future__ import annotations
@@ -105,8 +106,13 @@ EXTRA_CELLS: dict[str, list[str]] = {
 """The notebook's own cells, each list after the page's python block that contains the key."""
 
 
-def _cell(kind: str, source: str) -> dict:
-    cell: dict = {"cell_type": kind, "metadata": {}, "source": source.splitlines(keepends=True)}
+OWN = "notebook-only"
+"""The tag of :data:`EXTRA_CELLS`' cells (and of the notebook's introduction) in the cells' metadata."""
+
+
+def _cell(kind: str, source: str, own: bool = False) -> dict:
+    metadata = {"tags": [OWN]} if own else {}
+    cell: dict = {"cell_type": kind, "metadata": metadata, "source": source.splitlines(keepends=True)}
     if kind == "code":
         cell.update(execution_count=None, outputs=[])
     return cell
@@ -115,7 +121,7 @@ def _cell(kind: str, source: str) -> dict:
 def cells(page: str | None = None) -> list[dict]:
     """The notebook's cells (without outputs) from the page's text."""
     text = PAGE.read_text(encoding="utf-8") if page is None else page
-    out = [_cell("markdown", INTRO)]
+    out = [_cell("markdown", INTRO, own=True)]
     at = 0
     for m in FENCE.finditer(text):
         if m[1] != "python":
@@ -127,7 +133,7 @@ def cells(page: str | None = None) -> list[dict]:
         out.append(_cell("code", code))
         for key, extra in EXTRA_CELLS.items():
             if key in code:
-                out += [_cell("code", source.rstrip("\n")) for source in extra]
+                out += [_cell("code", source.rstrip("\n"), own=True) for source in extra]
         at = m.end()
     rest = text[at:].strip("\n")
     if rest:
@@ -147,10 +153,10 @@ def notebook(cell_list: list[dict]) -> dict:
     }
 
 
-def execute(cell_list: list[dict], workdir: Path) -> list[dict]:
+def execute(cell_list: list[dict], workdir: Path) -> dict:
     """Run the code cells in order in one namespace with ``workdir`` as the working folder; each gets its
-    printed text (a ``stream`` output) and a PNG (``display_data``) of every figure it leaves open.
-    A cell that raises stops the run with an error naming it."""
+    printed text (a ``stream`` output) and a PNG (``display_data``) of every figure it leaves open; returns
+    the namespace. A cell that raises stops the run with an error naming it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -192,7 +198,7 @@ def execute(cell_list: list[dict], workdir: Path) -> list[dict]:
             cell["execution_count"], cell["outputs"] = count, outputs
     finally:
         os.chdir(cwd)
-    return cell_list
+    return namespace
 
 
 def _sources(nb: dict) -> list[tuple[str, str]]:
@@ -217,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0 if same else 1
     with tempfile.TemporaryDirectory(prefix="tutorial-") as work:
-        nb = notebook(execute(cells(), Path(work)))
+        cell_list = cells()
+        execute(cell_list, Path(work))
+        nb = notebook(cell_list)
     args.out.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     print(f"wrote {args.out}")
     return 0

@@ -1,7 +1,7 @@
 """``docs/tutorial.ipynb``: the tutorial page as an executed notebook (``scripts/tutorial_notebook.py``
 builds and runs it). The committed file holds exactly the page's prose and code plus the notebook's own
 cells (PPO on the tiny LLM beside SPPO and GRPO, and the plots), every code cell's output and its plots as
-PNGs; and it runs from scratch (slow: it trains the tutorial's six small runs; ``make test-slow``, CI)."""
+PNGs. That it runs from scratch is ``tests/test_tutorial.py``'s (it executes the notebook's cells)."""
 
 from __future__ import annotations
 
@@ -53,16 +53,3 @@ def test_the_committed_notebook_is_executed_with_its_plots_inline():
 def test_the_notebook_is_valid_nbformat_where_nbformat_is_installed():
     nbformat = pytest.importorskip("nbformat")  # not in the [dev] extra: the notebook is built without it
     nbformat.validate(nbformat.reads(NOTEBOOK.read_text(encoding="utf-8"), as_version=4))
-
-
-@pytest.mark.slow
-def test_the_notebook_runs_from_scratch(tmp_path):
-    with script_module("tutorial_notebook") as tn:
-        cells = tn.execute(tn.cells(), tmp_path)
-    code = [c for c in cells if c["cell_type"] == "code"]
-    assert all(c["outputs"] for c in code)
-    assert len(_pngs({"cells": cells})) == 3
-    text = "".join("".join(o.get("text", [])) for c in code for o in c["outputs"])
-    for algo in ("ppo", "grpo", "sppo"):
-        assert f"{algo:5s} reward per update:" in text
-    assert (tmp_path / "tutorial_runs" / "llm" / "ppo" / "final" / "actor" / "config.json").is_file()
