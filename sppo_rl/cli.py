@@ -662,7 +662,7 @@ def unknown_flag(command: str, cls: type, args: list[str]) -> str | None:
             hint = f"; did you mean {hit[0]} ({hit[1]})?"
         else:
             close = difflib.get_close_matches("--" + m[1].replace("_", "-"), sorted(known), n=1, cutoff=0.75)
-            hint = f"; did you mean {close[0]}?" if close else ""
+            hint = f"; did you mean {close[0]}?" if close else "."
         return f"unknown flag --{m[1]}{hint} See sppo-rl {command} --help"
     return None
 

@@ -133,6 +133,10 @@ def test_a_trl_or_verl_name_gets_our_flag_in_one_line(capsys):
     assert unknown_flag("control", ControlConfig, ["--total-episode", "3"]).startswith(
         "unknown flag --total-episode; did you mean --total-episodes?"
     )
+    assert (
+        unknown_flag("control", ControlConfig, ["--bogus-flag"])
+        == "unknown flag --bogus-flag. See sppo-rl control --help"
+    )
     # known flags, their --no- forms and values that look like flags pass through to tyro
     assert (
         unknown_flag(
