@@ -351,7 +351,7 @@ common group first (tyro's top-level options), then one group per topic, each li
 (:func:`sppo_rl.config.flat_keys`). Only the layout: every flag keeps its name and every key of
 ``config.json`` its spelling; a key no group names lands in a last "other" group."""
 
-VIEW_ONLY: dict[str, tuple[type, object, str]] = {
+VIEW_ONLY: dict[str, tuple[object, object, str]] = {
     "recipe": (
         str | None,
         None,
@@ -359,7 +359,7 @@ VIEW_ONLY: dict[str, tuple[type, object, str]] = {
         "{field: value}; flags given beside it override it.",
     ),
     "trust_recipe": (
-        bool,
+        tyro.conf.FlagCreatePairsOff[bool],
         False,
         "Let a recipe file set fields that read or write files, run code or reach the network (out-dir, "
         "reward-fn, model, ...); without it such a field is refused.",
@@ -443,7 +443,8 @@ def flag_view(cls: type, command: str | None = None) -> type:
             tp, f, text = fields[key]
             f = _same_default(f)
         marks = [tyro.conf.Suppress] if key in suppressed else []
-        arg = tyro.conf.arg(name=key.replace("_", "-"), prefix_name=False, help=text or None)
+        metavar = "NAME|FILE.json" if key == "recipe" else None
+        arg = tyro.conf.arg(name=key.replace("_", "-"), prefix_name=False, help=text or None, metavar=metavar)
         return (
             key,
             Annotated[(tp, arg, *marks)]
