@@ -123,7 +123,7 @@ def run_sets() -> dict[str, list[tuple[str, list[str]]]]:
     return {
         "long": [(n, flags[n]) for n in ("sppo", "grpo", "rloo", "ppo", "sppo-small-critic")],
         "methods": methods,
-        # Latent-GRPO (seed 003) beside its unfixed variant and explicit GRPO and SPPO from the same
+        # Latent-GRPO beside its unfixed variant and explicit GRPO and SPPO from the same
         # curriculum's stage 0 (explicit reasoning lines), built per seed; "grpo" is the target's reference
         "latent": [
             ("latent-grpo", ["--algo", "latent-grpo", "--group-size", "8"]),
