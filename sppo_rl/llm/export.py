@@ -49,6 +49,8 @@ def summary_of(run: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "ranks": run.dist.world,
         "wall_time_s": run.elapsed,
         "generated_tokens": run.generated_tokens,
+        "flops_total": sum(run.flops.values()),
+        **{f"flops_{k}": v for k, v in run.flops.items()},
         "start_val_accuracy": evals[0]["val_accuracy"] if evals else None,
         "final_val_accuracy": evals[-1]["val_accuracy"] if evals else None,
         "best_val_accuracy": max(r["val_accuracy"] for r in evals) if evals else None,
