@@ -70,35 +70,46 @@ class Fit:
         return sigmoid(C, self.A, self.C_mid, self.B, self.R0)  # type: ignore[arg-type]
 
 
-def fit_sigmoid(C: Any, R: Any, R0: float) -> Fit:
+def fit_sigmoid(C: Any, R: Any, R0: float, start: Fit | None = None) -> Fit:
     """The sigmoid through ``(C, R)`` with ``R0`` fixed (see the module docstring); points at ``C <= 0``
-    are not fitted (``R0`` stands for them)."""
-    from scipy.optimize import curve_fit
-
+    are not fitted (``R0`` stands for them). ``start``: a fit to start from alone (the bootstrap's
+    resamples start from the full data's fit), the usual nine starts if that fails."""
     C, R = np.asarray(C, dtype=float), np.asarray(R, dtype=float)
     keep = (C > 0) & np.isfinite(R) & np.isfinite(C)
     C, R = C[keep], R[keep]
-    fit = Fit(R0=float(R0), points=len(C))
     if len(C) < MIN_POINTS:
-        fit.problem = f"did not converge: {len(C)} points above C = 0, a fit needs {MIN_POINTS}"
-        return fit
+        problem = f"did not converge: {len(C)} points above C = 0, a fit needs {MIN_POINTS}"
+        return Fit(R0=float(R0), points=len(C), problem=problem)
+    if start is not None and start.ok:
+        fit = _fit(C, R, R0, [[start.A, math.log10(start.C_mid), start.B]])  # type: ignore[arg-type]
+        if fit.ok:
+            return fit
+    span = math.log10(C.max() / C.min()) if C.max() > C.min() else 1.0
+    A0 = min(max(float(R.max()), 0.0), 1.0)
+    return _fit(
+        C, R, R0, [[A0, math.log10(C.min()) + q * span, B0] for q in (0.25, 0.5, 0.75) for B0 in (0.5, 1, 3)]
+    )
+
+
+def _fit(C: np.ndarray, R: np.ndarray, R0: float, starts: list[list[float]]) -> Fit:
+    """The best of the least-squares fits from ``starts`` (``[A, log10 C_mid, B]``), judged."""
+    from scipy.optimize import curve_fit
+
+    fit = Fit(R0=float(R0), points=len(C))
     lo, hi = math.log10(C.min()) - 3, math.log10(C.max()) + 3
+    bounds = ([0.0, lo, B_BOUNDS[0]], [1.0, hi, B_BOUNDS[1]])
     f = lambda c, A, logc, B: sigmoid(c, A, 10.0**logc, B, R0)  # noqa: E731
     best, best_sse, errors = None, math.inf, []
-    span = math.log10(C.max() / C.min()) if C.max() > C.min() else 1.0
-    for q in (0.25, 0.5, 0.75):
-        for B0 in (0.5, 1.0, 3.0):
-            p0 = [min(max(float(R.max()), 0.0), 1.0), math.log10(C.min()) + q * span, B0]
-            try:
-                p, _ = curve_fit(
-                    f, C, R, p0=p0, bounds=([0.0, lo, B_BOUNDS[0]], [1.0, hi, B_BOUNDS[1]]), maxfev=5000
-                )
-            except (RuntimeError, ValueError) as e:
-                errors.append(str(e).splitlines()[0])
-                continue
-            sse = float(((f(C, *p) - R) ** 2).sum())
-            if sse < best_sse:
-                best, best_sse = p, sse
+    for p0 in starts:
+        p0 = [float(np.clip(v, a, b)) for v, a, b in zip(p0, *bounds)]
+        try:
+            p, _ = curve_fit(f, C, R, p0=p0, bounds=bounds, maxfev=5000)
+        except (RuntimeError, ValueError) as e:
+            errors.append(str(e).splitlines()[0])
+            continue
+        sse = float(((f(C, *p) - R) ** 2).sum())
+        if sse < best_sse:
+            best, best_sse = p, sse
     if best is None:
         fit.problem = f"did not converge: {errors[0] if errors else 'no start converged'}"
         return fit
@@ -233,7 +244,7 @@ def fit_method(
     for _ in range(reps):
         pick = [seeds[i] for i in rng.integers(0, len(seeds), len(seeds))]
         g, m = mean_curve(pick, len(grid))
-        f = fit_sigmoid(g, m, float(m[0]))
+        f = fit_sigmoid(g, m, float(m[0]), start=out.fit)
         if f.ok:
             got.append((f.A, math.log10(f.C_mid), f.B))  # type: ignore[arg-type]
     out.reps, out.converged = reps, len(got)
