@@ -121,6 +121,29 @@ def test_a_kv_cached_decode_step_matches_the_flop_counter(model):
     assert close(got, 2 * F.decode(s, 7)), (got, 2 * F.decode(s, 7))
 
 
+@pytest.mark.parametrize(
+    "name, figures",
+    [("tiny-qwen2", (4_578_816, 13_736_448, 513_792)), ("llama", (2_927_616, 8_782_848, 335_104))],
+)
+def test_the_figures_in_the_docs(folder, name, figures):
+    """docs/llm.md's table: 2 rows of prompt 4 + response 5 (forward, forward + backward), one decode
+    step of 2 rows over 10 keys, counted by FlopCounterMode and equal to the model."""
+    model = tiny_model(folder) if MODELS[name] is None else MODELS[name]()
+    s, ids = F.Shape.of(model.config), torch.randint(3, 30, (2, 9))
+    with torch.no_grad():
+        fwd = counted(lambda: sequence_logprobs(model, ids, torch.ones_like(ids), 5))
+    model.train()
+    both = counted(lambda: sequence_logprobs(model, ids, torch.ones_like(ids), 5)[0].sum().backward())
+    model.eval()
+    with torch.no_grad():
+        cache = {
+            "cache" if accepts_kwarg(model, "cache") else "past_key_values": cache_of(model(input_ids=ids))
+        }
+        step = counted(lambda: model(input_ids=ids[:, :1], use_cache=True, **cache))
+    one = F.policy_pass(s, [(4, 5)] * 2)
+    assert (fwd, both, step) == figures == (one, 3 * one, 2 * F.decode(s, 10))
+
+
 def test_a_whole_rollout_as_the_sampler_runs_it(folder):
     """One prompt, 3 seeded samples: one prefill, then each sample's decode steps (a stopped row leaves
     the batch), as :func:`~sppo_rl.llm.flops.rollout` counts them."""
