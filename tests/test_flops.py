@@ -109,6 +109,38 @@ def test_forward_and_backward_is_three_forwards(model):
     assert close(got, want), (got, want)
 
 
+def test_gradient_checkpointing_runs_the_layers_again_and_lora_leaves_out_only_its_adapters():
+    """With gradient checkpointing a training pass is ``3 F`` plus the layers' forward again: an upper
+    bound, as torch's non-reentrant checkpoint stops recomputing a layer once the backward has what it
+    needs (here part of attention's products is not redone): the counter lies between ``3 F`` plus the
+    layers' weights again and the model. Under LoRA the model counts ``2 F`` (no weight gradient for the
+    frozen weights) and leaves out the adapters' own matmuls: FlopCounterMode counts more, by about the
+    adapters' training pass, ``6 N_lora`` a token."""
+    from sppo_rl.llm.config import LORA_TARGETS
+    from sppo_rl.llm.models import apply_lora
+
+    ids, rows = torch.randint(3, 30, (2, 40)), [(20, 20)] * 2
+
+    def train(model):
+        model.train()
+        return counted(lambda: sequence_logprobs(model, ids, torch.ones_like(ids), 20)[0].sum().backward())
+
+    model = llama()
+    s = F.Shape.of(model.config)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    u = F.UpdateShape(s, old_logp_pass=False, recompute=True)
+    want = F.update_flops(u, [], rows, True)["actor"]
+    assert want == 3 * F.policy_pass(s, rows) + F.policy_pass(s, rows, head=False)
+    got = train(model)  # measured: 56,614,656 against the model's 58,580,736 (3.4 % above)
+    assert 3 * F.policy_pass(s, rows) + 2 * s.body * 80 <= got <= want, (got, want)
+    model = apply_lora(llama(), 8, 16.0, LORA_TARGETS, seed=0)
+    adapters = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+    got, want = train(model), 2 * F.policy_pass(s, rows)
+    # measured: 37,661,184 against 29,551,104 (+27 % at r = 8, h = 64); the adapters' 6 N_lora a token
+    # are 97 % of the gap
+    assert 0.9 * 6 * adapters * 80 <= got - want <= 1.1 * 6 * adapters * 80, (got, want)
+
+
 def test_a_kv_cached_decode_step_matches_the_flop_counter(model):
     s = F.Shape.of(model.config)
     ids = torch.randint(3, 30, (2, 6))

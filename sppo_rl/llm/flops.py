@@ -18,7 +18,10 @@ half of it). A KV-cached decode step for a token that attends over ``c`` keys (i
     D(c) = 2 N + 4 L A c + 2 V h
 
 Backward costs twice the forward (a matmul's input and weight gradients), so a training pass is
-``3 F``. Embedding look-ups, norms, activations, softmax, rotary embeddings and the loss are elementwise
+``3 F``; under LoRA the frozen weights get no weight gradient, ``2 F`` (the adapters' own matmuls, about
+``3 r / h`` of the layers' at rank ``r``, are left out); gradient checkpointing adds the layers' forward
+``F(n, 0, 0)`` again (the heads are not recomputed; an upper bound, as torch's non-reentrant checkpoint
+stops recomputing once the backward has what it needs). Embedding look-ups, norms, activations, softmax, rotary embeddings and the loss are elementwise
 and left out, as :class:`torch.utils.flop_counter.FlopCounterMode` leaves them out.
 
 What an update spends (:func:`update_flops`), per row with its own prompt length ``p`` and response
@@ -126,27 +129,30 @@ def rollout(s: Shape, prompts: Sequence[int], responses: Sequence[int], n: int) 
     return total + sum(decode_tail(s, prompts[i // n], r) for i, r in enumerate(responses))
 
 
-def policy_pass(s: Shape, rows: Iterable[tuple[int, int]]) -> int:
-    """One forward of a policy over ``(p, r)`` rows, log-probs of the last ``r + 1`` positions."""
-    return sum(forward(s, p + r, logits=r + 1) for p, r in rows)
+def policy_pass(s: Shape, rows: Iterable[tuple[int, int]], head: bool = True) -> int:
+    """One forward of a policy over ``(p, r)`` rows, log-probs of the last ``r + 1`` positions (``head``
+    False: the layers alone, what gradient checkpointing runs again)."""
+    return sum(forward(s, p + r, logits=(r + 1) * head) for p, r in rows)
 
 
-def critic_pass(s: Shape, rows: Iterable[tuple[int, int]], kind: str) -> int:
+def critic_pass(s: Shape, rows: Iterable[tuple[int, int]], kind: str, head: bool = True) -> int:
     """One forward of a critic (backbone and value head) over ``(p, r)`` rows: ``"sequence"`` reads the
-    prompt only, its head at the last prompt position; ``"step"`` every response position."""
+    prompt only, its head at the last prompt position; ``"step"`` every response position (``head``
+    False: the backbone alone)."""
     if kind == "sequence":
-        return sum(forward(s, p, values=1) for p, _ in rows)
+        return sum(forward(s, p, values=int(head)) for p, _ in rows)
     if kind != "step":
         raise ValueError(f"critic kind must be 'sequence' or 'step', got {kind!r}")
-    return sum(forward(s, p + r, values=r) for p, r in rows)
+    return sum(forward(s, p + r, values=r * head) for p, r in rows)
 
 
 @dataclass(frozen=True)
 class UpdateShape:
     """What an update's FLOPs depend on besides its lengths: the actor's and critic's shapes, the
     critic's kind (None: no critic), whether a reference runs, the epochs, whether the old log-probs
-    come from a pass of their own (not fused) and the training pass's cost in forwards (3: forward and
-    backward)."""
+    come from a pass of their own (not fused), the training pass's cost in forwards (3: forward and
+    backward; 2 under LoRA) and whether gradient checkpointing runs the layers' forward again in the
+    backward (not the LM or value head)."""
 
     actor: Shape
     critic: Shape | None = None
@@ -155,6 +161,7 @@ class UpdateShape:
     epochs: int = 1
     old_logp_pass: bool = True
     train_passes: int = 3
+    recompute: bool = False
 
 
 def update_flops(
@@ -173,10 +180,13 @@ def update_flops(
         if greedy is not None:
             out["greedy"] += rollout(u.actor, prompts, greedy, 1)
     one = policy_pass(u.actor, trained)
-    out["actor"] = one * (int(u.old_logp_pass) + (u.epochs * u.train_passes if actor_trained else 0))
+    train = u.train_passes * one + (policy_pass(u.actor, trained, head=False) if u.recompute else 0)
+    out["actor"] = one * int(u.old_logp_pass) + (u.epochs * train if actor_trained else 0)
     out["reference"] = one if u.reference else 0
     if u.critic is not None and u.critic_kind is not None:
-        out["critic"] = critic_pass(u.critic, trained, u.critic_kind) * (1 + u.epochs * u.train_passes)
+        c = critic_pass(u.critic, trained, u.critic_kind)
+        again = critic_pass(u.critic, trained, u.critic_kind, head=False) if u.recompute else 0
+        out["critic"] = c + u.epochs * (u.train_passes * c + again)
     return out
 
 
@@ -186,8 +196,8 @@ def update_flops(
 def run_shape(plan: Any, models: Any) -> UpdateShape:
     """The :class:`UpdateShape` of an LLM run (:class:`~sppo_rl.llm.build.Models` built by its
     :class:`~sppo_rl.llm.plan.Plan`). A training pass is 3 forwards; 2 under LoRA (the frozen weights
-    get no weight gradient; the adapters' own matmuls are left out), plus 1 with gradient checkpointing
-    (the forward is run again in the backward)."""
+    get no weight gradient; the adapters' own matmuls are left out), plus the layers' forward again with
+    gradient checkpointing."""
     cfg, kind = plan.cfg, plan.algo.requires.critic
     critic = models.critic_engine.module if models.critic_engine is not None else None
     return UpdateShape(
@@ -197,7 +207,8 @@ def run_shape(plan: Any, models: Any) -> UpdateShape:
         reference=models.ref is not None,
         epochs=plan.learner.epochs,
         old_logp_pass=not plan.fused,
-        train_passes=(2 if cfg.lora.rank else 3) + int(cfg.gradient_checkpointing),
+        train_passes=2 if cfg.lora.rank else 3,
+        recompute=cfg.gradient_checkpointing,
     )
 
 
