@@ -13,11 +13,14 @@ the smaller ``C_mid`` (or larger ``B``) gets there sooner. They are reported apa
 - **Mean curve** (:func:`mean_curve`): each seed's accuracy read as straight lines between its
   evaluations, on an even grid of the compute every seed reached; the fit is to the mean over seeds.
 - **Fit** (:func:`fit_sigmoid`): least squares (``scipy.optimize.curve_fit``, ``log10 C_mid`` fitted,
-  several starts, bounds ``0 <= A <= 1``, ``0.05 <= B <= 20``, ``C_mid`` within 3 decades of the data).
-  A fit that fails, ends on a bound (``A`` may end at 0 or 1 when ``C_mid`` lies within the data), has fewer than 4 points above ``C = 0`` or no gain to explain
-  (``|A - R0| < 0.01``: ``C_mid`` and ``B`` undetermined) says so in ``problem``; its numbers are None.
+  nine starts, bounds ``0 <= A <= 1``, ``0.05 <= B <= 20``, ``C_mid`` from a decade below the first
+  evaluation to two above the last). A fit that fails, ends on a bound (``A`` may end at 0 or 1 when
+  ``C_mid`` lies within the data), has fewer than 4 points above ``C = 0``, no gain to explain
+  (``|A - R0| < 0.01``: ``C_mid`` and ``B`` undetermined) or ``C_mid`` before the first evaluation above
+  ``C = 0`` (a step the evaluations do not resolve) says so in ``problem``; its numbers are None.
 - **Intervals** (:func:`fit_method`): seeds resampled with replacement, the mean curve refitted; 2.5 and
-  97.5 percentiles of ``A``, ``C_mid``, ``B`` over the resamples whose fit converged (how many did is kept).
+  97.5 percentiles of ``A``, ``C_mid``, ``B`` over the resamples whose fit, started from the full data's,
+  converged (how many did is kept).
 - **Extrapolation check** (:func:`extrapolation`): fitted on the points with ``C <= C_max / 2`` only, the
   curve predicts the rest; the error is the mean ``|predicted - observed|`` there (and its maximum). Above
   ``tolerance`` (0.05) the fit "does not extrapolate".
@@ -73,7 +76,7 @@ class Fit:
 def fit_sigmoid(C: Any, R: Any, R0: float, start: Fit | None = None) -> Fit:
     """The sigmoid through ``(C, R)`` with ``R0`` fixed (see the module docstring); points at ``C <= 0``
     are not fitted (``R0`` stands for them). ``start``: a fit to start from alone (the bootstrap's
-    resamples start from the full data's fit), the usual nine starts if that fails."""
+    resamples start from the full data's fit); else nine starts, the best kept."""
     C, R = np.asarray(C, dtype=float), np.asarray(R, dtype=float)
     keep = (C > 0) & np.isfinite(R) & np.isfinite(C)
     C, R = C[keep], R[keep]
@@ -81,9 +84,7 @@ def fit_sigmoid(C: Any, R: Any, R0: float, start: Fit | None = None) -> Fit:
         problem = f"did not converge: {len(C)} points above C = 0, a fit needs {MIN_POINTS}"
         return Fit(R0=float(R0), points=len(C), problem=problem)
     if start is not None and start.ok:
-        fit = _fit(C, R, R0, [[start.A, math.log10(start.C_mid), start.B]])  # type: ignore[arg-type]
-        if fit.ok:
-            return fit
+        return _fit(C, R, R0, [[start.A, math.log10(start.C_mid), start.B]])  # type: ignore[arg-type]
     span = math.log10(C.max() / C.min()) if C.max() > C.min() else 1.0
     A0 = min(max(float(R.max()), 0.0), 1.0)
     return _fit(
@@ -96,14 +97,14 @@ def _fit(C: np.ndarray, R: np.ndarray, R0: float, starts: list[list[float]]) -> 
     from scipy.optimize import curve_fit
 
     fit = Fit(R0=float(R0), points=len(C))
-    lo, hi = math.log10(C.min()) - 3, math.log10(C.max()) + 3
+    lo, hi = math.log10(C.min()) - 1, math.log10(C.max()) + 2
     bounds = ([0.0, lo, B_BOUNDS[0]], [1.0, hi, B_BOUNDS[1]])
     f = lambda c, A, logc, B: sigmoid(c, A, 10.0**logc, B, R0)  # noqa: E731
     best, best_sse, errors = None, math.inf, []
     for p0 in starts:
         p0 = [float(np.clip(v, a, b)) for v, a, b in zip(p0, *bounds)]
         try:
-            p, _ = curve_fit(f, C, R, p0=p0, bounds=bounds, maxfev=5000)
+            p, _ = curve_fit(f, C, R, p0=p0, bounds=bounds, maxfev=1000)
         except (RuntimeError, ValueError) as e:
             errors.append(str(e).splitlines()[0])
             continue
@@ -121,6 +122,8 @@ def _fit(C: np.ndarray, R: np.ndarray, R0: float, starts: list[list[float]]) -> 
     ]
     if abs(A - R0) < 0.01:
         fit.problem = f"did not converge: no gain over R0 (A - R0 = {A - R0:+.3f}), C_mid and B undetermined"
+    elif 10.0**logc < C.min():
+        fit.problem = "did not converge: C_mid before the first evaluation (the rise is not resolved)"
     elif (at and at != ["A"]) or (at and 10.0**logc > C.max()):
         # A at 0 or 1 is a value the data may support, unless half the gain still lies past the data
         fit.problem = (
