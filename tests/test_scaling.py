@@ -49,6 +49,8 @@ def test_a_ceiling_below_the_start_is_a_decline_and_is_fitted_too():
         (np.array([0, 1e14, 2e14, 3e14]), np.array([0.1, 0.2, 0.3, 0.4]), "3 points above C = 0"),
         # still rising along a straight line: the half-way point lies past the data, unknown
         (np.linspace(0, 1e15, 20), np.linspace(0.1, 0.3, 20), "ended on its bound"),
+        # up at the first evaluation, flat after: the rise happened between two evaluations, unresolved
+        (np.linspace(0, 1e15, 20), np.r_[0.1, np.full(19, 0.3)], "C_mid before the first evaluation"),
     ],
 )
 def test_a_fit_that_cannot_be_made_says_so(C, R, why):
