@@ -79,6 +79,7 @@ def stopped_summary(out: Path, run: Any, reason: str) -> None:
         "seed": run.cfg.seed,
         "steps": run.update_idx,
         "stopped": reason,
+        "flops_total": sum(run.flops.values()),
         "reward_failed_updates": run._fail_streak,
         "verifier_errors": run._failed_row.get("verifier_errors"),
         "last_error": run.scoring.last_error,
