@@ -162,6 +162,7 @@ def test_a_reward_that_always_fails_stops_the_run(tmp_path, tiny, rewards):
     assert "ZeroDivisionError" in summary["last_error"] and summary["verifier_errors"] == 8
     rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["step"] > 0]
     assert [r["step"] for r in rows] == [1, 2] and all(r["invalid_rollouts"] == 8 for r in rows)
+    assert summary["flops_total"] == rows[-1]["flops_total"] > 0  # the compute spent so far
 
 
 def test_cli_exits_1_with_one_line_when_the_reward_always_fails(tmp_path, tiny, rewards):
