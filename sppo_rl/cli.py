@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import tyro
 
@@ -128,30 +129,64 @@ def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return seen
 
 
-def load_recipe(
-    cls: type, path: str, *, trust: bool = False, given: set[str] | frozenset[str] = frozenset()
-) -> object:
-    """A config whose defaults come from a JSON recipe file (``{field: value}``); unknown fields, a key
-    given twice, and values of the wrong type or out of range, are refused naming the file and the line.
+RECIPE_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
+"""A built-in recipe's name: letters, digits, ``_``, ``.``, ``-``; no separator, no ``..``."""
 
-    A recipe is data: a file's fields of :data:`UNSAFE_RECIPE_FIELDS` (out_dir, overwrite, resume, a
+
+def builtin_recipe(name: str) -> Path:
+    """The file of the built-in recipe ``name`` (``sppo-7b-dapo``, or with ``.json``), looked up by name
+    among the package's recipes, never joined as a path: a name with a separator, ``..`` or any character
+    outside :data:`RECIPE_NAME` is refused in one line (a recipe file of the user's own is passed with
+    ``--recipe-file``, and read as untrusted data)."""
+    import re
+
+    from sppo_rl.runtime.run import RunError
+
+    stem = name[: -len(".json")] if name.endswith(".json") else name
+    if not re.fullmatch(RECIPE_NAME, stem) or ".." in stem:
+        raise RunError(
+            f"--recipe {name}: a built-in recipe's name, not a path (built-in recipes: "
+            f"{', '.join(recipe_names())}); pass a recipe file of your own with --recipe-file PATH"
+        )
+    if stem not in recipe_names():
+        raise RunError(
+            f"--recipe {name}: no such built-in recipe (built-in recipes: {', '.join(recipe_names())}); "
+            f"pass a recipe file of your own with --recipe-file PATH"
+        )
+    return _recipes_folder() / f"{stem}.json"
+
+
+def load_recipe(
+    cls: type,
+    name: str | None = None,
+    *,
+    file: str | Path | None = None,
+    trust: bool = False,
+    given: set[str] | frozenset[str] = frozenset(),
+) -> object:
+    """A config whose defaults come from a JSON recipe (``{field: value}``): the built-in recipe ``name``
+    (:func:`builtin_recipe`; shipped with the package, so trusted) or the user's recipe ``file`` (exactly
+    one of the two); unknown fields, a key given twice, and values of the wrong type or out of range, are
+    refused naming the file and the line.
+
+    A recipe file is data: its fields of :data:`UNSAFE_RECIPE_FIELDS` (out_dir, overwrite, resume, a
     reward file, model folders, ...) are refused in one line unless ``trust`` (``--trust-recipe``) or the
-    field is in ``given`` (passed on the command line, so the recipe's value is not used). The built-in
-    recipes, shipped with the package, are trusted."""
+    field is in ``given`` (passed on the command line, so the recipe's value is not used)."""
     import json
     import re
-    from pathlib import Path
 
     from sppo_rl.config import from_flat, unknown_keys
     from sppo_rl.runtime.run import RunError
 
-    file = Path(path)
-    if not file.is_file():
-        builtin = Path(__file__).parent / "recipes" / (path if path.endswith(".json") else f"{path}.json")
-        if not builtin.is_file():
-            raise RunError(f"--recipe {path}: no such file (built-in recipes: {', '.join(recipe_names())})")
-        file = builtin
+    if (name is None) == (file is None):
+        raise TypeError("load_recipe takes a built-in recipe's name or a recipe file, one of the two")
+    if name is not None:
+        file = builtin_recipe(name)
         trust = True
+    else:
+        file = Path(file)  # type: ignore[arg-type]
+        if not file.is_file():
+            raise RunError(f"--recipe-file {file}: no such file")
     try:
         text = file.read_text(encoding="utf-8")
         values = json.loads(text, object_pairs_hook=_no_duplicates)
@@ -329,10 +364,33 @@ def _same_default(f: object) -> object:
     return dataclasses.field(default=f.default)  # type: ignore[attr-defined]
 
 
-def recipe_names() -> list[str]:
-    from pathlib import Path
+def _recipes_folder() -> Path:
+    return Path(__file__).parent / "recipes"
 
-    return sorted(p.stem for p in (Path(__file__).parent / "recipes").glob("*.json"))
+
+def recipe_names() -> list[str]:
+    return sorted(p.stem for p in _recipes_folder().glob("*.json"))
+
+
+def recipe_default(cls: type, args: list[str]) -> tuple[object | None, list[str]]:
+    """``args`` without ``--recipe NAME``, ``--recipe-file PATH`` and ``--trust-recipe``, and the config
+    the recipe gives as the defaults (None without one): :func:`load_recipe`, with the fields the other
+    flags set as ``given``. RunError in one line if refused (both forms, a flag without its value)."""
+    from sppo_rl.runtime.run import RunError
+
+    forms = [f for f in ("--recipe", "--recipe-file") if f in args]
+    if not forms:
+        return None, args
+    trust = "--trust-recipe" in args
+    args = [a for a in args if a != "--trust-recipe"]
+    if len(forms) > 1:
+        raise RunError("--recipe and --recipe-file: give one recipe (a built-in name or a file)")
+    i = args.index(forms[0])
+    if i + 1 >= len(args) or args[i + 1].startswith("--"):
+        raise RunError(f"{forms[0]} needs {'a name' if forms[0] == '--recipe' else 'a file'}")
+    rest = args[:i] + args[i + 2 :]
+    source = {"name": args[i + 1]} if forms[0] == "--recipe" else {"file": args[i + 1]}
+    return load_recipe(cls, **source, trust=trust, given=cli_fields(rest)), rest
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -343,18 +401,11 @@ def main(argv: list[str] | None = None) -> None:
     if args and args[0] in commands and ("-h" in args or "--help" in args):  # the help text only
         cls, run = commands[args[0]]
         commands[args[0]] = (help_view(args[0], cls), run)
-    if "--recipe" in args and args and args[0] in commands:
-        # `sppo-rl llm --recipe FILE [flags]`: the recipe gives the defaults, the flags override them
-        trust = "--trust-recipe" in args
-        args = [a for a in args if a != "--trust-recipe"]
-        i = args.index("--recipe")
-        if i + 1 >= len(args):
-            print("sppo-rl: error: --recipe needs a file", file=sys.stderr)
-            sys.exit(2)
+    if ("--recipe" in args or "--recipe-file" in args) and args and args[0] in commands:
+        # `sppo-rl llm --recipe NAME [flags]`: the recipe gives the defaults, the flags override them
         cls, run = commands[args[0]]
-        rest = args[1:i] + args[i + 2 :]
         try:
-            default = load_recipe(cls, args[i + 1], trust=trust, given=cli_fields(rest))
+            default, rest = recipe_default(cls, args[1:])
         except RunError as e:
             print(f"sppo-rl: error: {e}", file=sys.stderr)
             sys.exit(2)

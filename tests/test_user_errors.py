@@ -168,19 +168,23 @@ def test_defaults_and_shipped_recipes_are_valid():
 def test_a_recipe_value_of_the_wrong_type_names_file_and_line(tmp_path, capsys):
     recipe = tmp_path / "r.json"
     recipe.write_text('{\n  "algo": "grpo",\n  "steps": "ten"\n}\n')
-    refused(capsys, ["llm", "--recipe", str(recipe)], tmp_path / "run", f"{recipe}:3", "steps", "integer")
+    refused(
+        capsys, ["llm", "--recipe-file", str(recipe)], tmp_path / "run", f"{recipe}:3", "steps", "integer"
+    )
 
 
 def test_a_recipe_value_out_of_range_names_file_and_line(tmp_path, capsys):
     recipe = tmp_path / "r.json"
     recipe.write_text('{\n  "clip": -1\n}\n')
-    refused(capsys, ["control", "--recipe", str(recipe)], tmp_path / "run", f"{recipe}:2", "clip must be > 0")
+    refused(
+        capsys, ["control", "--recipe-file", str(recipe)], tmp_path / "run", f"{recipe}:2", "clip must be > 0"
+    )
 
 
 def test_a_recipe_that_is_not_an_object_is_refused(tmp_path, capsys):
     recipe = tmp_path / "r.json"
     recipe.write_text("[1, 2]\n")
-    refused(capsys, ["llm", "--recipe", str(recipe)], tmp_path / "run", str(recipe), "JSON object")
+    refused(capsys, ["llm", "--recipe-file", str(recipe)], tmp_path / "run", str(recipe), "JSON object")
 
 
 # ------------------------------------------------------------------------------------- control files

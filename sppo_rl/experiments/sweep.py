@@ -304,7 +304,7 @@ def _plan_llm(cfg: SweepConfig) -> list[Job]:
 
 
 def parse_llm(flags: list[str], check: bool = True):  # -> LLMConfig
-    """The LLMConfig that ``sppo-rl llm <flags>`` would run (tyro's parser; ``--recipe NAME|FILE`` gives
+    """The LLMConfig that ``sppo-rl llm <flags>`` would run (tyro's parser; ``--recipe NAME`` or ``--recipe-file FILE`` gives
     the defaults as on the command line), checked as the run checks it before its folder is touched
     (:func:`sppo_rl.llm.plan.resolve`: every setting, the algorithm with its group size and batch shape,
     the model folders, the data and the reward function; ``check=False``: the parse and ``validate`` alone, for a run
@@ -313,25 +313,16 @@ def parse_llm(flags: list[str], check: bool = True):  # -> LLMConfig
     import contextlib
     import io
 
-    from sppo_rl.cli import cli_fields, load_recipe, parse
+    from sppo_rl.cli import parse, recipe_default
     from sppo_rl.llm.config import LLMConfig
     from sppo_rl.llm.engines import launcher_dist
     from sppo_rl.llm.plan import resolve
     from sppo_rl.runtime.run import RunError
 
-    default = None
-    if "--recipe" in flags:
-        trust = "--trust-recipe" in flags
-        flags = [f for f in flags if f != "--trust-recipe"]
-        i = flags.index("--recipe")
-        if i + 1 >= len(flags):
-            raise ValueError("--recipe needs a file")
-        rest = flags[:i] + flags[i + 2 :]
-        try:
-            default = load_recipe(LLMConfig, flags[i + 1], trust=trust, given=cli_fields(rest))
-        except RunError as e:
-            raise ValueError(str(e)) from None
-        flags = rest
+    try:
+        default, flags = recipe_default(LLMConfig, flags)
+    except RunError as e:
+        raise ValueError(str(e)) from None
     text = io.StringIO()
     try:
         with contextlib.redirect_stderr(text), contextlib.redirect_stdout(text):
