@@ -49,8 +49,8 @@ def refused(capsys, argv: list[str], out: Path, *needles: str) -> str:
 
 def fake_run(folder: Path) -> None:
     """A folder holding a finished run with every export, a sweep's lock and log, and the run lock."""
-    (folder / "checkpoints" / "ckpt-00000002").mkdir(parents=True)
-    (folder / "checkpoints" / "ckpt-00000002" / "state.pt").write_bytes(b"state")
+    (folder / "checkpoints" / "ckpt-000000002").mkdir(parents=True)
+    (folder / "checkpoints" / "ckpt-000000002" / "state.pt").write_bytes(b"state")
     (folder / "final" / "actor").mkdir(parents=True)
     (folder / "final" / "actor" / "config.json").write_text("{}")
     (folder / "tb").mkdir()
@@ -226,7 +226,7 @@ def test_overwrite_removes_the_whole_previous_run_but_the_locks_and_sweep_log(tm
     fake_run(out)
     prepare_run_dir(out, resume=False, overwrite=True)
     unlock_run_dir(out)
-    assert sorted(p.name for p in out.iterdir()) == [".lock", ".run.lock", "log.txt"]
+    assert sorted(p.name for p in out.iterdir()) == [".lock", ".run.lock", ".sppo-run.json", "log.txt"]
     assert (out / "log.txt").read_text() == "old log.txt\n"
 
 
