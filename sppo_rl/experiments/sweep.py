@@ -539,11 +539,14 @@ class _Signals:
     def __init__(self, stop: threading.Event) -> None:
         self.stop = stop
         self.old: dict[int, Any] = {}
+        self.signum: int | None = None  # the first signal that stopped the sweep
 
     def handler(self, signum: int, frame: Any) -> None:
         if self.stop.is_set() and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.stop.set()
+        if self.signum is None:
+            self.signum = signum
         print(f"\nsweep: {signal.Signals(signum).name}: stopping the running runs (they save a checkpoint)")
         for proc in list(_LIVE):
             if proc.poll() is None:
@@ -582,6 +585,13 @@ def status_table(jobs: list[Job], results: list[JobResult]) -> str:
 
 
 OnJob = Callable[[Job, JobResult], None]
+
+
+class SweepResults(list):  # list[JobResult]
+    """One :class:`JobResult` per job, and the signal that stopped the sweep (``stopped_by``: its number,
+    None when the sweep ran to its end)."""
+
+    stopped_by: int | None = None
 
 
 def sweep(cfg: SweepConfig, jobs: list[Job] | None = None, on_done: OnJob | None = None) -> list[JobResult]:
@@ -652,12 +662,13 @@ def _sweep(
 
     t0 = time.monotonic()
     stop = threading.Event()
-    with _Signals(stop):
+    with _Signals(stop) as signals:
         if cfg.backend == "ray":
             _run_ray(jobs, cfg, workers, stop, on_done)
         else:
             _run_local(jobs, workers, stop, on_done)
-    final = [r or JobResult("not started") for r in results]
+    final = SweepResults(r or JobResult("not started") for r in results)
+    final.stopped_by = signals.signum
     wall = time.monotonic() - t0
     manifest.update(
         finished=datetime.now().isoformat(timespec="seconds"),
@@ -709,11 +720,21 @@ def headline(jobs: list[Job], results: list[JobResult], root: Path) -> str:
 
 
 def run_sweep(cfg: SweepConfig) -> list[JobResult]:
-    """Entry point of ``sppo-rl sweep``: exits non-zero (RunError) when any run did not finish."""
+    """Entry point of ``sppo-rl sweep``: exits non-zero when any run did not finish: ``128 + n`` when
+    signal ``n`` stopped the sweep (143 for SIGTERM, 130 for SIGINT: a preemption, told apart from a
+    bad flag's 2), else 2 (RunError)."""
     from sppo_rl.runtime.run import RunError
 
     results = sweep(cfg)
     unfinished = [r for r in results if r.status not in FINISHED]
+    stopped_by = getattr(results, "stopped_by", None)
+    if stopped_by is not None:
+        print(
+            f"sppo-rl: stopped by {signal.Signals(stopped_by).name}: {len(unfinished)} of {len(results)} runs "
+            "did not finish; run the same command again to finish them",
+            file=sys.stderr,
+        )
+        sys.exit(128 + stopped_by)
     if unfinished:
         raise RunError(
             f"{len(unfinished)} of {len(results)} runs did not finish (logs in the table above); "
