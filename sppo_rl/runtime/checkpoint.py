@@ -316,6 +316,21 @@ def read_meta(ckpt: Path) -> dict[str, Any]:
     return meta
 
 
+def check_written_by(ckpt: Path, meta: dict[str, Any], algo: str) -> None:
+    """Refuse, in one line (``RunError``, exit 2), a checkpoint whose ``meta.json`` names another
+    algorithm than the run resuming it (one copied from another run's folder): its files would not be
+    the ones this run loads (a GRPO checkpoint holds no critic), which would read as a vanished file."""
+    from sppo_rl.runtime.run import RunError
+
+    written = meta.get("algo")
+    if written is not None and written != algo:
+        raise RunError(
+            f"--resume: {ckpt} was written by a {written} run (its meta.json says algo {written!r}), and this "
+            f"run is {algo}: a checkpoint continues only the algorithm that wrote it (copied from another run?); "
+            "move it out of checkpoints/, or start over with --overwrite"
+        )
+
+
 def torch_save(obj: Any, path: Path) -> None:
     """``torch.save`` to ``path`` (inside a checkpoint's temporary folder; the folder is published atomically)."""
     with open(path, "wb") as f:
