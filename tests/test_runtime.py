@@ -291,6 +291,7 @@ def test_a_run_folder_from_before_the_marker_resumes_and_is_marked(tmp_path):
     _save(CheckpointManager(out / "checkpoints"), 2, 2.0)
     (out / "metrics.jsonl").write_text('{"step": 2}\n')
     (out / "log.txt").write_text("sweep log\n")
+    (out / "report").mkdir()  # sppo-rl report RUN, as every run's last line suggests
     prepare_run_dir(out, resume=True)
     unlock_run_dir(out)
     assert (out / RUN_MARKER).is_file() and (out / "metrics.jsonl").exists()

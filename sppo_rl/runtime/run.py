@@ -137,10 +137,11 @@ RUN_ENTRIES = frozenset(
     {
         RUN_MARKER, RUN_LOCK, ".lock", "log.txt", "metrics.jsonl", "checkpoints", "config.json", "summary.json",
         "final", "final.pt", "calibration.json", "critic_trace.npz", "wandb_id.txt", "tb", "wandb",
-        "completions.jsonl",
+        "completions.jsonl", "report",
     }
 )  # fmt: skip
-"""The names a run writes at the top of its folder (with the sweep's ``.lock`` and ``log.txt``)."""
+"""The names a run writes at the top of its folder (with the sweep's ``.lock`` and ``log.txt``, and
+``report/``, where ``sppo-rl report RUN`` writes by default)."""
 
 _RUN_FILE = re.compile(
     r"(train|val)-[0-9a-f]{12}\.jsonl"  # train_llm's examples, named by their content
