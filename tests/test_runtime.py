@@ -257,11 +257,10 @@ def test_a_folder_of_user_files_alone_is_not_taken(tmp_path):
 def test_overwrite_removes_only_what_the_run_wrote(tmp_path):
     """In a marked run folder the user may keep their own files; --overwrite removes the run's entries
     only (in ``checkpoints/`` the run's checkpoints, not another tool's file)."""
-    from sppo_rl.runtime.run import RUN_MARKER, unlock_run_dir
+    from sppo_rl.runtime.run import unlock_run_dir
 
     out = prepare_run_dir(tmp_path / "run", resume=False)
     unlock_run_dir(out)
-    assert (out / RUN_MARKER).is_file()
     _save(CheckpointManager(out / "checkpoints"), 1, 1.0)
     for name in ("metrics.jsonl", "config.json", "summary.json", "final.pt"):
         (out / name).write_text("run\n")
@@ -274,7 +273,7 @@ def test_overwrite_removes_only_what_the_run_wrote(tmp_path):
     unlock_run_dir(out)
     assert sorted(_tree(out)) == [
         ".run.lock",
-        RUN_MARKER,
+        ".sppo-run.json",  # RUN_MARKER
         "NOTES.md",
         "checkpoints",
         "checkpoints/epoch1.ckpt",
@@ -285,7 +284,7 @@ def test_overwrite_removes_only_what_the_run_wrote(tmp_path):
 def test_a_run_folder_from_before_the_marker_resumes_and_is_marked(tmp_path):
     """A folder holding run files alone (no marker: written before it existed) is still a run folder:
     resumed or overwritten as before, and marked when taken."""
-    from sppo_rl.runtime.run import RUN_MARKER, unlock_run_dir
+    from sppo_rl.runtime.run import unlock_run_dir
 
     out = tmp_path / "old"
     _save(CheckpointManager(out / "checkpoints"), 2, 2.0)
@@ -294,7 +293,7 @@ def test_a_run_folder_from_before_the_marker_resumes_and_is_marked(tmp_path):
     (out / "report").mkdir()  # sppo-rl report RUN, as every run's last line suggests
     prepare_run_dir(out, resume=True)
     unlock_run_dir(out)
-    assert (out / RUN_MARKER).is_file() and (out / "metrics.jsonl").exists()
+    assert (out / ".sppo-run.json").is_file() and (out / "metrics.jsonl").exists()  # RUN_MARKER
 
 
 # ------------------------------------------------------ a checkpoint replaced: killed between renames
