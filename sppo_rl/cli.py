@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import tyro
 
@@ -137,30 +138,64 @@ def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return seen
 
 
-def load_recipe(
-    cls: type, path: str, *, trust: bool = False, given: set[str] | frozenset[str] = frozenset()
-) -> object:
-    """A config whose defaults come from a JSON recipe file (``{field: value}``); unknown fields, a key
-    given twice, and values of the wrong type or out of range, are refused naming the file and the line.
+RECIPE_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
+"""A built-in recipe's name: letters, digits, ``_``, ``.``, ``-``; no separator, no ``..``."""
 
-    A recipe is data: a file's fields of :data:`UNSAFE_RECIPE_FIELDS` (out_dir, overwrite, resume, a
+
+def builtin_recipe(name: str) -> Path:
+    """The file of the built-in recipe ``name`` (``sppo-7b-dapo``, or with ``.json``), looked up by name
+    among the package's recipes, never joined as a path: a name with a separator, ``..`` or any character
+    outside :data:`RECIPE_NAME` is refused in one line (a recipe file of the user's own is passed with
+    ``--recipe-file``, and read as untrusted data)."""
+    import re
+
+    from sppo_rl.runtime.run import RunError
+
+    stem = name[: -len(".json")] if name.endswith(".json") else name
+    if not re.fullmatch(RECIPE_NAME, stem) or ".." in stem:
+        raise RunError(
+            f"--recipe {name}: a built-in recipe's name, not a path (built-in recipes: "
+            f"{', '.join(recipe_names())}); pass a recipe file of your own with --recipe-file PATH"
+        )
+    if stem not in recipe_names():
+        raise RunError(
+            f"--recipe {name}: no such built-in recipe (built-in recipes: {', '.join(recipe_names())}); "
+            f"pass a recipe file of your own with --recipe-file PATH"
+        )
+    return _recipes_folder() / f"{stem}.json"
+
+
+def load_recipe(
+    cls: type,
+    name: str | None = None,
+    *,
+    file: str | Path | None = None,
+    trust: bool = False,
+    given: set[str] | frozenset[str] = frozenset(),
+) -> object:
+    """A config whose defaults come from a JSON recipe (``{field: value}``): the built-in recipe ``name``
+    (:func:`builtin_recipe`; shipped with the package, so trusted) or the user's recipe ``file`` (exactly
+    one of the two); unknown fields, a key given twice, and values of the wrong type or out of range, are
+    refused naming the file and the line.
+
+    A recipe file is data: its fields of :data:`UNSAFE_RECIPE_FIELDS` (out_dir, overwrite, resume, a
     reward file, model folders, ...) are refused in one line unless ``trust`` (``--trust-recipe``) or the
-    field is in ``given`` (passed on the command line, so the recipe's value is not used). The built-in
-    recipes, shipped with the package, are trusted."""
+    field is in ``given`` (passed on the command line, so the recipe's value is not used)."""
     import json
     import re
-    from pathlib import Path
 
     from sppo_rl.config import from_flat, unknown_keys
     from sppo_rl.runtime.run import RunError
 
-    file = Path(path)
-    if not file.is_file():
-        builtin = Path(__file__).parent / "recipes" / (path if path.endswith(".json") else f"{path}.json")
-        if not builtin.is_file():
-            raise RunError(f"--recipe {path}: no such file (built-in recipes: {', '.join(recipe_names())})")
-        file = builtin
+    if (name is None) == (file is None):
+        raise TypeError("load_recipe takes a built-in recipe's name or a recipe file, one of the two")
+    if name is not None:
+        file = builtin_recipe(name)
         trust = True
+    else:
+        file = Path(file)  # type: ignore[arg-type]
+        if not file.is_file():
+            raise RunError(f"--recipe-file {file}: no such file")
     try:
         text = file.read_text(encoding="utf-8")
         values = json.loads(text, object_pairs_hook=_no_duplicates)
@@ -285,7 +320,7 @@ COMMON = "common"
 
 HELP_LAYOUT: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
     "llm": [
-        (COMMON, "", ("algo", "model", "task", "steps", "out_dir", "recipe", "trust_recipe", "reward_fn", "seed")),
+        (COMMON, "", ("algo", "model", "task", "steps", "out_dir", "recipe", "recipe_file", "trust_recipe", "reward_fn", "seed")),
         ("data", "Prompts and answers: the task's data, its columns and how a prompt is rendered.", (
             "val_data", "prompt_key", "answer_key", "level", "arithmetic_prompt", "train_size", "val_size",
             "data_seed", "chat_template", "system_prompt", "instruction", "max_prompt_tokens")),
@@ -304,7 +339,7 @@ HELP_LAYOUT: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
         ("critic", "The critic: its model, targets and start.", (
             "critic_model", "critic_init", "critic_warmup", "value_clip", "gamma", "lam", "lam_critic",
             "lam_alpha")),
-        ("kl", "The KL penalty to the reference model (off by default).", ("kl_coef", "kl_estimator", "kl_in")),
+        ("kl", "The KL penalty to the reference model (off by default).", ("kl_coef", "kl_estimator", "kl_in", "kl_clamp")),
         ("overlong", "DAPO's handling of responses cut at --max-new-tokens.", (
             "overlong_filter", "overlong_buffer", "overlong_penalty")),
         ("embedded-model", "The embedded tiny model's supervised warm start and cache.", (
@@ -324,7 +359,7 @@ HELP_LAYOUT: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
             "optimizer_state", "max_seconds")),
     ],
     "control": [
-        (COMMON, "", ("algo", "task", "total_episodes", "out_dir", "recipe", "trust_recipe", "init_from", "dense",
+        (COMMON, "", ("algo", "task", "total_episodes", "out_dir", "recipe", "recipe_file", "trust_recipe", "init_from", "dense",
                       "seed")),
         ("environment", "The task's success test, batch and networks.", (
             "success", "episodes_per_update", "group_size", "hidden_sizes", "activation", "normalize_obs",
@@ -355,14 +390,17 @@ VIEW_ONLY: dict[str, tuple[object, object, str]] = {
     "recipe": (
         str | None,
         None,
-        "A recipe's settings as the defaults: a built-in name (`sppo-rl info` lists them) or a JSON file "
-        "{field: value}; flags given beside it override it.",
+        "A built-in recipe as the defaults, by name (`sppo-rl info` lists them); flags beside it win.",
+    ),
+    "recipe_file": (
+        str | None,
+        None,
+        "Your own JSON recipe {field: value} as the defaults, read as untrusted data; flags beside it win.",
     ),
     "trust_recipe": (
         tyro.conf.FlagCreatePairsOff[bool],
         False,
-        "Let a recipe file set fields that read or write files, run code or reach the network (out-dir, "
-        "reward-fn, model, ...); without it such a field is refused.",
+        "Let a recipe file set fields that touch files, code or the network (else refused).",
     ),
 }
 """Flags a command takes that are no config field (:func:`main` reads them before tyro parses the rest):
@@ -443,7 +481,7 @@ def flag_view(cls: type, command: str | None = None) -> type:
             tp, f, text = fields[key]
             f = _same_default(f)
         marks = [tyro.conf.Suppress] if key in suppressed else []
-        metavar = "NAME|FILE.json" if key == "recipe" else None
+        metavar = {"recipe": "NAME", "recipe_file": "FILE.json"}.get(key)
         arg = tyro.conf.arg(name=key.replace("_", "-"), prefix_name=False, help=text or None, metavar=metavar)
         return (
             key,
@@ -540,8 +578,8 @@ def parse(cls: type, args: list[str], *, default: object | None = None, prog: st
     :func:`main` before this parse: here it is refused."""
     view = flag_view(cls, command_of(cls))
     out = tyro.cli(view, default=None if default is None else to_view(view, default), args=args, prog=prog)
-    if getattr(out, "recipe", None) is not None:
-        print(f"{prog or 'sppo-rl'}: error: --recipe is not taken here", file=sys.stderr)
+    if getattr(out, "recipe", None) is not None or getattr(out, "recipe_file", None) is not None:
+        print(f"{prog or 'sppo-rl'}: error: --recipe and --recipe-file are not taken here", file=sys.stderr)
         sys.exit(2)
     return from_view(cls, out)
 
@@ -621,10 +659,11 @@ of docs/llm.md ("Coming from TRL or verl"), read when ``sppo-rl llm`` meets a fl
 
 
 def _split_recipe(args: list[str]) -> list[str]:
-    """``--recipe=FILE`` as ``--recipe FILE`` (the form :func:`main` reads)."""
+    """``--recipe=NAME`` and ``--recipe-file=PATH`` as two arguments each (the form :func:`main` reads)."""
     out: list[str] = []
     for a in args:
-        out += ["--recipe", a.split("=", 1)[1]] if a.startswith("--recipe=") else [a]
+        flag = a.split("=", 1)[0]
+        out += [flag, a.split("=", 1)[1]] if flag in ("--recipe", "--recipe-file") and "=" in a else [a]
     return out
 
 
@@ -668,10 +707,33 @@ def unknown_flag(command: str, cls: type, args: list[str]) -> str | None:
     return None
 
 
-def recipe_names() -> list[str]:
-    from pathlib import Path
+def _recipes_folder() -> Path:
+    return Path(__file__).parent / "recipes"
 
-    return sorted(p.stem for p in (Path(__file__).parent / "recipes").glob("*.json"))
+
+def recipe_names() -> list[str]:
+    return sorted(p.stem for p in _recipes_folder().glob("*.json"))
+
+
+def recipe_default(cls: type, args: list[str]) -> tuple[object | None, list[str]]:
+    """``args`` without ``--recipe NAME``, ``--recipe-file PATH`` and ``--trust-recipe``, and the config
+    the recipe gives as the defaults (None without one): :func:`load_recipe`, with the fields the other
+    flags set as ``given``. RunError in one line if refused (both forms, a flag without its value)."""
+    from sppo_rl.runtime.run import RunError
+
+    forms = [f for f in ("--recipe", "--recipe-file") if f in args]
+    if not forms:
+        return None, args
+    trust = "--trust-recipe" in args
+    args = [a for a in args if a != "--trust-recipe"]
+    if len(forms) > 1:
+        raise RunError("--recipe and --recipe-file: give one recipe (a built-in name or a file)")
+    i = args.index(forms[0])
+    if i + 1 >= len(args) or args[i + 1].startswith("--"):
+        raise RunError(f"{forms[0]} needs {'a name' if forms[0] == '--recipe' else 'a file'}")
+    rest = args[:i] + args[i + 2 :]
+    source = {"name": args[i + 1]} if forms[0] == "--recipe" else {"file": args[i + 1]}
+    return load_recipe(cls, **source, trust=trust, given=cli_fields(rest)), rest
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -688,18 +750,11 @@ def main(argv: list[str] | None = None) -> None:
         if unknown:
             print(f"sppo-rl {args[0]}: error: {unknown}", file=sys.stderr)
             sys.exit(2)
-    if "--recipe" in args and args and args[0] in commands:
-        # `sppo-rl llm --recipe FILE [flags]`: the recipe gives the defaults, the flags override them
-        trust = "--trust-recipe" in args
-        args = [a for a in args if a != "--trust-recipe"]
-        i = args.index("--recipe")
-        if i + 1 >= len(args):
-            print("sppo-rl: error: --recipe needs a file", file=sys.stderr)
-            sys.exit(2)
+    if ("--recipe" in args or "--recipe-file" in args) and args and args[0] in commands:
+        # `sppo-rl llm --recipe NAME [flags]`: the recipe gives the defaults, the flags override them
         cls, run = commands[args[0]]
-        rest = args[1:i] + args[i + 2 :]
         try:
-            default = load_recipe(cls, args[i + 1], trust=trust, given=cli_fields(rest))
+            default, rest = recipe_default(cls, args[1:])
         except RunError as e:
             print(f"sppo-rl: error: {e}", file=sys.stderr)
             sys.exit(2)

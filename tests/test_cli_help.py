@@ -155,6 +155,7 @@ def test_recipe_given_with_an_equals_sign_is_read_as_a_recipe():
         "--steps",
         "3",
     ]
+    assert _split_recipe(["--recipe-file=r.json"]) == ["--recipe-file", "r.json"]
 
 
 def test_the_name_table_matches_the_docs_and_names_real_flags():

@@ -30,7 +30,7 @@ def test_llm_help_tells_about_recipes_and_no_spec(capsys):
     with pytest.raises(SystemExit):
         main(["llm", "--help"])
     help_text = capsys.readouterr().out
-    assert "--recipe NAME" in help_text
+    assert "--recipe NAME" in help_text and "--recipe-file" in help_text
     with pytest.raises(SystemExit):
         main(["control", "--help"])
     assert "SPEC" not in help_text + capsys.readouterr().out

@@ -253,7 +253,7 @@ def test_latent_set_passes_the_flag_check_without_building_its_warm_start(cmp):
         (["--only", "sppo", "--llm-args", "--bogus 1"], "sppo: sppo-rl llm refuses its flags: Unrecognized"),
         (["--only", "sppo", "--llm-args", "--max-new-tokens 0"], "--max-new-tokens must be >= 1"),
         (["--only", "grpo", "--llm-args", "--model /no/such/folder"], "--model /no/such/folder"),
-        (["--only", "grpo", "--llm-args", "--recipe nosuch"], "--recipe nosuch: no such file"),
+        (["--only", "grpo", "--llm-args", "--recipe nosuch"], "--recipe nosuch: no such built-in recipe"),
     ],
 )
 def test_bad_input_is_refused_in_one_line_before_any_file(cmp, tmp_path, capsys, argv, words):

@@ -110,16 +110,16 @@ def test_a_recipe_with_flat_section_keys_loads_and_a_misspelt_one_is_refused(tmp
 
     good = tmp_path / "good.json"
     good.write_text(json.dumps({"lora_rank": 8, "vllm_gpu_memory_utilization": 0.7, "overlong_buffer": 4}))
-    cfg = load_recipe(LLMConfig, str(good))
+    cfg = load_recipe(LLMConfig, file=good)
     assert (cfg.lora.rank, cfg.vllm.gpu_memory_utilization, cfg.overlong.buffer) == (8, 0.7, 4)
     bad = tmp_path / "bad.json"
     bad.write_text('{\n  "lora_rank": 8,\n  "lora_rnk": 4\n}\n')
     with pytest.raises(RunError, match="unknown field.*lora_rnk"):
-        load_recipe(LLMConfig, str(bad))
+        load_recipe(LLMConfig, file=bad)
     worse = tmp_path / "worse.json"
     worse.write_text('{\n  "steps": 2,\n  "lora_dropout": 1.5\n}\n')
     with pytest.raises(RunError, match=r"worse.json:3: lora_dropout must be in \[0, 1\), got 1.5"):
-        load_recipe(LLMConfig, str(worse))
+        load_recipe(LLMConfig, file=worse)
 
 
 def test_a_run_with_section_flags_saves_them_flat_and_resumes_from_them(tmp_path, tiny, capsys):

@@ -328,3 +328,23 @@ def test_the_process_group_is_destroyed_before_the_interpreter_tears_down():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[:2] == ["world 1 0", "up at exit: False"], done.stdout
+
+
+def test_a_checkpoint_copied_from_a_grpo_run_is_named_not_a_vanished_file(tmp_path, tiny, capsys):
+    """A GRPO checkpoint (no critic) copied into an SPPO run's checkpoints/: ``--resume`` names the
+    algorithm its meta.json shows, one line, exit 2. Before: "part of the run folder vanished" (exit 74)."""
+    import shutil
+
+    from sppo_rl.cli import main
+
+    run_llm(_cfg(tmp_path / "g", tiny, algo="grpo", group_size=2, steps=1, eval_every=0))
+    run_llm(_cfg(tmp_path, tiny, algo="sppo", steps=1, eval_every=0))
+    (grpo,) = (tmp_path / "g" / "run" / "checkpoints").glob("ckpt-*")
+    shutil.copytree(grpo, tmp_path / "run" / "checkpoints" / "ckpt-000000009")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["llm", "--out-dir", str(tmp_path / "run"), "--resume", "--steps", "3"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2, lines
+    assert lines[-1].startswith("sppo-rl: error: --resume: ") and "written by a grpo run" in lines[-1], lines
+    assert "this run is sppo" in lines[-1] and "vanished" not in lines[-1]

@@ -408,3 +408,136 @@ def test_smollm2_builds_loads_and_trains_two_sppo_steps(tmp_path):
     assert critic.config.num_hidden_layers == 4
     # 49,152 x 576 embeddings + 4 x 3,540,096 per layer + 576 (final norm); the output layer is tied
     assert sum(p.numel() for p in critic.parameters()) == 42_472_512
+
+
+# ------------------------------------------------------ the model cache: full disk, killed builds, modes
+
+FSIZE_CLI = """
+import resource, signal, sys
+if __name__ == "__main__":
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))
+    from sppo_rl.cli import entry
+    sys.argv = ["sppo-rl", *sys.argv[1:]]
+    entry()
+"""
+
+
+def test_no_room_while_building_the_tiny_model_is_one_line_exit_74(tmp_path):
+    """The cache's writes fail (a real file-size limit, RLIMIT_FSIZE: the kernel refuses the write past
+    20 kB, EFBIG, as a full disk refuses with ENOSPC): one line naming the cache and the free space,
+    exit 74, no temporary folder left. Before: safetensors' traceback, exit 1."""
+    script = tmp_path / "limited.py"
+    script.write_text(FSIZE_CLI)
+    cache, out = tmp_path / "cache", tmp_path / "run"
+    args = ["llm", "--steps", "1", "--cache-dir", str(cache), "--out-dir", str(out), "--no-progress"]
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 74, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and lines[-1].startswith("sppo-rl: error: "), proc.stderr[-3000:]
+    assert f"model cache in {cache}" in lines[-1] and "free on its file system" in lines[-1], lines[-1]
+    assert sorted(p.name for p in cache.iterdir()) == [], "the temporary build folder is removed"
+
+
+def _mounts() -> bool:
+    from test_reliability_round3_proc import _can_mount
+
+    return os.geteuid() == 0 and _can_mount()
+
+
+@pytest.mark.skipif(not _mounts(), reason="needs root and mount(2) for a real full disk (a small tmpfs)")
+def test_a_full_disk_while_building_a_named_model_is_a_storage_error_naming_the_free_space(tmp_path):
+    """A real full disk (a 1 MB tmpfs; safetensors' writer reports ENOSPC as ``(os error 28)``):
+    :class:`StorageError` (exit 74) naming the cache and the bytes free, and nothing left behind."""
+    import dataclasses
+
+    from safetensors.torch import save_file
+    from test_reliability_round3_proc import _Tmpfs
+
+    from sppo_rl.runtime.storage import StorageError
+
+    present = dataclasses.replace(pretrained.REGISTRY["smollm2-135m"], module="json", needs=())
+
+    def build(folder: Path) -> None:
+        save_file({"w": torch.zeros(1 << 20)}, str(folder / "model.safetensors"))  # 4 MB
+
+    with _Tmpfs(tmp_path / "disk", 1) as disk:
+        with pytest.raises(StorageError, match=r"^disk full building the model cache in .*free on its file"):
+            pretrained._ensure(pretrained.ModelRef(present), disk.path / "cache", build)
+        assert list((disk.path / "cache").iterdir()) == []
+
+
+KILLED_BUILD = """
+import os, signal, sys
+from pathlib import Path
+from sppo_rl.llm import tiny
+
+def build(folder, **settings):
+    Path(folder, "model.safetensors").write_bytes(b"half a model" * 1000)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+tiny.build_tiny_model = build
+tiny.ensure_tiny_model(sys.argv[1], "0123456789+=", hidden_size=32, layers=1, heads=2, kv_heads=1)
+"""
+
+
+def test_a_killed_build_leaves_nothing_the_next_build_does_not_clean(tmp_path):
+    """A build SIGKILLed half-way leaves its temporary folder (before: for ever, 517 MB for SmolLM2); the
+    next build of the cache removes it, since no process holds its lock. A build in progress (its lock
+    held), another program's folder, and a lock-less folder of an earlier version younger than an hour
+    stay; a lock-less one older than that goes."""
+    import fcntl
+    import shutil
+    import signal
+
+    from sppo_rl.llm.setup import TINY_CHARSET
+    from sppo_rl.llm.tiny import ensure_tiny_model
+
+    cache = tmp_path / "cache"
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_BUILD)
+    proc = subprocess.run([sys.executable, str(script), str(cache)], timeout=300)
+    assert proc.returncode == -signal.SIGKILL
+    (left,) = [p for p in cache.iterdir() if p.is_dir()]
+    assert ".tmp-" in left.name and (left / "model.safetensors").exists()
+    busy = cache / "tiny-busy.tmp-abcd1234"  # a build at work: its lock held
+    busy.mkdir()
+    held = os.open(cache / "tiny-busy.tmp-abcd1234.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    os.write(held, b"sppo-rl cache build\n")  # what a build's lock file holds (runtime.files.BUILD_LOCK)
+    theirs = cache / "notes.tmp-keep"
+    theirs.mkdir()
+    try:
+        folder = ensure_tiny_model(cache, TINY_CHARSET, hidden_size=32, layers=1, heads=2, kv_heads=1)
+        old = cache / f"{folder.name}.tmp-oldvers1"  # an earlier version's leftover: no lock file
+        young = cache / f"{folder.name}.tmp-oldvers2"
+        for p in (old, young):
+            p.mkdir()
+        os.utime(old, (1, 1))
+        shutil.rmtree(folder)  # built again below: the cleaning comes with a build of the same folder
+        ensure_tiny_model(cache, TINY_CHARSET, hidden_size=32, layers=1, heads=2, kv_heads=1)
+        names = sorted(p.name for p in cache.iterdir())
+        assert names == sorted([folder.name, busy.name, busy.name + ".lock", theirs.name, young.name]), names
+    finally:
+        os.close(held)
+
+
+@pytest.mark.parametrize("umask, folder_mode, file_mode", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)])
+def test_a_cached_model_follows_the_umask(tmp_path, umask, folder_mode, file_mode):
+    """Built folders and weights get the modes a plain mkdir / open would: under umask 022 a shared
+    cache is readable to other users (before: mkdtemp's 0700 and safetensors' 0600)."""
+    import stat
+
+    from sppo_rl.llm.setup import TINY_CHARSET
+    from sppo_rl.llm.tiny import ensure_tiny_model
+
+    old = os.umask(umask)
+    try:
+        folder = ensure_tiny_model(
+            tmp_path / "cache", TINY_CHARSET, hidden_size=32, layers=1, heads=2, kv_heads=1
+        )
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(folder.stat().st_mode) == folder_mode
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {file_mode}, modes

@@ -40,10 +40,10 @@ def test_bad_recipes_are_refused(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"algo": "sppo", "lerning_rate": 1}))
     with pytest.raises(RunError, match="unknown field.*lerning_rate"):
-        load_recipe(LLMConfig, str(bad))
+        load_recipe(LLMConfig, file=bad)
     bad.write_text('{\n  "algo": \n}')
     with pytest.raises(RunError, match=r"bad.json:3: not valid JSON"):
-        load_recipe(LLMConfig, str(bad))
+        load_recipe(LLMConfig, file=bad)
     with pytest.raises(RunError, match="built-in recipes: .*sppo-7b-dapo"):
         load_recipe(LLMConfig, "no-such-recipe")
 
@@ -111,3 +111,87 @@ def test_recipe_runs_on_cpu_with_overrides(tmp_path):
     rows = read_metrics(out / "metrics.jsonl")
     assert rows[-1]["step"] == 1 and "val_accuracy" in rows[0]
     assert Path(out / "final" / "actor" / "config.json").exists()
+
+
+# ------------------------------------------------------------ a built-in recipe is found by name only
+
+
+def _downloaded(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A run to protect, a reward file that leaves a mark when imported, and ``downloaded.json``: a recipe
+    aimed at both, which a name joined into the recipes folder as a path would load as a trusted built-in."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "metrics.jsonl").write_text('{"step": 1}\n')
+    mark = tmp_path / "imported"
+    evil = tmp_path / "evil_reward.py"
+    evil.write_text(f"open({str(mark)!r}, 'w').write('ran')\ndef f(response, truth):\n    return 1.0\n")
+    (tmp_path / "downloaded.json").write_text(
+        json.dumps({"out_dir": str(victim), "overwrite": True, "reward_fn": f"{evil}:f", "steps": 1})
+    )
+    return victim, mark, tmp_path / "downloaded"
+
+
+@pytest.mark.parametrize("form", ["absolute", "absolute.json", "dotdot", "subfolder", "backslash"])
+def test_recipe_is_a_name_never_a_path(tmp_path, capsys, monkeypatch, form):
+    """``--recipe`` takes a built-in recipe's name; a path (absolute, ``../``, any separator) is refused in
+    one line, exit 2, naming ``--recipe-file``; nothing is deleted or imported. Before: the absolute path
+    without its suffix was joined into the recipes folder, loaded as trusted, and wiped the victim run."""
+    from sppo_rl.cli import main
+
+    victim, mark, path = _downloaded(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    up = Path("..") / Path(*[".."] * len(Path(__file__).resolve().parents)) / str(path).lstrip("/")
+    value = {
+        "absolute": str(path),
+        "absolute.json": f"{path}.json",
+        "dotdot": str(up),
+        "subfolder": "sub/sppo-7b-dapo",
+        "backslash": "sub\\sppo-7b-dapo",
+    }[form]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["llm", "--recipe", value])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(lines) == 1, lines
+    assert "not a path" in lines[0] and "--recipe-file" in lines[0], lines[0]
+    assert (victim / "metrics.jsonl").read_text() == '{"step": 1}\n' and not mark.exists()
+
+
+def test_a_sweep_resolves_its_runs_recipe_by_name_only(tmp_path):
+    """The same through a sweep's run flags: refused before any file, the victim intact."""
+    from sppo_rl.experiments.config import SweepConfig
+    from sppo_rl.experiments.sweep import parse_llm, sweep
+
+    victim, mark, path = _downloaded(tmp_path)
+    out = tmp_path / "sweep"
+    cfg = SweepConfig(
+        world="llm", runs={"a": f"--recipe {path}"}, seeds=(0,), out_dir=str(out), progress=False
+    )
+    with pytest.raises(ValueError, match="a built-in recipe's name, not a path"):
+        sweep(cfg)
+    with pytest.raises(ValueError, match="not a path.*--recipe-file"):
+        parse_llm(["--recipe", str(path)])
+    assert not out.exists() and (victim / "metrics.jsonl").exists() and not mark.exists()
+
+
+def test_a_recipe_file_is_passed_explicitly_and_read_as_data(tmp_path, capsys):
+    """``--recipe-file`` loads the user's file as untrusted data (its out_dir/overwrite/reward file refused
+    unless given on the command line or ``--trust-recipe``); a built-in name there is a file name only."""
+    from sppo_rl.cli import main, recipe_default
+
+    victim, mark, path = _downloaded(tmp_path)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["llm", "--recipe-file", f"{path}.json"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(lines) == 1 and "hyperparameters only" in lines[0], lines
+    assert load_recipe(LLMConfig, file=f"{path}.json", trust=True).steps == 1
+    with pytest.raises(RunError, match="--recipe-file sppo-7b-dapo: no such file"):
+        load_recipe(LLMConfig, file="sppo-7b-dapo")
+    with pytest.raises(RunError, match="give one recipe"):
+        recipe_default(LLMConfig, ["--recipe", "sppo-7b-dapo", "--recipe-file", f"{path}.json"])
+    assert (
+        load_recipe(LLMConfig, "sppo-7b-dapo.json").group_size
+        == load_recipe(LLMConfig, "sppo-7b-dapo").group_size
+    )
+    assert (victim / "metrics.jsonl").exists() and not mark.exists()

@@ -60,7 +60,7 @@ def test_a_recipe_cannot_delete_a_run_or_import_code(tmp_path, capsys):
     victim, mark, recipe = _victim(tmp_path)
     capsys.readouterr()
     with pytest.raises(SystemExit) as exc:
-        main(["llm", "--recipe", str(recipe)])
+        main(["llm", "--recipe-file", str(recipe)])
     lines = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(lines) == 1, lines
     for word in ("hyperparameters only", "out_dir", "overwrite", "reward_fn", "--trust-recipe"):
@@ -72,13 +72,13 @@ def test_a_recipe_cannot_delete_a_run_or_import_code(tmp_path, capsys):
 def test_unsafe_recipe_fields_pass_when_given_on_the_command_line_or_trusted(tmp_path):
     victim, mark, recipe = _victim(tmp_path)
     with pytest.raises(RunError, match="out_dir.*overwrite.*reward_fn"):
-        load_recipe(LLMConfig, str(recipe))
+        load_recipe(LLMConfig, file=recipe)
     with pytest.raises(RunError, match="reward_fn") as e:
-        load_recipe(LLMConfig, str(recipe), given={"out_dir", "overwrite"})
+        load_recipe(LLMConfig, file=recipe, given={"out_dir", "overwrite"})
     assert "out_dir" not in str(e.value)
-    cfg = load_recipe(LLMConfig, str(recipe), given={"out_dir", "overwrite", "reward_fn"})
+    cfg = load_recipe(LLMConfig, file=recipe, given={"out_dir", "overwrite", "reward_fn"})
     assert cfg.algo == "grpo"
-    cfg = load_recipe(LLMConfig, str(recipe), trust=True)
+    cfg = load_recipe(LLMConfig, file=recipe, trust=True)
     assert cfg.out_dir == str(victim) and cfg.overwrite is True
     assert not mark.exists()  # loading a recipe never imports its reward
 
@@ -88,9 +88,20 @@ def test_trust_recipe_and_command_line_flags_from_the_cli(tmp_path, capsys):
     to its next check (here --steps 0, refused before anything is touched)."""
     victim, mark, recipe = _victim(tmp_path)
     own = tmp_path / "mine"
-    line = refused(capsys, ["llm", "--recipe", str(recipe), "--trust-recipe", "--steps", "0"], own, "--steps")
+    line = refused(
+        capsys, ["llm", "--recipe-file", str(recipe), "--trust-recipe", "--steps", "0"], own, "--steps"
+    )
     assert "recipe" not in line
-    argv = ["llm", "--recipe", str(recipe), "--out-dir", str(own), "--no-overwrite", "--reward-fn", "math"]
+    argv = [
+        "llm",
+        "--recipe-file",
+        str(recipe),
+        "--out-dir",
+        str(own),
+        "--no-overwrite",
+        "--reward-fn",
+        "math",
+    ]
     line = refused(capsys, [*argv, "--steps", "0"], own, "--steps")
     assert "recipe" not in line
     assert (victim / "metrics.jsonl").exists() and not mark.exists()
@@ -111,7 +122,7 @@ def test_each_unsafe_field_is_refused_from_a_recipe_file(tmp_path, field, value)
     recipe = tmp_path / "r.json"
     recipe.write_text(json.dumps({"steps": 3, field: value}))
     with pytest.raises(RunError, match=field):
-        load_recipe(LLMConfig, str(recipe))
+        load_recipe(LLMConfig, file=recipe)
 
 
 def test_harmless_values_of_those_fields_load(tmp_path):
@@ -121,7 +132,7 @@ def test_harmless_values_of_those_fields_load(tmp_path):
             {"steps": 3, "reward_fn": "math", "overwrite": False, "critic_model": "none", "task": "x.parquet"}
         )
     )
-    cfg = load_recipe(LLMConfig, str(recipe))
+    cfg = load_recipe(LLMConfig, file=recipe)
     assert (cfg.steps, cfg.reward_fn, cfg.critic_model) == (3, "math", "none")
 
 
@@ -138,7 +149,7 @@ def test_a_key_given_twice_in_a_recipe_is_refused_naming_the_line(tmp_path, caps
     recipe.write_text('{\n  "steps": 5,\n  "algo": "grpo",\n  "steps": 500\n}\n')
     refused(
         capsys,
-        ["llm", "--recipe", str(recipe), "--out-dir", str(tmp_path / "run")],
+        ["llm", "--recipe-file", str(recipe), "--out-dir", str(tmp_path / "run")],
         tmp_path / "run",
         f"{recipe}:4",
         "steps is given twice",
@@ -156,7 +167,7 @@ def test_an_absurd_budget_in_a_recipe_names_the_line(tmp_path, capsys):
     recipe = tmp_path / "r.json"
     recipe.write_text('{\n  "algo": "grpo",\n  "steps": 1000000000000000000000000000000\n}\n')
     out = tmp_path / "run"
-    refused(capsys, ["llm", "--recipe", str(recipe), "--out-dir", str(out)], out, f"{recipe}:3", "steps")
+    refused(capsys, ["llm", "--recipe-file", str(recipe), "--out-dir", str(out)], out, f"{recipe}:3", "steps")
 
 
 def test_seeds_are_not_budgets():

@@ -437,7 +437,9 @@ def test_the_write_probe_never_follows_a_planted_link(tmp_path):
     unlock_run_dir(out)
     assert victim.read_text() == "precious\n"
     assert (out / ".write-probe").is_symlink(), "the planted link is left alone"
-    assert sorted(p.name for p in out.iterdir()) == [".run.lock", ".write-probe"], "no probe left behind"
+    assert sorted(p.name for p in out.iterdir()) == [".run.lock", ".sppo-run.json", ".write-probe"], (
+        "no probe left"
+    )
 
 
 def test_the_write_probe_runs_under_the_lock_a_busy_folder_gets_nothing_written(tmp_path):

@@ -330,3 +330,75 @@ def test_fuzz_through_the_scorer(math_scorer, responses):
     assert res.errors == 0 and res.timeouts == 0
     assert set(res.scores.tolist()) <= {0.0, 1.0}
     assert res.seconds < len(responses) * 2.0
+
+
+# ---------------------------------------------------------------------- a reward function that forks
+
+FORKING = textwrap.dedent(
+    """
+    import os, sys
+
+    def child_returns(response, truth):
+        '''Forks; both processes return (the child a wrong score), the parent without waiting.'''
+        if os.fork() == 0:
+            return 0.5
+        return 1.0 if response == truth else 0.0
+
+    def child_exits(response, truth):
+        '''Forks; the child leaves with sys.exit(0), as code-execution sandboxes end, and the parent waits.'''
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)
+        os.waitpid(pid, 0)
+        return 1.0 if response == truth else 0.0
+
+    def strays(response, truth):
+        '''Writes replies of its own on the worker's pipe: one to no item, one not a reply at all.'''
+        import gc
+        from multiprocessing.connection import Connection
+
+        for conn in [o for o in gc.get_objects() if isinstance(o, Connection)]:
+            conn.send(("ok", -1, ([0.5], None)))
+            conn.send("noise")
+        return 1.0 if response == truth else 0.0
+    """
+)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Live (not zombie) processes below ``pid``: a chain of forked children would show here."""
+    import psutil
+
+    return [p.pid for p in psutil.Process(pid).children(recursive=True) if _alive(p.pid)]
+
+
+@pytest.mark.parametrize("name", ["child_returns", "child_exits"])
+def test_a_reward_function_that_forks_scores_correctly(tmp_path, capfd, name):
+    """The forked child leaves (pid check) without writing to the worker's pipe, and replies are matched
+    to items. Before: ``child_returns`` killed the trainer (IndexError in the scorer) and ``child_exits``
+    made the child a second worker on the same pipe: every item "SystemExit: 0", one more process per
+    item, BrokenPipe tracebacks."""
+    fns = tmp_path / "forking.py"
+    fns.write_text(FORKING)
+    truths = ["1", "2", "3", "4", "5", "6"]
+    responses = ["1", "x", "3", "x", "5", "6"]
+    with RewardScorer(f"{fns}:{name}", timeout_s=5.0, workers=2) as scorer:
+        for _ in range(2):
+            res = scorer.score(responses, truths)
+            assert res.scores.tolist() == [1.0, 0.0, 1.0, 0.0, 1.0, 1.0]
+            assert (res.errors, res.timeouts, scorer.restarts) == (0, 0, 0), res.error_samples
+        assert len(scorer.pids) == 2
+        assert [_descendants(w) for w in scorer.pids] == [[], []], "a forked child lives on"
+    err = capfd.readouterr().err
+    assert "BrokenPipe" not in err and "Traceback" not in err, err[-2000:]
+
+
+def test_stray_replies_on_the_pipe_never_shift_the_scores(tmp_path):
+    """Replies are matched to items by index: a reply to no item and a message that is no reply are
+    dropped. Before: each stray reply was taken as the next item's (scores shifted, then a crash)."""
+    fns = tmp_path / "forking.py"
+    fns.write_text(FORKING)
+    truths = ["1", "2", "3", "4"]
+    with RewardScorer(f"{fns}:strays", timeout_s=5.0) as scorer:
+        res = scorer.score(["1", "x", "3", "4"], truths)
+    assert res.scores.tolist() == [1.0, 0.0, 1.0, 1.0] and res.errors == 0, res.error_samples

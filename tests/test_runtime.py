@@ -189,3 +189,164 @@ def test_config_json_is_written(tmp_path):
 
     save_config(tmp_path, C())
     assert json.loads((tmp_path / "config.json").read_text()) == {"a": 1, "b": [2, 3]}
+
+
+# ------------------------------------------------------- a run folder is the project's by its marker
+
+
+def _tree(folder: Path) -> dict[str, bytes | None]:
+    """Every entry under ``folder``: a file's bytes, None for a folder."""
+    return {
+        p.relative_to(folder).as_posix(): (p.read_bytes() if p.is_file() else None) for p in folder.rglob("*")
+    }
+
+
+def _project(folder: Path) -> Path:
+    """A user's project folder: code, a git repository, notes, another tool's checkpoint."""
+    (folder / "src").mkdir(parents=True)
+    (folder / "src" / "train.py").write_text("print('mine')\n")
+    (folder / ".git").mkdir()
+    (folder / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (folder / "NOTES.md").write_text("notes\n")
+    (folder / "checkpoints").mkdir()
+    (folder / "checkpoints" / "epoch1.ckpt").write_bytes(b"weights")
+    return folder
+
+
+CONTROL_ARGV = [
+    "control",
+    "--task",
+    "short-cartpole",
+    "--algo",
+    "grpo",
+    "--total-episodes",
+    "64",
+    "--no-progress",
+]
+CONTROL_ARGV += ["--no-tensorboard", "--eval-episodes", "0"]
+
+
+@pytest.mark.parametrize("flag", [None, "--overwrite", "--resume"])
+def test_a_folder_of_user_files_is_refused_whatever_the_flags(tmp_path, capsys, flag):
+    """Before: "already holds a run ... --overwrite to start over", and --overwrite deleted every entry.
+    Now one line, exit 2, naming what is not a run's, and not a byte changed (no lock file either)."""
+    from sppo_rl.cli import main
+
+    out = _project(tmp_path / "proj")
+    before = _tree(out)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main([*CONTROL_ARGV, "--out-dir", str(out), *([flag] if flag else [])])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(lines) == 1, lines
+    for word in ("no sppo-rl run wrote", ".git", "NOTES.md", "checkpoints/epoch1.ckpt", "src"):
+        assert word in lines[0], (word, lines[0])
+    assert _tree(out) == before
+
+
+def test_a_folder_of_user_files_alone_is_not_taken(tmp_path):
+    """Before: accepted silently (the run wrote among the user's files, and a later --overwrite deleted them)."""
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "NOTES.md").write_text("notes\n")
+    with pytest.raises(RunError, match=r"no sppo-rl run wrote \(NOTES.md\)"):
+        prepare_run_dir(out, resume=False)
+    assert sorted(p.name for p in out.iterdir()) == ["NOTES.md"]
+
+
+def test_overwrite_removes_only_what_the_run_wrote(tmp_path):
+    """In a marked run folder the user may keep their own files; --overwrite removes the run's entries
+    only (in ``checkpoints/`` the run's checkpoints, not another tool's file)."""
+    from sppo_rl.runtime.run import unlock_run_dir
+
+    out = prepare_run_dir(tmp_path / "run", resume=False)
+    unlock_run_dir(out)
+    _save(CheckpointManager(out / "checkpoints"), 1, 1.0)
+    for name in ("metrics.jsonl", "config.json", "summary.json", "final.pt"):
+        (out / name).write_text("run\n")
+    (out / "final" / "actor").mkdir(parents=True)
+    (out / "NOTES.md").write_text("mine\n")
+    (out / "checkpoints" / "epoch1.ckpt").write_bytes(b"weights")
+    with pytest.raises(RunError, match="already holds a run"):
+        prepare_run_dir(out, resume=False)
+    prepare_run_dir(out, resume=False, overwrite=True)
+    unlock_run_dir(out)
+    assert sorted(_tree(out)) == [
+        ".run.lock",
+        ".sppo-run.json",  # RUN_MARKER
+        "NOTES.md",
+        "checkpoints",
+        "checkpoints/epoch1.ckpt",
+    ]
+    assert (out / "NOTES.md").read_text() == "mine\n"
+
+
+def test_a_run_folder_from_before_the_marker_resumes_and_is_marked(tmp_path):
+    """A folder holding run files alone (no marker: written before it existed) is still a run folder:
+    resumed or overwritten as before, and marked when taken."""
+    from sppo_rl.runtime.run import unlock_run_dir
+
+    out = tmp_path / "old"
+    _save(CheckpointManager(out / "checkpoints"), 2, 2.0)
+    (out / "metrics.jsonl").write_text('{"step": 2}\n')
+    (out / "log.txt").write_text("sweep log\n")
+    (out / "report").mkdir()  # sppo-rl report RUN, as every run's last line suggests
+    prepare_run_dir(out, resume=True)
+    unlock_run_dir(out)
+    assert (out / ".sppo-run.json").is_file() and (out / "metrics.jsonl").exists()  # RUN_MARKER
+
+
+# ------------------------------------------------------ a checkpoint replaced: killed between renames
+
+REPLACE_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys, torch
+    from sppo_rl.runtime.checkpoint import CheckpointManager, torch_save
+    mgr = CheckpointManager(sys.argv[1], keep=1)
+    mgr.save(5, lambda d: torch_save({"w": torch.full((3,), 1.0)}, d / "state.pt"), {"copy": "first"})
+    rename = os.rename
+    def rename_then_die(src, dst):
+        rename(src, dst)
+        if os.path.basename(str(src)) == "ckpt-000000005":  # the old copy moved aside: SIGKILL now
+            os.kill(os.getpid(), signal.SIGKILL)
+    os.rename = rename_then_die
+    mgr.save(5, lambda d: torch_save({"w": torch.full((3,), 2.0)}, d / "state.pt"), {"copy": "second"})
+    """
+)
+
+
+def test_a_replacement_killed_between_its_renames_leaves_a_checkpoint_resume_finds(tmp_path):
+    """Step 5 saved again with keep 1 (a resume after a preempted deferred evaluation), the process
+    SIGKILLed right after the old copy was renamed aside. Before: both complete copies sat in ``.tmp-*``
+    folders, ``--resume`` said "no checkpoint" and the next save deleted both. Now the run folder is
+    resumable, resume recovers a complete copy (the new one), and the next save keeps it."""
+    from sppo_rl.runtime.run import unlock_run_dir
+
+    out = tmp_path / "run"
+    script = tmp_path / "replace.py"
+    script.write_text(REPLACE_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), str(out / "checkpoints")], timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    assert not list((out / "checkpoints").glob("ckpt-*")), "the kill came between the renames"
+    (out / "metrics.jsonl").write_text('{"step": 5}\n')
+    prepare_run_dir(out, resume=True)  # before: "--resume: no checkpoint"
+    unlock_run_dir(out)
+    mgr = CheckpointManager(out / "checkpoints", keep=1)
+    ckpt = mgr.resume()
+    assert ckpt.name == "ckpt-000000005" and mgr.verify(ckpt)
+    assert mgr.resumed_meta["copy"] == "second"
+    assert torch.equal(torch_load(ckpt / "state.pt")["w"], torch.full((3,), 2.0))
+    _save(mgr, 6, 6.0)
+    assert [p.name for p in mgr.published()] == ["ckpt-000000006"]
+    assert not list((out / "checkpoints").glob(".tmp-*"))
+
+
+def test_a_replacement_killed_after_staging_recovers_the_old_copy_left_by_earlier_versions(tmp_path):
+    """The layout an earlier version left (the old copy at ``.tmp-ckpt-old-<step>``, the new one under a
+    random temporary name) is recovered too: the old copy, complete, comes back at its name."""
+    ck = tmp_path / "checkpoints"
+    mgr = CheckpointManager(ck, keep=1)
+    _save(mgr, 3, 3.0)
+    os.rename(ck / "ckpt-000000003", ck / ".tmp-ckpt-old-000000003")
+    (ck / ".tmp-ckpt-abc123").mkdir()
+    assert mgr.resume().name == "ckpt-000000003" and mgr.resumed_meta["value"] == 3.0

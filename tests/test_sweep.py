@@ -176,7 +176,7 @@ def test_sigterm_stops_the_sweep_and_the_rerun_resumes(tmp_path):
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     stdout, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 2 and "interrupted" in _line(stdout, "ppo", 0)
+    assert proc.returncode == 128 + signal.SIGTERM and "interrupted" in _line(stdout, "ppo", 0)
     assert not (run / "summary.json").exists(), "the run finished before the signal; give it a bigger budget"
     done = [r["update"] for r in read_metrics(run / "metrics.jsonl")]
 
@@ -185,6 +185,30 @@ def test_sigterm_stops_the_sweep_and_the_rerun_resumes(tmp_path):
     assert "resumed" in _line(again.stdout, "ppo", 0)
     assert [r["update"] for r in read_metrics(run / "metrics.jsonl")] == list(range(1, 151))
     assert len(done) < 150
+
+
+def test_a_sigterm_stopped_sweep_exits_143_not_2(tmp_path):
+    """A scheduler tells preemption from a bad flag by the exit status: 128 + SIGTERM, one line saying
+    what stopped the sweep. Before: 2, the status of a user mistake."""
+    out = tmp_path / "sweep"
+    args = _cli_args(out, budget=64 * 1000, algos=("ppo",), seeds=("0",))
+    run = out / "short-cartpole" / "ppo" / "seed0"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sppo_rl", "sweep", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (run / "metrics.jsonl").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stdout + stderr
+    assert "interrupted" in _line(stdout, "ppo", 0)
+    assert (
+        stderr.strip().splitlines()[-1].startswith("sppo-rl: stopped by SIGTERM: 1 of 1 runs did not finish")
+    )
 
 
 def test_a_run_held_by_another_process_is_busy_not_restarted(tmp_path):
@@ -488,7 +512,7 @@ def test_sigterm_stops_an_llm_sweep_and_the_rerun_resumes(tmp_path, tiny):
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     stdout, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 2 and "interrupted" in _line(stdout, "sppo", 0), stdout
+    assert proc.returncode == 128 + signal.SIGTERM and "interrupted" in _line(stdout, "sppo", 0), stdout
     assert not (run / "summary.json").exists(), "the run finished before the signal; give it more steps"
     done = [r["step"] for r in read_metrics(run / "metrics.jsonl")]
 

@@ -49,8 +49,8 @@ def refused(capsys, argv: list[str], out: Path, *needles: str) -> str:
 
 def fake_run(folder: Path) -> None:
     """A folder holding a finished run with every export, a sweep's lock and log, and the run lock."""
-    (folder / "checkpoints" / "ckpt-00000002").mkdir(parents=True)
-    (folder / "checkpoints" / "ckpt-00000002" / "state.pt").write_bytes(b"state")
+    (folder / "checkpoints" / "ckpt-000000002").mkdir(parents=True)
+    (folder / "checkpoints" / "ckpt-000000002" / "state.pt").write_bytes(b"state")
     (folder / "final" / "actor").mkdir(parents=True)
     (folder / "final" / "actor" / "config.json").write_text("{}")
     (folder / "tb").mkdir()
@@ -169,19 +169,23 @@ def test_defaults_and_shipped_recipes_are_valid():
 def test_a_recipe_value_of_the_wrong_type_names_file_and_line(tmp_path, capsys):
     recipe = tmp_path / "r.json"
     recipe.write_text('{\n  "algo": "grpo",\n  "steps": "ten"\n}\n')
-    refused(capsys, ["llm", "--recipe", str(recipe)], tmp_path / "run", f"{recipe}:3", "steps", "integer")
+    refused(
+        capsys, ["llm", "--recipe-file", str(recipe)], tmp_path / "run", f"{recipe}:3", "steps", "integer"
+    )
 
 
 def test_a_recipe_value_out_of_range_names_file_and_line(tmp_path, capsys):
     recipe = tmp_path / "r.json"
     recipe.write_text('{\n  "clip": -1\n}\n')
-    refused(capsys, ["control", "--recipe", str(recipe)], tmp_path / "run", f"{recipe}:2", "clip must be > 0")
+    refused(
+        capsys, ["control", "--recipe-file", str(recipe)], tmp_path / "run", f"{recipe}:2", "clip must be > 0"
+    )
 
 
 def test_a_recipe_that_is_not_an_object_is_refused(tmp_path, capsys):
     recipe = tmp_path / "r.json"
     recipe.write_text("[1, 2]\n")
-    refused(capsys, ["llm", "--recipe", str(recipe)], tmp_path / "run", str(recipe), "JSON object")
+    refused(capsys, ["llm", "--recipe-file", str(recipe)], tmp_path / "run", str(recipe), "JSON object")
 
 
 # ------------------------------------------------------------------------------------- control files
@@ -223,7 +227,7 @@ def test_overwrite_removes_the_whole_previous_run_but_the_locks_and_sweep_log(tm
     fake_run(out)
     prepare_run_dir(out, resume=False, overwrite=True)
     unlock_run_dir(out)
-    assert sorted(p.name for p in out.iterdir()) == [".lock", ".run.lock", "log.txt"]
+    assert sorted(p.name for p in out.iterdir()) == [".lock", ".run.lock", ".sppo-run.json", "log.txt"]
     assert (out / "log.txt").read_text() == "old log.txt\n"
 
 

@@ -49,7 +49,7 @@ from sppo_rl.runtime import (
     check_finite,
     prepare_run_dir,
 )
-from sppo_rl.runtime.checkpoint import torch_load, torch_save
+from sppo_rl.runtime.checkpoint import check_written_by, read_meta, torch_load, torch_save
 from sppo_rl.runtime.files import atomic_write_text
 from sppo_rl.runtime.logging import start_logging
 from sppo_rl.runtime.loop import Schedule, announce, progress_bar, run_loop
@@ -124,6 +124,7 @@ class ControlRun:
         self.ckpts = CheckpointManager(self.out / "checkpoints", keep=cfg.keep_checkpoints)
 
         def load(ckpt: Path) -> None:
+            check_written_by(ckpt, read_meta(ckpt), self.algo.name)
             self.load_state(torch_load(ckpt / "state.pt"))
 
         # the newest intact checkpoint (damaged ones are skipped with a warning; none intact: refused)

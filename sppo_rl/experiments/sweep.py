@@ -304,7 +304,7 @@ def _plan_llm(cfg: SweepConfig) -> list[Job]:
 
 
 def parse_llm(flags: list[str], check: bool = True):  # -> LLMConfig
-    """The LLMConfig that ``sppo-rl llm <flags>`` would run (tyro's parser; ``--recipe NAME|FILE`` gives
+    """The LLMConfig that ``sppo-rl llm <flags>`` would run (tyro's parser; ``--recipe NAME`` or ``--recipe-file FILE`` gives
     the defaults as on the command line), checked as the run checks it before its folder is touched
     (:func:`sppo_rl.llm.plan.resolve`: every setting, the algorithm with its group size and batch shape,
     the model folders, the data and the reward function; ``check=False``: the parse and ``validate`` alone, for a run
@@ -313,25 +313,16 @@ def parse_llm(flags: list[str], check: bool = True):  # -> LLMConfig
     import contextlib
     import io
 
-    from sppo_rl.cli import cli_fields, load_recipe, parse
+    from sppo_rl.cli import parse, recipe_default
     from sppo_rl.llm.config import LLMConfig
     from sppo_rl.llm.engines import launcher_dist
     from sppo_rl.llm.plan import resolve
     from sppo_rl.runtime.run import RunError
 
-    default = None
-    if "--recipe" in flags:
-        trust = "--trust-recipe" in flags
-        flags = [f for f in flags if f != "--trust-recipe"]
-        i = flags.index("--recipe")
-        if i + 1 >= len(flags):
-            raise ValueError("--recipe needs a file")
-        rest = flags[:i] + flags[i + 2 :]
-        try:
-            default = load_recipe(LLMConfig, flags[i + 1], trust=trust, given=cli_fields(rest))
-        except RunError as e:
-            raise ValueError(str(e)) from None
-        flags = rest
+    try:
+        default, flags = recipe_default(LLMConfig, flags)
+    except RunError as e:
+        raise ValueError(str(e)) from None
     text = io.StringIO()
     try:
         with contextlib.redirect_stderr(text), contextlib.redirect_stdout(text):
@@ -548,11 +539,14 @@ class _Signals:
     def __init__(self, stop: threading.Event) -> None:
         self.stop = stop
         self.old: dict[int, Any] = {}
+        self.signum: int | None = None  # the first signal that stopped the sweep
 
     def handler(self, signum: int, frame: Any) -> None:
         if self.stop.is_set() and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.stop.set()
+        if self.signum is None:
+            self.signum = signum
         print(f"\nsweep: {signal.Signals(signum).name}: stopping the running runs (they save a checkpoint)")
         for proc in list(_LIVE):
             if proc.poll() is None:
@@ -591,6 +585,13 @@ def status_table(jobs: list[Job], results: list[JobResult]) -> str:
 
 
 OnJob = Callable[[Job, JobResult], None]
+
+
+class SweepResults(list):  # list[JobResult]
+    """One :class:`JobResult` per job, and the signal that stopped the sweep (``stopped_by``: its number,
+    None when the sweep ran to its end)."""
+
+    stopped_by: int | None = None
 
 
 def sweep(cfg: SweepConfig, jobs: list[Job] | None = None, on_done: OnJob | None = None) -> list[JobResult]:
@@ -661,12 +662,13 @@ def _sweep(
 
     t0 = time.monotonic()
     stop = threading.Event()
-    with _Signals(stop):
+    with _Signals(stop) as signals:
         if cfg.backend == "ray":
             _run_ray(jobs, cfg, workers, stop, on_done)
         else:
             _run_local(jobs, workers, stop, on_done)
-    final = [r or JobResult("not started") for r in results]
+    final = SweepResults(r or JobResult("not started") for r in results)
+    final.stopped_by = signals.signum
     wall = time.monotonic() - t0
     manifest.update(
         finished=datetime.now().isoformat(timespec="seconds"),
@@ -718,11 +720,21 @@ def headline(jobs: list[Job], results: list[JobResult], root: Path) -> str:
 
 
 def run_sweep(cfg: SweepConfig) -> list[JobResult]:
-    """Entry point of ``sppo-rl sweep``: exits non-zero (RunError) when any run did not finish."""
+    """Entry point of ``sppo-rl sweep``: exits non-zero when any run did not finish: ``128 + n`` when
+    signal ``n`` stopped the sweep (143 for SIGTERM, 130 for SIGINT: a preemption, told apart from a
+    bad flag's 2), else 2 (RunError)."""
     from sppo_rl.runtime.run import RunError
 
     results = sweep(cfg)
     unfinished = [r for r in results if r.status not in FINISHED]
+    stopped_by = getattr(results, "stopped_by", None)
+    if stopped_by is not None:
+        print(
+            f"sppo-rl: stopped by {signal.Signals(stopped_by).name}: {len(unfinished)} of {len(results)} runs "
+            "did not finish; run the same command again to finish them",
+            file=sys.stderr,
+        )
+        sys.exit(128 + stopped_by)
     if unfinished:
         raise RunError(
             f"{len(unfinished)} of {len(results)} runs did not finish (logs in the table above); "

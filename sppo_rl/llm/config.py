@@ -103,8 +103,9 @@ class SFT(Section):
 class LLMConfig(RunConfig):
     """RL with verifiable rewards on a causal LM: SPPO (prompt-only critic) and every baseline.
 
-    A paper recipe sets the defaults of every flag: `sppo-rl llm --recipe NAME|FILE.json [flags]` (flags
-    after it override; `sppo-rl info` lists the built-in recipes)."""
+    A paper recipe sets the defaults of every flag: `sppo-rl llm --recipe NAME [flags]` (flags after it
+    override; `sppo-rl info` lists the built-in recipes); a recipe file of your own: `--recipe-file FILE.json`
+    (data: the fields that name files or folders need the flag too, or `--trust-recipe`)."""
 
     task: str = "arithmetic"
     """'arithmetic' (synthetic, generated from --data-seed; responses of at most 16 tokens), 'scratchpad' (the

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sppo_rl.runtime.files import cache_build, follow_umask
+
 PRETRAINED_FORMAT_VERSION = 1
 """Bumped whenever what a built folder holds changes; part of the folder's name."""
 CHECKSUMS = "sppo_rl_checksums.json"
@@ -243,9 +245,7 @@ def _ensure(ref: ModelRef, cache_dir: Path, build: Callable[[Path], None]) -> Pa
             f"[sppo-rl] building {ref.folder_name} into {folder} (once; a minute or two)",
             file=sys.stderr,
         )
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=cache_dir))
-    try:
+    with cache_build(folder) as tmp:
         start = time.perf_counter()
         build(tmp)
         size = sum(p.stat().st_size for p in tmp.iterdir() if p.is_file())
@@ -255,6 +255,7 @@ def _ensure(ref: ModelRef, cache_dir: Path, build: Callable[[Path], None]) -> Pa
         )
         record = {"format": PRETRAINED_FORMAT_VERSION, "files": file_digests(tmp)}
         (tmp / CHECKSUMS).write_text(json.dumps(record, indent=2) + "\n")
+        follow_umask(tmp)  # mkdtemp's 0700 and safetensors' 0600: a shared cache is readable to others
         if folder.exists():  # damaged: moved aside, then removed, so the rename below can land
             trash = Path(tempfile.mkdtemp(prefix=folder.name + ".old-", dir=cache_dir))
             try:
@@ -267,9 +268,6 @@ def _ensure(ref: ModelRef, cache_dir: Path, build: Callable[[Path], None]) -> Pa
         except OSError:
             if verify(folder) is not None:  # not a concurrent builder's good folder: a real failure
                 raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
 

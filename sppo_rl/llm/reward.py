@@ -247,6 +247,15 @@ def _trl_call(fn: Callable[..., Any], response: str, truth: str, columns: Mappin
 
 
 _TRACEBACK_SENT = False  # in a worker: whether it has sent a traceback already (one per process)
+_WORKER_PID: int | None = None  # in a worker: its own process id (a reward function's fork has another)
+
+
+def _leave_if_forked() -> None:
+    """In a process a reward function forked from the worker (its pid is not the worker's), once the
+    function returned or raised there (``sys.exit(0)`` included): leave at once, writing nothing to the
+    worker's pipe and running no ``atexit`` or finaliser of the worker's."""
+    if _WORKER_PID is not None and os.getpid() != _WORKER_PID:
+        os._exit(0)
 
 
 def _score_parts(
@@ -259,7 +268,10 @@ def _score_parts(
     tb = None
     for fn, style in fns:
         try:
-            value = _trl_call(fn, response, truth, columns) if style == "trl" else fn(response, truth)
+            try:
+                value = _trl_call(fn, response, truth, columns) if style == "trl" else fn(response, truth)
+            finally:
+                _leave_if_forked()
             parts.append(_check_value(value))
         except BaseException as e:  # SystemExit from a reward function included
             parts.append(_describe(e))
@@ -368,7 +380,11 @@ def _worker_main(
     conn: Connection, kind: str, spec: Any, inner_timeout_s: float, memory_mb: int | None, parent_pid: int
 ) -> None:
     """Load the functions, answer ``("ready",)`` or ``("error", msg)``, then score chunks until told to
-    stop: for each item send ``("ok", i, (parts, traceback))`` (:func:`_score_parts`)."""
+    stop: for each item send ``("ok", i, (parts, traceback))`` (:func:`_score_parts`). A process a
+    reward function forks leaves as soon as the function returns or raises in it
+    (:func:`_leave_if_forked`), so only the worker ever answers on the pipe."""
+    global _WORKER_PID
+    _WORKER_PID = os.getpid()
     # The trainer owns the worker's lifetime: SIGTERM / SIGINT sent to the whole process group (``timeout``,
     # Slurm, systemd, Ctrl-C) are the trainer's to handle, and it stops its workers once it has saved.
     # Both were blocked since the fork (see _Worker.start); ignored now, then unblocked.
@@ -391,7 +407,9 @@ def _worker_main(
         if msg[0] == "stop":
             return
         for i, response, truth, columns in msg[1]:
-            conn.send(("ok", i, _score_parts(fns, response, truth, columns)))
+            parts = _score_parts(fns, response, truth, columns)
+            _leave_if_forked()
+            conn.send(("ok", i, parts))
 
 
 _OWNED_SIGNALS = {signal.SIGTERM, signal.SIGINT}
@@ -741,7 +759,7 @@ class RewardScorer:
             try:
                 if not w.conn.poll():
                     return
-                kind, i, value = w.conn.recv()
+                message = w.conn.recv()
             except (EOFError, OSError):
                 i = w.pending.popleft()
                 code = None
@@ -752,7 +770,13 @@ class RewardScorer:
                 todo.extendleft(reversed(w.pending))
                 self._restart(w)
                 return
-            w.pending.popleft()  # a worker answers its items in order
+            try:
+                kind, i, value = message
+            except (TypeError, ValueError):
+                continue  # not a reply at all: dropped
+            if i not in w.pending:
+                continue  # a reply to no item this worker holds (answered already, or never given): dropped
+            w.pending.remove(i)  # replies are matched to items by their index, not by their order
             if kind == "ok":
                 take(i, value)
             else:

@@ -12,9 +12,7 @@ import hashlib
 import json
 import os
 import random
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from sppo_rl.llm.models import load_actor, sequence_logprobs
 from sppo_rl.llm.rollout.base import SamplingParams, left_pad
 from sppo_rl.llm.rollout.hf import HFRollout
 from sppo_rl.llm.tiny import load_tokenizer
+from sppo_rl.runtime.files import cache_build, follow_umask
 
 _DONE = "SFT_COMPLETE.json"
 
@@ -204,19 +203,16 @@ def save_cached(
 ) -> dict[str, Any]:
     """Write ``model``, ``tokenizer`` and ``record`` (as ``folder/done``, the completion marker) into a
     temporary sibling and rename it to ``folder``, so that concurrent builders never see a half-written
-    folder (the first to finish wins); returns the record read back from ``folder``."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
-    try:
+    folder (the first to finish wins; :func:`~sppo_rl.runtime.files.cache_build`); returns the record read
+    back from ``folder``."""
+    with cache_build(folder) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / done).write_text(json.dumps(record, indent=2) + "\n")
+        follow_umask(tmp)
         try:
             os.rename(tmp, folder)
         except OSError:
             if not (folder / done).is_file():
                 raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return json.loads((folder / done).read_text())

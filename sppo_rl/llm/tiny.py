@@ -28,8 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -42,6 +40,8 @@ from transformers import (
     Qwen2Config,
     Qwen2ForCausalLM,
 )
+
+from sppo_rl.runtime.files import cache_build, follow_umask
 
 PAD_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<eos>", "<unk>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, EOS_TOKEN, UNK_TOKEN)
@@ -232,7 +232,9 @@ def ensure_tiny_model(
 
     The folder is ``cache_dir / "tiny-<hash>"`` where the hash covers the charset, the settings
     (keywords of :func:`build_tiny_model`) and :data:`TINY_FORMAT_VERSION`. The model is built into a
-    temporary sibling and renamed into place, so concurrent callers never see a half-written folder.
+    temporary sibling and renamed into place, so concurrent callers never see a half-written folder
+    (:func:`~sppo_rl.runtime.files.cache_build`: what killed builds left is cleaned, the folder's modes
+    follow the umask, a full disk is a one-line storage error).
     """
     key = json.dumps(
         {"charset": charset, "settings": settings, "format": TINY_FORMAT_VERSION}, sort_keys=True
@@ -241,19 +243,15 @@ def ensure_tiny_model(
     folder = cache_dir / f"tiny-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
     if (folder / _COMPLETE_MARKER).is_file():
         return folder
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=cache_dir))
-    try:
+    with cache_build(folder) as tmp:
         build_tiny_model(tmp, charset=charset, **settings)
         (tmp / _COMPLETE_MARKER).write_text(json.dumps(json.loads(key), indent=2) + "\n")
+        follow_umask(tmp)
         try:
             os.rename(tmp, folder)
         except OSError:
             if not (folder / _COMPLETE_MARKER).is_file():  # not a concurrent builder: a real failure
                 raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
 

@@ -50,7 +50,7 @@ from sppo_rl.llm.stages.sync import sync
 from sppo_rl.llm.stages.to_batch import pick, to_batch
 from sppo_rl.llm.tiny import load_tokenizer
 from sppo_rl.runtime import CheckpointManager, RunLogger, prepare_run_dir
-from sppo_rl.runtime.checkpoint import read_meta, torch_load, torch_save
+from sppo_rl.runtime.checkpoint import check_written_by, read_meta, torch_load, torch_save
 from sppo_rl.runtime.logging import check_metrics_length, start_logging
 from sppo_rl.runtime.loop import Schedule, announce, progress_bar, run_loop
 from sppo_rl.runtime.run import Preempted, RunError, RunFailed, check_resume, unlock_run_dir
@@ -277,6 +277,7 @@ class LLMRun:
 
     def load_checkpoint(self, ckpt: Path) -> None:
         cfg, m, meta = self.cfg, self.models, read_meta(ckpt)
+        check_written_by(ckpt, meta, self.algo.name)
         if meta.get("optimizer_state", True) is False and not cfg.resume_without_optimizer:
             raise RunError(
                 f"--resume: {ckpt} was saved with --no-optimizer-state, so the resumed run would restart "

@@ -120,6 +120,7 @@ class CheckpointManager:
         tmp: Path | None = None
         if rank == 0:
             self.directory.mkdir(parents=True, exist_ok=True)
+            recover(self.directory)  # a replacement killed half-way: its complete copy back, then clean
             for stale in self.directory.glob(_TMP_PREFIX + "*"):
                 shutil.rmtree(stale, ignore_errors=True)
             tmp = Path(tempfile.mkdtemp(dir=self.directory, prefix=_TMP_PREFIX))
@@ -142,9 +143,17 @@ class CheckpointManager:
                     json.dump(record, f, indent=1, default=str)
                 fsync_tree(tmp)
                 if final.exists():  # re-saving the same step (e.g. the final save after a periodic one)
-                    old = self.directory / f"{_TMP_PREFIX}old-{step:09d}"
+                    # complete copies only ever move: one sits at ckpt-<step>, or both at their staged
+                    # names, which recover() puts back; never none
+                    staged, old = _staged(self.directory, step)
+                    shutil.rmtree(staged, ignore_errors=True)
+                    shutil.rmtree(old, ignore_errors=True)
+                    os.rename(tmp, staged)
+                    tmp = staged
+                    fsync_dir(self.directory)
                     os.rename(final, old)
-                    os.rename(tmp, final)
+                    os.rename(staged, final)
+                    fsync_dir(self.directory)
                     shutil.rmtree(old, ignore_errors=True)
                 else:
                     os.rename(tmp, final)
@@ -204,6 +213,7 @@ class CheckpointManager:
         """
         from sppo_rl.runtime.run import RunError
 
+        recover(self.directory)
         ckpts = self.published()
         skipped: list[str] = []
         for ckpt in reversed(ckpts):
@@ -244,6 +254,46 @@ class CheckpointManager:
         )
 
 
+def _staged(directory: Path, step: int) -> tuple[Path, Path]:
+    """Where :meth:`CheckpointManager.save` stages the replacement of ``ckpt-<step>``: the new complete
+    copy, then the old one, moved aside for the instant between two renames."""
+    return directory / f"{_TMP_PREFIX}new-{step:09d}", directory / f"{_TMP_PREFIX}old-{step:09d}"
+
+
+def recoverable(directory: str | Path) -> dict[int, Path]:
+    """``{step: folder}`` of complete checkpoints a replacement killed between its renames left at a
+    staged name (:func:`_staged`) while ``ckpt-<step>`` is missing: the new copy where its ``meta.json``
+    (written last, before the copy is staged) is there, else the old one."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return {}
+    found: dict[int, Path] = {}
+    for kind in ("old", "new"):  # the new copy wins
+        for p in directory.glob(f"{_TMP_PREFIX}{kind}-*"):
+            m = re.fullmatch(rf"{re.escape(_TMP_PREFIX)}{kind}-(\d{{9}})", p.name)
+            if m and p.is_dir() and (p / META).is_file() and not (directory / f"ckpt-{m.group(1)}").exists():
+                found[int(m.group(1))] = p
+    return found
+
+
+def recover(directory: str | Path) -> list[Path]:
+    """Put each :func:`recoverable` copy back at its checkpoint's name (the run folder's lock holder
+    calls this: a resume, a save); the checkpoints recovered."""
+    directory = Path(directory)
+    done = []
+    for step, src in sorted(recoverable(directory).items()):
+        final = directory / f"ckpt-{step:09d}"
+        os.rename(src, final)
+        print(
+            f"[sppo-rl] recovered checkpoint {final.name} from {src.name} (a replacement was cut short)",
+            file=sys.stderr,
+        )
+        done.append(final)
+    if done:
+        fsync_dir(directory)
+    return done
+
+
 def _rank_world() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -264,6 +314,21 @@ def read_meta(ckpt: Path) -> dict[str, Any]:
     if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
         raise CheckpointError(f"{path} is not a checkpoint record (a JSON object with an integer 'step')")
     return meta
+
+
+def check_written_by(ckpt: Path, meta: dict[str, Any], algo: str) -> None:
+    """Refuse, in one line (``RunError``, exit 2), a checkpoint whose ``meta.json`` names another
+    algorithm than the run resuming it (one copied from another run's folder): its files would not be
+    the ones this run loads (a GRPO checkpoint holds no critic), which would read as a vanished file."""
+    from sppo_rl.runtime.run import RunError
+
+    written = meta.get("algo")
+    if written is not None and written != algo:
+        raise RunError(
+            f"--resume: {ckpt} was written by a {written} run (its meta.json says algo {written!r}), and this "
+            f"run is {algo}: a checkpoint continues only the algorithm that wrote it (copied from another run?); "
+            "move it out of checkpoints/, or start over with --overwrite"
+        )
 
 
 def torch_save(obj: Any, path: Path) -> None:

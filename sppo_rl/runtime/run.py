@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import random
+import re
 import signal
 import sys
 import time
@@ -128,13 +129,123 @@ KEEP_ON_OVERWRITE = frozenset({RUN_LOCK, ".lock", "log.txt"})
 """What ``--overwrite`` leaves in a run folder: this run's lock, and a sweep's lock and log (the sweep
 holds ``.lock`` and is appending this very run's output to ``log.txt``)."""
 
+RUN_MARKER = ".sppo-run.json"
+"""The file that makes a folder a run folder of this project: written when a run takes the folder
+(:func:`prepare_run_dir`), before any other file of the run."""
+
+RUN_ENTRIES = frozenset(
+    {
+        RUN_MARKER, RUN_LOCK, ".lock", "log.txt", "metrics.jsonl", "checkpoints", "config.json", "summary.json",
+        "final", "final.pt", "calibration.json", "critic_trace.npz", "wandb_id.txt", "tb", "wandb",
+        "completions.jsonl", "report",
+    }
+)  # fmt: skip
+"""The names a run writes at the top of its folder (with the sweep's ``.lock`` and ``log.txt``, and
+``report/``, where ``sppo-rl report RUN`` writes by default)."""
+
+_RUN_FILE = re.compile(
+    r"(train|val)-[0-9a-f]{12}\.jsonl"  # train_llm's examples, named by their content
+    r"|\.write-probe.*"  # probe_writable's file of a moment (an earlier version's: .write-probe)
+    r"|\.(metrics\.jsonl|config\.json|summary\.json|calibration\.json|final\.pt|critic_trace\.npz"
+    r"|completions\.jsonl|(train|val)-[0-9a-f]{12}\.jsonl|sppo-run\.json)\..*"  # an atomic write's temporary
+)
+_RUN_CHILDREN = {
+    "checkpoints": re.compile(r"ckpt-\d{9}|\.tmp-ckpt-.*"),
+    "final": re.compile(r"actor|critic|actor-adapter"),
+}
+"""What a run writes inside its ``checkpoints/`` and ``final/``: anything else there (another tool's
+``checkpoints/epoch1.ckpt``) is not the run's."""
+
+
+def _run_entry(entry: Path) -> bool:
+    return entry.name in RUN_ENTRIES or bool(_RUN_FILE.fullmatch(entry.name))
+
+
+def foreign_entries(out: Path) -> list[str]:
+    """The entries of ``out`` that no run of this project writes (:data:`RUN_ENTRIES`, and in
+    ``checkpoints/`` and ``final/`` only the run's own), as relative paths: ``src``, ``.git``,
+    ``NOTES.md``, ``checkpoints/epoch1.ckpt``. Empty for a folder that is missing or holds a run alone."""
+    if not out.is_dir():
+        return []
+    found: list[str] = []
+    for entry in sorted(out.iterdir()):
+        if not _run_entry(entry):
+            found.append(entry.name)
+        elif entry.name in _RUN_CHILDREN and entry.is_dir() and not entry.is_symlink():
+            pattern = _RUN_CHILDREN[entry.name]
+            found += [
+                f"{entry.name}/{c.name}" for c in sorted(entry.iterdir()) if not pattern.fullmatch(c.name)
+            ]
+        elif entry.name in _RUN_CHILDREN:
+            found.append(entry.name)  # a file or a link where the run keeps a folder
+    return found
+
+
+def is_marked(out: Path) -> bool:
+    """Whether ``out`` holds this project's :data:`RUN_MARKER` (a plain file, never a link)."""
+    return (out / RUN_MARKER).is_file() and not (out / RUN_MARKER).is_symlink()
+
+
+def _check_ours(out: Path) -> None:
+    """Refuse a folder that is not the project's: one without :data:`RUN_MARKER` that holds an entry no
+    run writes (:func:`foreign_entries`). A folder with the marker is a run folder (entries the user added
+    there are kept, never deleted); one without it but holding run files alone is a run written before the
+    marker existed (resumed or overwritten as before, and marked when taken); an empty one is new."""
+    if is_marked(out):
+        return
+    foreign = foreign_entries(out)
+    if foreign:
+        shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
+        raise RunError(
+            f"{out} holds files no sppo-rl run wrote ({shown}); a run never writes into, resumes or overwrites "
+            "such a folder: choose another --out-dir (a new or empty folder)"
+        )
+
+
+def _mark(out: Path) -> None:
+    atomic_write_text(out / RUN_MARKER, json.dumps({"sppo_rl": "run folder"}) + "\n")
+
+
+def _remove_run_entries(out: Path) -> None:
+    """``--overwrite``: remove what a run wrote in ``out`` (its :data:`RUN_ENTRIES` but
+    :data:`KEEP_ON_OVERWRITE` and the marker; in ``checkpoints/`` and ``final/`` the run's own entries,
+    then the folder if nothing else is left); anything else in the folder is left as it is."""
+    import shutil
+
+    def remove(entry: Path) -> None:
+        try:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        except OSError as e:
+            raise RunError(f"--overwrite: cannot remove {entry}: {e.strerror or e}") from None
+
+    for entry in sorted(out.iterdir()):
+        if entry.name in KEEP_ON_OVERWRITE or entry.name == RUN_MARKER or not _run_entry(entry):
+            continue
+        pattern = _RUN_CHILDREN.get(entry.name)
+        if pattern is None or entry.is_symlink() or not entry.is_dir():
+            remove(entry)
+            continue
+        for child in sorted(entry.iterdir()):
+            if pattern.fullmatch(child.name):
+                remove(child)
+        if not any(entry.iterdir()):
+            entry.rmdir()
+
 
 def _has_run(out: Path) -> bool:
     return (out / "metrics.jsonl").exists() or (out / "checkpoints").exists()
 
 
 def _has_checkpoint(out: Path) -> bool:
-    return (out / "checkpoints").is_dir() and any((out / "checkpoints").glob("ckpt-*"))
+    """Whether ``out/checkpoints`` holds a checkpoint, published or left complete at a staged name by a
+    replacement cut short (:func:`~sppo_rl.runtime.checkpoint.recoverable`; the resume puts it back)."""
+    from sppo_rl.runtime.checkpoint import recoverable
+
+    folder = out / "checkpoints"
+    return folder.is_dir() and (any(folder.glob("ckpt-*")) or bool(recoverable(folder)))
 
 
 def _busy(out: Path) -> bool:
@@ -167,12 +278,19 @@ def prepare_run_dir(out_dir: str | Path, *, resume: bool, overwrite: bool = Fals
       name, so a link planted in the folder is never followed); a full disk there is a
       :class:`~sppo_rl.runtime.storage.StorageError` (exit 74), no permission or a read-only folder a
       :class:`RunError` (the user's choice of folder: exit 2);
-    - ``overwrite`` of a folder holding a run removes the whole previous run: every entry of the folder
-      except :data:`KEEP_ON_OVERWRITE` (the lock ``.run.lock``, a sweep's ``.lock`` and ``log.txt``),
-      so no ``final.pt``, ``final/``, ``calibration.json``, trace or ``config.json`` of the old run is
-      left to be mistaken for the new one's.
+    - a folder that is not the project's (no :data:`RUN_MARKER`, and an entry no run writes: ``src/``,
+      ``.git/``, ``NOTES.md``, another tool's ``checkpoints/epoch1.ckpt``) is refused whatever the flags
+      (:func:`_check_ours`), before anything is created; a folder holding run files alone, written
+      before the marker existed, is a run folder;
+    - ``overwrite`` of a folder holding a run removes what the previous run wrote: its
+      :data:`RUN_ENTRIES` except :data:`KEEP_ON_OVERWRITE` (the lock ``.run.lock``, a sweep's ``.lock``
+      and ``log.txt``), so no ``final.pt``, ``final/``, ``calibration.json``, trace or ``config.json`` of
+      the old run is left to be mistaken for the new one's; entries the user added to a marked run
+      folder are left;
+    - the folder is marked (:data:`RUN_MARKER`) before the run writes anything else.
     """
     out = Path(out_dir)
+    _check_ours(out)
     if resume and not _has_checkpoint(out):
         raise RunError(f"--resume: no checkpoint in {out / 'checkpoints'}; start the run without --resume")
     if not resume and not overwrite and _has_run(out) and not _busy(out):
@@ -190,7 +308,12 @@ def prepare_run_dir(out_dir: str | Path, *, resume: bool, overwrite: bool = Fals
     except OSError as e:
         unlock_run_dir(out)
         raise _not_writable(out, e) from None
-    has_run = _has_run(out)  # again, now that the folder is ours
+    try:
+        _check_ours(out)  # again, now that the folder is locked
+    except RunError:
+        unlock_run_dir(out)
+        raise
+    has_run = _has_run(out)
     if resume:
         if not _has_checkpoint(out):
             raise RunError(
@@ -202,18 +325,8 @@ def prepare_run_dir(out_dir: str | Path, *, resume: bool, overwrite: bool = Fals
             "or choose another --out-dir"
         )
     elif has_run and overwrite:
-        import shutil
-
-        for entry in sorted(out.iterdir()):
-            if entry.name in KEEP_ON_OVERWRITE:
-                continue
-            try:
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry)
-                else:
-                    entry.unlink()
-            except OSError as e:
-                raise RunError(f"--overwrite: cannot remove {entry}: {e.strerror or e}") from None
+        _remove_run_entries(out)
+    _mark(out)
     return out
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from pathlib import Path
 
 EXIT_STORAGE = 74
@@ -130,4 +131,50 @@ def storage_error(exc: BaseException, out: str | Path | None, hint: str = "") ->
                     f"disk full: {_size(free)} free on the file system of {out} (torch's writer: {detail}){hint}"
                 )
             return StorageError(f"writing a checkpoint in {out} failed (torch's writer: {detail}){hint}")
+    return None
+
+
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+"""How an error of Rust code (safetensors' writer) names its errno: ``I/O error: No space left on device
+(os error 28)``."""
+
+
+def _errno_of(e: BaseException) -> int | None:
+    if isinstance(e, OSError) and e.errno is not None:
+        return e.errno
+    m = _OS_ERROR.search(str(e)) if not isinstance(e, OSError) else None
+    return int(m.group(1)) if m else None
+
+
+def cache_error(exc: BaseException, cache: str | Path) -> StorageError | None:
+    """The :class:`StorageError` (exit 74) that ``exc``, raised while a model was built into the cache
+    folder ``cache``, stands for, naming the bytes free there; None if it is no storage fault. A full disk
+    or quota (``ENOSPC``, ``EDQUOT``, also as safetensors' ``(os error 28)``), a file larger than the
+    file system or the process's file-size limit takes (``EFBIG``), an I/O error (``EIO``), and torch's
+    writer error on a nearly full disk."""
+    cache = Path(cache)
+    hint = "; free some space there, or pass --cache-dir on a disk with room"
+    for e in _causes(exc):
+        code = _errno_of(e)
+        free = _size(free_bytes(cache))
+        if code in FULL:
+            return StorageError(
+                f"disk full building the model cache in {cache}: {free} free on its file system "
+                f"({os.strerror(code)}){hint}"  # type: ignore[arg-type]
+            )
+        if code == errno.EFBIG:
+            return StorageError(
+                f"a file of the model cache in {cache} is larger than the file system or the file-size limit "
+                f"allows ({os.strerror(code)}); {free} free on its file system{hint}"
+            )
+        if code == errno.EIO:
+            return StorageError(
+                f"I/O error building the model cache in {cache} ({free} free on its file system)"
+            )
+        if isinstance(e, RuntimeError) and any(t in str(e) for t in _TORCH_WRITER):
+            left = free_bytes(cache)
+            if left is not None and left < NEARLY_FULL:
+                return StorageError(
+                    f"disk full building the model cache in {cache}: {_size(left)} free{hint}"
+                )
     return None
