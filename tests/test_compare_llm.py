@@ -449,14 +449,15 @@ def test_a_row_per_seed_says_when_it_took_off_and_whether_it_drifted_to_the_leng
 
 
 def test_default_seeds_and_design_are_declared_per_set(cmp):
-    """Ten seeds for the tiny-model sets (a run: tens of seconds), six for the real model (what
-    scripts/power.py gives for a difference of 0.05 at the pilot's paired spread 0.034); the margin 0.05
-    unless --margin; the primary the default (None) unless --primary."""
+    """The seeds scripts/power.py gives for a difference of 0.05: 14 for the tiny-model sets (the docs'
+    median paired spread 0.06; a run takes tens of seconds), 6 for the real model (the pilot's paired
+    spread 0.034); the margin 0.05 unless --margin; the primary the default (None) unless --primary."""
     from sppo_rl.experiments import decision
 
     for name in ("long", "methods", "latent", "all"):
         args = cmp.parse(["--set", name])
-        assert args.seeds == list(range(10)) and args.margin == 0.05 and args.primary is None
+        assert args.seeds == list(range(14)) == list(range(decision.seeds_needed(0.06, 0.05)))
+        assert args.margin == 0.05 and args.primary is None
     assert (
         cmp.parse(["--set", "real"]).seeds
         == list(range(6))

@@ -223,3 +223,28 @@ def test_values_equal_up_to_float_rounding_have_no_spread():
     # 0.3 - 0.55 and 0.34 - 0.59 differ in the last bits only: the same difference, p = 0
     d = D.paired_values([0.25 + 0.04 * k for k in range(5)], [0.5 + 0.04 * k for k in range(5)], "difference")
     assert np.ptp(d) > 0 and D.paired_t(d)["sd"] == 0 and D.paired_t(d)["p"] == 0
+
+
+def test_restated_claims_from_the_docs_numbers(capsys):
+    """scripts/restate_claims.py on the numbers the docs print: PPO collapses in 6 of 10 control runs
+    (3 of 5 on LunarLander, 3 of 5 on Hopper) against SPPO's 0 of 10: Fisher's exact p = 0.0108 pooled,
+    0.167 per task; the paired test on the per-seed finals is inconclusive on each task (p 0.066 and
+    0.059, MDE ~0.8 and ~0.7); on SmolLM2 nothing under an MDE of 0.3; the latent table's SPPO vs GRPO
+    at equal tokens (+0.050 [+0.035, +0.061] over 5 seeds) is a difference, Latent-GRPO vs its unfixed
+    variant at equal tokens is not shown (Holm p 0.24)."""
+    with script_module("restate_claims") as rc:
+        out = rc.main()
+    capsys.readouterr()
+    assert out["collapse"]["pooled"] == {"ppo": 6, "sppo": 0, "fisher_p": pytest.approx(0.010836, abs=1e-6)}
+    assert out["collapse"]["control"] == {
+        "lunarlander": {"ppo": 3, "sppo": 0},
+        "hopper": {"ppo": 3, "sppo": 0},
+    }
+    lunar, hopper, grpo, ppo = out["exact"]
+    assert lunar["p"] == pytest.approx(0.0655, abs=1e-4) and hopper["p"] == pytest.approx(0.0587, abs=1e-4)
+    assert all(D.shown(r["verdict"]) == "inconclusive" for r in out["exact"])
+    assert grpo["mde"] > 0.3 and ppo["mde"] > 0.3
+    latent = {(r["a"], r["b"], r["statistic"]): r for r in out["tables"]["latent"]}
+    assert D.shown(latent["sppo", "grpo", "accuracy at equal generated tokens"]["verdict"]) == "difference"
+    fixed = latent["latent-grpo", "latent-grpo-naive", "accuracy at equal generated tokens"]
+    assert D.shown(fixed["verdict"]) == "inconclusive" and fixed["holm_p"] == pytest.approx(0.24, abs=0.01)
