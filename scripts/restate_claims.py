@@ -47,6 +47,13 @@ REAL_START_FINAL = {
     "grpo": [(0.031, 0.031), (0.016, 0.250), (0.000, 0.008), (0.000, 0.016), (0.031, 0.234)],
     "ppo": [(0.031, 0.578), (0.016, 0.328), (0.000, 0.109), (0.000, 0.234), (0.031, 0.031)],
 }
+# docs/algorithms.md, the latent set's "What it shows": finals of Latent-GRPO (fixed) and its unfixed
+# variant, seeds 0-4; their mean start 0.374 (the set's table; per-seed starts are not printed)
+LATENT_FINALS = {
+    "latent-grpo": [0.49, 0.01, 0.13, 0.51, 0.27],
+    "latent-grpo-naive": [0.70, 0.52, 0.65, 0.67, 0.53],
+}
+LATENT_START = 0.374
 
 # (A, B, statistic, seed pairs, A - B or A / B, bootstrap lo, hi, per-seed (min, max) or None), copied
 # from the verdict tables of each source
@@ -356,8 +363,16 @@ def main() -> dict:
         a = [x[1] for x in REAL_START_FINAL[m]]
         b = [x[1] for x in REAL_START_FINAL["sppo"]]
         rows.append({**exact(a, b), "what": f"SmolLM2: {m} vs sppo, final accuracy"})
+    fixed, naive = LATENT_FINALS["latent-grpo"], LATENT_FINALS["latent-grpo-naive"]
+    rows.append(
+        {
+            **exact(fixed, naive),
+            "what": "latent: latent-grpo vs latent-grpo-naive, final accuracy (exploratory)",
+        }
+    )
     D.decide(rows[:2])  # one family per source
-    D.decide(rows[2:])
+    D.decide(rows[2:4])
+    D.decide(rows[4:])
     for r in rows:
         print(
             f"- {r['what']}: {r['estimate']:+.3f} [{r['interval'][0]:+.3f}, {r['interval'][1]:+.3f}], "
@@ -385,7 +400,14 @@ def main() -> dict:
         + ", ".join(f"{m} {k}/5" for m, k in real.items())
         + f"; Fisher sppo vs grpo p = {D.fisher_exact(real['sppo'], 5, real['grpo'], 5):.3g}"
     )
+    latent = collapse_counts({m: [(LATENT_START, x) for x in v] for m, v in LATENT_FINALS.items()})
+    print(
+        f"- latent: below the mean start {LATENT_START}: latent-grpo {latent['latent-grpo']}/5, "
+        f"latent-grpo-naive {latent['latent-grpo-naive']}/5, Fisher p = "
+        f"{D.fisher_exact(latent['latent-grpo'], 5, latent['latent-grpo-naive'], 5):.3g}"
+    )
     out["collapse"] = {
+        "latent": latent,
         "control": control,
         "pooled": {"ppo": pooled[0], "sppo": pooled[1], "fisher_p": fisher},
         "real": real,

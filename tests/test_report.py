@@ -598,7 +598,7 @@ def test_llm_runs_get_curves_a_table_and_aggregates(tmp_path):
     assert s["point"] == pytest.approx(0.375) and s["p"] == pytest.approx(0.2048, abs=1e-4)
     assert s["interval"] == pytest.approx([0.375 - 12.7062 * 0.125, 0.375 + 12.7062 * 0.125], abs=1e-3)
     assert s["null"] == pytest.approx([-0.25, 0.25])
-    assert s["verdict"] == f"inconclusive: could not detect |d| < {s['mde']:.3f}" and s["mde"] > 1
+    assert s["verdict"] == f"inconclusive: could not detect differences below {s['mde']:.3f}" and s["mde"] > 1
     assert (
         "| sppo vs grpo | accuracy at equal generated tokens (A - B) | 2 | 1.000 (1.000) | 0.625 (0.625) | +0.375 | "
         in md

@@ -19,7 +19,7 @@ pins what it measures.
 - **Verdict** (:func:`verdict`): ``difference (Holm p = ...)`` when the Holm-adjusted p is below alpha;
   else ``equivalent within +-margin (TOST p = ...)`` when the two one-sided tests (:func:`tost`) reject
   both "below -margin" and "above +margin" at alpha (the ``1 - 2 alpha`` interval inside the margin);
-  else ``inconclusive: could not detect |d| < MDE``, the **minimum detectable effect** (:func:`mde`): the
+  else ``inconclusive: could not detect differences below MDE``, the **minimum detectable effect** (:func:`mde`): the
   true mean difference a paired t-test on this many seeds, with the observed paired spread, finds with
   80 % power.
 - **Collapse counts** (:func:`collapsed`, :func:`fisher_exact`): a run that ends at 0 or below its own
@@ -328,19 +328,20 @@ def compare(a, b, kind: str, margin: float, alpha: float = ALPHA) -> dict[str, A
 
 def verdict(row: dict[str, Any], alpha: float = ALPHA) -> str:
     """The row's verdict from its ``holm_p``, ``tost_p``, ``mde`` and ``kind``: ``difference (Holm p =
-    ...)``, ``equivalent within +-margin (TOST p = ...)``, ``inconclusive: could not detect |d| < MDE``
-    (a ratio: ``a ratio within x/ MDE``), or ``no test (...)`` under two seed pairs."""
+    ...)``, ``equivalent within +-margin (TOST p = ...)``, ``inconclusive: could not detect differences
+    below MDE`` (a ratio: ``ratios within x/ MDE``), or ``no test (...)`` under two seed pairs. No ``|``
+    in it: it sits in a markdown table."""
     if row["n"] < 2 or math.isnan(row["p"]):
         return f"no test ({row['n']} seed pair{'s' * (row['n'] != 1)} with values)"
     if row["holm_p"] < alpha:
-        return f"difference (Holm p = {row['holm_p']:.2g})"
+        return f"difference (Holm p = {row['holm_p']:.3g})"
     ratio = row["kind"] == "ratio"
     if row["tost_p"] < alpha:
         within = f"x/ {row['margin']:g}" if ratio else f"±{row['margin']:g}"
-        return f"equivalent within {within} (TOST p = {row['tost_p']:.2g})"
+        return f"equivalent within {within} (TOST p = {row['tost_p']:.3g})"
     if ratio:
-        return f"inconclusive: could not detect a ratio within x/ {row['mde']:.2f}"
-    return f"inconclusive: could not detect |d| < {row['mde']:.3f}"
+        return f"inconclusive: could not detect ratios within x/ {row['mde']:.2f}"
+    return f"inconclusive: could not detect differences below {row['mde']:.3f}"
 
 
 def decide(rows: list[dict[str, Any]], alpha: float = ALPHA) -> list[dict[str, Any]]:

@@ -43,7 +43,7 @@ the axes ``("seconds", "episodes")`` instead of ``("seconds", "tokens")`` (:func
   biased by evaluation density on fast-rising curves and degenerate when the target sits within noise of
   the start (``scripts/decision_sim.py`` measures the first).
 - **Verdict**: ``difference (Holm p = ...)``, ``equivalent within +-margin (TOST p = ...)``, or
-  ``inconclusive: could not detect |d| < MDE``; collapse counts per method (a run ending at 0 or below
+  ``inconclusive: could not detect differences below MDE``; collapse counts per method (a run ending at 0 or below
   its start) with Fisher's exact test per pair.
 
 Pure NumPy; ``tests/test_protocol.py`` checks each function on hand-made numbers and the whole protocol
