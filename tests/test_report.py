@@ -426,6 +426,10 @@ def test_the_declared_primary_and_margin_come_from_the_flags_or_the_sweep(tmp_pa
     (c,) = run_report(cfg)["comparisons"]
     assert c["primary"] == "acc_at_episodes" and c["design"]["margin"] == 0.02
     assert c["pairs"]["ppo_vs_sppo"]["acc_at_episodes"]["verdict"] == "equivalent within ±0.02 (TOST p = 0)"
+    with pytest.raises(ValueError, match="--primary acc_at_nothing: not a statistic"):
+        run_report(ReportConfig(inputs=(str(root),), primary="acc_at_nothing"))
+    with pytest.raises(ValueError, match="0 < --margin < 1"):
+        run_report(ReportConfig(inputs=(str(root),), margin=0.0))
 
 
 def test_no_runs_is_an_error(tmp_path):

@@ -1089,10 +1089,21 @@ def run_report(cfg: ReportConfig) -> dict[str, Any]:
         or cfg.grid_points < 2
         or cfg.bootstrap_reps < 1
         or cfg.max_overlay < 1
+        or (cfg.margin is not None and not 0 < cfg.margin < 1)
     ):
         raise ValueError(
             "need --smooth >= 1, 0 < --final-frac <= 1, --calibration-bins >= 1, --grid-points >= 2, "
-            "--bootstrap-reps >= 1, --max-overlay >= 1"
+            "--bootstrap-reps >= 1, --max-overlay >= 1, 0 < --margin < 1"
+        )
+    known = {
+        n
+        for axes in (CONTROL_AXES, (*protocol.AXES, "flops"))
+        for names in protocol.statistic_names(axes)
+        for n in names
+    }
+    if cfg.primary is not None and cfg.primary not in known:
+        raise ValueError(
+            f"--primary {cfg.primary}: not a statistic of the comparisons; valid: {', '.join(sorted(known))}"
         )
     out = Path(cfg.out) if cfg.out else Path(cfg.inputs[0]) / "report"
     runs = find_runs(cfg.inputs, skip=out.resolve())
