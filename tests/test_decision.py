@@ -101,6 +101,19 @@ def test_fisher_exact_on_collapse_counts():
     assert D.collapsed(0.2, 0.0) and D.collapsed(0.2, 0.1) and not D.collapsed(0.2, 0.3)
     assert D.collapsed(0.0, 0.0)  # ends at 0
 
+    # pooled over tasks: the counts add, the test runs on the sums
+    def task(n: int) -> dict:
+        return {
+            "counts": {"ppo": {"n": n, "of": 5}, "sppo": {"n": 0, "of": 5}},
+            "fisher_p": {"ppo_vs_sppo": 0.0},
+        }
+
+    pooled = D.pooled_collapse([task(3), task(3)])
+    assert (
+        pooled["counts"] == {"ppo": {"n": 6, "of": 10}, "sppo": {"n": 0, "of": 10}} and pooled["tasks"] == 2
+    )
+    assert pooled["fisher_p"] == {"ppo_vs_sppo": pytest.approx(2 * 210 / 38760)}
+
 
 def test_sign_flip_and_probability_of_improvement():
     # d = 1, 2, 3: of the 8 sign vectors, +++ and --- have |mean| >= 2: p = 0.25; five pairs can never

@@ -799,3 +799,24 @@ def test_a_run_without_training_seconds_leaves_its_task_out_of_the_comparisons_a
     assert "pairs" not in c and str(root / "grpo" / "seed0") in c["skipped"]
     md = (root / "report" / "report.md").read_text()
     assert "no comparison: axes seconds, tokens not finite and increasing in " in md
+
+
+def test_collapses_are_counted_per_task_and_pooled_with_fisher_s_exact_test(tmp_path):
+    """Two tasks, 3 seeds a side: ppo ends at 0 in 2 of 3 seeds on each, sppo never. Per task 2/3 vs
+    0/3 (Fisher p = 0.4); pooled 4/6 vs 0/6: the tables with all 4 in one row, C(6, 4) / C(12, 4) = 15 /
+    495, both tails: p = 0.0606."""
+    root = tmp_path / "r"
+    for task in ("short-cartpole", "precision-cartpole"):
+        for k in range(3):
+            write_run(root / task / "ppo" / f"seed{k}", task, "ppo", k, [0.1, 0.3, 0.0 if k < 2 else 0.6])
+            write_run(root / task / "sppo" / f"seed{k}", task, "sppo", k, [0.1, 0.4, 0.7 + 0.01 * k])
+    report = run_report(ReportConfig(inputs=(str(root),), bootstrap_reps=100))
+    for c in report["comparisons"]:
+        assert c["collapse"]["counts"] == {"ppo": {"n": 2, "of": 3}, "sppo": {"n": 0, "of": 3}}
+        assert c["collapse"]["fisher_p"]["ppo_vs_sppo"] == pytest.approx(0.4)
+    md = (root / "report" / "report.md").read_text()
+    assert (
+        "Collapsed runs pooled over the 2 tasks: ppo 4/6, sppo 0/6; Fisher's exact test: ppo vs sppo p = 0.061."
+        in md
+    )
+    assert 2 * 15 / 495 == pytest.approx(0.0606, abs=1e-4)

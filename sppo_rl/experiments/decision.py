@@ -280,6 +280,24 @@ def fisher_exact(fail_a: int, n_a: int, fail_b: int, n_b: int) -> float:
     return float(sps.fisher_exact([[fail_a, n_a - fail_a], [fail_b, n_b - fail_b]]).pvalue)
 
 
+def pooled_collapse(per_task: list[dict[str, Any]]) -> dict[str, Any]:
+    """Collapse counts added over tasks (each a :func:`sppo_rl.experiments.protocol.collapses` result:
+    ``counts`` per method and ``fisher_p`` per pair ``A_vs_B``), and Fisher's exact test per pair on the
+    sums. E.g. 3 of 5 and 3 of 5 against 0 of 5 and 0 of 5: 6 of 10 against 0 of 10, p = 0.0108."""
+    counts: dict[str, dict[str, int]] = {}
+    pairs: list[str] = []
+    for task in per_task:
+        for m, c in task["counts"].items():
+            mine = counts.setdefault(m, {"n": 0, "of": 0})
+            mine["n"], mine["of"] = mine["n"] + c["n"], mine["of"] + c["of"]
+        pairs += [k for k in task["fisher_p"] if k not in pairs]
+    tests = {}
+    for key in pairs:
+        a, b = key.split("_vs_", 1)
+        tests[key] = fisher_exact(counts[a]["n"], counts[a]["of"], counts[b]["n"], counts[b]["of"])
+    return {"counts": counts, "fisher_p": tests, "tasks": len(per_task)}
+
+
 def probability_of_improvement(a, b) -> float:
     """rliable's probability of improvement of A over B: ``(1 / (n m)) sum_i sum_j [1(a_i > b_j) + 1/2
     1(a_i = b_j)]`` over all ``n x m`` run pairs (the Mann-Whitney U over ``n m``); NaN without runs."""

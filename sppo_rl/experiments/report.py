@@ -903,6 +903,15 @@ def _comparison_lines(comparisons: list[dict[str, Any]], world: str) -> list[str
             "",
             *decision.table_lines(c, lambda name: _stat_label(name, world)),
         ]
+    done = [c["collapse"] for c in mine if "collapse" in c]
+    if len(done) > 1:
+        pooled = decision.pooled_collapse(done)
+        counts = ", ".join(f"{m} {v['n']}/{v['of']}" for m, v in pooled["counts"].items())
+        tests = ", ".join(f"{k.replace('_vs_', ' vs ')} p = {p:.2g}" for k, p in pooled["fisher_p"].items())
+        lines += [
+            "",
+            f"Collapsed runs pooled over the {len(done)} tasks: {counts}; Fisher's exact test: {tests}.",
+        ]
     return lines
 
 
