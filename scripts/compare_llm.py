@@ -10,11 +10,11 @@ wall-clock seconds), and ``<out>/compare_flops.png`` (accuracy against training 
 sigmoid fitted per method, its table in ``compare.md``: :mod:`sppo_rl.experiments.scaling`).
 
     # the long-horizon comparison: SPPO (N=1), GRPO (N=8), RLOO, PPO, SPPO with a small critic
-    python scripts/compare_llm.py --set long --task scratchpad --seeds 0 1 2 --seconds 600 --out runs/cmp_long
+    python scripts/compare_llm.py --set long --task scratchpad --seconds 600 --out runs/cmp_long
     # the methods: SPPO, GRPO, GSPO, SPPO-seq, GRPO with TIS, DAPO-style GRPO, PPO, PPO with VC-PPO's fixes
-    python scripts/compare_llm.py --set methods --seeds 0 1 2 --steps 150 --out runs/cmp_methods
+    python scripts/compare_llm.py --set methods --steps 150 --out runs/cmp_methods
     # Latent-GRPO, its unfixed variant, explicit GRPO and SPPO from the curriculum's explicit stage (per seed)
-    python scripts/compare_llm.py --set latent --seeds 0 1 2 --steps 30 --prompts-per-step 8 --out runs/cmp_latent \
+    python scripts/compare_llm.py --set latent --steps 30 --prompts-per-step 8 --out runs/cmp_latent \
         --llm-args "--val-size 128 --eval-samples 4 --actor-lr 3e-5"
 
 Run sets (``--set``, narrowed by ``--only NAME ...``): ``long``, ``methods``, ``latent``, ``all`` (every method; the
@@ -39,11 +39,17 @@ How the figures are computed: by the comparison protocol of :mod:`sppo_rl.experi
 - a row per seed: start accuracy (sampled, and greedy), final, the first update whose evaluation reaches
   the target, the share of responses cut at the length limit over the first and the last 5 updates
   (a run drifting to the limit), its updates and generated tokens;
-- every method against ``--baseline`` (default SPPO), over the seeds both have: differences of
-  accuracies and ratios of the means (AUC, time and tokens to target), each with a seed-paired bootstrap
-  interval, the A/A null interval (the same statistic between two halves of one method's seeds) and a
-  verdict ("no difference measured" unless the interval excludes no difference, the estimate lies
-  outside the null and >= 5 seed pairs stand behind it).
+- every method against ``--baseline`` (default SPPO), over the seeds both have, by the decision rule
+  of :mod:`sppo_rl.experiments.decision`: the set's ONE primary statistic, declared before the runs
+  (``--primary``; default the accuracy at equal compute at the window's end: FLOPs where the runs log
+  ``flops_total``, else generated tokens, said so) and its equivalence margin (``--margin``, default
+  0.05); a paired t-test per statistic (ratios on log-ratios), its 95 % interval, Holm's correction over
+  the primary table and over the secondary (exploratory) table, beside an inconclusive result the
+  minimum detectable effect at 80 % power, a TOST against the margin, the means with rliable's IQM and
+  probability of improvement, and the runs that collapsed with Fisher's exact test.
+
+Seeds: 14 by default (a tiny-model run takes tens of seconds), 6 for the real-model set (minutes a
+run; :data:`REAL_SEEDS` says why).
 
 Model-state memory is counted exactly: parameters + gradients + two AdamW moments, in float32, for the
 trainable models (actor and critic); peak RSS is the process's (the largest over seeds), dominated at
@@ -65,7 +71,7 @@ from typing import Any
 
 import numpy as np
 
-from sppo_rl.experiments import protocol
+from sppo_rl.experiments import decision, protocol
 from sppo_rl.experiments.config import SweepConfig
 from sppo_rl.experiments.sweep import Job, JobResult, llm_config, llm_jobs, sweep
 
@@ -103,6 +109,24 @@ ALL = [
 ]
 SET_NAMES = ("long", "methods", "latent", "real", "all")
 BASELINE = "sppo"  # every other method is compared against it (--baseline)
+TINY_SEEDS = 14
+"""Default seeds of the tiny-model sets (a run takes tens of seconds): the five-seed tables in the docs
+show paired spreads of 0.01-0.15 on the primary statistic, median 0.06 (``python
+scripts/restate_claims.py``), and ``python scripts/power.py --sd 0.06 --effect 0.05`` asks for 14 seeds
+to detect a difference of 0.05 (the equivalence margin) with power 0.8."""
+REAL_SEEDS = 6
+"""Default seeds of the real-model set (a run takes minutes): SPPO's five-seed pilot on SmolLM2 ended at
+0.569 with sd 0.024; two such methods with independent seeds differ per seed with sd 0.024 x sqrt 2 =
+0.034, and ``python scripts/power.py --sd 0.034 --effect 0.05`` asks for 6 seeds to detect 0.05."""
+
+
+def set_design(name: str) -> tuple[int, decision.Design]:
+    """What each set declares before its runs: its default seed count and its primary statistic (the
+    default: accuracy at equal compute, FLOPs where logged, else generated tokens) with the equivalence
+    margin 0.05 in accuracy."""
+    return (REAL_SEEDS if name == "real" else TINY_SEEDS), decision.Design(
+        primary=None, margin=decision.MARGIN
+    )
 
 
 def run_sets() -> dict[str, list[tuple[str, list[str]]]]:
@@ -256,17 +280,18 @@ def compare(
     target: float | None = None,
     gain: float = protocol.TARGET_GAIN,
     baseline: str = BASELINE,
-    reps: int = protocol.BOOTSTRAP_REPS,
+    design: decision.Design | None = None,
 ) -> dict:
     """Every figure from the metrics rows of each method and seed, by the protocol
     (:mod:`sppo_rl.experiments.protocol`): the common windows, the target (given, or the pooled rule),
     each seed's figures and statistics, their summaries over seeds, and every other method against
-    ``baseline`` (seed-paired bootstrap intervals, A/A null intervals, verdicts)."""
+    ``baseline`` by the decision rule of ``design`` (:mod:`sppo_rl.experiments.decision`: the primary
+    statistic, paired t-tests, Holm, MDE, TOST, collapse counts)."""
     curves = {
         name: {k: protocol.Curve.of_rows(seeds[k]) for k in sorted(seeds)} for name, seeds in rows.items()
     }
     pairs = [(name, baseline) for name in rows if name != baseline and baseline in rows]
-    result = protocol.protocol(curves, pairs, target=target, gain=gain, reps=reps)
+    result = protocol.protocol(curves, pairs, target=target, gain=gain, design=design)
     figures = {}
     for name, seeds in rows.items():
         per_seed = {
@@ -284,6 +309,7 @@ def compare(
         "baseline": baseline,
         "methods": figures,
         "pairs": result["pairs"],
+        "decision": {k: result[k] for k in ("axes", "primary", "design", "notes", "table", "collapse")},
     }
 
 
@@ -481,11 +507,13 @@ def _mean_sd(s: dict, fmt: str = ".3f") -> str:
 
 
 STAT_LABELS = {
+    "acc_at_flops": "accuracy at equal FLOPs",
     "acc_at_seconds": "accuracy at equal wall-clock",
     "acc_at_tokens": "accuracy at equal generated tokens",
     "auc_seconds": "area under accuracy-vs-seconds",
-    "seconds_to_target": "seconds to target",
-    "tokens_to_target": "tokens to target",
+    "seconds_to_target": "seconds below target",
+    "tokens_to_target": "tokens below target",
+    "flops_to_target": "FLOPs below target",
 }
 
 
@@ -574,34 +602,18 @@ def markdown(report: dict) -> str:
         )
         lines.append(f"No comparison against the baseline ({report['baseline']}): {why}.")
     else:
-        lines += [
-            "",
-            "| A vs B | statistic | seed pairs | per seed (min-max) | A - B or A / B | 95% paired bootstrap | "
-            "A/A null 95% | verdict |",
-            "|" + "---|" * 8,
-        ]
-    for pair in report["pairs"].values():
-        for name, label in STAT_LABELS.items():
-            s = pair[name]
-            fmt = "+.3f" if s["kind"] == "difference" else ".2f"
-            per = [v for v in s["per_seed"] if not math.isnan(v)]
-            what = "A - B" if s["kind"] == "difference" else "A / B"
-            lines.append(
-                f"| {pair['a']} vs {pair['b']} | {label} ({what}) | {len(s['seeds'])} | "
-                f"{f'{min(per):{fmt}} to {max(per):{fmt}}' if per else '—'} | "
-                f"{'—' if math.isnan(s['point']) else format(s['point'], fmt)} | "
-                f"{_interval(*s['interval'], fmt)} | {_interval(*s['null'], fmt)} | {s['verdict']} |"
-            )
+        lines += ["", *decision.table_lines(report["decision"], lambda n: STAT_LABELS.get(n, n))]
     lines.append(
         "Cells: mean ± sample sd over seeds. Each run is read as the straight lines between its raw "
         "evaluations: acc @ equal s (tokens) at the window's end, AUC the mean accuracy over the seconds "
         "window, s (tokens) to target the time spent below the target in the window (a run that never "
         "reaches it counts the whole window; reached: seeds whose curve reaches it). final: mean over the "
         f"last {protocol.FINAL_FRAC:.0%} of a run's evaluations (at least one). A vs B: over the seeds "
-        "both have, mean of the differences or ratio of the means; bootstrap resampling seed pairs; the "
-        "null: the same statistic between two halves of one method's seeds (every split of A's and of "
-        f"B's); 'difference measured' needs the interval to exclude no difference, the estimate outside "
-        f"the null and >= {protocol.MIN_SEEDS} seed pairs. pass@k: a validation prompt solved by any of "
+        "both have, a paired t-test (sppo_rl.experiments.decision); 'difference' when Holm's p < alpha, "
+        "'equivalent within ±margin' when TOST shows it, else 'inconclusive' with the difference the "
+        "seeds could have detected (80% power). The time below the target is secondary: biased by how "
+        "often a run is evaluated when the curve rises fast (scripts/decision_sim.py). pass@k: a "
+        "validation prompt solved by any of "
         "its k samples; length: mean response length in positions over the updates. Per seed: start (greedy) "
         "the sampled and the greedy accuracy of the start's evaluation; cut: the mean share of responses "
         "that hit the length limit."
@@ -720,7 +732,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default="runs/compare_llm")
     ap.add_argument("--set", default="all", choices=SET_NAMES, help="the named run set (default: all)")
     ap.add_argument("--only", nargs="*", help="run only these names of the set")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds of every method (default: 0)")
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help=f"seeds of every method (default: 0..{TINY_SEEDS - 1}; the real set 0..{REAL_SEEDS - 1})",
+    )
     ap.add_argument(
         "--task", default="arithmetic", help="--task of every run (arithmetic, scratchpad, a file)"
     )
@@ -741,7 +759,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--baseline", default=None, help="the method every other is compared with (default sppo, if run)"
     )
     ap.add_argument(
-        "--bootstrap-reps", type=int, default=protocol.BOOTSTRAP_REPS, help="paired bootstrap resamples"
+        "--primary",
+        default=None,
+        choices=sorted(STAT_LABELS),
+        help="the primary statistic, declared before the runs (default: accuracy at equal FLOPs where the "
+        "runs log them, else at equal generated tokens)",
+    )
+    ap.add_argument(
+        "--margin",
+        type=float,
+        default=None,
+        help=f"equivalence margin of an accuracy difference, declared before the runs (default {decision.MARGIN})",
     )
     ap.add_argument("--workers", type=int, default=1, help="runs at a time (wall-clock: keep <= free cores)")
     ap.add_argument(
@@ -757,6 +785,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.steps is None:
         args.steps = 150 if args.seconds is None else 1_000_000
+    seeds, design = set_design(args.set)
+    args.seeds = list(range(seeds)) if args.seeds is None else args.seeds
+    args.margin = design.margin if args.margin is None else args.margin
     return args
 
 
@@ -776,7 +807,7 @@ def problems(args: argparse.Namespace, names: list[str]) -> str | None:
         ("--prompts-per-step", args.prompts_per_step, args.prompts_per_step >= 1),
         ("--eval-every", args.eval_every, args.eval_every >= 1),
         ("--target-gain", args.target_gain, 0 < args.target_gain <= 1),
-        ("--bootstrap-reps", args.bootstrap_reps, args.bootstrap_reps >= 100),
+        ("--margin", args.margin, 0 < args.margin < 1),
         ("--workers", args.workers, args.workers >= 1),
         ("--target", args.target, args.target is None or 0 <= args.target <= 1),
     ):
@@ -818,7 +849,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(
             f"no validation accuracy logged by {', '.join(silent)}: nothing to compare (--val-size)"
         )
-    report = compare(rows, args.target, args.target_gain, args.baseline or BASELINE, args.bootstrap_reps)
+    design = decision.Design(primary=args.primary, margin=args.margin)
+    report = compare(rows, args.target, args.target_gain, args.baseline or BASELINE, design)
     for name in names:
         report["methods"][name].update(run_facts([out / name / f"seed{seed}" for seed in args.seeds]))
     report["settings"] = {
@@ -835,7 +867,8 @@ def main(argv: list[str] | None = None) -> None:
             "target",
             "target_gain",
             "baseline",
-            "bootstrap_reps",
+            "primary",
+            "margin",
         )
     } | {"llm_args": args.llm_args, "workers": args.workers}
     from sppo_rl.experiments.scaling import scaling_section

@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 from paths import script_module
+from scipy import stats as sps
 
 from sppo_rl.experiments import protocol as P
 
@@ -121,21 +122,76 @@ def test_aa_null_splits_one_method_s_seeds_into_two_pseudo_methods():
     assert math.isnan(P.aa_null([[1], [2]], "ratio")[0])
 
 
-def test_verdict():
-    # excludes 1 and outside the null: a difference, with 5 pairs; with 3: too few seeds
-    assert P.verdict("ratio", 1.5, 1.2, 1.8, 0.8, 1.25, 5) == "difference measured"
-    assert P.verdict("ratio", 1.5, 1.2, 1.8, 0.8, 1.25, 3) == "too few seeds (< 5)"
-    # an interval inside the null interval: nothing, though it excludes 1
-    assert P.verdict("ratio", 1.15, 1.05, 1.2, 0.8, 1.25, 5) == "no difference measured"
-    assert P.verdict("ratio", 1.3, 0.9, 1.6, 0.8, 1.25, 5) == "no difference measured"  # contains 1
-    assert P.verdict("difference", -0.1, -0.15, -0.05, -0.04, 0.04, 6) == "difference measured"
-    assert P.verdict("difference", 0.1, math.nan, math.nan, -0.1, 0.1, 1) == "no interval"
+def test_protocol_decides_by_the_paired_test_with_a_primary_and_holm_per_table():
+    """Three methods, five seeds; at 10 s: a = b + 0.1 (+- 0.01 per seed), c = b + (0.02, -0.01, 0.01,
+    -0.02, 0). Primary (declared): acc_at_seconds. Two primary rows (a vs b, c vs b) are one Holm family,
+    the eight other rows another. a vs b: differences 0.1, 0.11, 0.09, 0.1, 0.1 -> mean 0.1, sd 0.00707,
+    t = 31.6 on 4 df: a difference. c vs b: mean 0, sd 0.01581; TOST within 0.05: (0 + 0.05) / 0.00707 =
+    7.07 on 4 df, p = 0.001: equivalent."""
+    bump_a = [0.0, 0.01, -0.01, 0.0, 0.0]
+    bump_c = [0.02, -0.01, 0.01, -0.02, 0.0]
+    base = [0.4 + 0.02 * k for k in range(5)]
+    make = lambda end: {k: curve([0, 10], [0.2, e]) for k, e in enumerate(end)}  # noqa: E731
+    curves = {
+        "a": make([x + 0.1 + u for x, u in zip(base, bump_a)]),
+        "b": make(base),
+        "c": make([x + u for x, u in zip(base, bump_c)]),
+    }
+    r = P.protocol(curves, [("a", "b"), ("c", "b")], design=P.Design(primary="acc_at_seconds"))
+    assert r["primary"] == "acc_at_seconds" and r["axes"] == ["seconds", "tokens"]
+    assert r["notes"] == ["FLOPs: not available (these runs log no flops_total)"]
+    primary = [row for row in r["table"] if row["role"] == "primary"]
+    assert [(row["a"], row["statistic"]) for row in primary] == [
+        ("a", "acc_at_seconds"),
+        ("c", "acc_at_seconds"),
+    ]
+    assert len(r["table"]) == 10
+    ab, cb = r["pairs"]["a_vs_b"]["acc_at_seconds"], r["pairs"]["c_vs_b"]["acc_at_seconds"]
+    assert ab["estimate"] == pytest.approx(0.1) and ab["sd"] == pytest.approx(math.sqrt(0.0002 / 4))
+    assert ab["holm_p"] == pytest.approx(min(1.0, 2 * ab["p"])) and ab["verdict"].startswith(
+        "difference (Holm p = "
+    )
+    assert cb["tost_p"] == pytest.approx(float(sps.t.sf(0.05 / (math.sqrt(0.001 / 4) / math.sqrt(5)), 4)))
+    assert cb["verdict"].startswith("equivalent within ±0.05 (TOST p = ")
+    # no collapse: every run ends above its start
+    assert r["collapse"]["counts"] == {m: {"n": 0, "of": 5} for m in "abc"}
+    assert r["collapse"]["fisher_p"] == {"a_vs_b": 1.0, "c_vs_b": 1.0}
+    # without a declared primary: accuracy at equal generated tokens, with the note
+    r = P.protocol(curves, [("a", "b")])
+    assert r["primary"] == "acc_at_tokens" and "no flops_total" in r["notes"][-1]
+
+
+def test_flops_are_an_axis_where_every_run_logs_them():
+    rows = lambda scale: [  # noqa: E731
+        {
+            "step": i,
+            "wall_time_s": 2.0 * i,
+            "generated_tokens": 100 * i,
+            "flops_total": scale * i,
+            "val_accuracy": 0.1 * i,
+        }
+        for i in range(4)
+    ]
+    a, b = P.Curve.of_rows(rows(1e9)), P.Curve.of_rows(rows(3e9))
+    assert a.axis("flops").tolist() == [0, 1e9, 2e9, 3e9]
+    r = P.protocol({"a": {0: a, 1: a}, "b": {0: b, 1: b}}, [("a", "b")], target=0.15)
+    # b spends 3x the FLOPs per update: the window ends at a's 3e9, where b is at its first update
+    assert r["axes"] == ["seconds", "tokens", "flops"] and r["windows"]["flops"] == [0.0, 3e9]
+    assert r["primary"] == "acc_at_flops" and r["notes"] == []
+    assert r["runs"]["b"][0]["acc_at_flops"] == pytest.approx(0.1) and r["runs"]["a"][0][
+        "acc_at_flops"
+    ] == pytest.approx(0.3)
+    # an older run without flops_total: no flops axis
+    old = [{k: v for k, v in row.items() if k != "flops_total"} for row in rows(1e9)]
+    assert P.Curve.of_rows(old).flops is None
+    with pytest.raises(KeyError, match="flops"):
+        P.Curve.of_rows(old).axis("flops")
 
 
 def test_protocol_end_to_end_on_hand_made_runs():
     a = {0: curve([0, 10, 20], [0.2, 0.6, 0.8]), 1: curve([0, 10, 20], [0.2, 0.4, 0.6])}
     b = {0: curve([0, 4, 8, 12, 16, 24], [0.2, 0.3, 0.4, 0.5, 0.6, 0.7])}
-    r = P.protocol({"a": a, "b": b}, [("a", "b")], reps=200)
+    r = P.protocol({"a": a, "b": b}, [("a", "b")])
     assert r["windows"]["seconds"] == [0.0, 20.0]
     # starts 0.2 (s0 0.2); finals 0.8, 0.6, 0.7 (the last 1 of 3, 1 of 6): median 0.7 -> target 0.45
     assert r["target"]["value"] == pytest.approx(0.45)
@@ -147,7 +203,8 @@ def test_protocol_end_to_end_on_hand_made_runs():
     pair = r["pairs"]["a_vs_b"]
     # only seed 0 is in both: one pair, no interval; the null comes from a's two seeds (1 vs 1, each split in both orders twice)
     t = pair["seconds_to_target"]
-    assert t["seeds"] == [0] and t["per_seed"] == [pytest.approx(6.25 / 10)] and t["verdict"] == "no interval"
+    assert t["seeds"] == [0] and t["per_seed"] == [pytest.approx(6.25 / 10)]
+    assert t["verdict"] == "no test (1 seed pair with values)"
     assert t["null_splits"] == 4 and t["null"][0] < 1 < t["null"][1]
 
 
@@ -173,8 +230,8 @@ def test_old_rule_reports_a_ratio_for_identical_curves(aa):
 def test_aa_protocol_finds_no_difference_between_identical_curves(aa):
     """The same simulated runs through the protocol (40 repetitions): every ratio's median within 5 % of
     1, every difference's within 0.02 of 0; the interval contains no difference in most repetitions (a
-    percentile bootstrap over 5 seeds covers ~85-90 %, not 95 %) and the verdict is "no difference
-    measured" in >= 90 % of them; the null interval contains no difference in every repetition. The
+    paired t-interval over 5 seeds covers ~95 %) and the verdict is not "difference" in >= 90 % of
+    them; the null interval contains no difference in every repetition. The
     interpolated first crossing alone stays biased (~1.25x: the method evaluated 5x more often has more
     chances to cross a noisy target early): hence the time below the target."""
     m = aa.measure(40)
@@ -183,7 +240,7 @@ def test_aa_protocol_finds_no_difference_between_identical_curves(aa):
         s = [p[name] for p in m["pairs"]]
         points = np.array([x["point"] for x in s])
         covered = np.mean([x["interval"][0] <= none <= x["interval"][1] for x in s])
-        quiet = np.mean([x["verdict"] == "no difference measured" for x in s])
+        quiet = np.mean([not x["verdict"].startswith("difference") for x in s])
         assert abs(np.median(points) - none) < (0.02 if none == 0 else 0.05), name
         assert covered >= 0.75 and quiet >= 0.9, (name, covered, quiet)
         assert all(x["null"][0] <= none <= x["null"][1] for x in s), name
@@ -222,9 +279,7 @@ def test_control_curves_are_read_on_seconds_and_episodes():
     ]
     a, b = P.Curve.of_control_rows(rows(1.0)), P.Curve.of_control_rows(rows(2.0))
     assert a.axis("episodes").tolist() == [64, 128, 192] and a.axis("tokens").tolist() == [640, 1280, 1920]
-    r = P.protocol(
-        {"a": {0: a}, "b": {0: b}}, [("a", "b")], target=0.5, reps=50, axes=("seconds", "episodes")
-    )
+    r = P.protocol({"a": {0: a}, "b": {0: b}}, [("a", "b")], target=0.5, axes=("seconds", "episodes"))
     assert r["windows"] == {"seconds": [2.0, 3.0], "episodes": [64.0, 192.0]}
     assert r["runs"]["a"][0]["acc_at_seconds"] == pytest.approx(0.6)
     assert r["runs"]["b"][0]["acc_at_seconds"] == pytest.approx(0.3)

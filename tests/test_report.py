@@ -359,59 +359,77 @@ def _ramps(root: Path, seeds: int) -> Path:
 
 def test_comparisons_follow_the_protocol_at_equal_seconds(tmp_path):
     """By hand (d_k = 0.04 k, k = 0..4). Window: seconds [1, 5] (ppo's first update, sppo's last),
-    episodes [64, 640]. Success at 5 s: ppo 0.25 + d_k, sppo 0.5 + d_k: A - B = -0.25 in every seed, so
-    the paired interval is [-0.25, -0.25]; the A/A null splits each method's values 0.25 + d_k into
-    halves of 2 and 3 seeds, the largest gap 0.14 - 0.04 = 0.12 - 0.02 = 0.10: null inside [-0.10, 0.10] ->
-    "difference measured". At equal episodes the curves are the same: 0, "no difference measured".
-    Area over [1, 5] = the value at 3 s: 0.15 + d vs 0.3 + d, ratio of means 0.23 / 0.38 = 0.605,
-    below every A/A ratio (the lowest, ppo's 0.17 / 0.27 = 0.63). Target:
+    episodes [64, 640], env steps [1920, 19200]. The primary (the default for control runs): success at
+    equal env steps, the same curve for both: 0 in every seed, no spread -> "equivalent within ±0.05"
+    (TOST p = 0). Secondary, one Holm family of six: success at 5 s: ppo 0.25 + d_k, sppo 0.5 + d_k:
+    -0.25 in every seed, p = 0 -> a difference. Area over [1, 5] = the value at 3 s: 0.15 + d vs 0.3 + d,
+    per-seed ratios 0.5, 0.559, 0.605, 0.643, 0.674 (geometric mean 0.593), tested on their logs. Target:
     s0 = mean start 0.05 + 0.08 = 0.13, pooled finals' median 0.58 -> 0.355. Seconds below it (plus the
-    window's start 1): ppo crosses at (0.355 - d) / 0.05 = 7.1, 6.3, 5.5 (after 5: 5), 4.7, 3.9 ->
-    mean 4.72; sppo at (0.355 - d) / 0.1 = 3.55 ... 1.95 -> mean 2.75; ratio 1.7164, outside the null
-    (ppo's halves at most 5 / 4.3 = 1.16, sppo's 3.15 / 2.15 = 1.47). Final success (each at its own
-    end) is the same for both: the old table could not see this difference."""
+    window's start 1): ppo crosses at (0.355 - d) / 0.05 = 7.1, 6.3, 5.5 (after 5: 5), 4.7, 3.9; sppo at
+    (0.355 - d) / 0.1 = 3.55 ... 1.95. Final success (each at its own end) is the same for both."""
     report = run_report(ReportConfig(inputs=(str(_ramps(tmp_path / "r", 5)),), bootstrap_reps=500))
     groups = {g["label"]: g for g in report["groups"]}
     assert groups["ppo"]["final_success_per_seed"] == pytest.approx(groups["sppo"]["final_success_per_seed"])
     (c,) = report["comparisons"]
     assert (c["world"], c["task"], c["labels"]) == ("control", "short-cartpole", ["ppo", "sppo"])
-    assert c["windows"] == {"seconds": [1.0, 5.0], "episodes": [64.0, 640.0]}
+    assert c["windows"] == {"seconds": [1.0, 5.0], "episodes": [64.0, 640.0], "env_steps": [1920.0, 19200.0]}
     assert c["target"]["value"] == pytest.approx(0.355)
     assert [r["seconds_to_target"] for r in c["runs"]["ppo"].values()] == pytest.approx([5, 5, 5, 4.7, 3.9])
     assert [r["seconds_to_target"] for r in c["runs"]["sppo"].values()] == pytest.approx(
         [3.55, 3.15, 2.75, 2.35, 1.95]
     )
+    assert c["primary"] == "acc_at_env_steps"
     p = c["pairs"]["ppo_vs_sppo"]
+    e = p["acc_at_env_steps"]
+    assert e["role"] == "primary" and e["point"] == pytest.approx(0) and e["tost_p"] == 0
+    assert e["verdict"] == "equivalent within ±0.05 (TOST p = 0)"
     s = p["acc_at_seconds"]
-    assert s["point"] == pytest.approx(-0.25) and s["interval"] == pytest.approx([-0.25, -0.25])
-    assert -0.10 - 1e-9 <= s["null"][0] < 0 < s["null"][1] <= 0.10 + 1e-9
-    assert s["verdict"] == "difference measured" and s["seeds"] == [0, 1, 2, 3, 4]
-    e = p["acc_at_episodes"]
-    assert e["point"] == pytest.approx(0) and e["verdict"] == "no difference measured"
+    assert s["role"] == "secondary" and s["point"] == pytest.approx(-0.25)
+    assert s["interval"] == pytest.approx([-0.25, -0.25]) and s["seeds"] == [0, 1, 2, 3, 4]
+    assert s["verdict"] == "difference (Holm p = 0)"  # no spread beyond float rounding
+    ratios = [(0.15 + 0.04 * k) / (0.3 + 0.04 * k) for k in range(5)]
     a = p["auc_seconds"]
-    assert (
-        a["point"] == pytest.approx(0.23 / 0.38)
-        and a["interval"][1] < 1
-        and a["null"][0] >= 0.17 / 0.27 - 1e-9
-    )
-    assert a["verdict"] == "difference measured"
+    assert a["point"] == pytest.approx(math.exp(np.mean(np.log(ratios)))) and a["interval"][1] < 1
+    assert a["verdict"].startswith("difference (Holm p = ")
     t = p["seconds_to_target"]
-    assert t["point"] == pytest.approx(4.72 / 2.75) and 1 < t["interval"][0]
-    assert t["null"][1] <= 3.15 / 2.15 + 1e-9 and t["verdict"] == "difference measured"
-    assert p["episodes_to_target"]["point"] == pytest.approx(1) and p["episodes_to_target"]["verdict"] == (
-        "no difference measured"
-    )
+    t_ratios = np.log(np.array([5, 5, 5, 4.7, 3.9]) / np.array([3.55, 3.15, 2.75, 2.35, 1.95]))
+    assert t["point"] == pytest.approx(math.exp(t_ratios.mean())) and 1 < t["interval"][0]
+    assert sum(row["role"] == "secondary" for row in c["table"]) == 6
+    assert p["episodes_to_target"]["point"] == pytest.approx(1)
+    assert p["episodes_to_target"]["verdict"] == "equivalent within x/ 1.25 (TOST p = 0)"
+    assert c["collapse"]["counts"] == {"ppo": {"n": 0, "of": 5}, "sppo": {"n": 0, "of": 5}}
     md = (tmp_path / "r" / "report" / "report.md").read_text()
     assert "### Comparisons over seeds (control; the comparison protocol)" in md
-    assert "Window: 1.0-5.0 training seconds, 64-640 episodes; target 0.355" in md
+    assert "Window: 1.0-5.0 training seconds, 64-640 episodes, 1,920-19,200 env steps; target 0.355" in md
+    assert "Primary statistic (declared before the runs): success at equal env steps" in md
     row = next(x for x in md.splitlines() if x.startswith("| ppo vs sppo | success at equal wall-clock"))
     cells = [x.strip() for x in row.strip("|").split("|")]
-    assert cells[2:5] == ["5", "-0.250", "[-0.250, -0.250]"] and cells[6] == "difference measured"
-    assert cells[5].startswith("[-0.") and cells[5] != "—"  # the null interval beside the difference
-    assert "| ppo vs sppo | seconds below target (A / B) | 5 | 1.716 |" in md
-    # four seeds: the same difference, but fewer pairs than a claim needs
+    assert cells[2:7] == ["5", "0.330 (0.330)", "0.580 (0.580)", "-0.250", "[-0.250, -0.250]"]
+    assert cells[-1] == "difference (Holm p = 0)"
+    assert "| ppo vs sppo | seconds below target (A / B) | 5 | 4.720 (4.900) | 2.750 (2.750) |" in md
+    assert "Collapsed runs (final at 0 or below the run's own start): ppo 0/5, sppo 0/5" in md
+    # four seeds: the same difference; the paired test needs no minimum beyond two pairs
     few = run_report(ReportConfig(inputs=(str(_ramps(tmp_path / "four", 4)),), bootstrap_reps=200))
-    assert few["comparisons"][0]["pairs"]["ppo_vs_sppo"]["acc_at_seconds"]["verdict"] == "too few seeds (< 5)"
+    assert (
+        few["comparisons"][0]["pairs"]["ppo_vs_sppo"]["acc_at_seconds"]["verdict"]
+        == "difference (Holm p = 0)"
+    )
+
+
+def test_the_declared_primary_and_margin_come_from_the_flags_or_the_sweep(tmp_path):
+    """--primary / --margin; else the sweep.json of the first input (sppo-rl sweep --primary --margin)."""
+    root = _ramps(tmp_path / "r", 3)
+    (root / "sweep.json").write_text(json.dumps({"config": {"primary": "acc_at_seconds", "margin": 0.1}}))
+    (c,) = run_report(ReportConfig(inputs=(str(root),), bootstrap_reps=100))["comparisons"]
+    assert c["primary"] == "acc_at_seconds" and c["design"]["margin"] == 0.1
+    cfg = ReportConfig(inputs=(str(root),), bootstrap_reps=100, primary="acc_at_episodes", margin=0.02)
+    (c,) = run_report(cfg)["comparisons"]
+    assert c["primary"] == "acc_at_episodes" and c["design"]["margin"] == 0.02
+    assert c["pairs"]["ppo_vs_sppo"]["acc_at_episodes"]["verdict"] == "equivalent within ±0.02 (TOST p = 0)"
+    with pytest.raises(ValueError, match="--primary acc_at_nothing: not a statistic"):
+        run_report(ReportConfig(inputs=(str(root),), primary="acc_at_nothing"))
+    with pytest.raises(ValueError, match="0 < --margin < 1"):
+        run_report(ReportConfig(inputs=(str(root),), margin=0.0))
 
 
 def test_no_runs_is_an_error(tmp_path):
@@ -574,15 +592,20 @@ def test_llm_runs_get_curves_a_table_and_aggregates(tmp_path):
     )
     assert "![validation accuracy](llm_val_accuracy.png)" in md and "### Aggregates over tasks (llm" in md
     # the protocol between the labels (sppo before grpo): accuracy at equal tokens (400, the last
-    # evaluation of all) per seed 1.0 - 0.75, 1.0 - 0.5 -> 0.375; two pairs: resampled means 0.25,
-    # 0.375, 0.5; the null from grpo's two seeds (+-0.25) and sppo's (0): [-0.25, 0.25]
+    # evaluation of all; the primary, as these runs log no FLOPs) per seed 1.0 - 0.75, 1.0 - 0.5: mean
+    # 0.375, sd 0.1768, se 0.125, t = 3 on 1 df: p = 0.205; interval 0.375 -+ 12.706 x 0.125; the null
+    # from grpo's two seeds (+-0.25) and sppo's (0): [-0.25, 0.25]
     (c,) = report["comparisons"]
     assert c["world"] == "llm" and c["windows"] == {"seconds": [0.0, 8.0], "tokens": [0.0, 400.0]}
+    assert c["primary"] == "acc_at_tokens" and "no flops_total" in c["notes"][-1]
     s = c["pairs"]["sppo_vs_grpo"]["acc_at_tokens"]
-    assert s["point"] == pytest.approx(0.375) and s["interval"] == pytest.approx([0.25, 0.5])
-    assert s["null"] == pytest.approx([-0.25, 0.25]) and s["verdict"] == "too few seeds (< 5)"
+    assert s["point"] == pytest.approx(0.375) and s["p"] == pytest.approx(0.2048, abs=1e-4)
+    assert s["interval"] == pytest.approx([0.375 - 12.7062 * 0.125, 0.375 + 12.7062 * 0.125], abs=1e-3)
+    assert s["null"] == pytest.approx([-0.25, 0.25])
+    assert s["verdict"] == f"inconclusive: could not detect differences below {s['mde']:.3f}" and s["mde"] > 1
     assert (
-        "| sppo vs grpo | accuracy at equal generated tokens (A - B) | 2 | +0.375 | [+0.250, +0.500] " in md
+        "| sppo vs grpo | accuracy at equal generated tokens (A - B) | 2 | 1.000 (1.000) | 0.625 (0.625) | +0.375 | "
+        in md
     )
     for name in report["figures"]:
         data = (out / name).read_bytes()
@@ -776,3 +799,24 @@ def test_a_run_without_training_seconds_leaves_its_task_out_of_the_comparisons_a
     assert "pairs" not in c and str(root / "grpo" / "seed0") in c["skipped"]
     md = (root / "report" / "report.md").read_text()
     assert "no comparison: axes seconds, tokens not finite and increasing in " in md
+
+
+def test_collapses_are_counted_per_task_and_pooled_with_fisher_s_exact_test(tmp_path):
+    """Two tasks, 3 seeds a side: ppo ends at 0 in 2 of 3 seeds on each, sppo never. Per task 2/3 vs
+    0/3 (Fisher p = 0.4); pooled 4/6 vs 0/6: the tables with all 4 in one row, C(6, 4) / C(12, 4) = 15 /
+    495, both tails: p = 0.0606."""
+    root = tmp_path / "r"
+    for task in ("short-cartpole", "precision-cartpole"):
+        for k in range(3):
+            write_run(root / task / "ppo" / f"seed{k}", task, "ppo", k, [0.1, 0.3, 0.0 if k < 2 else 0.6])
+            write_run(root / task / "sppo" / f"seed{k}", task, "sppo", k, [0.1, 0.4, 0.7 + 0.01 * k])
+    report = run_report(ReportConfig(inputs=(str(root),), bootstrap_reps=100))
+    for c in report["comparisons"]:
+        assert c["collapse"]["counts"] == {"ppo": {"n": 2, "of": 3}, "sppo": {"n": 0, "of": 3}}
+        assert c["collapse"]["fisher_p"]["ppo_vs_sppo"] == pytest.approx(0.4)
+    md = (root / "report" / "report.md").read_text()
+    assert (
+        "Collapsed runs pooled over the 2 tasks: ppo 4/6, sppo 0/6; Fisher's exact test: ppo vs sppo p = 0.061."
+        in md
+    )
+    assert 2 * 15 / 495 == pytest.approx(0.0606, abs=1e-4)

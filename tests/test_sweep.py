@@ -262,6 +262,11 @@ def test_ray_backend_from_the_command_line_with_its_own_local_instance(tmp_path)
         (dict(workers=0), "--workers"),
         (dict(budgets={"short-cartpole": 0}), "budgets must be >= 1 episode: short-cartpole=0"),
         (dict(seeds=()), "at least one"),
+        (
+            dict(primary="acc_at_tokens"),
+            "--primary acc_at_tokens: not a control statistic; valid: .*acc_at_env_steps",
+        ),
+        (dict(margin=0.0), "--margin must be in \\(0, 1\\)"),
     ],
 )
 def test_bad_settings_are_refused_before_any_run(tmp_path, kw, match):
@@ -521,3 +526,18 @@ def test_sigterm_stops_an_llm_sweep_and_the_rerun_resumes(tmp_path, tiny):
     assert "resumed" in _line(again.stdout, "sppo", 0)
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == list(range(201))
     assert 1 < len(done) < 201
+
+
+def test_the_declared_primary_and_margin_are_kept_in_sweep_json(tmp_path):
+    """A sweep declares its comparison before the runs: --primary and --margin go into sweep.json, where
+    sppo-rl report reads them; ten seeds by default (the decision rule's power at five is poor)."""
+    from sppo_rl.experiments.sweep import plan
+
+    assert SweepConfig().seeds == tuple(range(10))
+    cfg = _cfg(
+        tmp_path / "s", primary="acc_at_seconds", margin=0.1, algos=("ppo",), seeds=(0,), total_episodes=64
+    )
+    assert len(plan(cfg)) == 1
+    sweep(cfg)
+    manifest = json.loads((tmp_path / "s" / "sweep.json").read_text())
+    assert (manifest["config"]["primary"], manifest["config"]["margin"]) == ("acc_at_seconds", 0.1)

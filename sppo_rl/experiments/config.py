@@ -50,8 +50,10 @@ class SweepConfig:
     """Algorithms (see ``sppo-rl info``)."""
     tasks: tuple[str, ...] = ("precision-cartpole",)
     """Task short names (see sppo_rl.envs.TASKS)."""
-    seeds: tuple[int, ...] = (0, 1, 2)
-    """Seeds; each (task, algo, seed) is one run."""
+    seeds: tuple[int, ...] = tuple(range(10))
+    """Seeds; each (task, algo, seed) is one run. Ten by default: a paired t-test on five seeds detects a
+    difference of one seed standard deviation about a quarter of the time, on ten about half (on
+    correlated seeds, all but always); ``scripts/power.py`` gives the count for a stated effect."""
     out_dir: str = "runs/sweep"
     """Sweep folder: sweep.json and one run folder per job, <out_dir>/<task>/<algo>/seed<k>."""
     total_episodes: int | None = None
@@ -76,6 +78,13 @@ class SweepConfig:
     --workers CPUs), or None (ray.init()'s default: RAY_ADDRESS or a running cluster, else a local one)."""
     progress: bool = True
     """Print a line as each run ends."""
+    primary: str | None = None
+    """The comparison's primary statistic, declared before the runs and kept in sweep.json for
+    ``sppo-rl report`` (e.g. acc_at_env_steps; default: accuracy at equal compute, i.e. env steps for
+    control runs, FLOPs for LLM runs that log them, else generated tokens); every other is secondary."""
+    margin: float = 0.05  # sppo_rl.experiments.decision.MARGIN (this module stays import-light)
+    """Equivalence margin of an accuracy (success) difference, declared before the runs: 'equivalent
+    within +-margin' is printed only when a TOST shows it."""
 
 
 @dataclass
@@ -101,6 +110,12 @@ class ReportConfig:
     """Stratified-bootstrap resamples behind every IQM / aggregate interval and performance-profile band."""
     bootstrap_seed: int = 0
     """Seed of the bootstrap (the same seed gives the same intervals)."""
+    primary: str | None = None
+    """The primary statistic of the comparisons (default: what the sweep.json of the first input declared,
+    else accuracy at equal compute: env steps for control runs, FLOPs for LLM runs that log them, else
+    generated tokens); every other statistic is printed as secondary."""
+    margin: float | None = None
+    """Equivalence margin of an accuracy difference (default: the sweep.json's, else 0.05)."""
     max_overlay: int = 4
     """Up to this many algorithms (settings) share a panel; with more, each gets its own panel, the
     others drawn in grey behind it."""

@@ -29,21 +29,26 @@ the axes ``("seconds", "episodes")`` instead of ``("seconds", "tokens")`` (:func
   would reward the method evaluated more often with more chances to cross early; a run that never
   reaches the target counts the whole window, a lower bound); ``tokens_to_target`` the same on tokens;
   and :func:`crossing`, the first crossing interpolated between raw evaluations, reported beside it.
-- Between two methods A and B (:func:`compare_pair`), over the seeds both have, each statistic's
-  difference ``mean_k(a_k - b_k)`` (accuracies) or ratio ``mean_k a_k / mean_k b_k`` (AUC, time and
-  tokens to target) with a **paired bootstrap** interval (:func:`paired_bootstrap`: the same resampled
-  seed indices for both methods) and the **A/A null interval** (:func:`aa_null`): the same statistic
-  between two halves of ONE method's seeds, over every split of A's seeds and every split of B's seeds
-  (both orders), pooled: what the pipeline reports when there is nothing to find. Each half has half the
-  seeds, so the null is wider than the n-seed sampling spread (conservative).
-- **Verdict** (:func:`verdict`): "difference measured" only when the bootstrap interval excludes no
-  difference (0 for a difference, 1 for a ratio), the point estimate lies outside the null interval and
-  at least ``MIN_SEEDS`` seed pairs stand behind it; otherwise "no difference measured" (an interval
-  inside the null interval always is), or "too few seeds" when the interval excludes no difference
-  with fewer than ``MIN_SEEDS`` pairs.
+- Between two methods A and B (:func:`compare_pair`), over the seeds both have, each statistic by the
+  decision rule of :mod:`sppo_rl.experiments.decision`: a paired t-test on the per-seed differences
+  (accuracies) or log-ratios (AUC, time and tokens to target), its 95 % interval, the minimum detectable
+  effect and the TOST equivalence test against the declared margin. The A/A null interval
+  (:func:`aa_null`: the same statistic between two halves of ONE method's seeds, over every split) is
+  kept beside it for reference; the verdict no longer reads it.
+- **Primary and secondary** (:func:`protocol`): one statistic, named before the runs
+  (:class:`~sppo_rl.experiments.decision.Design`; default the accuracy at equal compute at the window's
+  end: FLOPs where the runs log ``flops_total``, else generated tokens with a note; control runs: env
+  steps), is primary; Holm's correction runs over the primary rows of all pairs as one family and over
+  every other row as a second, exploratory family. The time below the target stays secondary: it is
+  biased by evaluation density on fast-rising curves and degenerate when the target sits within noise of
+  the start (``scripts/decision_sim.py`` measures the first).
+- **Verdict**: ``difference (Holm p = ...)``, ``equivalent within +-margin (TOST p = ...)``, or
+  ``inconclusive: could not detect differences below MDE``; collapse counts per method (a run ending at 0 or below
+  its start) with Fisher's exact test per pair.
 
 Pure NumPy; ``tests/test_protocol.py`` checks each function on hand-made numbers and the whole protocol
-on simulated A/A runs (identical learning curves at 6.6 s and 1.2 s per update).
+on simulated A/A runs (identical learning curves at 6.6 s and 1.2 s per update); the decision rule's
+error rates are in ``tests/test_decision.py``.
 """
 
 from __future__ import annotations
@@ -55,9 +60,11 @@ from typing import Any
 
 import numpy as np
 
+from sppo_rl.experiments import decision
+from sppo_rl.experiments.decision import Design
+
 FINAL_FRAC = 0.1  # "final": the mean over the last 10 % of a run's logged values, at least one
 TARGET_GAIN = 0.5  # the target: half of the median improvement from the warm start
-MIN_SEEDS = 5  # seed pairs behind any claimed difference
 CONFIDENCE = 0.95
 BOOTSTRAP_REPS = 4000
 MAX_SPLITS = 2000  # A/A splits enumerated per method; beyond this a seeded sample of them
@@ -89,22 +96,24 @@ def final_value(values, frac: float = FINAL_FRAC) -> float:
 @dataclass(frozen=True)
 class Curve:
     """One run's raw evaluations: ``accuracy[i]`` at ``seconds[i]`` training seconds, ``tokens[i]``
-    generated tokens (control: env steps), ``updates[i]`` updates and, for a control run,
-    ``episodes[i]`` episodes (all increasing in i)."""
+    generated tokens (control: env steps), ``updates[i]`` updates, for a control run ``episodes[i]``
+    episodes, and for an LLM run that logs them ``flops[i]`` FLOPs spent so far (all increasing in i)."""
 
     seconds: np.ndarray
     tokens: np.ndarray
     updates: np.ndarray
     accuracy: np.ndarray
     episodes: np.ndarray | None = None
+    flops: np.ndarray | None = None
 
     @staticmethod
     def of_rows(rows: list[dict], key: str = "val_accuracy") -> Curve:
         """The rows of a ``metrics.jsonl`` that carry ``key`` (``step``, ``wall_time_s``,
-        ``generated_tokens``)."""
+        ``generated_tokens``, and ``flops_total`` where every one of them has it)."""
         ev = [r for r in rows if r.get(key) is not None]
         col = lambda k: np.array([float(r[k]) for r in ev], dtype=float)  # noqa: E731
-        return Curve(col("wall_time_s"), col("generated_tokens"), col("step"), col(key))
+        flops = col("flops_total") if ev and all(r.get("flops_total") is not None for r in ev) else None
+        return Curve(col("wall_time_s"), col("generated_tokens"), col("step"), col(key), flops=flops)
 
     @staticmethod
     def of_control_rows(rows: list[dict]) -> Curve:
@@ -117,10 +126,21 @@ class Curve:
         )
 
     def axis(self, name: str) -> np.ndarray:
+        """The x values on axis ``name``: ``seconds``, ``tokens``, ``updates``; ``episodes`` and
+        ``env_steps`` (the ``tokens`` column) of a control run; ``flops`` of a run that logs them."""
         axes = {"seconds": self.seconds, "tokens": self.tokens, "updates": self.updates}
         if self.episodes is not None:
-            axes["episodes"] = self.episodes
+            axes |= {"episodes": self.episodes, "env_steps": self.tokens}
+        if self.flops is not None:
+            axes["flops"] = self.flops
+        if name not in axes:
+            raise KeyError(f"axis {name!r} not logged by this run (it has {', '.join(axes)})")
         return axes[name]
+
+
+def llm_axes(curves) -> tuple[str, ...]:
+    """The axes of an LLM comparison: :data:`AXES` and, where every run logs ``flops_total``, ``flops``."""
+    return (*AXES, "flops") if all(c.flops is not None for c in curves) else AXES
 
 
 def value_at(x, y, at: float) -> float:
@@ -244,7 +264,8 @@ def paired_bootstrap(
     resamples each draw ``n`` seed indices ``k*_1..n`` uniformly with replacement, the same for ``a`` and
     ``b``; the interval is the ``(1 -+ confidence) / 2`` quantiles of the resampled statistic (numpy's
     linear quantile, NaN resamples dropped). The generator is ``numpy.random.default_rng(seed)``, made
-    afresh per call. NaN interval under two pairs."""
+    afresh per call. NaN interval under two pairs. The old protocol's interval (it covers ~80 % at 5
+    seeds, docs/results.md); the decision rule uses the paired t-interval instead."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     point = float(_stat(kind, a, b)) if len(a) else math.nan
     if len(a) < 2:
@@ -295,30 +316,18 @@ def aa_null(per_method, kind: str, confidence: float = CONFIDENCE) -> tuple[floa
     return float(lo), float(hi), len(values)
 
 
-def verdict(kind: str, point: float, lo: float, hi: float, null_lo: float, null_hi: float, pairs: int) -> str:
-    """``difference measured`` when ``[lo, hi]`` excludes no difference (0 or 1), ``point`` is outside
-    ``[null_lo, null_hi]`` and ``pairs >= MIN_SEEDS``; ``too few seeds`` when only the seed count is
-    missing; ``no interval`` without one; else ``no difference measured``."""
-    if any(math.isnan(v) for v in (point, lo, hi)):
-        return "no interval"
-    none = 0.0 if kind == "difference" else 1.0
-    outside_null = math.isnan(null_lo) or not null_lo <= point <= null_hi
-    if (lo > none or hi < none) and outside_null:
-        return "difference measured" if pairs >= MIN_SEEDS else f"too few seeds (< {MIN_SEEDS})"
-    return "no difference measured"
-
-
 def compare_pair(
     stats_a: dict[int, dict],
     stats_b: dict[int, dict],
-    reps: int = BOOTSTRAP_REPS,
-    confidence: float = CONFIDENCE,
-    seed: int = 0,
+    design: Design | None = None,
     axes: tuple[str, ...] = AXES,
 ) -> dict[str, dict]:
     """Every statistic of :func:`statistic_names` on ``axes`` between methods A and B from their
-    per-seed :func:`run_statistics`: over the seeds both have, the point estimate, the paired bootstrap
-    interval, the A/A null interval (from all of A's seeds and all of B's) and the verdict."""
+    per-seed :func:`run_statistics`: over the seeds both have, the paired test of
+    :func:`sppo_rl.experiments.decision.compare` (``point`` its estimate: the mean difference, or the
+    geometric mean of the per-seed ratios) and, for reference, the A/A null interval (from all of A's
+    seeds and all of B's). The verdicts come from :func:`protocol`, which corrects each table at once."""
+    design = design or Design()
     common = sorted(set(stats_a) & set(stats_b))
     differences, ratios = statistic_names(axes)
     out = {}
@@ -326,21 +335,36 @@ def compare_pair(
         kind = "difference" if name in differences else "ratio"
         a = np.array([stats_a[k][name] for k in common], dtype=float)
         b = np.array([stats_b[k][name] for k in common], dtype=float)
-        point, lo, hi = paired_bootstrap(a, b, kind, reps, confidence, seed)
         own = [[s[k][name] for k in sorted(s)] for s in (stats_a, stats_b)]
-        null_lo, null_hi, n_null = aa_null(own, kind, confidence)
+        null_lo, null_hi, n_null = aa_null(own, kind, CONFIDENCE)
         per_seed = (a - b) if kind == "difference" else np.where(b != 0, a / np.where(b != 0, b, 1), np.nan)
+        margin = design.margin if kind == "difference" else design.ratio_margin
+        test = decision.compare(a, b, kind, margin, design.alpha)
         out[name] = {
-            "kind": kind,
+            **test,
             "seeds": common,
             "per_seed": [float(v) for v in per_seed],
-            "point": point,
-            "interval": [lo, hi],
+            "point": test["estimate"],
             "null": [null_lo, null_hi],
             "null_splits": n_null,
-            "verdict": verdict(kind, point, lo, hi, null_lo, null_hi, len(common)),
         }
     return out
+
+
+def collapses(per_run: dict[str, dict[int, dict]], pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    """Per method the runs that collapsed (:func:`sppo_rl.experiments.decision.collapsed`: ending at 0 or
+    below their own start, from :func:`run_statistics`' ``start`` and ``final``) and, per pair, Fisher's
+    exact test of the two counts."""
+    counts = {
+        name: {"n": sum(decision.collapsed(r["start"], r["final"]) for r in seeds.values()), "of": len(seeds)}
+        for name, seeds in per_run.items()
+    }
+    tests = {
+        f"{a}_vs_{b}": decision.fisher_exact(counts[a]["n"], counts[a]["of"], counts[b]["n"], counts[b]["of"])
+        for a, b in pairs
+        if a in counts and b in counts
+    }
+    return {"counts": counts, "fisher_p": tests}
 
 
 def protocol(
@@ -348,21 +372,28 @@ def protocol(
     pairs: list[tuple[str, str]],
     target: float | None = None,
     gain: float = TARGET_GAIN,
-    reps: int = BOOTSTRAP_REPS,
-    confidence: float = CONFIDENCE,
-    seed: int = 0,
-    axes: tuple[str, ...] = AXES,
+    design: Design | None = None,
+    axes: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
-    """The whole protocol on every method's per-seed curves, read on ``axes`` (``("seconds",
-    "episodes")`` for control runs): the windows, the target (given, or :func:`target_of` over all
-    runs), every run's :func:`run_statistics` and, for each ``(A, B)`` of ``pairs``,
-    :func:`compare_pair`."""
+    """The whole protocol on every method's per-seed curves, read on ``axes`` (None: :func:`llm_axes`;
+    ``("seconds", "episodes", "env_steps")`` for control runs): the windows, the target (given, or
+    :func:`target_of` over all runs), every run's :func:`run_statistics`, for each ``(A, B)`` of ``pairs``
+    :func:`compare_pair`, and the decision (:mod:`sppo_rl.experiments.decision`): the primary statistic
+    of ``design`` (its default: :func:`~sppo_rl.experiments.decision.default_primary`; a declared one the
+    runs cannot give falls back to it, with a note), one row per pair and statistic in ``table`` (role
+    ``primary`` or ``secondary``), Holm's correction over the primary rows as one family and over the
+    secondary rows as another, each row's verdict (also in ``pairs``), and the collapse counts."""
     empty = [
         f"{name} seed {k}" for name, seeds in curves.items() for k, c in seeds.items() if not len(c.accuracy)
     ]
     if empty:
         raise ValueError(f"no evaluation in {', '.join(empty)}: nothing to compare")
+    design = design or Design()
     runs = [c for seeds in curves.values() for c in seeds.values()]
+    axes = llm_axes(runs) if axes is None else axes
+    notes = []
+    if "flops" not in axes and "episodes" not in axes:
+        notes.append("FLOPs: not available (these runs log no flops_total)")
     windows = {axis: window(runs, axis) for axis in axes}
     rule = "given"
     if target is None:
@@ -372,17 +403,42 @@ def protocol(
         name: {k: run_statistics(c, windows, target, axes) for k, c in sorted(seeds.items())}
         for name, seeds in curves.items()
     }
+    primary, note = decision.default_primary(axes)
+    differences, ratios = statistic_names(axes)
+    if design.primary is not None and design.primary in (*differences, *ratios):
+        primary, note = design.primary, None
+    elif design.primary is not None:
+        note = f"the declared primary {design.primary} is not among these runs' statistics: {primary} instead"
+    notes += [note] if note else []
+    done = [(a, b) for a, b in pairs if a in per_run and b in per_run]
+    compared = {
+        f"{a}_vs_{b}": {"a": a, "b": b, **compare_pair(per_run[a], per_run[b], design, axes)} for a, b in done
+    }
+    table = []
+    for role in ("primary", "secondary"):
+        family = [
+            {"pair": key, "a": pair["a"], "b": pair["b"], "statistic": name, "role": role, **pair[name]}
+            for key, pair in compared.items()
+            for name in (*differences, *ratios)
+            if (name == primary) == (role == "primary")
+        ]
+        decision.decide(family, design.alpha)
+        for row in family:
+            compared[row["pair"]][row["statistic"]] |= {
+                "role": role,
+                "holm_p": row["holm_p"],
+                "verdict": row["verdict"],
+            }
+        table += family
     return {
         "windows": {axis: list(w) for axis, w in windows.items()},
         "target": {"value": target, "rule": rule},
+        "axes": list(axes),
+        "primary": primary,
+        "design": {"margin": design.margin, "ratio_margin": design.ratio_margin, "alpha": design.alpha},
+        "notes": notes,
         "runs": per_run,
-        "pairs": {
-            f"{a}_vs_{b}": {
-                "a": a,
-                "b": b,
-                **compare_pair(per_run[a], per_run[b], reps, confidence, seed, axes),
-            }
-            for a, b in pairs
-            if a in per_run and b in per_run
-        },
+        "pairs": compared,
+        "table": table,
+        "collapse": collapses(per_run, done),
     }

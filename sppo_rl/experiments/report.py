@@ -26,7 +26,8 @@ their evaluation steps. A run's **score** is its final success (control) or fina
 - Comparisons (:func:`comparisons`): per task with two labels or more, every pair of labels through
   :mod:`sppo_rl.experiments.protocol` (raw curves, common window, pooled-finals target, value at equal
   seconds and at equal episodes / generated tokens, area under the curve, time below the target; the
-  seed-paired bootstrap interval, the A/A null interval beside it, and the verdict).
+  paired t-test, Holm's correction, minimum detectable effect, TOST and collapse counts of
+  :mod:`sppo_rl.experiments.decision`).
 - Aggregates (Agarwal et al. 2021, "Deep RL at the Edge of the Statistical Precipice"): per label, over
   all its runs on all tasks of a world (control, LLM): IQM, mean, median and optimality gap of the
   scores with stratified-bootstrap 95% intervals (runs resampled within each task), and the performance
@@ -60,7 +61,7 @@ from typing import Any
 
 import numpy as np
 
-from sppo_rl.experiments import protocol, stats, tail
+from sppo_rl.experiments import decision, protocol, stats, tail
 from sppo_rl.experiments.config import ReportConfig
 from sppo_rl.experiments.figures import fit_title
 from sppo_rl.experiments.scaling import scaling_section
@@ -459,7 +460,9 @@ def aggregates(per_run: list[dict[str, Any]], labels: list[str], cfg: ReportConf
     return {"table": table, "profiles": profiles}
 
 
-CONTROL_AXES = ("seconds", "episodes")  # what a control comparison reads beside seconds; LLM: protocol.AXES
+# what a control comparison reads: env steps (its compute axis, the primary's), episodes, seconds; LLM:
+# protocol.llm_axes (seconds, generated tokens, and FLOPs where the runs log them)
+CONTROL_AXES = ("seconds", "episodes", "env_steps")
 
 
 def _protocol_curve(run: Run) -> protocol.Curve:
@@ -467,7 +470,9 @@ def _protocol_curve(run: Run) -> protocol.Curve:
     if run.world == "control":
         return protocol.Curve.of_control_rows(run.rows)
     cols = [_col(run.rows, k) for k in ("wall_time_s", "generated_tokens", "step", "val_accuracy")]
-    return protocol.Curve(*cols)
+    evals = [r for r in run.rows if r.get("val_accuracy") is not None]
+    logged = evals and all(r.get("flops_total") is not None for r in evals)
+    return protocol.Curve(*cols, flops=_col(run.rows, "flops_total") if logged else None)
 
 
 def comparisons(runs: list[Run], world: str, cfg: ReportConfig) -> list[dict[str, Any]]:
@@ -479,7 +484,8 @@ def comparisons(runs: list[Run], world: str, cfg: ReportConfig) -> list[dict[str
     with ``--bootstrap-seed``; seeds pair by their number (a second run of a label with the same seed is
     left out). A run whose axes are not finite and increasing leaves its task out, named in
     ``skipped``."""
-    axes = CONTROL_AXES if world == "control" else protocol.AXES
+    axes = CONTROL_AXES if world == "control" else None
+    design = declared_design(cfg)
     order = label_order(runs)
     out = []
     for task in sorted({r.task for r in runs}):
@@ -492,20 +498,35 @@ def comparisons(runs: list[Run], world: str, cfg: ReportConfig) -> list[dict[str
             curves[lb] = {}
             for r in sorted((r for r in runs if (r.task, r.label) == (task, lb)), key=lambda r: r.seed):
                 c = _protocol_curve(r)
-                xs = [c.axis(a) for a in axes]
+                xs = [c.axis(a) for a in axes or protocol.AXES]
                 if not all(np.isfinite(x).all() and (np.diff(x) >= 0).all() for x in xs):
                     bad.append(str(r.path))
                 curves[lb].setdefault(r.seed, c)
-        entry = {"world": world, "task": task, "axes": list(axes), "labels": labels}
+        entry = {"world": world, "task": task, "axes": list(axes or protocol.AXES), "labels": labels}
         if bad:
             out.append(
-                {**entry, "skipped": f"axes {', '.join(axes)} not finite and increasing in " + ", ".join(bad)}
+                {
+                    **entry,
+                    "skipped": f"axes {', '.join(axes or protocol.AXES)} not finite and increasing in "
+                    + ", ".join(bad),
+                }
             )
             continue
         pairs = [(a, b) for i, a in enumerate(labels) for b in labels[i + 1 :]]
-        result = protocol.protocol(curves, pairs, reps=cfg.bootstrap_reps, seed=cfg.bootstrap_seed, axes=axes)
+        result = protocol.protocol(curves, pairs, design=design, axes=axes)
         out.append({**entry, **result})
     return out
+
+
+def declared_design(cfg: ReportConfig) -> decision.Design:
+    """The comparison's design, declared before its runs: ``--primary`` / ``--margin``, else what the
+    first input's ``sweep.json`` declared (``sppo-rl sweep --primary --margin``), else the defaults."""
+    primary, margin = cfg.primary, cfg.margin
+    manifest = Path(cfg.inputs[0]) / "sweep.json"
+    declared = (_read_json(manifest) or {}).get("config", {}) if manifest.is_file() else {}
+    primary = primary if primary is not None else declared.get("primary")
+    margin = margin if margin is not None else declared.get("margin")
+    return decision.Design(primary=primary, margin=decision.MARGIN if margin is None else float(margin))
 
 
 def calibration_numbers(runs: list[Run], bins: int) -> dict[str, Any]:
@@ -829,9 +850,21 @@ def _aggregate_lines(agg: dict[str, Any], world: str, cfg: ReportConfig) -> list
     return lines
 
 
-AXIS_WORDS = {"seconds": "wall-clock", "episodes": "episodes", "tokens": "generated tokens"}
-UNITS = {"seconds": "training seconds", "episodes": "episodes", "tokens": "generated tokens"}
-WINDOW_FMT = {"seconds": ".1f", "episodes": ",.0f", "tokens": ",.0f"}
+AXIS_WORDS = {
+    "seconds": "wall-clock",
+    "episodes": "episodes",
+    "env_steps": "env steps",
+    "tokens": "generated tokens",
+    "flops": "FLOPs",
+}
+UNITS = {
+    "seconds": "training seconds",
+    "episodes": "episodes",
+    "env_steps": "env steps",
+    "tokens": "generated tokens",
+    "flops": "FLOPs",
+}
+WINDOW_FMT = {"seconds": ".1f", "episodes": ",.0f", "env_steps": ",.0f", "tokens": ",.0f", "flops": ".3g"}
 
 
 def _stat_label(name: str, world: str) -> str:
@@ -842,7 +875,7 @@ def _stat_label(name: str, world: str) -> str:
         return f"area under {what}-vs-seconds"
     if name.startswith("acc_at_"):
         return f"{what} at equal {AXIS_WORDS[name.removeprefix('acc_at_')]}"
-    return f"{name.removesuffix('_to_target')} below target"
+    return f"{AXIS_WORDS[name.removesuffix('_to_target')].replace('wall-clock', 'seconds')} below target"
 
 
 def _comparison_lines(comparisons: list[dict[str, Any]], world: str) -> list[str]:
@@ -855,9 +888,8 @@ def _comparison_lines(comparisons: list[dict[str, Any]], world: str) -> list[str
         "",
         "Each run read as straight lines between its raw (unsmoothed) "
         + ("per-update success rates" if world == "control" else "evaluations")
-        + " on the window every run of the task covers; A vs B over the seeds both have, with the "
-        "seed-paired bootstrap 95% interval and the A/A null 95% interval (the same statistic between two "
-        "halves of one label's seeds) beside it.",
+        + " on the window every run of the task covers; A vs B over the seeds both have, by the decision "
+        "rule (sppo_rl.experiments.decision).",
     ]
     for c in mine:
         lines += ["", f"**{c['task']}**: " + ", ".join(c["labels"])]
@@ -873,20 +905,17 @@ def _comparison_lines(comparisons: list[dict[str, Any]], world: str) -> list[str
             )
             + f"; target {_num(t['value'], '.3f')} ({t['rule']}, s0 = the mean start value).",
             "",
-            "| A vs B | statistic | seed pairs | A - B or A / B | 95% paired bootstrap | A/A null 95% | verdict |",
-            "|---|---|---:|---:|---:|---:|---|",
+            *decision.table_lines(c, lambda name: _stat_label(name, world)),
         ]
-        for pair in c["pairs"].values():
-            differences, ratios = protocol.statistic_names(tuple(c["axes"]))
-            for name in (*differences, *ratios):
-                st = pair[name]
-                fmt = "+.3f" if st["kind"] == "difference" else ".3f"
-                what = "A - B" if st["kind"] == "difference" else "A / B"
-                lines.append(
-                    f"| {pair['a']} vs {pair['b']} | {_stat_label(name, world)} ({what}) | {len(st['seeds'])} | "
-                    f"{_num(st['point'], fmt)} | {_ci_only(st['interval'], fmt)} | {_ci_only(st['null'], fmt)} | "
-                    f"{st['verdict']} |"
-                )
+    done = [c["collapse"] for c in mine if "collapse" in c]
+    if len(done) > 1:
+        pooled = decision.pooled_collapse(done)
+        counts = ", ".join(f"{m} {v['n']}/{v['of']}" for m, v in pooled["counts"].items())
+        tests = ", ".join(f"{k.replace('_vs_', ' vs ')} p = {p:.2g}" for k, p in pooled["fisher_p"].items())
+        lines += [
+            "",
+            f"Collapsed runs pooled over the {len(done)} tasks: {counts}; Fisher's exact test: {tests}.",
+        ]
     return lines
 
 
@@ -1030,15 +1059,17 @@ def definitions(cfg: ReportConfig, control: bool, llm: bool) -> dict[str, str]:
         "per task with two labels or more, the comparison protocol (sppo_rl.experiments.protocol, "
         "docs/results.md): each run's raw curve read as straight lines between its values (control: "
         "success_rate per update; LLM: val_accuracy per evaluation) on the window from the latest first to "
-        "the earliest last value over the task's runs, in training seconds and episodes (LLM: generated "
-        "tokens); target = s0 + 0.5 (median of the pooled finals - s0), s0 the mean first value; per run: "
-        "the value at the window's end, the mean over the seconds window (area), and the time spent below "
-        "the target plus the window's start (x below target); A vs B over their common seeds: the mean "
-        "per-seed difference or the ratio of means, a seed-paired bootstrap 95% interval "
-        f"({cfg.bootstrap_reps} resamples, seed {cfg.bootstrap_seed}), the A/A null 95% interval (every "
-        "split of A's seeds and of B's into halves, pooled), and the verdict: 'difference measured' only "
-        "when the interval excludes no difference, the estimate lies outside the null and at least "
-        f"{protocol.MIN_SEEDS} seed pairs stand behind it; else 'no difference measured' or 'too few seeds'"
+        "the earliest last value over the task's runs, in training seconds, episodes and env steps (LLM: "
+        "generated tokens, and FLOPs where the runs log flops_total); target = s0 + 0.5 (median of the "
+        "pooled finals - s0), s0 the mean first value; per run: the value at the window's end, the mean "
+        "over the seconds window (area), and the time spent below the target plus the window's start; "
+        "A vs B over their common seeds by the decision rule (sppo_rl.experiments.decision): ONE primary "
+        "statistic declared before the runs (--primary or the sweep's; default the value at equal compute: "
+        "env steps, FLOPs, else generated tokens), a paired t-test per statistic (ratios on ln(a/b)), its "
+        "95% interval, Holm's correction over the primary table and over the secondary table, 'difference' "
+        "when Holm's p < 0.05, 'equivalent within ±margin' only when a TOST shows it, else 'inconclusive' "
+        "with the minimum detectable effect at 80% power; the means with their IQM and the probability of "
+        "improvement; collapsed runs (final at 0 or below the start) with Fisher's exact test"
     )
     d["calibration"] = (
         "sigmoid V(s_0) vs the empirical success of each calibration start state, pooled over "
@@ -1071,10 +1102,21 @@ def run_report(cfg: ReportConfig) -> dict[str, Any]:
         or cfg.grid_points < 2
         or cfg.bootstrap_reps < 1
         or cfg.max_overlay < 1
+        or (cfg.margin is not None and not 0 < cfg.margin < 1)
     ):
         raise ValueError(
             "need --smooth >= 1, 0 < --final-frac <= 1, --calibration-bins >= 1, --grid-points >= 2, "
-            "--bootstrap-reps >= 1, --max-overlay >= 1"
+            "--bootstrap-reps >= 1, --max-overlay >= 1, 0 < --margin < 1"
+        )
+    known = {
+        n
+        for axes in (CONTROL_AXES, (*protocol.AXES, "flops"))
+        for names in protocol.statistic_names(axes)
+        for n in names
+    }
+    if cfg.primary is not None and cfg.primary not in known:
+        raise ValueError(
+            f"--primary {cfg.primary}: not a statistic of the comparisons; valid: {', '.join(sorted(known))}"
         )
     out = Path(cfg.out) if cfg.out else Path(cfg.inputs[0]) / "report"
     runs = find_runs(cfg.inputs, skip=out.resolve())

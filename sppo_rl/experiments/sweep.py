@@ -209,8 +209,21 @@ def check_same_settings(out: Path, config: Any, bookkeeping: set[str] = BOOKKEEP
         )
 
 
+def check_design(cfg: SweepConfig) -> None:
+    """The declared primary statistic is one the world's comparison computes, the margin in (0, 1)."""
+    from sppo_rl.experiments.protocol import statistic_names
+
+    axes = ("seconds", "episodes", "env_steps") if cfg.world == "control" else ("seconds", "tokens", "flops")
+    valid = [n for names in statistic_names(axes) for n in names]
+    if cfg.primary is not None and cfg.primary not in valid:
+        raise ValueError(f"--primary {cfg.primary}: not a {cfg.world} statistic; valid: {', '.join(valid)}")
+    if not 0 < cfg.margin < 1:
+        raise ValueError(f"--margin must be in (0, 1), got {cfg.margin}")
+
+
 def plan(cfg: SweepConfig) -> list[Job]:
     """Check every name and setting, then list the jobs (nothing is started or written)."""
+    check_design(cfg)
     if cfg.world == "llm":
         return _plan_llm(cfg)
     if cfg.runs or cfg.llm_args:
