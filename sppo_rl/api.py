@@ -516,6 +516,9 @@ class LLMPolicy:
         folder: the model folder (a run's ``final/actor``).
         run_dir: the run folder it came from (None for a lone model folder).
         summary: the run's summary (``final_val_accuracy``, ``steps``, ...; empty if unknown).
+        prompt_format: how the run turned a prompt into the model's text (``--chat-template``,
+            ``--system-prompt``, ``--instruction``: :class:`~sppo_rl.llm.prompts.PromptFormat`); read from
+            the folder's ``prompt_format.json``, else the run's ``config.json``, else the defaults.
     """
 
     def __init__(
@@ -526,12 +529,16 @@ class LLMPolicy:
         *,
         max_new_tokens: int | None = None,
         device: str = "auto",
+        prompt_format: Any = None,
     ) -> None:
+        from sppo_rl.llm.prompts import load_format
+
         self.folder = Path(folder)
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.summary = dict(summary or {})
         self.max_new_tokens = max_new_tokens
         self.device = device
+        self.prompt_format = prompt_format if prompt_format is not None else load_format(folder, run_dir)
         self._engine: Any = None
 
     def _load(self) -> Any:
@@ -550,6 +557,18 @@ class LLMPolicy:
             self._engine = HFRollout(model, tokenizer, add_special_tokens=False)
         return self._engine
 
+    def render(self, prompts: Sequence[Any] | str) -> list[str]:
+        """The text the model reads for each prompt (a string or chat messages), as in training:
+        :func:`sppo_rl.llm.prompts.render` with :attr:`prompt_format` and the folder's tokenizer."""
+        from sppo_rl.llm.prompts import render
+
+        tokenizer = self._load().tokenizer
+        items = [prompts] if isinstance(prompts, str) else list(prompts)
+        try:
+            return [render(p, tokenizer, self.prompt_format) for p in items]
+        except ValueError as e:  # --chat-template on, and this folder's tokenizer has no template
+            raise ValueError(f"{self.folder}: {e}") from None
+
     def generate(
         self,
         prompts: Sequence[Any] | str,
@@ -559,19 +578,22 @@ class LLMPolicy:
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int | None = None,
+        rendered: bool = False,
     ) -> list[str]:
-        """One response per prompt (a string, or chat messages, rendered as in training: through the
-        tokenizer's chat template when it has one). Greedy by default; ``greedy=False`` samples at
-        ``temperature`` / ``top_p`` (``seed`` makes it reproducible). ``max_new_tokens`` defaults to the
-        run's setting (256 for a lone folder), within the model's context."""
-        from sppo_rl.llm.data import render_prompt
+        """One response per prompt: a string or chat messages, rendered exactly as in training
+        (:func:`sppo_rl.llm.prompts.render` with :attr:`prompt_format`: the run's instruction appended to
+        the last user message, its system prompt, then the tokenizer's chat template when the run used it;
+        a plain string is one user message). ``rendered=True``: the prompts are the model's text already,
+        used as they are. Greedy by default; ``greedy=False`` samples at ``temperature`` / ``top_p``
+        (``seed`` makes it reproducible). ``max_new_tokens`` defaults to the run's setting (256 for a
+        lone folder), within the model's context."""
         from sppo_rl.llm.setup import model_context
 
         engine = self._load()
         items = [prompts] if isinstance(prompts, str) else list(prompts)
         if not items:
             return []
-        texts = [render_prompt(p, engine.tokenizer) for p in items]
+        texts = [str(p) for p in items] if rendered else self.render(items)
         n = max_new_tokens or self.max_new_tokens or 256
         ctx = model_context(self.folder)
         if ctx is not None and max_new_tokens is None:
@@ -586,11 +608,14 @@ class LLMPolicy:
     def save_pretrained(self, path: str | Path) -> Path:
         """Copy the model folder (weights, config, tokenizer) to ``path`` (which must not hold files);
         the run's ``max_new_tokens`` goes into its ``generation_config.json``, where :meth:`load` (and
-        ``transformers``' ``generate``) take it from."""
+        ``transformers``' ``generate``) take it from, and its prompt options into ``prompt_format.json``."""
+        from sppo_rl.llm.prompts import save_format
+
         path = Path(path)
         if path.exists() and any(path.iterdir()):
             raise FileExistsError(f"{path} is not empty")
         shutil.copytree(self.folder, path, dirs_exist_ok=True)
+        save_format(path, self.prompt_format)
         if self.max_new_tokens:
             gen_file = path / "generation_config.json"
             gen = json.loads(gen_file.read_text()) if gen_file.is_file() else {}
@@ -601,8 +626,8 @@ class LLMPolicy:
     @classmethod
     def load(cls, path: str | Path, device: str = "auto") -> LLMPolicy:
         """From a Hugging Face model folder (``final/actor``, one written by :meth:`save_pretrained`) or
-        a run folder of ``sppo-rl llm`` (its ``final/actor``). Weights load through ``transformers``
-        (safetensors), offline."""
+        a run folder of ``sppo-rl llm`` (its ``final/actor``), with the prompt options it was trained with
+        (:attr:`prompt_format`). Weights load through ``transformers`` (safetensors), offline."""
         path = Path(path)
         run_dir, folder = None, path
         if (path / "final" / "actor" / "config.json").is_file():

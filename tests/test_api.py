@@ -162,6 +162,46 @@ def test_example_3_llm_trains_on_in_memory_examples_and_generates(tmp_path, monk
     assert printed.startswith(repr(out)) and printed.rstrip().endswith(str(policy.run_dir))
 
 
+INSTRUCTION = "Answer with just the number."
+
+
+def saw_the_data_prompt(completions, prompts, rendered_prompts, **columns):
+    """TRL-style: 1 when ``prompts`` holds the data's own text and ``rendered_prompts`` that text with the
+    run's instruction through the small Llama's ChatML template (``test_pretrained.chatml``, written out:
+    the worker imports nothing more)."""
+    want = f"<|im_start|>user\n{prompts[0]} {INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n"
+    return [float(rendered_prompts[0] == want and "<|" not in prompts[0])]
+
+
+def test_llm_policy_renders_plain_prompts_as_the_run_did(tmp_path):
+    """On a small Llama with a chat template and ``instruction``: reward functions saw the data's prompt
+    and the rendered one; ``LLMPolicy`` (loaded from the run, from ``final/actor`` copied away, or from
+    ``save_pretrained``) renders a plain string as training did, and generates from that text; the model
+    card says how."""
+    from test_pretrained import build_small_llama, chatml
+
+    llama = build_small_llama(tmp_path / "llama")
+    train = [(f"{a}+{a}=", str(2 * a)) for a in range(6)]
+    out = tmp_path / "run"
+    kw = dict(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4, instruction=INSTRUCTION, **QUIET)
+    api.train_llm(train, reward=saw_the_data_prompt, algo="grpo", model=str(llama), out_dir=str(out), **kw)
+    assert read_metrics(out / "metrics.jsonl")[-1]["reward_mean"] == 1.0
+    want = chatml(("user", f"3+4= {INSTRUCTION}"))
+    policy = api.LLMPolicy.load(out)
+    assert policy.prompt_format.instruction == INSTRUCTION and policy.render("3+4=") == [want]
+    assert policy.render([[{"role": "user", "content": "3+4="}]]) == [want]  # chat messages alike
+    copied = tmp_path / "actor"
+    import shutil
+
+    shutil.copytree(out / "final" / "actor", copied)
+    saved = policy.save_pretrained(tmp_path / "saved")
+    for folder in (copied, saved):  # away from the run folder
+        assert api.LLMPolicy.load(folder).render("3+4=") == [want]
+    assert policy.generate(["3+4="]) == policy.generate([want], rendered=True)
+    card = (out / "final" / "actor" / "README.md").read_text()
+    assert INSTRUCTION in card and "apply_chat_template" in card
+
+
 # ------------------------------------------------------------------------------- Policy
 
 

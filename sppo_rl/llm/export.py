@@ -14,11 +14,16 @@ from sppo_rl.llm.setup import peak_memory_mb
 
 
 def export(folder: Path, m: Any, cfg: Any, dist: Any) -> None:
-    """``folder/actor``, ``folder/critic`` and ``folder/actor-adapter`` of the run's models ``m``
+    """``folder/actor`` (with ``prompt_format.json``: the run's chat template, system prompt and
+    instruction), ``folder/critic`` and ``folder/actor-adapter`` of the run's models ``m``
     (:class:`~sppo_rl.llm.build.Models`); all ranks call this (ZeRO-3 gathers the weights), rank 0 writes."""
     m.actor_engine.save_pretrained(folder / "actor")
     if dist.main:
+        from sppo_rl.llm.prompts import save_format
+        from sppo_rl.llm.setup import prompt_format
+
         m.tokenizer.save_pretrained(folder / "actor")
+        save_format(folder / "actor", prompt_format(cfg))  # how prompts were rendered: read back on load
     if cfg.export_adapter and m.adapter_config is not None:  # the adapters alone, for peft
         engine = m.actor_engine
         save_adapter(
