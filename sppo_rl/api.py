@@ -9,7 +9,7 @@ keeps; ``policy.run_dir`` and ``policy.summary`` point at it. Everything is impo
 (lazily: ``import sppo_rl`` loads neither torch nor transformers).
 
 A control policy, trained on a built-in task; ``predict`` takes the task's observation (numpy, one or a
-batch) and returns the action(s), greedy by default; ``save`` / ``Policy.load`` use the project's actor
+batch) and returns ``(action(s), state)`` as SB3's does (``deterministic=True``: greedy); ``save`` / ``Policy.load`` use the project's actor
 file (``final.pt`` of a run; loaded with ``torch.load(weights_only=True)``, so a file runs no code):
 
 ```python
@@ -17,7 +17,7 @@ import gymnasium as gym
 from sppo_rl import Policy, train_control
 policy = train_control("short-cartpole", algo="sppo", total_episodes=128, init_from="none")
 obs, _ = gym.make("sppo_rl/ShortCartPole-v0").reset(seed=0)
-policy.save("policy.pt"); print(Policy.load("policy.pt").predict(obs), policy.summary["final_success_rate"])
+policy.save("policy.pt"); print(Policy.load("policy.pt").predict(obs, deterministic=True)[0], policy.summary["final_success_rate"])
 ```
 
 Your own task: any Gymnasium env (an id, or a function returning a new env) with a success test
@@ -33,7 +33,7 @@ from sppo_rl import register_custom_task, train_control
 def upright(obs, info, terminated, truncated): return not terminated and abs(obs[2]) < 0.05
 register_custom_task("cartpole-upright", "CartPole-v1", success=upright, horizon=20)
 policy = train_control("cartpole-upright", algo="grpo", total_episodes=64, init_from="none")
-print(policy.summary["final_success_rate"], policy.predict([[0.0, 0.0, 0.01, 0.0, 1.0]] * 3))
+print(policy.summary["final_success_rate"], policy.predict([[0.0, 0.0, 0.01, 0.0, 1.0]] * 3, deterministic=True)[0])
 ```
 
 An LLM, on in-memory ``(prompt, answer)`` pairs (written to a JSONL file in the run folder), with a
@@ -58,8 +58,10 @@ function typed into a notebook cannot be imported there and is refused with a me
 in a ``.py`` file and import it. (A function of the main script is loaded from the script's file, whose
 work must then sit under ``if __name__ == "__main__":``, as for any spawned process.)
 
-As in Stable-Baselines3: ``predict`` also takes the env's own observation (the policy counts the steps
-and adds the time left; mark each episode's first observation with ``episode_start=True``),
+As in Stable-Baselines3: ``predict(obs, state, episode_start, deterministic)`` returns ``(action, state)``
+and also takes the env's own observation (``policy.wrap(env)`` appends the time left and restarts it on
+``env.reset()``, so SB3's plain loops run as they are; unwrapped, mark each episode's first observation
+with ``episode_start=True`` and the others ``False``),
 :func:`evaluate_policy` returns the mean and std of the return (and the success rate), a ``callback``
 sees each update's metrics row and stops the run by returning ``False``, and ``lr_schedule`` anneals
 the learning rates (``"linear"`` as CleanRL, ``"cosine"`` after ``warmup_updates`` as TRL/verl):
@@ -69,7 +71,7 @@ import gymnasium as gym; from sppo_rl import evaluate_policy, train_control
 policy = train_control("CartPole-v1", algo="ppo", total_episodes=32, init_from="none", lr_schedule="linear",
                        callback=lambda row: row["episode_length"] < 400)  # returning False stops the run
 obs, _ = (env := gym.make("CartPole-v1")).reset(seed=0); mean, std = evaluate_policy(policy, env, 5, seed=0)
-print(policy.predict(obs, episode_start=True), round(mean, 1))  # the env's own observation: 4 features
+print(policy.predict(obs, episode_start=True, deterministic=True)[0], round(mean, 1))  # the env's own 4 features
 ```
 """
 
@@ -195,34 +197,61 @@ class Policy:
         return appended == "(H - t) / H"
 
     def reset(self) -> None:
-        """Forget the step counter of :meth:`predict` (the next call starts a new episode)."""
+        """Forget the step counter of :meth:`predict` (the next call starts a new episode, as with
+        ``episode_start=True``)."""
         self._t = None
+
+    def wrap(self, env: Any) -> Any:
+        """``env`` (a Gymnasium env or id) as the policy reads it: its own observation with the time left
+        ``(H - t) / H`` appended, counted from each ``reset`` and truncated at ``H``
+        (:class:`~sppo_rl.envs.core.TimeLeftObservation`), for SB3's plain ``predict`` loops; only for a
+        task that appends nothing but the time left (every Gymnasium id, the classic-control tasks)."""
+        import gymnasium as gym
+
+        from sppo_rl.envs.core import TimeLeftObservation
+
+        if isinstance(env, str):
+            env = gym.make(env)
+        if not self._time_only or self.horizon is None:
+            raise ValueError(
+                f"{self.task}: its observation is not the env's own plus the time left; make the task's env "
+                "(sppo_rl.envs.make_episode_env) instead"
+            )
+        return TimeLeftObservation(env, self.horizon)
 
     def predict(
         self,
         obs: Any,
-        greedy: bool = True,
-        seed: int | None = None,
-        *,
+        state: Any = None,
         episode_start: Any = None,
-    ) -> np.ndarray:
-        """The action for ``obs`` (``[obs_dim]``) or the actions for a batch (``[..., obs_dim]``).
+        deterministic: bool = False,
+        *,
+        seed: int | None = None,
+        greedy: bool | None = None,
+    ) -> tuple[np.ndarray, Any]:
+        """``(action, state)`` for ``obs`` (``[obs_dim]``) or ``(actions, state)`` for a batch
+        (``[..., obs_dim]``), as Stable-Baselines3's ``predict``: ``state`` is returned as given (the
+        policy has no recurrent state), ``deterministic=True`` the greedy action, else one sampled
+        (``seed`` makes it reproducible); ``greedy=`` is the older name of ``deterministic``.
 
         ``obs`` is either the task env's observation (``obs_dim`` features, the last the time left
-        ``(H - t) / H``), used as is, or the base Gymnasium env's own (``obs_dim - 1``, for tasks that
-        append only the time left: every Gymnasium id and the classic-control tasks). For the latter the
-        policy counts the steps itself: ``t`` is the number of ``predict`` calls since the episode began,
-        one counter per batch row; ``episode_start`` (a bool, or one per row, as SB3's ``predict`` takes
-        it) marks the first observation of a new episode and sets that row's ``t`` to 0; so does
-        :meth:`reset`, a first call, or a batch of another size. A call at ``t >= H`` (a new episode not
-        marked) is refused. Returns the action only (SB3 returns ``(action, state)``).
+        ``(H - t) / H``; a :meth:`wrap`-ped env gives it), used as is, or the base Gymnasium env's own
+        (``obs_dim - 1``, for tasks that append only the time left: every Gymnasium id and the
+        classic-control tasks). For the latter the policy counts the steps itself and needs
+        ``episode_start`` (a bool, or one per row, as SB3's recurrent policies and ``evaluate_policy``
+        pass it: True on the first observation of each episode) with every call: ``t`` is the number of
+        calls since the row's episode began; without ``episode_start`` the call is refused at once
+        (the policy cannot see where an episode ends; wrap the env instead). A call at ``t >= H`` is
+        refused too.
 
         Discrete tasks: int64 action(s) (a 0-d array for one observation); continuous: float32
-        ``[..., action_dim]``, the Gaussian's mean when ``greedy`` (unclipped: the env clips, as in
-        training). ``greedy=False`` samples from the policy (``seed`` makes it reproducible).
+        ``[..., action_dim]``, the Gaussian's mean when deterministic (unclipped: the env clips, as in
+        training).
         """
         import torch
 
+        if greedy is not None:
+            deterministic = greedy
         x = np.asarray(obs, dtype=np.float32)
         counted = x.ndim > 0 and x.shape[-1] == self.obs_dim - 1 and self._time_only
         if x.ndim == 0 or (x.shape[-1] != self.obs_dim and not counted):
@@ -244,27 +273,33 @@ class Policy:
                     "this policy's file does not say its horizon H: pass the task's observation (with the "
                     "time left (H - t) / H as the last feature)"
                 )
+            if episode_start is None:
+                raise ValueError(
+                    f"the env's own {self.obs_dim - 1} features without episode_start: the policy adds the "
+                    "time left (H - t) / H and cannot tell where an episode begins; wrap the env "
+                    "(env = policy.wrap(env): it appends the time left and resets it on env.reset()), or pass "
+                    "episode_start=True with each episode's first observation and False after"
+                )
             n = rows.shape[0]
             t = getattr(self, "_t", None)
             if t is None or t.shape != (n,):
                 t = np.zeros(n, dtype=np.int64)
-            if episode_start is not None:
-                t[np.broadcast_to(np.asarray(episode_start, dtype=bool).reshape(-1), (n,))] = 0
+            t[np.broadcast_to(np.asarray(episode_start, dtype=bool).reshape(-1), (n,))] = 0
             if (t >= H).any():
                 raise ValueError(
                     f"step {int(t.max()) + 1} of an episode of horizon {H}: pass episode_start=True with "
-                    "the first observation of each episode (or call policy.reset())"
+                    "the first observation of each episode (or wrap the env: policy.wrap(env))"
                 )
             rows = np.concatenate([rows, ((H - t) / H).astype(np.float32)[:, None]], axis=1)
             self._t = t + 1
         batch = torch.from_numpy(np.ascontiguousarray(rows))
         # greedy acting draws nothing that matters; a private generator leaves torch's global RNG alone
-        gen = torch.Generator().manual_seed(int(seed or 0)) if seed is not None or greedy else None
-        flags = torch.full((batch.shape[0],), bool(greedy)) if greedy else None
+        gen = torch.Generator().manual_seed(int(seed or 0)) if seed is not None or deterministic else None
+        flags = torch.full((batch.shape[0],), bool(deterministic)) if deterministic else None
         with torch.no_grad():
             actions, _ = self.actor.act(batch, flags, gen)
         out = actions.numpy()
-        return out.reshape(lead) if self.discrete else out.reshape(*lead, -1)
+        return (out.reshape(lead) if self.discrete else out.reshape(*lead, -1)), state
 
     def save(self, path: str | Path) -> Path:
         """Write the actor file (the format of a run's ``final.pt``) to ``path``; returns the path."""
@@ -400,7 +435,7 @@ def evaluate_policy(
         obs, info = env.reset(seed=None if seed is None else seed + i)
         total, steps, start, success = 0.0, 0, True, None
         while True:
-            action = policy.predict(obs, greedy=deterministic, episode_start=start)
+            action, _ = policy.predict(obs, episode_start=start, deterministic=deterministic)
             start = False
             action = int(action) if policy.discrete else np.asarray(action, dtype=np.float32)
             obs, reward, terminated, truncated, info = env.step(action)

@@ -105,10 +105,15 @@ def test_example_1_control_policy_trains_saves_loads_and_predicts(tmp_path, monk
     policy, obs = ns["policy"], ns["obs"]
     assert policy.summary["episodes"] == 128 and policy.summary["task"] == "short-cartpole"
     assert policy.run_dir.parent == Path("runs/api") and (tmp_path / policy.run_dir / "final.pt").is_file()
-    assert printed == [str(policy.predict(obs)), str(policy.summary["final_success_rate"])]
+    assert printed == [
+        str(policy.predict(obs, deterministic=True)[0]),
+        str(policy.summary["final_success_rate"]),
+    ]
     loaded = api.Policy.load("policy.pt")
     batch = np.stack([obs, obs * 0.5, -obs])
-    assert np.array_equal(loaded.predict(batch), policy.predict(batch))
+    assert np.array_equal(
+        loaded.predict(batch, deterministic=True)[0], policy.predict(batch, deterministic=True)[0]
+    )
     assert loaded.task == "short-cartpole" and loaded.summary == policy.summary
     run = api.Policy.load(policy.run_dir)  # a run folder: its final.pt, summary.json
     assert run.run_dir == policy.run_dir and run.summary == json.loads(
@@ -123,7 +128,7 @@ def test_example_2_own_task_outcomes_come_from_the_predicate(tmp_path, monkeypat
     policy = ns["policy"]
     assert policy.summary["task"] == "cartpole-upright" and policy.summary["episodes"] == 64
     assert printed.split()[0] == str(policy.summary["final_success_rate"])
-    assert policy.predict([[0.0, 0.0, 0.01, 0.0, 1.0]] * 3).shape == (3,)
+    assert policy.predict([[0.0, 0.0, 0.01, 0.0, 1.0]] * 3)[0].shape == (3,)
     saved = json.loads((policy.run_dir / "config.json").read_text())
     assert saved["resolved"]["horizon"] == 20 and saved["resolved"]["task"] == "cartpole-upright"
     rows = read_metrics(policy.run_dir / "metrics.jsonl")
@@ -212,26 +217,28 @@ def test_policy_predict_shapes_sampling_and_save_load(tmp_path):
     torch.manual_seed(0)
     disc = api.Policy(Actor(5, 3, True), meta={"config": {"task": "x"}})
     obs = np.random.default_rng(0).normal(size=(2, 4, 5)).astype(np.float32)
-    single = disc.predict(obs[0, 0])
+    act = lambda p, x, **kw: p.predict(x, deterministic=True, **kw)[0]  # noqa: E731  (greedy)
+    single = act(disc, obs[0, 0])
     assert single.shape == () and single.dtype == np.int64
-    assert disc.predict(obs[0]).shape == (4,) and disc.predict(obs).shape == (2, 4)
-    assert disc.predict(obs[0].tolist()).tolist() == disc.predict(obs[0]).tolist()  # lists in
+    assert act(disc, obs[0]).shape == (4,) and act(disc, obs).shape == (2, 4)
+    assert act(disc, obs[0].tolist()).tolist() == act(disc, obs[0]).tolist()  # lists in
     state = torch.get_rng_state()
-    disc.predict(obs)
+    act(disc, obs)
     assert torch.equal(state, torch.get_rng_state()), "greedy predict must not draw from torch's global RNG"
-    a = disc.predict(np.repeat(obs[0, :1], 256, 0), greedy=False, seed=3)
-    assert np.array_equal(a, disc.predict(np.repeat(obs[0, :1], 256, 0), greedy=False, seed=3))
+    a, state = disc.predict(np.repeat(obs[0, :1], 256, 0), seed=3)  # SB3's default: sampled
+    assert state is None and np.array_equal(a, disc.predict(np.repeat(obs[0, :1], 256, 0), seed=3)[0])
+    assert np.array_equal(disc.predict(obs, greedy=True)[0], act(disc, obs))  # the older name
     assert len(set(a.tolist())) > 1, "sampling draws different actions"
     with pytest.raises(ValueError, match="takes the task.s 5 features"):
         disc.predict(np.zeros(4))
 
     cont = api.Policy(Actor(4, 2, False))
-    assert cont.predict(np.zeros(4)).shape == (2,) and cont.predict(np.zeros((3, 4))).shape == (3, 2)
-    assert cont.predict(np.zeros((3, 4))).dtype == np.float32
+    assert act(cont, np.zeros(4)).shape == (2,) and act(cont, np.zeros((3, 4))).shape == (3, 2)
+    assert act(cont, np.zeros((3, 4))).dtype == np.float32
 
     path = disc.save(tmp_path / "sub" / "p.pt")
     back = api.Policy.load(path)
-    assert np.array_equal(back.predict(obs), disc.predict(obs)) and back.task == "x" and back.run_dir is None
+    assert np.array_equal(act(back, obs), act(disc, obs)) and back.task == "x" and back.run_dir is None
     assert isinstance(load_actor_file(path), Actor)  # the project's actor file format
 
 
@@ -350,7 +357,7 @@ def test_train_control_on_a_plain_gymnasium_id(tmp_path):
     # a random policy never keeps CartPole up for 500 steps: success (survived) is 0, lengths are short
     assert all(r["success_rate"] == 0.0 and r["episode_length"] < 500 for r in rows)
     obs, _ = SparseOutcome("CartPole-v1").reset(seed=1)
-    assert policy.predict(obs) in (0, 1)
+    assert policy.predict(obs)[0] in (0, 1)
 
 
 def test_cli_control_takes_a_gymnasium_id_and_refuses_one_without_a_horizon(tmp_path, capsys):
