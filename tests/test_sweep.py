@@ -497,3 +497,25 @@ def test_sigterm_stops_an_llm_sweep_and_the_rerun_resumes(tmp_path, tiny):
     assert "resumed" in _line(again.stdout, "sppo", 0)
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == list(range(201))
     assert 1 < len(done) < 201
+
+
+def test_the_sweeps_done_line_says_what_follows(tmp_path):
+    """The headline's first line is a sentence (how many runs, what the numbers below are), never a bare
+    ``done: `` followed by the list; with nothing finished it says so."""
+    from sppo_rl.experiments.sweep import Job, JobResult, headline
+
+    jobs = []
+    for seed in (0, 1):
+        out = tmp_path / f"seed{seed}"
+        out.mkdir()
+        (out / "metrics.jsonl").write_text(
+            "".join(json.dumps({"success_rate": y}) + "\n" for y in (0.0, 0.5))
+        )
+        jobs.append(Job("short-cartpole", "ppo", seed, str(out), []))
+    lines = headline(jobs, [JobResult("done")] * 2, tmp_path).splitlines()
+    assert lines[0] == (
+        "[sppo-rl] done: 2 finished runs; final success (the last 10% of each run's updates) per task / algorithm:"
+    )
+    assert lines[1] == "  short-cartpole / ppo: final success 0.500 (mean of 2 seeds)"
+    none = headline(jobs, [JobResult("failed")] * 2, tmp_path).splitlines()
+    assert none[0] == "[sppo-rl] done: no finished run with metrics" and all(x.strip() for x in none)

@@ -708,8 +708,15 @@ def headline(jobs: list[Job], results: list[JobResult], root: Path) -> str:
         f"(mean of {len(v)} seed{'s' * (len(v) > 1)})"
         for (task, algo), v in finals.items()
     ]
+    runs = sum(len(v) for v in finals.values())
+    first = (
+        f"[sppo-rl] done: {runs} finished run{'s' * (runs > 1)}; final {what} (the last 10% of each run's "
+        f"{'evaluations' if llm else 'updates'}) per {'run name' if llm else 'task / algorithm'}:"
+        if lines
+        else "[sppo-rl] done: no finished run with metrics"
+    )
     return "\n".join(
-        ["[sppo-rl] done: " + ("" if lines else "no finished run with metrics"), *lines]
+        [first, *lines]
         + [
             f"[sppo-rl] sweep folder: {root} (sweep.json, {'<name>' if llm else '<task>/<algo>'}/seed<k>/)",
             f"[sppo-rl] next: sppo-rl report {root}    tensorboard --logdir {root}",

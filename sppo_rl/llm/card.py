@@ -40,8 +40,9 @@ def model_card(
         f"- training data: {data}; validation: {cfg.val_data or ('generated' if cfg.task == 'arithmetic' else 'none')}",
         f"- updates: {summary['steps']} of {cfg.prompts_per_step} prompts x {summary['group_size']} samples; "
         f"{summary['generated_tokens']} generated tokens; max_new_tokens {cfg.max_new_tokens}",
-        f"- validation accuracy: start {fmt(summary.get('start_val_accuracy'))}, final "
-        f"{fmt(summary.get('final_val_accuracy'))}, best {fmt(summary.get('best_val_accuracy'))}",
+        f"- validation accuracy, sampled: start {fmt(summary.get('start_val_accuracy'))}, final "
+        f"{fmt(summary.get('final_val_accuracy'))}, best {fmt(summary.get('best_val_accuracy'))}; greedy: start "
+        f"{fmt(summary.get('start_greedy_accuracy'))}, final {fmt(summary.get('final_greedy_accuracy'))}",
         f"- last update's mean reward: {fmt(updates[-1]['reward_mean'] if updates else None)}",
     ]
     if warnings:

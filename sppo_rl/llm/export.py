@@ -41,6 +41,15 @@ def export(folder: Path, m: Any, cfg: Any, dist: Any) -> None:
     dist.barrier()
 
 
+def greedy_numbers(evals: list[dict[str, Any]]) -> dict[str, Any]:
+    """The greedy decode's validation accuracy (``val_greedy_accuracy``) at the first and the last
+    evaluation that measured it, beside the sampled ``val_accuracy`` (empty when none did)."""
+    greedy = [r["val_greedy_accuracy"] for r in evals if r.get("val_greedy_accuracy") is not None]
+    if not greedy:
+        return {}
+    return {"start_greedy_accuracy": greedy[0], "final_greedy_accuracy": greedy[-1]}
+
+
 def summary_of(run: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """A finished run's summary from every row of ``metrics.jsonl``; rank 0 also writes the exported
     actor's model card (with the run's not-learning warnings) and makes ``final/`` readable as the umask
@@ -57,6 +66,7 @@ def summary_of(run: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "start_val_accuracy": evals[0]["val_accuracy"] if evals else None,
         "final_val_accuracy": evals[-1]["val_accuracy"] if evals else None,
         "best_val_accuracy": max(r["val_accuracy"] for r in evals) if evals else None,
+        **greedy_numbers(evals),
         "peak_memory_mb": peak_memory_mb(run.device),
         "warmstart": run.models.warmstart,
     }

@@ -170,7 +170,7 @@ def prepare_run_dir(out_dir: str | Path, *, resume: bool, overwrite: bool = Fals
     - ``overwrite`` of a folder holding a run removes the whole previous run: every entry of the folder
       except :data:`KEEP_ON_OVERWRITE` (the lock ``.run.lock``, a sweep's ``.lock`` and ``log.txt``),
       so no ``final.pt``, ``final/``, ``calibration.json``, trace or ``config.json`` of the old run is
-      left to be mistaken for the new one's.
+      left to be mistaken for the new one's; one line on stderr names what it removes.
     """
     out = Path(out_dir)
     if resume and not _has_checkpoint(out):
@@ -204,6 +204,11 @@ def prepare_run_dir(out_dir: str | Path, *, resume: bool, overwrite: bool = Fals
     elif has_run and overwrite:
         import shutil
 
+        gone = [e.name for e in sorted(out.iterdir()) if e.name not in KEEP_ON_OVERWRITE]
+        shown = ", ".join(gone[:8]) + (f", ... ({len(gone)} in all)" if len(gone) > 8 else "")
+        print(
+            f"[sppo-rl] --overwrite: removing the previous run in {out}: {shown}", file=sys.stderr, flush=True
+        )
         for entry in sorted(out.iterdir()):
             if entry.name in KEEP_ON_OVERWRITE:
                 continue
