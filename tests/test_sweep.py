@@ -361,8 +361,14 @@ def test_llm_sweep_runs_named_runs_resumes_a_stopped_one_and_skips_a_finished_on
     assert [j["name"] for j in manifest["jobs"]] == ["sppo/seed0", "grpo/seed0"]
     assert [r["status"] for r in manifest["results"]] == ["done", "done"]
     # the headline's final: the protocol's last ceil(10 %) of the 3 evaluations, i.e. the last one
-    last = [r["val_accuracy"] for r in read_metrics(grpo / "metrics.jsonl")][-1]
-    assert f"  grpo: final val accuracy {last:.3f} (mean of 1 seed)" in proc.stdout.splitlines()
+    last = [r["val_accuracy"] for r in read_metrics(grpo / "metrics.jsonl") if "val_accuracy" in r][-1]
+    g = [
+        r["val_greedy_accuracy"] for r in read_metrics(grpo / "metrics.jsonl") if "val_greedy_accuracy" in r
+    ][-1]
+    assert (
+        f"  grpo: final val accuracy {last:.3f} sampled, {g:.3f} greedy (mean of 1 seed)"
+        in proc.stdout.splitlines()
+    )
 
     # grpo stopped between update 1's checkpoint and update 2's; sppo finished
     rows, first = read_metrics(grpo / "metrics.jsonl"), (grpo / "metrics.jsonl").read_text().splitlines()[0]
