@@ -596,8 +596,14 @@ class LLMPolicy:
         """The text the model reads for each prompt (a string or chat messages), as in training:
         :func:`sppo_rl.llm.prompts.render` with :attr:`prompt_format` and the folder's tokenizer."""
         from sppo_rl.llm.prompts import render
+        from sppo_rl.llm.tiny import load_tokenizer
 
-        tokenizer = self._load().tokenizer
+        if self._engine is not None:
+            tokenizer = self._engine.tokenizer
+        else:  # the tokenizer alone: rendering needs no weights
+            if getattr(self, "_tokenizer", None) is None:
+                self._tokenizer = load_tokenizer(self.folder)
+            tokenizer = self._tokenizer
         items = [prompts] if isinstance(prompts, str) else list(prompts)
         try:
             return [render(p, tokenizer, self.prompt_format) for p in items]
