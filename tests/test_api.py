@@ -105,10 +105,15 @@ def test_example_1_control_policy_trains_saves_loads_and_predicts(tmp_path, monk
     policy, obs = ns["policy"], ns["obs"]
     assert policy.summary["episodes"] == 128 and policy.summary["task"] == "short-cartpole"
     assert policy.run_dir.parent == Path("runs/api") and (tmp_path / policy.run_dir / "final.pt").is_file()
-    assert printed == [str(policy.predict(obs)), str(policy.summary["final_success_rate"])]
+    assert printed == [
+        str(policy.predict(obs, deterministic=True)[0]),
+        str(policy.summary["final_success_rate"]),
+    ]
     loaded = api.Policy.load("policy.pt")
     batch = np.stack([obs, obs * 0.5, -obs])
-    assert np.array_equal(loaded.predict(batch), policy.predict(batch))
+    assert np.array_equal(
+        loaded.predict(batch, deterministic=True)[0], policy.predict(batch, deterministic=True)[0]
+    )
     assert loaded.task == "short-cartpole" and loaded.summary == policy.summary
     run = api.Policy.load(policy.run_dir)  # a run folder: its final.pt, summary.json
     assert run.run_dir == policy.run_dir and run.summary == json.loads(
@@ -123,7 +128,7 @@ def test_example_2_own_task_outcomes_come_from_the_predicate(tmp_path, monkeypat
     policy = ns["policy"]
     assert policy.summary["task"] == "cartpole-upright" and policy.summary["episodes"] == 64
     assert printed.split()[0] == str(policy.summary["final_success_rate"])
-    assert policy.predict([[0.0, 0.0, 0.01, 0.0, 1.0]] * 3).shape == (3,)
+    assert policy.predict([[0.0, 0.0, 0.01, 0.0, 1.0]] * 3)[0].shape == (3,)
     saved = json.loads((policy.run_dir / "config.json").read_text())
     assert saved["resolved"]["horizon"] == 20 and saved["resolved"]["task"] == "cartpole-upright"
     rows = read_metrics(policy.run_dir / "metrics.jsonl")
@@ -162,6 +167,46 @@ def test_example_3_llm_trains_on_in_memory_examples_and_generates(tmp_path, monk
     assert printed.startswith(repr(out)) and printed.rstrip().endswith(str(policy.run_dir))
 
 
+INSTRUCTION = "Answer with just the number."
+
+
+def saw_the_data_prompt(completions, prompts, rendered_prompts, **columns):
+    """TRL-style: 1 when ``prompts`` holds the data's own text and ``rendered_prompts`` that text with the
+    run's instruction through the small Llama's ChatML template (``test_pretrained.chatml``, written out:
+    the worker imports nothing more)."""
+    want = f"<|im_start|>user\n{prompts[0]} {INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n"
+    return [float(rendered_prompts[0] == want and "<|" not in prompts[0])]
+
+
+def test_llm_policy_renders_plain_prompts_as_the_run_did(tmp_path):
+    """On a small Llama with a chat template and ``instruction``: reward functions saw the data's prompt
+    and the rendered one; ``LLMPolicy`` (loaded from the run, from ``final/actor`` copied away, or from
+    ``save_pretrained``) renders a plain string as training did, and generates from that text; the model
+    card says how."""
+    from test_pretrained import build_small_llama, chatml
+
+    llama = build_small_llama(tmp_path / "llama")
+    train = [(f"{a}+{a}=", str(2 * a)) for a in range(6)]
+    out = tmp_path / "run"
+    kw = dict(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4, instruction=INSTRUCTION, **QUIET)
+    api.train_llm(train, reward=saw_the_data_prompt, algo="grpo", model=str(llama), out_dir=str(out), **kw)
+    assert read_metrics(out / "metrics.jsonl")[-1]["reward_mean"] == 1.0
+    want = chatml(("user", f"3+4= {INSTRUCTION}"))
+    policy = api.LLMPolicy.load(out)
+    assert policy.prompt_format.instruction == INSTRUCTION and policy.render("3+4=") == [want]
+    assert policy.render([[{"role": "user", "content": "3+4="}]]) == [want]  # chat messages alike
+    copied = tmp_path / "actor"
+    import shutil
+
+    shutil.copytree(out / "final" / "actor", copied)
+    saved = policy.save_pretrained(tmp_path / "saved")
+    for folder in (copied, saved):  # away from the run folder
+        assert api.LLMPolicy.load(folder).render("3+4=") == [want]
+    assert policy.generate(["3+4="]) == policy.generate([want], rendered=True)
+    card = (out / "final" / "actor" / "README.md").read_text()
+    assert INSTRUCTION in card and "apply_chat_template" in card
+
+
 # ------------------------------------------------------------------------------- Policy
 
 
@@ -172,26 +217,28 @@ def test_policy_predict_shapes_sampling_and_save_load(tmp_path):
     torch.manual_seed(0)
     disc = api.Policy(Actor(5, 3, True), meta={"config": {"task": "x"}})
     obs = np.random.default_rng(0).normal(size=(2, 4, 5)).astype(np.float32)
-    single = disc.predict(obs[0, 0])
+    act = lambda p, x, **kw: p.predict(x, deterministic=True, **kw)[0]  # noqa: E731  (greedy)
+    single = act(disc, obs[0, 0])
     assert single.shape == () and single.dtype == np.int64
-    assert disc.predict(obs[0]).shape == (4,) and disc.predict(obs).shape == (2, 4)
-    assert disc.predict(obs[0].tolist()).tolist() == disc.predict(obs[0]).tolist()  # lists in
+    assert act(disc, obs[0]).shape == (4,) and act(disc, obs).shape == (2, 4)
+    assert act(disc, obs[0].tolist()).tolist() == act(disc, obs[0]).tolist()  # lists in
     state = torch.get_rng_state()
-    disc.predict(obs)
+    act(disc, obs)
     assert torch.equal(state, torch.get_rng_state()), "greedy predict must not draw from torch's global RNG"
-    a = disc.predict(np.repeat(obs[0, :1], 256, 0), greedy=False, seed=3)
-    assert np.array_equal(a, disc.predict(np.repeat(obs[0, :1], 256, 0), greedy=False, seed=3))
+    a, state = disc.predict(np.repeat(obs[0, :1], 256, 0), seed=3)  # SB3's default: sampled
+    assert state is None and np.array_equal(a, disc.predict(np.repeat(obs[0, :1], 256, 0), seed=3)[0])
+    assert np.array_equal(disc.predict(obs, greedy=True)[0], act(disc, obs))  # the older name
     assert len(set(a.tolist())) > 1, "sampling draws different actions"
     with pytest.raises(ValueError, match="takes the task.s 5 features"):
         disc.predict(np.zeros(4))
 
     cont = api.Policy(Actor(4, 2, False))
-    assert cont.predict(np.zeros(4)).shape == (2,) and cont.predict(np.zeros((3, 4))).shape == (3, 2)
-    assert cont.predict(np.zeros((3, 4))).dtype == np.float32
+    assert act(cont, np.zeros(4)).shape == (2,) and act(cont, np.zeros((3, 4))).shape == (3, 2)
+    assert act(cont, np.zeros((3, 4))).dtype == np.float32
 
     path = disc.save(tmp_path / "sub" / "p.pt")
     back = api.Policy.load(path)
-    assert np.array_equal(back.predict(obs), disc.predict(obs)) and back.task == "x" and back.run_dir is None
+    assert np.array_equal(act(back, obs), act(disc, obs)) and back.task == "x" and back.run_dir is None
     assert isinstance(load_actor_file(path), Actor)  # the project's actor file format
 
 
@@ -310,7 +357,7 @@ def test_train_control_on_a_plain_gymnasium_id(tmp_path):
     # a random policy never keeps CartPole up for 500 steps: success (survived) is 0, lengths are short
     assert all(r["success_rate"] == 0.0 and r["episode_length"] < 500 for r in rows)
     obs, _ = SparseOutcome("CartPole-v1").reset(seed=1)
-    assert policy.predict(obs) in (0, 1)
+    assert policy.predict(obs)[0] in (0, 1)
 
 
 def test_cli_control_takes_a_gymnasium_id_and_refuses_one_without_a_horizon(tmp_path, capsys):

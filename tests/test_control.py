@@ -303,3 +303,56 @@ def test_first_ratio_is_exactly_one_with_moving_observation_statistics(tmp_path)
         1.0, abs=1e-5
     )
     assert not bool(run.actor.norm.frozen) and float(run.actor.norm.count) > 1
+
+
+QUICKSTART = (
+    "control --task CartPole-v0 --algo ppo --dense --gamma 0.99 --init-from none --total-episodes 640"
+)
+"""The README's control quickstart (``sppo-rl`` + this)."""
+
+
+def _quickstart(tmp_path: Path, capsys, episodes: int, dense: bool = True) -> tuple[str, dict]:
+    from sppo_rl.cli import main
+
+    args = QUICKSTART.replace("640", str(episodes)).split()
+    if not dense:
+        args.remove("--dense")
+    out = tmp_path / ("dense" if dense else "sparse")
+    capsys.readouterr()
+    assert main([*args, "--out-dir", str(out), "--no-progress", "--no-tensorboard"]) in (0, None)
+    return capsys.readouterr().err, json.loads((out / "summary.json").read_text())
+
+
+def test_the_not_learning_warning_reads_the_shaped_return_with_dense(tmp_path, capsys):
+    """The quickstart's first 10 updates (160 episodes): with ``--dense`` the shaped return is the
+    signal and varies, so no "nothing to learn" warning although no episode succeeds yet; the same run on
+    the binary outcome (no ``--dense``; 3 updates, the fewest the rule reads) still gets it, on stderr
+    and in ``summary.json``."""
+    err, summary = _quickstart(tmp_path, capsys, 160)
+    rows = read_metrics(tmp_path / "dense" / "metrics.jsonl")
+    assert len(rows) == 10 and all(r["success_rate"] == 0 for r in rows)  # the old rule would fire
+    assert "nothing to learn" not in err and not summary.get("warnings")
+    err, summary = _quickstart(tmp_path, capsys, 48, dense=False)
+    assert "the success rate (success_rate) was 0 in each of the first 3 updates" in err
+    assert any("nothing to learn" in w for w in summary["warnings"])
+
+
+def test_not_learning_reads_the_signal_it_is_given():
+    """``signal="return"``: a constant success with a varying shaped return is no constant signal; a
+    constant return is, named as the shaped return; rows without the key fall back to the success."""
+    from sppo_rl.runtime.watch import not_learning
+
+    rows = [{"success_rate": 0.0, "return": float(r)} for r in (10, 12, 15)]
+    assert [w["kind"] for w in not_learning(rows)] == ["constant_signal"]
+    assert not_learning(rows, "return") == []
+    flat = [{**r, "return": 9.0} for r in rows]
+    assert "the shaped return (return) was 9" in not_learning(flat, "return")[0]["message"]
+    assert [w["kind"] for w in not_learning([{"success_rate": 0.0}] * 3, "return")] == ["constant_signal"]
+
+
+@pytest.mark.slow
+def test_the_readme_quickstart_prints_no_warning(tmp_path, capsys):
+    """The whole quickstart (640 episodes, about 45 s on a shared 2-core machine): no warning at all."""
+    err, summary = _quickstart(tmp_path, capsys, 640)
+    assert "warning" not in err and not summary.get("warnings")
+    assert summary["final_success_rate"] > 0.5

@@ -324,3 +324,21 @@ def test_arithmetic_refuses_impossible_requests():
         make_arithmetic(0, 1, 1, level=())
     with pytest.raises(ValueError, match=">= 0"):
         make_arithmetic(0, -1, 1)
+
+
+def test_a_csv_task_is_refused_for_its_type_first(tmp_path, capsys):
+    """``--task data.csv`` without ``--model``: the one line says CSV is not read (not that the embedded
+    model needs a generated task), exit 2, nothing written; ``--val-data`` alike."""
+    from sppo_rl.cli import main
+
+    csv = tmp_path / "data.csv"
+    csv.write_text("prompt,answer\n1+1=,2\n")
+    good = tmp_path / "data.jsonl"
+    good.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    for args in (["--task", str(csv)], ["--task", str(good), "--val-data", str(csv)]):
+        with pytest.raises(SystemExit) as e:
+            main(["llm", *args, "--out-dir", str(tmp_path / "run")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1, err
+        assert f"{csv}: CSV files are not read; use one of .jsonl, .json, .parquet" in err[0]
+        assert not (tmp_path / "run").exists()

@@ -348,3 +348,30 @@ def test_a_checkpoint_copied_from_a_grpo_run_is_named_not_a_vanished_file(tmp_pa
     assert exc.value.code == 2, lines
     assert lines[-1].startswith("sppo-rl: error: --resume: ") and "written by a grpo run" in lines[-1], lines
     assert "this run is sppo" in lines[-1] and "vanished" not in lines[-1]
+
+
+def test_a_default_run_talks_in_plain_lines_and_ends_with_greedy_beside_sampled(tmp_path, tiny, capsys):
+    """Progress is on by default: with stderr not a terminal (here: captured), plain lines labelled with
+    the algorithm and the task, no carriage returns; the final line and ``summary.json`` give the greedy
+    validation accuracy beside the sampled one; ``--overwrite`` says what it removes."""
+    cfg = replace(_cfg(tmp_path, tiny, algo="grpo", group_size=2), progress=LLMConfig.progress)
+    assert cfg.progress
+    summary = run_llm(cfg)
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    lines = [x for x in err.splitlines() if x.startswith("[sppo-rl] grpo/arithmetic update ")]
+    assert lines and lines[-1].startswith("[sppo-rl] grpo/arithmetic update 2/2")
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "val_greedy_accuracy" in r]
+    assert (
+        saved["start_greedy_accuracy"] == rows[0]["val_greedy_accuracy"] == summary["start_greedy_accuracy"]
+    )
+    assert saved["final_greedy_accuracy"] == rows[-1]["val_greedy_accuracy"]
+    done = next(x for x in err.splitlines() if x.startswith("[sppo-rl] done: "))
+    g0, g1 = saved["start_greedy_accuracy"], saved["final_greedy_accuracy"]
+    assert f"; greedy {g0:.3f} -> {g1:.3f};" in done and "val accuracy sampled " in done
+    card = (tmp_path / "run" / "final" / "actor" / "README.md").read_text()
+    assert f"greedy: start {g0:.4f}, final {g1:.4f}" in card
+    run_llm(replace(cfg, steps=1, overwrite=True, progress=False))
+    err = capsys.readouterr().err
+    assert f"--overwrite: removing the previous run in {tmp_path / 'run'}: " in err and "metrics.jsonl" in err

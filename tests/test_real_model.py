@@ -246,6 +246,8 @@ def test_make_demo_real_installs_the_real_extra_and_runs_the_settings_that_learn
         "boxed-or-last-number",
     )
     assert (cfg.actor_lr, cfg.max_new_tokens, cfg.out_dir) == (2e-5, 32, "runs/demo-real")
+    # it talks (progress lines), and starts over through --overwrite, which says what it removes
+    assert cfg.progress and cfg.overwrite and not any("rm -rf" in line for line in lines)
     assert _recipe("demo")[-1] == "/nonexistent-venv/bin/sppo-rl demo --out-dir runs/demo"  # unchanged
 
 

@@ -255,7 +255,7 @@ def test_report_numbers_on_known_runs(runs):
     assert (sppo["seeds"], sppo["finished"]) == (2, 1)  # the run without rows is left out
     # final: 0.75 and 1.0 (last 1 of 10 rows; the torn line is skipped) -> s = 0.17678
     assert sppo["final_success_mean"] == pytest.approx(0.875)
-    assert sppo["final_success_half"] == pytest.approx(12.7062 * 0.176777 / math.sqrt(2), rel=1e-4)
+    assert math.isnan(sppo["final_success_half"])  # two seeds: too few for an interval (MIN_RUNS = 3)
     # seed 0 is at 0.75 from its first update (64); seed 1 raw 0.25, 0.5 (update 2: 128, >= counts),
     # 1.0 (192): 0.9 at 128 + 0.4/0.5 * 64 = 179.2
     assert sppo["episodes_to"]["0.5"] == {"median": 96, "reached": 2, "seeds": 2}  # median(64, 128)
@@ -278,16 +278,16 @@ def test_report_numbers_on_known_runs(runs):
     assert c["episodes"]["mean"][j] == pytest.approx(0.625)
     assert c["episodes"]["half"][j] == pytest.approx(4.3027 * 0.375 / math.sqrt(3), rel=1e-4)
 
-    # the t-intervals leave [0, 1] (0.625 ± 0.932, 0.875 ± 1.588): clipped, and said so
+    # the t-interval leaves [0, 1] (0.625 ± 0.932): clipped, and said so; sppo's two seeds give none
     assert ppo["final_success_ci"] == [0.0, 1.0] and ppo["final_success_clipped"]
-    assert sppo["final_success_ci"] == [0.0, 1.0] and sppo["final_success_clipped"]
+    assert all(math.isnan(v) for v in sppo["final_success_ci"]) and not sppo["final_success_clipped"]
     assert single["final_success_clipped"] is False and single["iqm"] == 0.5
     # IQM over 3 seeds drops floor(3/4) = 0: the mean. Its bootstrap over the 27 equally likely resamples
     # of (1.0, 0.625, 0.25): the lowest mean, 0.25 (all three 0.25), has probability 1/27 = 3.7% > 2.5%,
     # so it is the 2.5% quantile; the same for 1.0 at the top
     assert ppo["iqm"] == pytest.approx(0.625) and ppo["iqm_ci"] == [0.25, 1.0]
-    # sppo: (0.75, 1.0), resamples 0.75 / 0.875 / 1.0 with probabilities 1/4, 1/2, 1/4
-    assert sppo["iqm"] == pytest.approx(0.875) and sppo["iqm_ci"] == [0.75, 1.0]
+    # sppo: (0.75, 1.0): a bootstrap of two values says nothing, so no interval
+    assert sppo["iqm"] == pytest.approx(0.875) and all(math.isnan(v) for v in sppo["iqm_ci"])
     assert math.isnan(single["iqm_ci"][0])  # one seed: no interval
 
     # aggregates over both tasks: ppo's four runs 0.5 | 1.0, 0.625, 0.25 -> IQM drops one at each end
@@ -308,11 +308,15 @@ def test_report_numbers_on_known_runs(runs):
         "| 10.0 | 4000 |" in md
     )
     assert (
-        "| short-cartpole | sppo | 2 (1 unfinished) | 0.875 [0.000, 1.000] | 0.875 [0.750, 1.000] | 96 (2/2) "
+        "| short-cartpole | sppo | 2 (1 unfinished) | 0.875 (n = 2: no interval) | 0.875 (n = 2: no interval) "
+        "| 96 (2/2) "
         "| 179 (1/2) | 7.5 | 3840 |" in md
     )
-    assert "| cartpole | ppo | 1 | 0.500 | 0.500 | 64 (1/1) | — (0/1) | 5.0 | 3840 |" in md
-    assert "t-intervals clipped to [0, 1]" in md and "short-cartpole / ppo, short-cartpole / sppo." in md
+    assert (
+        "| cartpole | ppo | 1 | 0.500 (n = 1: no interval) | 0.500 (n = 1: no interval) | 64 (1/1) | — (0/1) "
+        "| 5.0 | 3840 |" in md
+    )
+    assert "t-intervals clipped to [0, 1]" in md and "short-cartpole / ppo." in md
     assert "| ppo | 2 | 4 | 0.562 [" in md
     assert "| short-cartpole | sppo | 1 | 4 | 0.939 | 1.000 | 0.0625 | 0.1656 | 0.0094 |" in md
     saved = json.loads((out / "report.json").read_text())
@@ -566,29 +570,29 @@ def test_llm_runs_get_curves_a_table_and_aggregates(tmp_path):
     assert (grpo["label"], grpo["seeds"], grpo["evaluations"], grpo["updates"]) == ("grpo", 2, 3, 4)
     # final val accuracy: the last of 3 evaluations (10% of 3, at least one); grpo 0.75 and 0.5
     assert grpo["final_val_accuracy_per_seed"] == [0.75, 0.5] and grpo["final_val_accuracy_mean"] == 0.625
-    assert grpo["final_val_accuracy_half"] == pytest.approx(12.7062 * 0.176777 / math.sqrt(2), rel=1e-4)
-    assert grpo["final_val_accuracy_ci"] == [0.0, 1.0] and grpo["final_val_accuracy_clipped"]
-    assert grpo["iqm"] == 0.625 and grpo["iqm_ci"] == [0.5, 0.75]
+    # two seeds: too few for an interval (MIN_RUNS = 3), t or bootstrap
+    assert math.isnan(grpo["final_val_accuracy_half"]) and not grpo["final_val_accuracy_clipped"]
+    assert grpo["iqm"] == 0.625 and all(math.isnan(v) for v in grpo["iqm_ci"] + grpo["final_val_accuracy_ci"])
     assert (grpo["generated_tokens"], grpo["wall_time_s"], grpo["start_val_accuracy_mean"]) == (
         400,
         8.0,
         0.25,
     )
-    assert (sppo["seeds"], sppo["finished"], sppo["iqm"], sppo["iqm_ci"]) == (2, 1, 1.0, [1.0, 1.0])
+    assert (sppo["seeds"], sppo["finished"], sppo["iqm"]) == (2, 1, 1.0)
     # curves: on the step grid 0, 1, 2, 3, 4 (grid_points=5) the mean of the two seeds, interpolated
     (c,) = [c for c in report["llm_curves"] if c["label"] == "grpo"]
     assert c["step"]["x"] == [0, 1, 2, 3, 4]
     assert c["step"]["mean"] == pytest.approx([0.25, 0.3125, 0.375, 0.5, 0.625])
     assert c["generated_tokens"]["x"] == [0, 100, 200, 300, 400] and c["wall_time_s"]["x"][-1] == 8.0
-    # the band: 0.625 ± 1.588 at the last step, clipped to [0, 1]; no band where the seeds agree
-    assert c["step"]["lo"][-1] == 0 and c["step"]["hi"][-1] == 1 and c["step"]["half"][0] == 0
+    # no band from two seeds
+    assert all(math.isnan(v) for v in c["step"]["half"] + c["step"]["lo"] + c["step"]["hi"])
     agg = {e["label"]: e for e in report["aggregates"]["llm"]["table"]}
     assert agg["sppo"]["optimality_gap"]["value"] == 0 and agg["grpo"]["mean"]["value"] == 0.625
     out = root / "report"
     md = (out / "report.md").read_text()
     assert (
-        "| arithmetic | grpo | 2 | 3 | 4 | 0.250 | 0.625 [0.000, 1.000] | 0.625 [0.500, 0.750] | 400 | 8.0 |"
-        in md
+        "| arithmetic | grpo | 2 | 3 | 4 | 0.250 | 0.625 (n = 2: no interval) | 0.625 (n = 2: no interval) "
+        "| 400 | 8.0 |" in md
     )
     assert "![validation accuracy](llm_val_accuracy.png)" in md and "### Aggregates over tasks (llm" in md
     # the protocol between the labels (sppo before grpo): accuracy at equal tokens (400, the last
@@ -820,3 +824,77 @@ def test_collapses_are_counted_per_task_and_pooled_with_fisher_s_exact_test(tmp_
         in md
     )
     assert 2 * 15 / 495 == pytest.approx(0.0606, abs=1e-4)
+
+
+def test_llm_runs_on_the_same_data_are_one_task_whatever_the_file(tmp_path):
+    """The same examples as ``.parquet`` and ``.jsonl`` (another name too) are one task, named after the
+    first file, so its algorithms are compared; other content is another task."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    data.mkdir()
+    records = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(5)]
+    pq.write_table(pa.Table.from_pylist(records), data / "sums.parquet")
+    (data / "sums-copy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (data / "other.jsonl").write_text(json.dumps({"prompt": "1+2=", "answer": "3"}) + "\n")
+    root = tmp_path / "runs"
+    for seed, (algo, file) in enumerate([("grpo", "sums.parquet"), ("grpo", "sums-copy.jsonl"),
+                                         ("sppo", "sums-copy.jsonl"), ("sppo", "other.jsonl")]):  # fmt: skip
+        task = str(data / file)
+        write_llm_run(root / f"r{seed}", algo, seed, {0: 0.25, 2: 0.5}, config={"task": task})
+    report = run_report(ReportConfig(inputs=(str(root),), bootstrap_reps=50, grid_points=5))
+    tasks = {(g["task"], g["label"], g["seeds"]) for g in report["llm_groups"]}
+    # named after the first file by path ("sums-copy.jsonl" sorts before "sums.parquet")
+    assert tasks == {("sums-copy", "grpo", 2), ("sums-copy", "sppo", 1), ("other", "sppo", 1)}
+    assert [c["task"] for c in report["comparisons"]] == ["sums-copy"]
+
+
+def _segments_cross_a_count_change(ax, c) -> list[float]:
+    """The x of every drawn segment whose two ends have different seed counts ``c["n"]``."""
+    x, n = np.asarray(c["x"]), np.asarray(c["n"])
+    bad = []
+    for line in ax.get_lines():
+        lx, ly = np.asarray(line.get_xdata(), dtype=float), np.asarray(line.get_ydata(), dtype=float)
+        if len(lx) < 2:
+            continue
+        i = np.searchsorted(x, lx)
+        for k in range(len(lx) - 1):
+            if np.isfinite(ly[k]) and np.isfinite(ly[k + 1]) and n[i[k]] != n[i[k + 1]]:
+                bad.append(float(lx[k]))
+    return bad
+
+
+def test_a_seeds_end_draws_no_drop_and_the_count_change_is_marked(layout):
+    """Seeds ending at 4 and 7 s: no drawn segment joins points over different numbers of seeds (that
+    segment is the false "collapse"), and each later piece is marked n=2, n=1."""
+    from sppo_rl.experiments.report import X_AXES, curve, find_runs, plot_curves
+
+    root, _, style, tmp = layout
+    members = [r for r in find_runs((str(root / "short-cartpole"),)) if r.algo == "ppo"]
+    curves = {("short-cartpole", "ppo"): {x: curve(members, x, ReportConfig(inputs=("x",))) for x in X_AXES}}
+    fig = plot_curves(curves, ["short-cartpole"], ["ppo"], "wall_time_s", tmp / "w.png", "note", style)
+    ax = fig.axes[0]
+    assert _segments_cross_a_count_change(ax, curves["short-cartpole", "ppo"]["wall_time_s"]) == []
+    assert sorted(t.get_text() for t in ax.texts) == ["n=1", "n=2"]
+
+
+def test_figures_are_print_sized_with_short_titles_and_the_method_in_the_caption(layout):
+    """Every PNG 6.5 in wide at 200 dpi (1300 px); titles of a few words; the method under each figure
+    in report.md."""
+    import struct
+
+    from sppo_rl.experiments.report import plot_curves
+
+    _, report, style, tmp = layout
+    out = tmp / "ctl"
+    md = (out / "report.md").read_text()
+    for name in report["figures"]:
+        head = (out / name).read_bytes()[:24]
+        if name.startswith("tail"):  # the tail diagnostic's own figure
+            continue
+        assert struct.unpack(">I", head[16:20])[0] == 1300, name
+        assert report["captions"].get(name) and f"*{report['captions'][name]}*" in md, name
+    assert "95% t-intervals" in report["captions"]["success_vs_episodes.png"]
+    fig = plot_curves({}, ["short-cartpole"], [], "episodes", tmp / "e.png", "a long method note", style)
+    assert fig._suptitle.get_text() == "success rate vs episodes"

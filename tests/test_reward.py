@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -402,3 +403,35 @@ def test_stray_replies_on_the_pipe_never_shift_the_scores(tmp_path):
     with RewardScorer(f"{fns}:strays", timeout_s=5.0) as scorer:
         res = scorer.score(["1", "x", "3", "4"], truths)
     assert res.scores.tolist() == [1.0, 0.0, 1.0, 1.0] and res.errors == 0, res.error_samples
+
+
+SEEN = '''
+import json
+
+
+def seen(completions, prompts, rendered_prompts, **columns):
+    """1 when the completion is the JSON of the prompt and the rendered prompt this function received."""
+    return [float(completions[0] == json.dumps([prompts[0], rendered_prompts[0]]))]
+'''
+
+
+def test_trl_functions_get_the_datas_prompt_and_the_rendered_one_by_name(tmp_path):
+    """A TRL-style function receives ``prompts`` as the data gives them (text or chat messages, before
+    the run's chat template, system prompt and instruction) and the model's text as ``rendered_prompts``."""
+    from test_llm_data import _chat_tokenizer
+
+    from sppo_rl.llm.data import Example
+    from sppo_rl.llm.prompts import PromptFormat, render, render_examples
+    from sppo_rl.llm.stages.score import Scoring
+
+    (tmp_path / "fns.py").write_text(SEEN)
+    tok, fmt = _chat_tokenizer(), PromptFormat(instruction="Answer with just the number.")
+    chat = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    given = [Example("12+35=", "47"), Example(chat, "1", meta={"level": 2})]
+    examples = render_examples(given, tok, fmt)
+    assert examples[0].prompt == "<|user|>12+35= Answer with just the number.\n<|assistant|>"
+    assert [e.data_prompt for e in examples] == [e.prompt for e in given]  # kept as the data gives it
+    texts = [json.dumps([e.prompt, render(e.prompt, tok, fmt)]) for e in given]
+    with RewardScorer(f"{tmp_path / 'fns.py'}:seen") as scorer:
+        scores = Scoring(scorer)(texts + texts[::-1], ["47", "1", "1", "47"], examples + examples[::-1])
+    assert scores.errors == 0 and scores.R.tolist() == [1.0, 1.0, 1.0, 1.0]

@@ -390,8 +390,14 @@ def test_llm_sweep_runs_named_runs_resumes_a_stopped_one_and_skips_a_finished_on
     assert [j["name"] for j in manifest["jobs"]] == ["sppo/seed0", "grpo/seed0"]
     assert [r["status"] for r in manifest["results"]] == ["done", "done"]
     # the headline's final: the protocol's last ceil(10 %) of the 3 evaluations, i.e. the last one
-    last = [r["val_accuracy"] for r in read_metrics(grpo / "metrics.jsonl")][-1]
-    assert f"  grpo: final val accuracy {last:.3f} (mean of 1 seed)" in proc.stdout.splitlines()
+    last = [r["val_accuracy"] for r in read_metrics(grpo / "metrics.jsonl") if "val_accuracy" in r][-1]
+    g = [
+        r["val_greedy_accuracy"] for r in read_metrics(grpo / "metrics.jsonl") if "val_greedy_accuracy" in r
+    ][-1]
+    assert (
+        f"  grpo: final val accuracy {last:.3f} sampled, {g:.3f} greedy (mean of 1 seed)"
+        in proc.stdout.splitlines()
+    )
 
     # grpo stopped between update 1's checkpoint and update 2's; sppo finished
     rows, first = read_metrics(grpo / "metrics.jsonl"), (grpo / "metrics.jsonl").read_text().splitlines()[0]
@@ -541,3 +547,25 @@ def test_the_declared_primary_and_margin_are_kept_in_sweep_json(tmp_path):
     sweep(cfg)
     manifest = json.loads((tmp_path / "s" / "sweep.json").read_text())
     assert (manifest["config"]["primary"], manifest["config"]["margin"]) == ("acc_at_seconds", 0.1)
+
+
+def test_the_sweeps_done_line_says_what_follows(tmp_path):
+    """The headline's first line is a sentence (how many runs, what the numbers below are), never a bare
+    ``done: `` followed by the list; with nothing finished it says so."""
+    from sppo_rl.experiments.sweep import Job, JobResult, headline
+
+    jobs = []
+    for seed in (0, 1):
+        out = tmp_path / f"seed{seed}"
+        out.mkdir()
+        (out / "metrics.jsonl").write_text(
+            "".join(json.dumps({"success_rate": y}) + "\n" for y in (0.0, 0.5))
+        )
+        jobs.append(Job("short-cartpole", "ppo", seed, str(out), []))
+    lines = headline(jobs, [JobResult("done")] * 2, tmp_path).splitlines()
+    assert lines[0] == (
+        "[sppo-rl] done: 2 finished runs; final success (the last 10% of each run's updates) per task / algorithm:"
+    )
+    assert lines[1] == "  short-cartpole / ppo: final success 0.500 (mean of 2 seeds)"
+    none = headline(jobs, [JobResult("failed")] * 2, tmp_path).splitlines()
+    assert none[0] == "[sppo-rl] done: no finished run with metrics" and all(x.strip() for x in none)

@@ -215,23 +215,99 @@ def test_predict_on_the_env_observation_counts_the_steps_itself():
     xs = np.random.default_rng(1).normal(size=(5, 4)).astype(np.float32)
     ref = [mean(x, (5 - t) / 5) for t, x in enumerate(xs)]
     assert not np.array_equal(mean(xs[0], 1.0), mean(xs[0], 0.8)), "the time left moves the action"
-    own = [policy.predict(x) for x in xs]  # the env's own 4 features: the time left computed inside
-    assert all(np.array_equal(a, b) for a, b in zip(own, ref))
+    act = lambda x, **kw: policy.predict(x, deterministic=True, **kw)[0]  # noqa: E731
+    own = [act(x, episode_start=t == 0) for t, x in enumerate(xs)]  # the env's own 4 features
+    assert all(np.array_equal(a, b) for a, b in zip(own, ref))  # the time left computed inside
     with pytest.raises(ValueError, match="step 6 of an episode of horizon 5.*episode_start"):
-        policy.predict(xs[0])
-    assert np.array_equal(policy.predict(xs[0], episode_start=True), ref[0])  # a new episode: t = 0
-    assert np.array_equal(policy.predict(np.r_[xs[3], 0.4]), ref[3])  # the task's observation: as is
+        act(xs[0], episode_start=False)
+    assert np.array_equal(act(xs[0], episode_start=True), ref[0])  # a new episode: t = 0
+    assert np.array_equal(act(np.r_[xs[3], 0.4]), ref[3])  # the task's observation: as is
     # a batch keeps one counter per row; episode_start per row restarts only those rows
     policy.reset()
     batch = np.stack([xs[1], xs[1]])
-    policy.predict(batch)
-    second = policy.predict(batch, episode_start=[True, False])
+    act(batch, episode_start=True)
+    second = act(batch, episode_start=[True, False])
     # (a batch of two rounds differently from one row: equal to float32 precision)
     assert np.allclose(second[0], mean(xs[1], 1.0), rtol=1e-6, atol=1e-7)
     assert np.allclose(second[1], mean(xs[1], 0.8), rtol=1e-6, atol=1e-7)
     assert not np.allclose(second[0], second[1], rtol=1e-6, atol=1e-7)
     with pytest.raises(ValueError, match="the env's own 4"):
         policy.predict(np.zeros(3))
+
+
+SB3_LOOP = """
+obs, info = env.reset(seed=0)
+for _ in range(60):
+    action, _states = model.predict(obs, deterministic=True)
+    obs, reward, terminated, truncated, info = env.step(action)
+    if terminated or truncated:
+        obs, info = env.reset()
+"""
+"""Stable-Baselines3's basic-usage loop (its README and "Getting Started" page, the Gymnasium form)."""
+
+
+def _cartpole_policy(H: int):
+    """A random discrete policy for CartPole's 4 features plus the time left, with horizon ``H``."""
+    from sppo_rl.control.networks import Actor
+
+    torch.manual_seed(1)
+    meta = {"config": {"task": "CartPole-v1"}, "observation": {"horizon": H, "appended": "(H - t) / H"}}
+    return api.Policy(Actor(5, 2, True), meta=meta)
+
+
+def test_sb3s_usage_loop_runs_unchanged_on_a_wrapped_env_and_is_refused_unwrapped():
+    """SB3's loop: ``action, _states = model.predict(obs, deterministic=True)`` with Gymnasium's
+    reset/step. On ``policy.wrap(env)`` it runs as written, the time left restarting at each reset and
+    the episode cut at ``H`` (its actions equal ``predict`` with ``episode_start`` marked by hand on the
+    plain env, across episode ends); on the plain env it is refused at the first call, naming the fix."""
+    import gymnasium as gym
+
+    H = 9
+    policy = _cartpole_policy(H)
+    seen: list = []
+
+    class Recording(gym.Wrapper):
+        def step(self, action):
+            seen.append(int(action))
+            return super().step(action)
+
+    env = policy.wrap(Recording(gym.make("CartPole-v1")))
+    assert env.observation_space.shape == (5,)
+    exec(SB3_LOOP, {"env": env, "model": policy})
+    plain = gym.make("CartPole-v1")
+    obs, _ = plain.reset(seed=0)
+    want, t, ends = [], 0, 0
+    for _ in range(60):
+        action, state = policy.predict(obs, episode_start=t == 0, deterministic=True)
+        assert state is None
+        want.append(int(action))
+        obs, _, terminated, _, _ = plain.step(action)
+        t += 1
+        if terminated or t == H:
+            obs, _ = plain.reset()
+            t, ends = 0, ends + 1
+    assert seen == want and ends >= 6
+    with pytest.raises(ValueError, match="without episode_start.*policy.wrap"):
+        exec(SB3_LOOP, {"env": gym.make("CartPole-v1"), "model": policy})
+
+
+def test_sb3s_own_evaluate_policy_runs_our_policy_on_the_plain_env():
+    """``stable_baselines3.common.evaluation.evaluate_policy`` (a VecEnv, ``predict(obs, state=...,
+    episode_start=..., deterministic=...)``) on the plain env gives the returns of this project's
+    ``evaluate_policy`` (same seeds, deterministic), both calling ``predict`` SB3's way."""
+    import gymnasium as gym
+    from stable_baselines3.common.evaluation import evaluate_policy as sb3_evaluate
+    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    policy = _cartpole_policy(500)
+    vec = DummyVecEnv([lambda: Monitor(gym.make("CartPole-v1"))])
+    vec.seed(3)
+    returns, lengths = sb3_evaluate(
+        policy, vec, n_eval_episodes=1, deterministic=True, return_episode_rewards=True
+    )
+    ours = api.evaluate_policy(policy, "CartPole-v1", n_eval_episodes=1, deterministic=True, seed=3)
+    assert lengths == list(ours.lengths) and returns == list(ours.returns) and 5 < lengths[0] < 500
 
 
 def test_a_trained_policy_predicts_and_evaluates_on_plain_cartpole(tmp_path):
@@ -241,7 +317,7 @@ def test_a_trained_policy_predicts_and_evaluates_on_plain_cartpole(tmp_path):
     )  # fmt: skip
     env = gym.make("CartPole-v1")
     obs, _ = env.reset(seed=0)  # 4 features: raised "takes 5 features" before
-    assert policy.predict(obs, episode_start=True) in (0, 1)
+    assert policy.predict(obs, episode_start=True)[0] in (0, 1)
     assert Path(api.Policy.load(tmp_path / "run").run_dir) == tmp_path / "run"
     ev = api.evaluate_policy(policy, env, n_eval_episodes=3, seed=10)
     assert ev.returns == tuple(float(n) for n in ev.lengths), "CartPole pays +1 per step"

@@ -63,6 +63,13 @@ EVAL_SEED_BASE = 2_000_000_000  # evaluation start states: seeds EVAL_SEED_BASE 
 class ControlRun:
     """State and loop of one control run. ``run()`` trains to the budget and returns the summary."""
 
+    @property
+    def signal(self) -> str:
+        """The update row's key of what the run trains on, for the not-learning warnings
+        (:func:`~sppo_rl.runtime.watch.not_learning`): the shaped ``return`` with ``--dense``, else the
+        binary outcome's ``success_rate``."""
+        return "return" if self.cfg.dense else "success_rate"
+
     def __init__(self, cfg: ControlConfig) -> None:
         from sppo_rl.envs import make_episode_env
 

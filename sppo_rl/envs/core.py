@@ -43,6 +43,35 @@ def time_left(t: int | np.ndarray, horizon: int) -> np.ndarray:
     return np.asarray((horizon - np.asarray(t)) / horizon, dtype=np.float32)
 
 
+class TimeLeftObservation(gym.ObservationWrapper):
+    """A Gymnasium env's own observation with the time left ``(H - t) / H`` appended as float32, ``t``
+    counted from its ``reset`` (which sets it to 0), the episode truncated at ``t = H``: what a policy
+    trained on a task that appends only the time left reads (``Policy.wrap``)."""
+
+    def __init__(self, env: gym.Env, horizon: int) -> None:
+        super().__init__(env)
+        if not isinstance(env.observation_space, spaces.Box) or len(env.observation_space.shape) != 1:
+            raise ValueError(f"TimeLeftObservation needs a flat Box observation, got {env.observation_space}")
+        if int(horizon) < 1:
+            raise ValueError(f"horizon must be >= 1, got {horizon}")
+        self.horizon = int(horizon)
+        self.t = 0
+        self.observation_space = extended_box(env.observation_space, [], [])
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        self.t = 0
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action: Any):
+        self.t += 1
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward, terminated, truncated or self.t >= self.horizon, info
+
+    def observation(self, observation: Any) -> np.ndarray:
+        own = np.asarray(observation, dtype=np.float32).reshape(-1)
+        return np.concatenate([own, time_left(self.t, self.horizon).reshape(1)])
+
+
 def extended_box(base: spaces.Box, extra_low: Sequence[float], extra_high: Sequence[float]) -> spaces.Box:
     """``base`` as float32, with the extra features' bounds and then the time left's ``[0, 1]`` appended."""
     low = np.concatenate([base.low.astype(np.float32), np.asarray(extra_low, np.float32), [0.0]])

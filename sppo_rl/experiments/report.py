@@ -63,7 +63,7 @@ import numpy as np
 
 from sppo_rl.experiments import decision, protocol, stats, tail
 from sppo_rl.experiments.config import ReportConfig
-from sppo_rl.experiments.figures import fit_title
+from sppo_rl.experiments.figures import PRINT_WIDTH, save_figure
 from sppo_rl.experiments.scaling import scaling_section
 from sppo_rl.experiments.sweep import BOOKKEEPING
 from sppo_rl.runtime.logging import json_safe, read_metrics
@@ -132,6 +132,9 @@ class Run:
     last: dict[str, Any] = field(default_factory=dict)  # the last metrics row of any kind
     label: str = ""  # algo and the settings that tell its groups apart (see label_runs)
     settings: dict[str, Any] = field(default_factory=dict)
+    content: tuple[str, str] | None = (
+        None  # LLM data files' hashes (training, validation): the task's identity
+    )
 
 
 def _read_json(path: Path) -> Any:
@@ -178,8 +181,63 @@ def find_runs(inputs: tuple[str, ...], skip: Path | None = None) -> list[Run]:
                     last=rows[-1] if rows else {},
                 )
             )
+    name_tasks_by_content(runs)
     label_runs(runs)
     return runs
+
+
+def data_hash(path: str | Path, prompt_key: str | None = None, answer_key: str | None = None) -> str | None:
+    """The first 12 hex digits of the SHA-256 of a data file's examples, read as the LLM trainer reads
+    them (prompt, answer; every record in file order): the same data as ``.parquet``, ``.jsonl`` or
+    ``.json`` has one hash. None when the file cannot be read (moved, or not data)."""
+    import hashlib
+
+    from sppo_rl.llm.data import load_examples
+
+    try:
+        examples = load_examples(path, prompt_key=prompt_key, answer_key=answer_key, max_chars=None)
+    except (OSError, ValueError):
+        return None
+    text = json.dumps([[e.prompt, e.answer] for e in examples], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _content_key(run: Run, hashes: dict[tuple, str | None]) -> tuple[str | None, str] | None:
+    """``(training data hash, validation data hash or '')`` of an LLM run whose ``--task`` is a data
+    file (None for a generated task, or a file that cannot be read)."""
+    cfg = run.config
+
+    def of(path: Any) -> str | None:
+        if not path:
+            return ""
+        key = (str(path), cfg.get("prompt_key"), cfg.get("answer_key"))
+        if key not in hashes:
+            hashes[key] = data_hash(*key) if Path(path).is_file() else None
+        return hashes[key]
+
+    train = of(cfg.get("task"))
+    val = of(cfg.get("val_data"))
+    return None if not train or val is None else (train, val)
+
+
+def name_tasks_by_content(runs: list[Run]) -> None:
+    """LLM runs on the same data are one task whatever its file's name or format: each run whose
+    ``--task`` (and ``--val-data``) is a readable data file gets as ``task`` the stem of the first such
+    file (by path) with that content, with ``#<hash>`` appended where two contents share a stem."""
+    hashes: dict[tuple, str | None] = {}
+    keys = {id(r): _content_key(r, hashes) for r in runs if r.world == "llm"}
+    firsts: dict[tuple, str] = {}
+    for r in sorted((r for r in runs if keys.get(id(r))), key=lambda r: str(r.config.get("task"))):
+        firsts.setdefault(keys[id(r)], Path(str(r.config["task"])).stem)
+    stems = defaultdict(set)
+    for key, stem in firsts.items():
+        stems[stem].add(key)
+    for r in runs:
+        key = keys.get(id(r))
+        if key:
+            r.content = key
+            stem = firsts[key]
+            r.task = stem if len(stems[stem]) == 1 else f"{stem}#{key[0][:8]}"
 
 
 def _same(value: Any) -> str:
@@ -190,6 +248,8 @@ def effective(run: Run, key: str) -> Any:
     """A setting's value as the run used it: a field left at None ("the default") counts as the value the
     run resolved it to (``config.json``'s ``resolved``, e.g. ``group_size``), so that leaving a default
     and spelling it out are the same setting."""
+    if run.content is not None and key in ("task", "val_data"):  # the data's content, not its file's name
+        return run.content[0 if key == "task" else 1]
     value = run.config.get(key)
     resolved = run.config.get("resolved")
     if value is None and isinstance(resolved, dict) and key in resolved:
@@ -338,8 +398,8 @@ def llm_run_numbers(run: Run, cfg: ReportConfig) -> dict[str, Any]:
 def curve(
     runs: list[Run], xkey: str, cfg: ReportConfig, ykey: str = "success_rate", smooth: int | None = None
 ):
-    """Mean over runs and 95% t-interval (``half``; ``lo``/``hi`` clipped to [0, 1]) of the ``ykey`` curves,
-    each smoothed by a trailing mean over ``smooth`` points (default ``--smooth``), on a common grid of
+    """Mean over runs and 95% t-interval (``half``; ``lo``/``hi`` clipped to [0, 1]; NaN where fewer than
+    :data:`MIN_RUNS` runs cover the point) of the ``ykey`` curves, each smoothed by a trailing mean over ``smooth`` points (default ``--smooth``), on a common grid of
     ``xkey``."""
     smooth = cfg.smooth if smooth is None else smooth
     xs = [_col(r.rows, xkey) for r in runs]
@@ -348,6 +408,7 @@ def curve(
     at = np.stack([stats.interpolate(x, y, grid) for x, y in zip(xs, ys)])
     mean, half = zip(*(stats.t_interval(at[:, j]) for j in range(len(grid))))
     mean, half = np.array(mean), np.array(half)
+    half[(~np.isnan(at)).sum(0) < MIN_RUNS] = np.nan  # no band from fewer runs
     return {
         "x": grid.tolist(),
         "mean": mean.tolist(),
@@ -359,14 +420,28 @@ def curve(
     }
 
 
+MIN_RUNS = 3
+"""The fewest runs an interval is computed from (t-interval, bootstrap, curve band): with one or two the
+interval says nothing (two runs' bootstrap can only resample two values); fewer are reported as
+``n = 2: no interval`` and drawn without a band."""
+
+
+def enough_runs(n: int) -> bool:
+    """Whether ``n`` runs give an interval (:data:`MIN_RUNS`)."""
+    return n >= MIN_RUNS
+
+
 def score_numbers(scores: list[float], cfg: ReportConfig, name: str) -> dict[str, Any]:
     """Mean, 95% t-interval clipped to [0, 1] (and whether it had to be) and IQM with its bootstrap 95%
-    interval of one group's scores (``name``: the score's key prefix in the report)."""
+    interval of one group's scores (``name``: the score's key prefix in the report); the intervals are
+    NaN with fewer than :data:`MIN_RUNS` scores."""
     mean, half = stats.t_interval(scores)
     lo, hi, clipped = stats.clip_interval(mean, half)
     iqm, iqm_lo, iqm_hi = stats.stratified_bootstrap(
         [scores], stats.pooled(stats.iqm), cfg.bootstrap_reps, seed=cfg.bootstrap_seed
     )
+    if not enough_runs(len(scores)):
+        half, lo, hi, clipped, iqm_lo, iqm_hi = math.nan, math.nan, math.nan, False, math.nan, math.nan
     return {
         f"{name}_mean": mean,
         f"{name}_half": half,
@@ -439,7 +514,7 @@ def aggregates(per_run: list[dict[str, Any]], labels: list[str], cfg: ReportConf
             value, lo, hi = stats.stratified_bootstrap(
                 strata, stats.pooled(fn), cfg.bootstrap_reps, seed=cfg.bootstrap_seed
             )
-            entry[name] = {"value": value, "ci": [lo, hi]}
+            entry[name] = {"value": value, "ci": [lo, hi] if enough_runs(len(mine)) else [math.nan, math.nan]}
         table.append(entry)
         p, lo, hi = stats.stratified_bootstrap(
             strata,
@@ -447,6 +522,8 @@ def aggregates(per_run: list[dict[str, Any]], labels: list[str], cfg: ReportConf
             cfg.bootstrap_reps,
             seed=cfg.bootstrap_seed,
         )
+        if not enough_runs(len(mine)):
+            lo = hi = np.full(len(PROFILE_TAUS), np.nan)
         profiles.append(
             {
                 "label": label,
@@ -577,19 +654,25 @@ INTEGER_X = {"episodes", "step", "generated_tokens"}
 def _panels(n: int):
     from matplotlib.figure import Figure
 
-    cols = min(3, n)
+    cols = min(2, n)
     rows = math.ceil(n / cols)
-    fig = Figure(figsize=(4.6 * cols, 3.6 * rows), layout="constrained")
+    aspect = 0.75 if cols > 1 else 0.5  # one panel the page wide: lower
+    fig = Figure(
+        figsize=(PRINT_WIDTH, (PRINT_WIDTH / cols * aspect + 0.3) * rows + 0.3), layout="constrained"
+    )
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax in axes[n:]:
         ax.set_visible(False)
     return fig, axes
 
 
-def _grid(rows: int, cols: int, width: float = 3.6, height: float = 2.8):
+def _grid(rows: int, cols: int, aspect: float = 0.75):
+    """A figure :data:`PRINT_WIDTH` wide of ``rows x cols`` panels, each ``aspect`` times as high as wide
+    (plus room for its labels)."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width * cols, height * rows + 0.6), layout="constrained")
+    height = (PRINT_WIDTH / cols * aspect + 0.35) * rows + 0.3
+    fig = Figure(figsize=(PRINT_WIDTH, height), layout="constrained")
     return fig, fig.subplots(rows, cols, squeeze=False)
 
 
@@ -616,15 +699,14 @@ def _draw(
         colour, ls = style[label]
         x, y = x_of(s), y_of(s)
         lo, hi = np.asarray(s["lo"], dtype=float), np.asarray(s["hi"], dtype=float)
-        # where a seed has ended the mean is over fewer seeds: a thin dotted line without a band
+        # where a seed has ended the mean is over fewer seeds: thin dotted pieces without a band
         full = np.asarray(s["n"]) == s["runs"] if "n" in s else np.ones(len(x), dtype=bool)
         partial = not full.all()
         name = f"{label} ({tag}={s['runs']}" + ("; dotted: fewer seeds)" if partial else ")")
         ax.plot(x, np.where(full, y, np.nan), color=colour, ls=ls, lw=1.6, label=name, zorder=3)
         if partial:
-            edge = full | np.r_[full[1:], False] | np.r_[False, full[:-1]]  # joined to the solid part
-            ax.plot(x, np.where(~full | edge, y, np.nan), color=colour, ls=":", lw=1.0, zorder=3)
-        ax.fill_between(x, lo, hi, where=full, color=colour, alpha=0.2, lw=0, zorder=2)
+            _draw_fewer(ax, x, y, np.asarray(s["n"]), s["runs"], colour)
+        ax.fill_between(x, lo, hi, where=full & ~np.isnan(lo), color=colour, alpha=0.2, lw=0, zorder=2)
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     if focus is None:
@@ -636,6 +718,24 @@ def _draw(
         ax.set_title(
             f"{title}\n{focus} ({tag}={s['runs']})" if s else f"{title}\n{focus} (no runs)", fontsize=8
         )
+
+
+def _draw_fewer(ax, x: np.ndarray, y: np.ndarray, n: np.ndarray, runs: int, colour: str) -> None:
+    """The mean where fewer than ``runs`` seeds cover ``x``: one dotted piece per seed count, never joined
+    to its neighbours (a seed's end changes the mean's members, which a joining line would draw as a
+    drop), each marked ``n=k`` where it begins."""
+    start = 0
+    for i in range(1, len(x) + 1):
+        if i < len(x) and n[i] == n[start]:
+            continue
+        if 0 < n[start] < runs:
+            piece = slice(start, i)
+            ax.plot(x[piece], y[piece], color=colour, ls=":", lw=1.0, zorder=3)
+            if not np.isnan(y[start]):
+                ax.plot([x[start]], [y[start]], "|", color=colour, ms=6, zorder=3)
+                ax.annotate(f"n={int(n[start])}", (x[start], y[start]), xytext=(2, 3),
+                            textcoords="offset points", fontsize=6, color=colour)  # fmt: skip
+        start = i
 
 
 def _axes_labels(ax, xlabel: str, ylabel: str, integer: bool = False):
@@ -677,7 +777,8 @@ def plot_curves(
     max_overlay: int = 4,
 ):
     """One panel per task with every label in it; with more than ``max_overlay`` labels, one panel per
-    (task, label), the others in grey (rows of at most 4 per task). Returns the figure."""
+    (task, label), the others in grey (rows of at most 4 per task); a short title (``note``, the method,
+    is the caption ``report.md`` writes under it). Returns the figure."""
     if len(labels) <= max_overlay:
         fig, axes = _panels(len(tasks))
         cells = [(ax, task, None) for ax, task in zip(axes, tasks)]
@@ -687,8 +788,7 @@ def plot_curves(
         series = {lb: curves[task, lb][xkey] for lb in labels if (task, lb) in curves}
         _draw(ax, series, focus, style, task)
         _axes_labels(ax, X_AXES[xkey], "success rate", integer=xkey in INTEGER_X)
-    fit_title(fig, note)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, f"success rate vs {X_AXES[xkey]}")
     return fig
 
 
@@ -702,15 +802,14 @@ def plot_llm_curves(
         rows = [(task, None) for task in tasks]
     else:
         rows = [(task, lb) for task in tasks for lb in labels if (task, lb) in curves]
-    fig, grid = _grid(len(rows), len(LLM_X_AXES), width=4.2, height=3.0)
+    fig, grid = _grid(len(rows), len(LLM_X_AXES))
     for i, (task, focus) in enumerate(rows):
         for j, xkey in enumerate(LLM_X_AXES):
             ax = grid[i, j]
             series = {lb: curves[task, lb][xkey] for lb in labels if (task, lb) in curves}
             _draw(ax, series, focus, style, task)
             _axes_labels(ax, LLM_X_AXES[xkey], "validation accuracy", integer=xkey in INTEGER_X)
-    fit_title(fig, note)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, "validation accuracy")
     return fig
 
 
@@ -720,7 +819,7 @@ def plot_profiles(worlds: dict[str, dict[str, Any]], path: Path, style, max_over
     label with the others in grey. Returns the figure."""
     series = {world: {p["label"]: p for p in agg["profiles"]} for world, agg in worlds.items()}
     if max(len(s) for s in series.values()) <= max_overlay:
-        fig, grid = _grid(1, len(worlds), width=5.2, height=3.8)
+        fig, grid = _grid(1, len(worlds), aspect=0.7 if len(worlds) > 1 else 0.55)
         cells = [(grid[0, j], world, None) for j, world in enumerate(worlds)]
     else:
         fig, cells = _small_multiples([(world, list(s)) for world, s in series.items()])
@@ -729,45 +828,48 @@ def plot_profiles(worlds: dict[str, dict[str, Any]], path: Path, style, max_over
         _draw(ax, series[world], focus, style, f"{world}: {len(tasks)} task(s)", tag="runs")
         ax.set_xlim(0, 1)
         _axes_labels(ax, f"tau ({WORLDS[world]})", "fraction of runs > tau")
-    fit_title(
-        fig, "performance profiles: tasks weigh equally; bands: pointwise 95% stratified-bootstrap intervals"
-    )
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, "performance profiles")
     return fig
 
 
 def plot_aggregates(worlds: dict[str, dict[str, Any]], path: Path, style):
-    """``aggregates.png``: per world (row), IQM, median, mean and optimality gap of every label's scores
-    over all its runs and tasks (columns), with 95% stratified-bootstrap intervals."""
+    """``aggregates.png``: per world (two rows of two panels), IQM, median, mean and optimality gap of
+    every label's scores over all its runs and tasks, with 95% stratified-bootstrap intervals; a label
+    with too few runs for one (:data:`MIN_RUNS`) is a dot marked ``n=k``."""
     from matplotlib.figure import Figure
 
     names = {"iqm": "IQM", "median": "median", "mean": "mean", "optimality_gap": "optimality gap"}
     sizes = [len(agg["table"]) for agg in worlds.values()]
-    fig = Figure(figsize=(13, sum(0.32 * n + 1.3 for n in sizes) + 0.4), layout="constrained")
-    grid = fig.subplots(len(worlds), len(names), squeeze=False, gridspec_kw={"height_ratios": sizes})
+    ratios = [n for n in sizes for _ in range(2)]
+    fig = Figure(figsize=(PRINT_WIDTH, sum(2 * (0.22 * n + 0.9) for n in sizes) + 0.3), layout="constrained")
+    grid = fig.subplots(2 * len(worlds), 2, squeeze=False, gridspec_kw={"height_ratios": ratios})
     for i, (world, agg) in enumerate(worlds.items()):
         table = agg["table"]
         for j, (key, title) in enumerate(names.items()):
-            ax = grid[i, j]
+            ax = grid[2 * i + j // 2, j % 2]
             for k, e in enumerate(table):
                 v, (lo, hi) = e[key]["value"], e[key]["ci"]
                 colour = style[e["label"]][0]
                 if not (math.isnan(lo) or math.isnan(hi)):
                     ax.plot([lo, hi], [k, k], color=colour, lw=5, alpha=0.45, solid_capstyle="butt")
-                ax.plot([v], [k], "o", color=colour, ms=5)
+                elif not enough_runs(e["runs"]):
+                    ax.annotate(
+                        f"n={e['runs']}", (v, k), xytext=(5, -2), textcoords="offset points", fontsize=6
+                    )
+                ax.plot([v], [k], "o", color=colour, ms=4)
             ax.set_yticks(range(len(table)))
-            ax.set_yticklabels([e["label"] for e in table] if j == 0 else [], fontsize=8)
+            ax.set_yticklabels([e["label"] for e in table] if j % 2 == 0 else [], fontsize=7)
             ax.set_ylim(len(table) - 0.5, -0.5)
             ends = [x for e in table for x in (e[key]["value"], *e[key]["ci"]) if not math.isnan(x)] or [0, 1]
             pad = max(0.02, 0.08 * (max(ends) - min(ends)))
             ax.set_xlim(max(-0.02, min(ends) - pad), min(1.02, max(ends) + pad))
             ax.grid(axis="x", alpha=0.3)
+            ax.tick_params(labelsize=7)
             ax.set_title(
-                f"{world}: {title}" + (" (lower is better)" if key == "optimality_gap" else ""), fontsize=9
+                f"{world}: {title}" + (" (lower is better)" if key == "optimality_gap" else ""), fontsize=8
             )
-            ax.set_xlabel("mean shortfall below 1" if key == "optimality_gap" else WORLDS[world])
-    fit_title(fig, "over all runs and tasks of each algorithm; bars: 95% stratified-bootstrap intervals")
-    fig.savefig(path, dpi=110)
+            ax.set_xlabel("mean shortfall below 1" if key == "optimality_gap" else WORLDS[world], fontsize=7)
+    save_figure(fig, path, "aggregate scores")
     return fig
 
 
@@ -796,8 +898,7 @@ def plot_reliability(cal: dict, tasks: list[str], labels: list[str], path: Path,
         ax.set_aspect("equal")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fit_title(fig, f"dots: start states; circles: {bins} equal-width bins\n(area ~ episodes)")
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, "critic calibration")
     return fig
 
 
@@ -808,11 +909,13 @@ def _num(x: float | None, fmt: str) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
 
-def _ci(value: float, ci: list[float], fmt: str = ".3f") -> str:
-    """``value [lo, hi]``, or the value alone where there is no interval (one run)."""
+def _ci(value: float, ci: list[float], fmt: str = ".3f", n: int | None = None) -> str:
+    """``value [lo, hi]``; the value alone where there is no interval, with ``(n = 2: no interval)``
+    where ``n`` runs are too few for one (:data:`MIN_RUNS`)."""
     lo, hi = ci
     if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
-        return _num(value, fmt)
+        few = n is not None and not enough_runs(n)
+        return _num(value, fmt) + (f" (n = {n}: no interval)" if few else "")
     return f"{_num(value, fmt)} [{lo:{fmt}}, {hi:{fmt}}]"
 
 
@@ -845,7 +948,9 @@ def _aggregate_lines(agg: dict[str, Any], world: str, cfg: ReportConfig) -> list
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for e in agg["table"]:
-        cells = [_ci(e[k]["value"], e[k]["ci"]) for k in ("iqm", "mean", "median", "optimality_gap")]
+        cells = [
+            _ci(e[k]["value"], e[k]["ci"], n=e["runs"]) for k in ("iqm", "mean", "median", "optimality_gap")
+        ]
         lines.append(f"| {e['label']} | {len(e['tasks'])} | {e['runs']} | " + " | ".join(cells) + " |")
     return lines
 
@@ -952,8 +1057,8 @@ def markdown(report: dict[str, Any], cfg: ReportConfig) -> str:
             for t in ts
         ]
         lines.append(
-            f"| {g['task']} | {g['label']} | {_seeds(g)} | {_ci(g['final_success_mean'], g['final_success_ci'])} | "
-            f"{_ci(g['iqm'], g['iqm_ci'])} | "
+            f"| {g['task']} | {g['label']} | {_seeds(g)} | {_ci(g['final_success_mean'], g['final_success_ci'], n=g['seeds'])} | "
+            f"{_ci(g['iqm'], g['iqm_ci'], n=g['seeds'])} | "
             + " | ".join(reach)
             + f" | {_num(g['wall_time_s'], '.1f')} | {_num(g['sps'], '.0f')} |"
         )
@@ -981,7 +1086,8 @@ def markdown(report: dict[str, Any], cfg: ReportConfig) -> str:
             lines.append(
                 f"| {g['task']} | {g['label']} | {_seeds(g)} | {g['evaluations']} | {_num(g['updates'], '.0f')} | "
                 f"{_num(g['start_val_accuracy_mean'], '.3f')} | "
-                f"{_ci(g['final_val_accuracy_mean'], g['final_val_accuracy_ci'])} | {_ci(g['iqm'], g['iqm_ci'])} | "
+                f"{_ci(g['final_val_accuracy_mean'], g['final_val_accuracy_ci'], n=g['seeds'])} | "
+                f"{_ci(g['iqm'], g['iqm_ci'], n=g['seeds'])} | "
                 f"{_num(g['generated_tokens'], '.0f')} | {_num(g['wall_time_s'], '.1f')} |"
             )
         lines += _clipped_note(llm, "final_val_accuracy")
@@ -1008,7 +1114,7 @@ def markdown(report: dict[str, Any], cfg: ReportConfig) -> str:
     if report.get("tail_effect") or report.get("tail_effect_skipped"):
         lines += [""] + tail.markdown(report["tail_effect"], report.get("tail_effect_skipped", []))
     lines += ["", "## Definitions", ""] + [f"- **{k}**: {v}" for k, v in report["definitions"].items()]
-    return "\n".join(lines) + "\n"
+    return "\n".join(_with_captions(lines, report.get("captions", {}))) + "\n"
 
 
 def definitions(cfg: ReportConfig, control: bool, llm: bool) -> dict[str, str]:
@@ -1025,8 +1131,9 @@ def definitions(cfg: ReportConfig, control: bool, llm: bool) -> dict[str, str]:
         "bootstrap CI": f"stratified bootstrap (Agarwal et al. 2021): {cfg.bootstrap_reps} resamples, each "
         "drawing every task's runs with replacement (as many as it has), the statistic recomputed on each; "
         f"95% percentile interval (2.5% and 97.5% quantiles); numpy generator seeded with {cfg.bootstrap_seed}, "
-        "so the same runs give the same intervals; none when no task has two runs. With 2-3 seeds per "
-        "task the bootstrap interval is narrow and optimistic: read it beside the t-interval",
+        f"so the same runs give the same intervals; none from fewer than {MIN_RUNS} runs (every interval of "
+        f"the report: 'n = 2: no interval'). With {MIN_RUNS}-5 seeds per task the bootstrap interval is "
+        "narrow and optimistic: read it beside the t-interval",
         "aggregates": "per algorithm (label), all its runs on all tasks of a world pooled: IQM, mean, "
         "median, and optimality gap = mean over runs of max(1 - score, 0) (lower is better), each with "
         "its stratified-bootstrap interval",
@@ -1037,8 +1144,9 @@ def definitions(cfg: ReportConfig, control: bool, llm: bool) -> dict[str, str]:
         d |= {
             "smoothing": f"each run's success_rate is a trailing mean over the last {cfg.smooth} updates",
             "curves": f"each smoothed run is interpolated linearly onto {cfg.grid_points} common x points (no "
-            "extrapolation); line = mean over the runs covering x, band = 95% Student-t interval over them, "
-            "clipped to [0, 1]",
+            "extrapolation); line = mean over the runs covering x (dotted, marked n=k, where fewer than all "
+            f"runs do), band = 95% Student-t interval over them, clipped to [0, 1], only where at least "
+            f"{MIN_RUNS} runs cover x",
             "final success": f"per run, the mean raw success_rate over its last {cfg.final_frac:.0%} of updates "
             "(at least one); the control score; table: mean [t-interval] and IQM [bootstrap CI] over seeds",
             "episodes to x": "per run, the first episode count where the raw (unsmoothed) success_rate reaches "
@@ -1161,25 +1269,31 @@ def run_report(cfg: ReportConfig) -> dict[str, Any]:
     if llm:
         aggs["llm"] = aggregates(llm_per_run, label_order(llm), cfg)
 
-    figures = []
+    figures, control_note, llm_note = [], "", ""
     if control:
         tasks, labels = sorted({r.task for r in control}), label_order(control)
-        note = (
-            f"mean over seeds, 95% t-interval (clipped to [0, 1])\n"
-            f"each run smoothed: trailing mean over {cfg.smooth} updates"
+        control_note = (
+            f"Lines: the mean over seeds; bands: 95% t-intervals (clipped to [0, 1]), only where at least "
+            f"{MIN_RUNS} seeds cover the point; dotted pieces, marked n=k where they begin: the mean of the "
+            f"seeds that go on after another has ended. Each run smoothed by a trailing mean over "
+            f"{cfg.smooth} updates."
         )
         for xkey in X_AXES:
             name = f"success_vs_{xkey.removesuffix('_s')}.png"
-            plot_curves(curves, tasks, labels, xkey, out / name, note, style, cfg.max_overlay)
+            plot_curves(curves, tasks, labels, xkey, out / name, control_note, style, cfg.max_overlay)
             figures.append(name)
     if llm:
-        note = "validation accuracy (mean@k), mean over seeds, 95% t-interval (clipped to [0, 1])"
+        llm_note = (
+            f"Validation accuracy (mean@k). Lines: the mean over seeds; bands: 95% t-intervals (clipped to "
+            f"[0, 1]), only where at least {MIN_RUNS} seeds cover the point; dotted pieces, marked n=k: the "
+            "mean of the seeds that go on after another has ended."
+        )
         plot_llm_curves(
             llm_curves,
             sorted({r.task for r in llm}),
             label_order(llm),
             out / "llm_val_accuracy.png",
-            note,
+            llm_note,
             style,
             cfg.max_overlay,
         )
@@ -1206,6 +1320,7 @@ def run_report(cfg: ReportConfig) -> dict[str, Any]:
         tail.plot(tails, out / tail.FIGURE, {lb: c for lb, (c, _) in style.items()})
         figures.append(tail.FIGURE)
     report = {
+        "captions": captions(cfg, figures, control_note, llm_note),
         "config": asdict(cfg),
         "definitions": {
             **(definitions(cfg, bool(control), bool(llm)) if control or llm else {}),
@@ -1252,6 +1367,41 @@ def run_report(cfg: ReportConfig) -> dict[str, Any]:
     print(text)
     print(f"report: {out / 'report.md'}, {out / 'report.json'}, " + ", ".join(str(out / f) for f in figures))
     return report
+
+
+def captions(
+    cfg: ReportConfig, figures: list[str], control_note: str = "", llm_note: str = ""
+) -> dict[str, str]:
+    """Each figure's caption (what a figure's title leaves out: how its lines and bands are computed),
+    written under it in ``report.md``."""
+    boot = (
+        f"95% stratified-bootstrap intervals ({cfg.bootstrap_reps} resamples of the runs within each task), "
+        f"only for algorithms with at least {MIN_RUNS} runs"
+    )
+    text = {
+        "performance_profile.png": "The fraction of runs whose score exceeds tau, each task weighing "
+        f"equally; bands: pointwise {boot}.",
+        "aggregates.png": f"IQM, median, mean and optimality gap of each algorithm's scores over all its runs "
+        f"and tasks; bars: {boot} (a dot alone: fewer runs, no interval).",
+        "calibration.png": f"The critic's predicted success sigmoid V(s_0) against the empirical success; dots: "
+        f"start states; circles: {cfg.calibration_bins} equal-width bins (area ~ episodes).",
+        "llm_val_accuracy.png": llm_note,
+    }
+    for f in figures:
+        if f.startswith("success_vs_"):
+            text[f] = control_note
+    return {f: text[f] for f in figures if text.get(f)}
+
+
+def _with_captions(lines: list[str], caps: dict[str, str]) -> list[str]:
+    """``lines`` with each figure's caption (``*...*``) after its image line."""
+    out = []
+    for line in lines:
+        out.append(line)
+        target = line.rpartition("](")[2].rstrip(")") if line.startswith("![") else ""
+        if target in caps:
+            out += ["", f"*{caps[target]}*"]
+    return out
 
 
 def _algo_of(runs: list[Run], label: str) -> str:

@@ -703,28 +703,49 @@ def _sweep(
 def headline(jobs: list[Job], results: list[JobResult], root: Path) -> str:
     """The sweep's end: final success of each (task, algorithm) over its finished seeds (the protocol's
     :func:`~sppo_rl.experiments.protocol.final_value` of each run's logged ``success_rate``, as
-    ``sppo-rl report`` computes it; LLM runs: of ``val_accuracy``, per run name), the folder and the
-    next commands."""
+    ``sppo-rl report`` computes it; LLM runs: of ``val_accuracy``, sampled, and beside it of
+    ``val_greedy_accuracy``, greedy, per run name), the folder and the next commands."""
     from sppo_rl.experiments.protocol import final_value
     from sppo_rl.runtime.logging import read_metrics
 
     llm = any(j.command == "llm" for j in jobs)
     finals: dict[tuple[str, str], list[float]] = {}
+    greedy: dict[tuple[str, str], list[float]] = {}
     for job, r in zip(jobs, results):
         metrics = Path(job.out_dir) / "metrics.jsonl"
         if r.status in FINISHED and metrics.is_file():
             key = "val_accuracy" if job.command == "llm" else "success_rate"
-            value = final_value([row.get(key) for row in read_metrics(metrics)])
+            rows = read_metrics(metrics)
+            value = final_value([row.get(key) for row in rows])
             if not math.isnan(value):
                 finals.setdefault((job.task, job.algo), []).append(value)
+                g = (
+                    final_value([row.get("val_greedy_accuracy") for row in rows])
+                    if job.command == "llm"
+                    else math.nan
+                )
+                if not math.isnan(g):
+                    greedy.setdefault((job.task, job.algo), []).append(g)
     what = "val accuracy" if llm else "success"
+
+    def greedy_part(key: tuple[str, str], n: int) -> str:
+        g = greedy.get(key, [])
+        return f" sampled, {sum(g) / len(g):.3f} greedy" if len(g) == n else ""
+
     lines = [
-        f"  {algo if llm else f'{task} / {algo}'}: final {what} {sum(v) / len(v):.3f} "
-        f"(mean of {len(v)} seed{'s' * (len(v) > 1)})"
+        f"  {algo if llm else f'{task} / {algo}'}: final {what} {sum(v) / len(v):.3f}"
+        f"{greedy_part((task, algo), len(v))} (mean of {len(v)} seed{'s' * (len(v) > 1)})"
         for (task, algo), v in finals.items()
     ]
+    runs = sum(len(v) for v in finals.values())
+    first = (
+        f"[sppo-rl] done: {runs} finished run{'s' * (runs > 1)}; final {what} (the last 10% of each run's "
+        f"{'evaluations' if llm else 'updates'}) per {'run name' if llm else 'task / algorithm'}:"
+        if lines
+        else "[sppo-rl] done: no finished run with metrics"
+    )
     return "\n".join(
-        ["[sppo-rl] done: " + ("" if lines else "no finished run with metrics"), *lines]
+        [first, *lines]
         + [
             f"[sppo-rl] sweep folder: {root} (sweep.json, {'<name>' if llm else '<task>/<algo>'}/seed<k>/)",
             f"[sppo-rl] next: sppo-rl report {root}    tensorboard --logdir {root}",

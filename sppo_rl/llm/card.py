@@ -10,9 +10,13 @@ from typing import Any
 from sppo_rl.runtime.files import atomic_write_text
 
 
-def model_card(cfg: Any, summary: dict[str, Any], rows: list[dict[str, Any]], warnings: list[str]) -> str:
+def model_card(
+    cfg: Any, summary: dict[str, Any], rows: list[dict[str, Any]], warnings: list[str], template: bool = False
+) -> str:
     """Markdown: the algorithm, the starting model, the data, the updates and samples, the summary's
-    validation accuracies and the last update's mean reward, and the run's not-learning warnings."""
+    validation accuracies and the last update's mean reward, the run's not-learning warnings, and how
+    its prompts were rendered (``template``: through the tokenizer's chat template) with a use example
+    that renders them the same way."""
     import sppo_rl
 
     def fmt(v: Any) -> str:
@@ -36,22 +40,16 @@ def model_card(cfg: Any, summary: dict[str, Any], rows: list[dict[str, Any]], wa
         f"- training data: {data}; validation: {cfg.val_data or ('generated' if cfg.task == 'arithmetic' else 'none')}",
         f"- updates: {summary['steps']} of {cfg.prompts_per_step} prompts x {summary['group_size']} samples; "
         f"{summary['generated_tokens']} generated tokens; max_new_tokens {cfg.max_new_tokens}",
-        f"- validation accuracy: start {fmt(summary.get('start_val_accuracy'))}, final "
-        f"{fmt(summary.get('final_val_accuracy'))}, best {fmt(summary.get('best_val_accuracy'))}",
+        f"- validation accuracy, sampled: start {fmt(summary.get('start_val_accuracy'))}, final "
+        f"{fmt(summary.get('final_val_accuracy'))}, best {fmt(summary.get('best_val_accuracy'))}; greedy: start "
+        f"{fmt(summary.get('start_greedy_accuracy'))}, final {fmt(summary.get('final_greedy_accuracy'))}",
         f"- last update's mean reward: {fmt(updates[-1]['reward_mean'] if updates else None)}",
     ]
     if warnings:
         lines += ["", "## Warnings of the run", "", *(f"- {w}" for w in warnings)]
     settings = {k: v for k, v in vars(cfg).items() if k in ("actor_lr", "clip", "kl_coef", "temperature")}
+    lines += ["", *prompt_lines(cfg, template)]
     lines += [
-        "",
-        "## Use",
-        "",
-        "```python",
-        "from transformers import AutoModelForCausalLM, AutoTokenizer",
-        'model = AutoModelForCausalLM.from_pretrained("<this folder>")',
-        'tokenizer = AutoTokenizer.from_pretrained("<this folder>")',
-        "```",
         "",
         f"Some settings: `{json.dumps(settings, default=str)}`; all of them are in the run folder's config.json.",
         "",
@@ -59,9 +57,63 @@ def model_card(cfg: Any, summary: dict[str, Any], rows: list[dict[str, Any]], wa
     return "\n".join(lines)
 
 
+def prompt_lines(cfg: Any, template: bool) -> list[str]:
+    """The card's "Prompts" and "Use" sections: how the run turned a prompt into the model's text
+    (:func:`sppo_rl.llm.prompts.render` with ``cfg``'s options; ``template``: whether the chat template
+    was applied), and the same rendering with ``transformers`` and with ``LLMPolicy``."""
+    instruction, system = cfg.instruction, cfg.system_prompt
+    how = [
+        "## Prompts",
+        "",
+        "The model was trained on prompts rendered this way (prompt_format.json; `LLMPolicy.generate` "
+        "does the same):",
+        "",
+        "- a plain-text prompt is one user message",
+        f"- instruction appended to the last user message after a space: {json.dumps(instruction) if instruction else 'none'}",
+        f"- system prompt: {json.dumps(system) if system is not None else 'none (the template default, if any)'}",
+        f"- chat template: {'applied, with the generation prompt' if template else 'not applied; message contents joined by blank lines'}",
+        "",
+        "## Use",
+        "",
+        "```python",
+    ]
+    q = json.dumps("What is 41 + 74?" + (f" {instruction}" if instruction else ""))
+    if template:
+        messages = f'[{{"role": "user", "content": {q}}}]'
+        if system is not None:
+            messages = f'[{{"role": "system", "content": {json.dumps(system)}}}, {messages[1:]}'
+        how += [
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            'model = AutoModelForCausalLM.from_pretrained("<this folder>")',
+            'tokenizer = AutoTokenizer.from_pretrained("<this folder>")',
+            f"text = tokenizer.apply_chat_template({messages}, tokenize=False, add_generation_prompt=True)",
+        ]
+    else:
+        text = q if not system else json.dumps(f"{system}\n\n" + json.loads(q))
+        how += [
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            'model = AutoModelForCausalLM.from_pretrained("<this folder>")',
+            'tokenizer = AutoTokenizer.from_pretrained("<this folder>")',
+            f"text = {text}",
+        ]
+    how += [
+        "ids = tokenizer(text, return_tensors='pt', add_special_tokens=False)",
+        "out = model.generate(**ids, max_new_tokens=32, do_sample=False)",
+        "print(tokenizer.decode(out[0, ids['input_ids'].shape[1]:], skip_special_tokens=True))",
+        "# or, rendering exactly as in training:",
+        "from sppo_rl import LLMPolicy",
+        'print(LLMPolicy.load("<this folder>").generate(["What is 41 + 74?"]))',
+        "```",
+    ]
+    return how
+
+
 def write_model_card(
     folder: Path, cfg: Any, summary: dict[str, Any], rows: list[dict[str, Any]], warnings: list[str]
 ) -> Path:
+    from sppo_rl.llm.prompts import has_chat_template
+
     path = Path(folder) / "README.md"
-    atomic_write_text(path, model_card(cfg, summary, rows, warnings))
+    template = cfg.chat_template != "off" and has_chat_template(folder)
+    atomic_write_text(path, model_card(cfg, summary, rows, warnings, template))
     return path

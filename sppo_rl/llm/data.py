@@ -66,6 +66,8 @@ class Example:
         meta: everything else in the record (``ability`` whatever its spelling, ``extra_info``, ...), or
             task parameters such as ``{"level": 2}``.
         format: the record layout it was read from (``gsm8k``, ``math``, ...; empty for generated tasks).
+        given_prompt: the prompt as the data gives it, once :func:`sppo_rl.llm.prompts.render_examples` has
+            replaced ``prompt`` by the text the model reads (None: ``prompt`` is still the data's own).
     """
 
     prompt: Prompt
@@ -74,6 +76,12 @@ class Example:
     index: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
     format: str = ""
+    given_prompt: Prompt | None = None
+
+    @property
+    def data_prompt(self) -> Prompt:
+        """The prompt as the data gives it (text or chat messages), before any rendering."""
+        return self.prompt if self.given_prompt is None else self.given_prompt
 
 
 # ------------------------------------------------------------------------------------ formats
@@ -427,7 +435,12 @@ def _longest_text(value: Any, depth: int = 0) -> int:
 
 
 def render_prompt(example: Example | Prompt, tokenizer: Any = None, suffix: str | None = None) -> str:
-    """The text fed to the model.
+    """The text fed to the model, for a prompt that is already the run's text or that needs no run options.
+
+    A run renders every prompt once with its options (:func:`sppo_rl.llm.prompts.render`: chat template,
+    system prompt, instruction; a plain string becomes a user message too); what it reads afterwards is
+    that text, which this function returns as is. Outside a run, use :func:`sppo_rl.llm.prompts.render`
+    with the run's :class:`~sppo_rl.llm.prompts.PromptFormat` (``LLMPolicy.generate`` does).
 
     A plain-text prompt is returned as is, plus ``suffix``. Chat messages get ``suffix`` appended to
     the last user message, then go through ``tokenizer.apply_chat_template(messages, tokenize=False,

@@ -14,11 +14,16 @@ from sppo_rl.llm.setup import peak_memory_mb
 
 
 def export(folder: Path, m: Any, cfg: Any, dist: Any) -> None:
-    """``folder/actor``, ``folder/critic`` and ``folder/actor-adapter`` of the run's models ``m``
+    """``folder/actor`` (with ``prompt_format.json``: the run's chat template, system prompt and
+    instruction), ``folder/critic`` and ``folder/actor-adapter`` of the run's models ``m``
     (:class:`~sppo_rl.llm.build.Models`); all ranks call this (ZeRO-3 gathers the weights), rank 0 writes."""
     m.actor_engine.save_pretrained(folder / "actor")
     if dist.main:
+        from sppo_rl.llm.prompts import save_format
+        from sppo_rl.llm.setup import prompt_format
+
         m.tokenizer.save_pretrained(folder / "actor")
+        save_format(folder / "actor", prompt_format(cfg))  # how prompts were rendered: read back on load
     if cfg.export_adapter and m.adapter_config is not None:  # the adapters alone, for peft
         engine = m.actor_engine
         save_adapter(
@@ -34,6 +39,15 @@ def export(folder: Path, m: Any, cfg: Any, dist: Any) -> None:
         if dist.main:
             m.critic.save_pretrained(folder / "critic", tokenizer=m.tokenizer, state_dict=state)
     dist.barrier()
+
+
+def greedy_numbers(evals: list[dict[str, Any]]) -> dict[str, Any]:
+    """The greedy decode's validation accuracy (``val_greedy_accuracy``) at the first and the last
+    evaluation that measured it, beside the sampled ``val_accuracy`` (empty when none did)."""
+    greedy = [r["val_greedy_accuracy"] for r in evals if r.get("val_greedy_accuracy") is not None]
+    if not greedy:
+        return {}
+    return {"start_greedy_accuracy": greedy[0], "final_greedy_accuracy": greedy[-1]}
 
 
 def summary_of(run: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -54,6 +68,7 @@ def summary_of(run: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "start_val_accuracy": evals[0]["val_accuracy"] if evals else None,
         "final_val_accuracy": evals[-1]["val_accuracy"] if evals else None,
         "best_val_accuracy": max(r["val_accuracy"] for r in evals) if evals else None,
+        **greedy_numbers(evals),
         "peak_memory_mb": peak_memory_mb(run.device),
         "warmstart": run.models.warmstart,
     }

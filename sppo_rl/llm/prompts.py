@@ -78,10 +78,42 @@ def render(prompt: Prompt, tokenizer: Any, fmt: PromptFormat) -> str:
 
 
 def render_examples(examples: list[Example], tokenizer: Any, fmt: PromptFormat) -> list[Example]:
-    """``examples`` with each prompt replaced by its rendered text (:func:`render`); answers, sources,
-    indices and meta unchanged. A rendered prompt is a string that
-    :func:`sppo_rl.llm.data.render_prompt` returns as is, so the run's later steps read it unchanged."""
-    return [dataclasses.replace(e, prompt=render(e.prompt, tokenizer, fmt)) for e in examples]
+    """``examples`` with each prompt replaced by its rendered text (:func:`render`) and the data's own
+    kept in ``given_prompt`` (reward functions receive it); answers, sources, indices and meta unchanged.
+    A rendered prompt is a string that :func:`sppo_rl.llm.data.render_prompt` returns as is, so the run's
+    later steps read it unchanged."""
+    return [
+        dataclasses.replace(e, prompt=render(e.data_prompt, tokenizer, fmt), given_prompt=e.data_prompt)
+        for e in examples
+    ]
+
+
+FORMAT_FILE = "prompt_format.json"
+"""The file in an exported actor folder that records its run's :class:`PromptFormat`."""
+
+
+def save_format(folder: str | Path, fmt: PromptFormat) -> Path:
+    """Write ``fmt`` to ``folder/prompt_format.json`` (read back by :func:`load_format`)."""
+    from sppo_rl.runtime.files import atomic_write_text
+
+    path = Path(folder) / FORMAT_FILE
+    atomic_write_text(path, json.dumps(dataclasses.asdict(fmt), indent=2) + "\n")
+    return path
+
+
+def format_of(settings: dict[str, Any]) -> PromptFormat:
+    """The :class:`PromptFormat` of a run's settings (``config.json``'s, or ``prompt_format.json``'s)."""
+    mode = settings.get("chat_template") or "auto"
+    return PromptFormat(str(mode), settings.get("system_prompt"), settings.get("instruction"))
+
+
+def load_format(folder: str | Path, run_dir: str | Path | None = None) -> PromptFormat:
+    """The prompt options a model was trained with: ``folder/prompt_format.json``, else the run's
+    ``config.json`` (``run_dir``), else the defaults (``auto``, no system prompt, no instruction)."""
+    for path in (Path(folder) / FORMAT_FILE, Path(run_dir) / "config.json" if run_dir else None):
+        if path is not None and path.is_file():
+            return format_of(json.loads(path.read_text()))
+    return PromptFormat()
 
 
 def has_chat_template(folder: str | Path) -> bool:

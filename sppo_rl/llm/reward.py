@@ -36,7 +36,8 @@ convention from its signature (:func:`call_style`):
 - ``fn(response: str, ground_truth: str) -> float`` (this project's; the built-ins), called per item;
 - TRL's, any function with a parameter named ``completions``: ``fn(completions: list[str], **columns)
   -> list[float]``, called by keyword with lists over the batch: ``completions``, ``prompts`` (the
-  prompts as the data gives them: text or chat messages), ``answer`` (the reference the data's answer
+  prompts as the data gives them: text or chat messages), ``rendered_prompts`` (the text the model
+  read: the prompt with the run's chat template, system prompt and instruction), ``answer`` (the reference the data's answer
   column gives, as the built-ins get it) and every other column of the data (``solution``, ``level``,
   ...: ``Example.meta``). A function without ``**kwargs`` gets only the columns it names (a column it
   names that the data lacks is an error for each item). The batch here is one item (lists of length
@@ -619,7 +620,8 @@ class RewardScorer:
         columns: Sequence[Mapping[str, Any]] | None = None,
     ) -> ScoreResult:
         """Score ``responses[i]`` against ``truths[i]``; see :class:`ScoreResult`. ``columns[i]`` (picklable
-        values: ``prompts`` and the data's other columns) goes to TRL-style functions as keyword lists.
+        values: ``prompts``, ``rendered_prompts`` and the data's other columns) goes to TRL-style functions
+        as keyword lists.
 
         Items go to the workers in chunks; each worker answers its items in order. ``stop`` is polled
         at least every 0.5 s; once it returns True, the items left score 0.0 and count in

@@ -157,11 +157,28 @@ def data_file(flag: str, value: str) -> Path:
     return path
 
 
+def readable_type(flag: str, value: str) -> None:
+    """Refuse in one line a data file whose extension the loader does not read (``.csv``, ``.txt``)."""
+    from sppo_rl.llm.data import _READERS
+
+    suffix = Path(value).suffix.lower()
+    if suffix and suffix not in _READERS:
+        what = "CSV files are not read" if suffix == ".csv" else f"{suffix} files are not read"
+        raise RunError(
+            f"{flag} {value}: {what}; use one of {', '.join(_READERS)} (a CSV becomes JSON lines with "
+            "Python's csv.DictReader and json.dumps, one object per row)"
+        )
+
+
 def check_model_paths(cfg: LLMConfig) -> None:
     """Refuse, before the run folder is touched, model folders that are not there: ``--model`` and
     ``--critic-model`` must be Hugging Face model folders or named models that are cached or can be built
     (:func:`sppo_rl.llm.pretrained.check_available`), the embedded default is for the generated tasks
-    (arithmetic, scratchpad), and ``--chat-template on`` needs an actor tokenizer with a template."""
+    (arithmetic, scratchpad), and ``--chat-template on`` needs an actor tokenizer with a template. A data
+    file of a type the loader does not read (a CSV) is refused first, whatever the model."""
+    for flag, value in (("--task", cfg.task), ("--val-data", cfg.val_data)):
+        if value and value not in GENERATED_TASKS:
+            readable_type(flag, value)
     if cfg.model is None and cfg.task not in GENERATED_TASKS:
         raise RunError(
             "the embedded tiny model is for --task arithmetic or scratchpad; give --model for other data"

@@ -338,7 +338,10 @@ class LLMRun:
                 schedule,
                 resume_hint=f"sppo-rl llm --out-dir {self.out} --resume ...",
                 bar=progress_bar(
-                    cfg.progress and self.dist.main, cfg.steps, self.update_idx, f"{self.algo.name}/llm"
+                    cfg.progress and self.dist.main,
+                    cfg.steps,
+                    self.update_idx,
+                    f"{self.algo.name}/{task_label(cfg)}",
                 ),
                 postfix=postfix,
                 agree=lambda flag: bool(self.dist.all_max([float(flag)], self.device)[0]),
@@ -361,16 +364,30 @@ class LLMRun:
         unlock_run_dir(self.out)
 
 
+def task_label(cfg: LLMConfig) -> str:
+    """The run's task in a few characters (the progress label): a generated task's name, else its data
+    file's stem."""
+    return cfg.task if cfg.task in ("arithmetic", "scratchpad") else Path(cfg.task).stem
+
+
+def headline_of(s: dict[str, Any]) -> str:
+    """The run's final line: validation accuracy sampled (mean@k at the rollout temperature) and greedy,
+    start -> final, then the updates, tokens and seconds."""
+    fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
+    greedy = ""
+    if s.get("final_greedy_accuracy") is not None:
+        greedy = f"; greedy {fmt(s.get('start_greedy_accuracy'))} -> {fmt(s.get('final_greedy_accuracy'))}"
+    return (
+        f"{s['algo']}, seed {s['seed']}: val accuracy sampled {fmt(s.get('start_val_accuracy'))} -> "
+        f"{fmt(s.get('final_val_accuracy'))} (best {fmt(s.get('best_val_accuracy'))}){greedy}; {s['steps']} "
+        f"updates, {s['generated_tokens']} generated tokens in {s['wall_time_s']:.1f} s of training"
+    )
+
+
 def run_llm(cfg: LLMConfig, callback: Any = None) -> dict[str, Any]:
     """Entry point of ``sppo-rl llm``; ends with the headline numbers and where to look next.
     ``callback(row) -> False`` stops the run after that update (:func:`~sppo_rl.runtime.loop.run_loop`)."""
     run = LLMRun(cfg)
     s = run.run(callback)
-    fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
-    headline = (
-        f"{s['algo']}, seed {s['seed']}: val accuracy {fmt(s.get('start_val_accuracy'))} -> "
-        f"{fmt(s.get('final_val_accuracy'))} (best {fmt(s.get('best_val_accuracy'))}); {s['steps']} updates, "
-        f"{s['generated_tokens']} generated tokens in {s['wall_time_s']:.1f} s of training"
-    )
-    announce(run.out, headline, cfg.tensorboard, main=run.dist.main)
+    announce(run.out, headline_of(s), cfg.tensorboard, main=run.dist.main)
     return s

@@ -174,7 +174,7 @@ def _run_loop(
 
     def watch(rows: list[dict[str, Any]], again: bool = False) -> list[str]:
         """Print the warnings of ``rows`` not printed yet (``again``: all of them, at the end)."""
-        found = not_learning(rows)
+        found = not_learning(rows, getattr(run, "signal", None))
         for w in found:
             if (again or w["kind"] not in warned) and main:
                 warn(w["message"], bar)

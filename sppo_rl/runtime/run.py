@@ -221,6 +221,13 @@ def _remove_run_entries(out: Path) -> None:
         except OSError as e:
             raise RunError(f"--overwrite: cannot remove {entry}: {e.strerror or e}") from None
 
+    gone = [
+        e.name
+        for e in sorted(out.iterdir())
+        if e.name not in KEEP_ON_OVERWRITE and e.name != RUN_MARKER and _run_entry(e)
+    ]
+    shown = ", ".join(gone[:8]) + (f", ... ({len(gone)} in all)" if len(gone) > 8 else "")
+    print(f"[sppo-rl] --overwrite: removing the previous run in {out}: {shown}", file=sys.stderr, flush=True)
     for entry in sorted(out.iterdir()):
         if entry.name in KEEP_ON_OVERWRITE or entry.name == RUN_MARKER or not _run_entry(entry):
             continue
@@ -286,7 +293,7 @@ def prepare_run_dir(out_dir: str | Path, *, resume: bool, overwrite: bool = Fals
       :data:`RUN_ENTRIES` except :data:`KEEP_ON_OVERWRITE` (the lock ``.run.lock``, a sweep's ``.lock``
       and ``log.txt``), so no ``final.pt``, ``final/``, ``calibration.json``, trace or ``config.json`` of
       the old run is left to be mistaken for the new one's; entries the user added to a marked run
-      folder are left;
+      folder are left; one line on stderr names what it removes;
     - the folder is marked (:data:`RUN_MARKER`) before the run writes anything else.
     """
     out = Path(out_dir)

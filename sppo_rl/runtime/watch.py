@@ -29,10 +29,14 @@ def _signal(rows: list[dict[str, Any]]) -> str | None:
     return next((k for k in SIGNALS if any(r.get(k) is not None for r in rows)), None)
 
 
-def not_learning(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
+SIGNAL_NAMES = {"success_rate": "success rate", "reward_mean": "mean reward", "return": "shaped return"}
+
+
+def not_learning(rows: list[dict[str, Any]], signal: str | None = None) -> list[dict[str, str]]:
     """The warnings ``[{"kind": ..., "message": ...}]`` of the update rows ``rows`` (rows without a
-    success or reward, e.g. the LLM's evaluation before the first update, are skipped). With ``n``
-    update rows:
+    success or reward, e.g. the LLM's evaluation before the first update, are skipped). ``signal``: the
+    row key the run trains on (a control run with ``--dense``: ``return``, the shaped return); None: the
+    first of :data:`SIGNALS` the rows hold. With ``n`` update rows:
 
     - ``zero_reward`` (an LLM run): ``n >= 1`` and ``reward_mean == 0`` in all ``n`` updates (no response
       was ever paid: often an answer format the verifier does not read); it replaces
@@ -45,7 +49,7 @@ def not_learning(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
     - ``responses_cut``: the mean ``response_clip_frac`` of the last ``RECENT_UPDATES`` updates is above
       ``CLIP_LIMIT`` (most responses end at the length limit, not where the model ended them).
     """
-    key = _signal(rows)
+    key = signal if signal is not None and any(r.get(signal) is not None for r in rows) else _signal(rows)
     if key is None:
         return []
     updates = [r for r in rows if r.get(key) is not None]
@@ -61,7 +65,7 @@ def not_learning(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
             }
         )
     elif len(first) >= MIN_UPDATES and len(set(first)) == 1:
-        what = "success rate" if key == "success_rate" else "mean reward"
+        what = SIGNAL_NAMES.get(key, key)
         out.append(
             {
                 "kind": "constant_signal",

@@ -50,8 +50,11 @@ class Scoring:
 
     def __call__(self, texts: list[str], truths: list[str], examples: list[Example] | None = None) -> Scores:
         """Item ``i`` is ``texts[i]`` against ``truths[i]``; ``examples[i]`` gives TRL-style reward functions
-        their ``prompts`` and the data's other columns."""
-        columns = [{"prompts": e.prompt, **e.meta} for e in examples] if examples is not None else None
+        their ``prompts`` (the data's own: text or chat messages), ``rendered_prompts`` (the text the model
+        read: chat template, system prompt and instruction applied) and the data's other columns."""
+        columns = None
+        if examples is not None:
+            columns = [{**e.meta, "prompts": e.data_prompt, "rendered_prompts": e.prompt} for e in examples]
         res = self.scorer.score(texts, truths, stop=preemption_stop_now, columns=columns)
         if res.error_samples:
             self.last_error = res.error_samples[0]
