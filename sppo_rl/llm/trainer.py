@@ -37,6 +37,7 @@ from sppo_rl.llm.stages.collect import Collector, PromptOrder, Sampler
 from sppo_rl.llm.stages.ppo_update import ppo_update, rewards_all_equal
 from sppo_rl.llm.stages.row import StageTimer, dynamic_sampling_row, reward_fn_row, update_row, update_sums
 from sppo_rl.llm.stages.score import Scoring
+from sppo_rl.llm.stages.spo import SpoOrder, observe, tracker_values
 from sppo_rl.llm.stages.sync import sync
 from sppo_rl.llm.stages.to_batch import pick, to_batch
 from sppo_rl.llm.tiny import load_tokenizer
@@ -88,7 +89,7 @@ class LLMRun:
         )
         self.models = m = build_models(plan, actor_path, tokenizer, warmstart, self._main_first)
         self.rows = row_fn(plan)
-        self.order = PromptOrder(len(self.train_set), cfg.seed)
+        self.order = (SpoOrder if self.algo.requires.tracker else PromptOrder)(len(self.train_set), cfg.seed)
         self.update_idx, self.elapsed, self.generated_tokens = 0, 0.0, 0
         self.critic_init_p0: float | None = None  # --critic-init first-batch: the p0 it used
         self.ckpts = CheckpointManager(self.out / "checkpoints", keep=cfg.keep_checkpoints)
@@ -153,7 +154,14 @@ class LLMRun:
                 self.critic_init_p0 = init_critic_bias(m.critic_engine.module, picked.R, picked.valid, red)
             critic = m.critic_engine.module if m.critic_engine is not None else None
             built = to_batch(picked, plan, m.actor_engine.module, m.ref, critic, self.rows, red)
+            tracked, spo = plan.algo.requires.tracker, {}  # SPO: its tracker's p_hat is the baseline
+            if tracked:
+                tracker_values(self.order, built)
             advantages(built.batch, plan, built.rb.finished, self.update_idx + 1)
+            if tracked:  # the outcomes enter the tracker after the estimate, before the actor trains
+                spo = observe(
+                    self.order, built, picked.valid, plan, m.actor_engine.module, self.rows, red, pad
+                )
             lr = self._schedule_lr()
             equal = rewards_all_equal(built, picked.valid, red)
             skip = cfg.skip_equal_rewards and equal
@@ -163,7 +171,7 @@ class LLMRun:
         with timer("sync"):
             sync(m.rollout, m.actor_engine, bool(cfg.lora.rank))
         self.update_idx += 1
-        return self._row(got, picked, built, {**stats, "rewards_all_equal": int(equal)}, lr, timer)
+        return self._row(got, picked, built, {**stats, "rewards_all_equal": int(equal), **spo}, lr, timer)
 
     def _row(
         self, got: Any, picked: Any, built: Any, stats: dict[str, Any], lr: float, timer: Any
