@@ -143,3 +143,19 @@ def test_spo_discount_by_hand():
     assert spo_discount(0.0) == 0.96  # unmoved policy: clipped at 0.96
     assert spo_discount(0.06 * math.log2(1 / 0.9)) == pytest.approx(0.9)  # 2^(-D / 0.06) = 0.9
     assert spo_discount(1.0) == 0.875  # far moved: clipped at 0.875
+
+
+def test_shrinkage_over_valid_rows_and_a_lone_valid_member():
+    """Group 0 ``[1, 0, invalid, 1]``, group 1 ``[1, invalid]``. Group 1's lone valid member has no
+    leave-one-out mean: ``b = m`` = group 0's valid mean 2/3, ``A = 1/3``. Group 0's only other context
+    has one member (no noise, ``v^2 = 0``): ``lambda = 0``, plain leave-one-out ``[0.5, -1, 0.5]``."""
+    R = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0])
+    b = SequenceBatch(
+        mask=torch.ones(6, 2),
+        logp_old=torch.zeros(6, 2),
+        rewards=R,
+        group_ids=torch.tensor([0, 0, 0, 0, 1, 1]),
+        valid=torch.tensor([True, True, False, True, True, False]),
+    )
+    compute_advantages(b, get_algorithm("shrinkage"))
+    assert b.advantages[:, 0].tolist() == pytest.approx([0.5, -1.0, 0.0, 0.5, 1 / 3, 0.0], abs=1e-5)
