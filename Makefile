@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+# extra pip arguments for torch, e.g. TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu" (the CPU build)
+TORCH_PIP_ARGS ?=
 export OMP_NUM_THREADS ?= 1
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/build/torch_extensions
 
@@ -11,7 +13,7 @@ export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/build/torch_extensions
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet $(TORCH_PIP_ARGS) torch==2.13.0
 	$(PIP) install --quiet -e '.[dev]'
 	touch $@
 

@@ -6,7 +6,8 @@ its locks, signal handling and ``<out>/sweep.json``); the script then
 reads the metrics back and computes every figure itself into ``<out>/compare.json`` (every number),
 ``<out>/compare.md`` (the two tables, also printed) and ``<out>/compare.png``
 (mean raw validation accuracy over seeds with its min-max band, against updates, generated tokens and
-wall-clock seconds).
+wall-clock seconds), and ``<out>/compare_flops.png`` (accuracy against training FLOPs with ScaleRL's
+sigmoid fitted per method, its table in ``compare.md``: :mod:`sppo_rl.experiments.scaling`).
 
     # the long-horizon comparison: SPPO (N=1), GRPO (N=8), RLOO, PPO, SPPO with a small critic
     python scripts/compare_llm.py --set long --task scratchpad --seeds 0 1 2 --seconds 600 --out runs/cmp_long
@@ -123,7 +124,7 @@ def run_sets() -> dict[str, list[tuple[str, list[str]]]]:
     return {
         "long": [(n, flags[n]) for n in ("sppo", "grpo", "rloo", "ppo", "sppo-small-critic")],
         "methods": methods,
-        # Latent-GRPO (seed 003) beside its unfixed variant and explicit GRPO and SPPO from the same
+        # Latent-GRPO beside its unfixed variant and explicit GRPO and SPPO from the same
         # curriculum's stage 0 (explicit reasoning lines), built per seed; "grpo" is the target's reference
         "latent": [
             ("latent-grpo", ["--algo", "latent-grpo", "--group-size", "8"]),
@@ -837,7 +838,13 @@ def main(argv: list[str] | None = None) -> None:
             "bootstrap_reps",
         )
     } | {"llm_args": args.llm_args, "workers": args.workers}
-    md = markdown(report)
+    from sppo_rl.experiments.scaling import scaling_section
+
+    by_method = {name: [rows[name][k] for k in args.seeds] for name in names}  # accuracy against FLOPs
+    fit_lines, report["scaling"] = scaling_section(
+        by_method, out / "compare_flops.png", reps=min(args.bootstrap_reps, 1000)
+    )
+    md = markdown(report) + "\n" + "\n".join(fit_lines)
     print(md)
     (out / "compare.md").write_text(md + "\n")
     from sppo_rl.runtime.logging import json_safe

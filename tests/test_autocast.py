@@ -1,4 +1,4 @@
-"""``--autocast bfloat16``: mixed precision with the torch engine (issue 25's speed on a CPU with
+"""``--autocast bfloat16``: mixed precision with the torch engine (speed on a CPU with
 AVX512-BF16 or AMX). The trainer's forward passes (log-probs, values: ``build.row_fn``) and the HF rollout
 run under ``torch.autocast``; weights, optimizer, log-softmax and loss stay float32. Checked on the small
 Llama of ``test_pretrained`` (a BPE tokenizer and a chat template): each side really computes in

@@ -335,6 +335,9 @@ def test_two_seeds_end_to_end_and_finished_runs_are_reused(tmp_path, tiny):
         "too few seeds" in line or "no difference measured" in line or "no interval" in line for line in rows
     )
     assert (out / "compare.png").stat().st_size > 0
+    # accuracy against FLOPs: three evaluations are too few for the sigmoid, and the table says so
+    assert "| sppo | 2 |" in table and "did not converge: 2 points above C = 0, a fit needs 4" in table
+    assert [f["fit"]["A"] for f in report["scaling"]] == [None, None]
 
     # --reuse keeps finished runs whose settings match, and reruns those whose settings changed
     metrics = out / "grpo" / "seed1" / "metrics.jsonl"

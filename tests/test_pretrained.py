@@ -97,7 +97,7 @@ def test_the_template_is_applied_to_plain_strings_under_auto_and_on_not_off(llam
     assert render("12+35=", tok, PromptFormat("auto")) == templated
     assert render("12+35=", tok, PromptFormat("on")) == templated
     assert render("12+35=", tok, PromptFormat("off")) == "12+35="
-    # before --chat-template, a plain string never met the template (the bug of issue 25)
+    # before --chat-template, a plain string never met the template (the bug --chat-template fixed)
     assert render_prompt("12+35=", tok) == "12+35="
     # the BPE tokenizer reads the template's markers as single special tokens
     ids = tok(templated, add_special_tokens=False)["input_ids"]

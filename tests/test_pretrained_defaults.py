@@ -1,4 +1,4 @@
-"""What a pretrained model needs (issue 25): the lenient ``boxed-or-last-number`` reward, no actor
+"""What a pretrained model needs: the lenient ``boxed-or-last-number`` reward, no actor
 update when every reward of a batch is equal, SPPO's critic initialised from the first batch's success
 rate, and checkpoints that keep only the newest K and may leave out the optimizer states.
 

@@ -1,4 +1,4 @@
-"""A real pretrained model's needs (issue 25): the all-zero-reward warning, and an exported ``final/actor``
+"""A real pretrained model's needs: the all-zero-reward warning, and an exported ``final/actor``
 that ``transformers`` loads back with the trained actor's numbers.
 
 The default suite uses the small Llama of ``test_pretrained`` (a byte-level BPE tokenizer and a chat

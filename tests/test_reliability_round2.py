@@ -1,4 +1,4 @@
-"""Reliability, round 2 (issue 14, items 4, 6 and 9).
+"""Reliability: damaged checkpoints, oversized input, preemption grace.
 
 - damaged checkpoints: every file of a checkpoint carries its SHA-256 in ``meta.json``; a damaged newest
   checkpoint (truncated, zeroed, garbage, a file missing, ``meta.json`` broken or missing) is skipped with
@@ -493,7 +493,7 @@ def test_sigterm_during_hanging_scoring_saves_and_exits_and_the_resume_matches(
 
 @pytest.mark.slow
 def test_sigterm_to_a_run_stuck_in_a_600s_reward_exits_143_within_a_minute_and_resumes(tmp_path, tiny):
-    """The issue's case, as a real process with the default grace period: SIGTERM while the reward
+    """The reported case, as a real process with the default grace period: SIGTERM while the reward
     function sleeps (timeout 600 s) ends the run with 143 well within a minute, with a checkpoint that
     resumes to the end."""
     out = tmp_path / "run"

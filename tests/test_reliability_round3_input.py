@@ -1,4 +1,4 @@
-"""Reliability, round three, the input side: recipes are data, model folders are checked before anything
+"""Reliability, the input side: recipes are data, model folders are checked before anything
 is built, a reward that cannot pay the data is refused, data rows that contradict each other are
 refused, references that can never be paid are bounded, and GSM8K's ``#### n`` is read where the data is
 GSM8K's. Every refusal: one line on stderr, exit 2, no run folder."""

@@ -1,4 +1,4 @@
-"""Reliability, round three (issue 27): processes and files.
+"""Reliability: processes and files.
 
 - reward workers and the process group: SIGTERM / SIGINT sent to the whole group (as ``timeout``, Slurm
   and systemd send it) used to kill the reward workers too, and the trainer crashed writing to their

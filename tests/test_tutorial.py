@@ -1,10 +1,9 @@
 """``docs/tutorial.md`` runs: its Python blocks are executed in order, in one namespace, in a fresh
-working folder, and the numbers the text quotes are checked against what they print and compute."""
+working folder, as its notebook (``docs/tutorial.ipynb``) runs them, and the numbers the text quotes are
+checked against what they print and compute; the notebook's own cells run and draw their plots."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import math
 import re
 from pathlib import Path
@@ -21,26 +20,21 @@ def blocks(language: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory) -> tuple[dict, list[str]]:
-    """Run every ```python block in order; return the shared namespace and each block's output."""
-    import os
+    """Run the tutorial as its notebook runs (``scripts/tutorial_notebook.py``: every ```python block in
+    order, in one namespace, with the notebook's own cells, PPO on the LLM and the plots, between them);
+    return the shared namespace and the printed output of each of the page's blocks. The notebook's
+    cells, outputs included, are in the namespace as ``__cells__``."""
+    from tests.paths import script_module
 
     work = tmp_path_factory.mktemp("tutorial")
-    cwd = os.getcwd()
-    os.chdir(work)
-    namespace: dict = {"__name__": "tutorial"}
-    outputs = []
-    try:
-        for i, code in enumerate(blocks("python")):
-            buf = io.StringIO()
-            with contextlib.redirect_stdout(buf):
-                try:
-                    exec(compile(code, f"{TUTORIAL.name}, python block {i + 1}", "exec"), namespace)
-                except Exception as e:
-                    raise AssertionError(f"python block {i + 1} of the tutorial failed: {e!r}\n{code}") from e
-            outputs.append(buf.getvalue())
-    finally:
-        os.chdir(cwd)
-    namespace["__work__"] = work
+    with script_module("tutorial_notebook") as tn:
+        cells = tn.cells()
+        namespace = tn.execute(cells, work)
+        page = [c for c in cells if c["cell_type"] == "code" and tn.OWN not in c["metadata"].get("tags", [])]
+    outputs = [
+        "".join("".join(o["text"]) for o in c["outputs"] if o["output_type"] == "stream") for c in page
+    ]
+    namespace["__work__"], namespace["__cells__"] = work, cells
     return namespace, outputs
 
 
@@ -147,3 +141,15 @@ def test_shell_lines_name_real_subcommands():
     assert lines and inline
     for cmd in lines + inline:
         assert cmd.split()[1] in _commands(), cmd
+
+
+def test_the_notebooks_own_cells_run_and_draw_the_plots(executed):
+    ns, _ = executed
+    code = [c for c in ns["__cells__"] if c["cell_type"] == "code"]
+    assert all(c["outputs"] for c in code), "every notebook cell shows a result"
+    pngs = [o["data"]["image/png"] for c in code for o in c["outputs"] if "image/png" in o.get("data", {})]
+    assert len(pngs) == 3
+    text = "".join("".join(o.get("text", [])) for c in code for o in c["outputs"])
+    for algo in ("ppo", "grpo", "sppo"):  # the three methods in the LLM world too
+        assert f"{algo:5s} reward per update:" in text
+    assert (ns["__work__"] / "tutorial_runs" / "llm" / "ppo" / "final" / "actor" / "config.json").is_file()

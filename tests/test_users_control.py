@@ -1,4 +1,4 @@
-"""What CleanRL / SB3 users bring to the control world (issue 26, items 1 and 5): stock Gymnasium ids
+"""What CleanRL / SB3 users bring to the control world: stock Gymnasium ids
 judged by each env's own success, ids it cannot judge refused, ``module:Id`` tasks, ``--success``;
 ``Policy.predict`` on the env's own observation, ``evaluate_policy``, on-update callbacks that stop a run,
 and learning-rate schedules (hand numbers, in both worlds, and an exact resume)."""
@@ -49,7 +49,7 @@ def _random(spec):
     ).astype(np.float32)
 
 
-# ------------------------------------------------------------------------------- item 1: stock ids
+# ------------------------------------------------------------------------------- stock ids
 
 
 def test_goal_tasks_count_reaching_the_goal_not_surviving():
@@ -193,7 +193,7 @@ def test_success_function_from_python_and_a_stock_id(tmp_path):
     assert always.summary["final_success_rate"] == 1.0  # CartPole pays +1 per step: return >= 0 always
 
 
-# ------------------------------------------------------------------------------- item 5: SB3 habits
+# ------------------------------------------------------------------------------- SB3 habits
 
 
 def _policy(H: int = 5):

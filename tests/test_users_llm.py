@@ -1,4 +1,4 @@
-"""What TRL users bring to `sppo-rl llm` (issue 26): TRL-style and several weighted reward functions, a
+"""What TRL users bring to `sppo-rl llm`: TRL-style and several weighted reward functions, a
 reward that fails loudly, completions logged, TRL's data columns, sampling options, LoRA targets."""
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def _cfg(tmp_path: Path, model: Path, **kw) -> LLMConfig:
     return from_flat(LLMConfig, base)
 
 
-# ------------------------------------------------------------------------------------- item 2: rewards
+# ------------------------------------------------------------------------------------- rewards
 
 
 def test_a_trl_style_reward_gets_the_batch_and_the_data_columns(rewards):
@@ -162,6 +162,7 @@ def test_a_reward_that_always_fails_stops_the_run(tmp_path, tiny, rewards):
     assert "ZeroDivisionError" in summary["last_error"] and summary["verifier_errors"] == 8
     rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["step"] > 0]
     assert [r["step"] for r in rows] == [1, 2] and all(r["invalid_rollouts"] == 8 for r in rows)
+    assert summary["flops_total"] == rows[-1]["flops_total"] > 0  # the compute spent so far
 
 
 def test_cli_exits_1_with_one_line_when_the_reward_always_fails(tmp_path, tiny, rewards):
@@ -181,7 +182,7 @@ def test_cli_exits_1_with_one_line_when_the_reward_always_fails(tmp_path, tiny, 
     assert "stopped" in json.loads((out / "summary.json").read_text())
 
 
-# ------------------------------------------------------------------------------------- item 4: completions
+# ------------------------------------------------------------------------------------- completions
 
 
 def test_clip_text_bounds_a_text_and_says_how_much_it_cut():
@@ -228,7 +229,7 @@ def test_log_completions_every_0_writes_nothing(tmp_path, tiny, rewards):
     assert not (tmp_path / "run" / "completions.jsonl").exists()
 
 
-# ------------------------------------------------------------------------------------- item 8: data columns
+# ------------------------------------------------------------------------------------- data columns
 
 
 def test_trl_prompt_and_solution_columns_load_without_flags(tmp_path):
@@ -259,7 +260,7 @@ def test_an_unknown_layout_names_the_cli_flags(tmp_path):
         load_examples(path, format="plain")
 
 
-# ------------------------------------------------------------------------------------- item 8: sampling
+# ------------------------------------------------------------------------------------- sampling
 
 
 def test_filters_by_hand():
@@ -358,7 +359,7 @@ def test_sampling_flags_reach_the_run_and_are_checked(tmp_path, tiny, rewards):
             from_flat(LLMConfig, bad).validate()
 
 
-# ------------------------------------------------------------------------------------- item 8: LoRA
+# ------------------------------------------------------------------------------------- LoRA
 
 
 def test_all_linear_wraps_every_linear_module_but_the_head(tiny):

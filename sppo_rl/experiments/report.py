@@ -38,8 +38,11 @@ their evaluation steps. A run's **score** is its final success (control) or fina
   label): critic values against the relative position t/(T-1) for successful and failed sequences, their
   gap and ROC-AUC, and the sequence critic's V(s_0) by outcome, each computed within one run (seed) and
   summarised over seeds (mean, min-max, per-seed values, inverted seeds; see :mod:`tail`).
+- Compute (LLM runs): validation accuracy against training FLOPs (``flops_total``) with ScaleRL's sigmoid
+  fitted per group, its ceiling, efficiency and extrapolation error (:mod:`scaling`).
 
 Outputs in ``--out``: ``success_vs_episodes.png``, ``success_vs_wall_time.png``, ``llm_val_accuracy.png``,
+``llm_accuracy_vs_flops.png``,
 ``performance_profile.png``, ``aggregates.png``, ``calibration.png``, ``tail_effect.png`` (those that
 have data), ``report.md`` (also printed) and ``report.json`` (every number).
 """
@@ -60,6 +63,7 @@ import numpy as np
 from sppo_rl.experiments import protocol, stats, tail
 from sppo_rl.experiments.config import ReportConfig
 from sppo_rl.experiments.figures import fit_title
+from sppo_rl.experiments.scaling import scaling_section
 from sppo_rl.experiments.sweep import BOOKKEEPING
 from sppo_rl.runtime.logging import json_safe, read_metrics
 from sppo_rl.runtime.run import RunError
@@ -1142,6 +1146,10 @@ def run_report(cfg: ReportConfig) -> dict[str, Any]:
             cfg.max_overlay,
         )
         figures.append("llm_val_accuracy.png")
+        tasks = {r.task for r in llm}  # accuracy against FLOPs, ScaleRL's sigmoid fitted per group
+        by_group = {lb if len(tasks) == 1 else f"{t}: {lb}": [r.rows for r in m] for t, lb, m in _groups(llm)}
+        scaling_lines, scaling_fits = scaling_section(by_group, out / "llm_accuracy_vs_flops.png")
+        figures += ["llm_accuracy_vs_flops.png"] if scaling_fits else []
     if aggs:
         plot_profiles(aggs, out / "performance_profile.png", style, cfg.max_overlay)
         plot_aggregates(aggs, out / "aggregates.png", style)
@@ -1198,7 +1206,9 @@ def run_report(cfg: ReportConfig) -> dict[str, Any]:
         "tail_effect_skipped": tails_skipped,
         "figures": figures,
     }
-    text = markdown(report, cfg)
+    if llm:
+        report["scaling"] = scaling_fits
+    text = markdown(report, cfg) + ("\n".join(scaling_lines) + "\n" if llm else "")
     (out / "report.md").write_text(text)
     (out / "report.json").write_text(json.dumps(json_safe(report), indent=1) + "\n")
     print(text)

@@ -61,7 +61,7 @@ class Pretrained:
         layers: its transformer layers (``:layers=L`` takes ``1 <= L < layers``).
         needs: modules that loading the GGUF needs besides ``transformers``.
         actor_lr: ``--actor-lr`` when a run leaves it unset (the embedded tiny model's 1e-4 moved this
-            model's KL to the sampler to 0.08-0.49 in one update; 2e-5 learned, issue 25's runs).
+            model's KL to the sampler to 0.08-0.49 in one update; 2e-5 learned, in the first runs on this model).
         max_new_tokens: ``--max-new-tokens`` left unset on a generated task (arithmetic: the answer
             sentence of an instruct model; 16 cut most of them); ``file_max_new_tokens`` on a data file
             (verl's GSM8K quick start samples 256-token responses).
@@ -72,7 +72,7 @@ class Pretrained:
         arithmetic_instruction, arithmetic_reward: ``--instruction`` and ``--reward-fn auto`` on the
             generated arithmetic task, whose answers an instruct model writes as a sentence or an
             equation, never in the tiny model's ``\\boxed{}`` (the strict check paid 0 to every such answer;
-            this format learned in issue 25's runs).
+            this format learned in the first runs on this model).
         max_tokens_per_micro_batch: the token budget of a training pass when a run sets neither
             ``--micro-batch-size`` nor ``--max-tokens-per-micro-batch`` (an update equals the unsplit one;
             without a budget, activations of 32 short rows took this model's process to 7.6 GB).

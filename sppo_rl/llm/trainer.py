@@ -12,6 +12,7 @@ The trainer reads ``algo.requires`` and ``algo.critic_loss``; it never tests the
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +31,20 @@ from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.engines import init_process_group, launcher_dist
 from sppo_rl.llm.evaluation import Evaluator, evaluate, write_critic_trace
 from sppo_rl.llm.export import export, stopped_summary, summary_of
+from sppo_rl.llm.flops import PARTS, round_lengths, row_lengths, run_shape, update_flops
 from sppo_rl.llm.plan import resolve
 from sppo_rl.llm.setup import NullLogger, peak_memory_mb, quiet_transformers, start_scorer
 from sppo_rl.llm.stages.advantages import advantages
 from sppo_rl.llm.stages.collect import Collector, PromptOrder, Sampler
 from sppo_rl.llm.stages.ppo_update import ppo_update, rewards_all_equal
-from sppo_rl.llm.stages.row import StageTimer, dynamic_sampling_row, reward_fn_row, update_row, update_sums
+from sppo_rl.llm.stages.row import (
+    StageTimer,
+    dynamic_sampling_row,
+    flops_row,
+    reward_fn_row,
+    update_row,
+    update_sums,
+)
 from sppo_rl.llm.stages.score import Scoring
 from sppo_rl.llm.stages.spo import SpoOrder, observe, tracker_values
 from sppo_rl.llm.stages.sync import sync
@@ -91,6 +100,8 @@ class LLMRun:
         self.rows = row_fn(plan)
         self.order = (SpoOrder if self.algo.requires.tracker else PromptOrder)(len(self.train_set), cfg.seed)
         self.update_idx, self.elapsed, self.generated_tokens = 0, 0.0, 0
+        self.flops_shape = run_shape(plan, m)
+        self.flops = dict.fromkeys(PARTS, 0)  # cumulative FLOPs by part (:mod:`sppo_rl.llm.flops`)
         self.critic_init_p0: float | None = None  # --critic-init first-batch: the p0 it used
         self.ckpts = CheckpointManager(self.out / "checkpoints", keep=cfg.keep_checkpoints)
         ckpt = self._resume() if cfg.resume else None
@@ -181,9 +192,12 @@ class LLMRun:
         cfg, dynamic = self.cfg, bool(self.cfg.dynamic_sampling_rounds)
         kl_tok = built.kl_per_token(cfg.kl_estimator, cfg.kl_clamp)
         tot = update_sums(
-            got.rounds, picked.informative, built.batch.mask, kl_tok, dynamic, self.dist, self.device
-        )
+            got.rounds, picked.informative, built.batch.mask, kl_tok, dynamic, self.dist, self.device,
+            self._update_flops(got, picked, stats),
+        )  # fmt: skip
         self.generated_tokens += int(tot["generated"])
+        for part in PARTS:
+            self.flops[part] += round(tot[f"flops/{part}"])
         dt = timer.total()
         self.elapsed += dt
         extra = {
@@ -194,6 +208,7 @@ class LLMRun:
             **reward_fn_row(self.scoring.names, got.fn, self.dist, self.device),
         }
         totals = {"generated_tokens": self.generated_tokens, "wall_time_s": self.elapsed, "step_time_s": dt}
+        totals.update(flops_row(self.flops))
         row = update_row(self.update_idx, tot, timer, totals, extra)
         self._check_rewards(row, tot)
         if picked.baseline is not None:
@@ -208,6 +223,13 @@ class LLMRun:
         if cfg.overlong.filter:
             row["overlong_filtered"] = self.dist.all_sum([float((~built.rb.finished).sum())], self.device)[0]
         return row
+
+    def _update_flops(self, got: Any, picked: Any, stats: dict[str, Any]) -> dict[str, int]:
+        """This rank's FLOPs of the update just done, by part (:func:`~sppo_rl.llm.flops.update_flops`):
+        every generation round, the rows trained on, the actor's passes only when it trained."""
+        G = self.group_size
+        rounds = [round_lengths(r.rb, G, r.greedy) for r in got.rounds]
+        return update_flops(self.flops_shape, rounds, row_lengths(picked.rb), not stats["actor_skipped"])
 
     def _check_rewards(self, row: dict[str, Any], tot: dict[str, float]) -> None:
         """Stop the run (:class:`RunFailed`) after ``--reward-fail-limit`` updates in a row without one
@@ -243,7 +265,9 @@ class LLMRun:
                 m.critic_engine.save(folder / "critic", optimizer=self.cfg.optimizer_state)
             if self.dist.main:
                 state = {**self.order.state(), "torch_rng": torch.get_rng_state(), "step": self.update_idx}
-                state.update(elapsed=self.elapsed, generated_tokens=self.generated_tokens)
+                state.update(
+                    elapsed=self.elapsed, generated_tokens=self.generated_tokens, flops=dict(self.flops)
+                )
                 torch_save({**state, "critic_init_p0": self.critic_init_p0}, folder / "state.pt")
 
         meta = {"metrics_bytes": self.logger.position(), "algo": self.algo.name, "ranks": self.dist.world}
@@ -276,6 +300,12 @@ class LLMRun:
         torch.set_rng_state(s["torch_rng"])
         self.update_idx, self.elapsed, self.generated_tokens = s["step"], s["elapsed"], s["generated_tokens"]
         self.critic_init_p0 = s.get("critic_init_p0")
+        if "flops" not in s:
+            warnings.warn(
+                f"{ckpt} was saved before FLOPs were counted: flops_* count from update {self.update_idx}",
+                stacklevel=2,
+            )
+        self.flops = {**dict.fromkeys(PARTS, 0), **s.get("flops", {})}
         sync(m.rollout, m.actor_engine, bool(cfg.lora.rank))
 
     # ------------------------------------------------------------------------------------- loop
@@ -304,7 +334,7 @@ class LLMRun:
                 post["val"] = f"{row['val_accuracy']:.2f}"
             return post
 
-        first = {"step": 0, "wall_time_s": 0.0, "generated_tokens": 0}
+        first = {"step": 0, "wall_time_s": 0.0, "generated_tokens": 0, **flops_row(dict.fromkeys(PARTS, 0))}
         schedule = Schedule(
             cfg.steps, cfg.eval_every, cfg.checkpoint_every, cfg.max_seconds, eval_first=first, eval_last=True,
             log_step=lambda r: r["step"],

@@ -4,7 +4,9 @@ stages' times (:class:`StageTimer`).
 Per update (every sampled row of every round counts, dropped groups' too; the KL over the trained rows):
 ``reward_mean`` = sum of valid outcomes / valid rows; ``response_length`` = response tokens / rows;
 ``response_clip_frac`` = rows cut at ``--max-new-tokens`` / rows; ``verifier_errors``;
-``invalid_rollouts``; ``generated_tokens`` (cumulative, greedy decodes included); ``gen_tokens_per_s``
+``invalid_rollouts``; ``generated_tokens`` (cumulative, greedy decodes included); ``flops_total`` and its
+parts ``flops_rollout``, ``flops_greedy``, ``flops_actor``, ``flops_reference``, ``flops_critic``
+(cumulative FLOPs of training, validation not counted: :mod:`sppo_rl.llm.flops`); ``gen_tokens_per_s``
 = this update's generated tokens / generation seconds; ``greedy_reward_mean`` (ReMax); ``kl`` = the
 KL penalty's sum / trained tokens; DAPO's ``dynamic_sampling/*`` counts; ``rewards/NAME`` per reward
 function when several are combined; the learner's statistics; and the times ``time_gen_s``,
@@ -56,9 +58,10 @@ def update_sums(
     dynamic: bool,
     dist: Any,
     device: Any,
+    flops: dict[str, int] | None = None,
 ) -> dict[str, float]:
     """The update's counts, each summed over ranks, by name (every rank builds the same names in the same
-    order, one collective for all)."""
+    order, one collective for all); ``flops`` (this rank's FLOPs by part) as ``flops/<part>``."""
     import torch
 
     sampled = [r.rb for r in rounds] + [r.greedy for r in rounds if r.greedy is not None]
@@ -82,6 +85,7 @@ def update_sums(
         "invalid": float((~all_valid).sum()),
         "informative": float(informative),
         **{f"kind/{name}": float((kinds == k).sum()) for k, name in enumerate(GROUP_KINDS)},
+        **{f"flops/{part}": float(v) for part, v in (flops or {}).items()},
     }
     return dict(zip(local, dist.all_sum(list(local.values()), device)))
 
@@ -105,6 +109,7 @@ def update_row(
         "verifier_errors": int(tot["errors"]),
         "invalid_rollouts": int(tot["invalid"]),
         "generated_tokens": int(totals["generated_tokens"]),
+        **{k: v for k, v in totals.items() if k.startswith("flops_")},
         "gen_tokens_per_s": tot["generated"] / max(timer["gen"], 1e-9),
         "time_gen_s": timer["gen"],
         "time_score_s": timer["score"],
@@ -114,6 +119,12 @@ def update_row(
         "wall_time_s": totals["wall_time_s"],
         **extra,
     }
+
+
+def flops_row(flops: dict[str, int]) -> dict[str, int]:
+    """The run's cumulative FLOPs as a row's entries: ``flops_total`` and ``flops_<part>`` for each part
+    of :data:`~sppo_rl.llm.flops.PARTS` (validation not included)."""
+    return {"flops_total": sum(flops.values()), **{f"flops_{k}": v for k, v in flops.items()}}
 
 
 def dynamic_sampling_row(tot: dict[str, float], rounds: int, prompts_per_step: int) -> dict[str, int]:
