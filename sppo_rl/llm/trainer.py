@@ -31,7 +31,7 @@ from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.engines import init_process_group, launcher_dist
 from sppo_rl.llm.evaluation import Evaluator, evaluate, write_critic_trace
 from sppo_rl.llm.export import export, stopped_summary, summary_of
-from sppo_rl.llm.flops import PARTS, round_lengths, row_lengths, run_shape, update_flops
+from sppo_rl.llm.flops import PARTS, policy_pass, round_lengths, row_lengths, run_shape, update_flops
 from sppo_rl.llm.plan import resolve
 from sppo_rl.llm.setup import NullLogger, peak_memory_mb, quiet_transformers, start_scorer
 from sppo_rl.llm.stages.advantages import advantages
@@ -229,7 +229,10 @@ class LLMRun:
         every generation round, the rows trained on, the actor's passes only when it trained."""
         G = self.group_size
         rounds = [round_lengths(r.rb, G, r.greedy) for r in got.rounds]
-        return update_flops(self.flops_shape, rounds, row_lengths(picked.rb), not stats["actor_skipped"])
+        out = update_flops(self.flops_shape, rounds, row_lengths(picked.rb), not stats["actor_skipped"])
+        if self.algo.requires.tracker:  # SPO re-scores its revisited prompts' last responses (no gradient)
+            out["actor"] += policy_pass(self.flops_shape.actor, self.order.rescored)
+        return out
 
     def _check_rewards(self, row: dict[str, Any], tot: dict[str, float]) -> None:
         """Stop the run (:class:`RunFailed`) after ``--reward-fail-limit`` updates in a row without one

@@ -39,6 +39,7 @@ class SpoOrder(PromptOrder):
         self.tracker = ValueTracker()
         self.last: dict[int, dict[str, Tensor]] = {}  # prompt -> its last response (trimmed) and log-probs
         self.drawn: list[int] = []
+        self.rescored: list[tuple[int, int]] = []  # (prompt, response) lengths re-scored this update (FLOPs)
 
     def draw(self, k: int) -> list[int]:
         w = self.tracker.sampling_weights(list(range(self.n))).tolist()
@@ -103,6 +104,9 @@ def observe(
     keep = [b for b in range(len(ctx)) if bool(valid[b])]
     seen = sorted({ctx[b] for b in keep if ctx[b] in order.last})
     distance = dict.fromkeys({ctx[b] for b in keep}, 0.0)
+    order.rescored = [
+        (int(order.last[c]["prompt_ids"].shape[0]), int(order.last[c]["response_ids"].shape[0])) for c in seen
+    ]
     if seen:
         old = _stored_rows(order, seen, pad_id).to(plan.device)
         lengths = old.response_lengths.cpu()
