@@ -363,7 +363,7 @@ HELP_LAYOUT: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
                       "seed")),
         ("environment", "The task's success test, batch and networks.", (
             "success", "episodes_per_update", "group_size", "hidden_sizes", "activation", "normalize_obs",
-            "log_std_init")),
+            "log_std_init", "spo_contexts")),
         ("optimisation", "The update: learning rates, epochs, minibatches, schedule.", (
             "actor_lr", "critic_lr", "epochs", "minibatches", "micro_batch_size", "max_tokens_per_micro_batch",
             "max_grad_norm", "lr_schedule", "warmup_updates")),

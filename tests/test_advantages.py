@@ -340,7 +340,7 @@ def _call(name, R, mask, gid, vals_tok, vals_seq, base):
     )
 
 
-NAMES = ["gae", "sppo", "grpo", "drgrpo", "rloo", "remax", "reinforce"]
+NAMES = ["gae", "sppo", "grpo", "drgrpo", "rloo", "remax", "reinforce", "opo", "opo-batch", "shrinkage"]
 
 
 @settings(max_examples=60, deadline=None)

@@ -48,13 +48,13 @@ def test_algo_help_lists_every_algorithm_of_the_registry(capsys):
     from sppo_rl.agents import ALGORITHMS
 
     control = [a.name for a in ALGORITHMS.values() if "control" in a.worlds]
-    assert len(control) == 15 and len(ALGORITHMS) == 17  # the old help named 10
+    assert len(control) == 19 and len(ALGORITHMS) == 21  # the old help named 10
     text = _help("control", capsys)
-    assert f"--algo STR Algorithm (15; `sppo-rl info` describes each): {', '.join(control)}. " in text
+    assert f"--algo STR Algorithm (19; `sppo-rl info` describes each): {', '.join(control)}. " in text
     text = _help("llm", capsys)
-    assert f"Algorithm (17; `sppo-rl info` describes each): {', '.join(ALGORITHMS)}. " in text
+    assert f"Algorithm (21; `sppo-rl info` describes each): {', '.join(ALGORITHMS)}. " in text
     text = _help("sweep", capsys)
-    assert f"Algorithms (15; `sppo-rl info` describes each): {', '.join(control)}. " in text
+    assert f"Algorithms (19; `sppo-rl info` describes each): {', '.join(control)}. " in text
 
 
 def test_sweep_help_names_the_tasks(capsys):

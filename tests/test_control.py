@@ -110,7 +110,17 @@ def test_sequence_level_advantages_on_collected_batch(episodes):
 
 
 ALGOS = ["ppo", "sppo", "grpo", "drgrpo", "rloo", "remax", "reinforce", "ppo-bce"]
-ALGOS += ["gspo", "sppo-seq", "cispo", "reinforce++", "reinforce++-baseline"]
+ALGOS += [
+    "gspo",
+    "sppo-seq",
+    "cispo",
+    "reinforce++",
+    "reinforce++-baseline",
+    "opo",
+    "opo-batch",
+    "shrinkage",
+    "spo",
+]
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -182,7 +192,7 @@ def test_same_seed_same_metrics_and_different_seed_differs(tmp_path):
     del c
 
 
-@pytest.mark.parametrize("algo", ["sppo", "ppo", "remax"])
+@pytest.mark.parametrize("algo", ["sppo", "ppo", "remax", "spo"])
 def test_resume_equals_uninterrupted(tmp_path, algo):
     full = _cfg(tmp_path / "full", algo=algo, total_episodes=512, checkpoint_every=2)
     run_control(full)
@@ -356,3 +366,35 @@ def test_the_readme_quickstart_prints_no_warning(tmp_path, capsys):
     err, summary = _quickstart(tmp_path, capsys, 640)
     assert "warning" not in err and not summary.get("warnings")
     assert summary["final_success_rate"] > 0.5
+
+
+def test_spo_start_states_draw_by_uncertainty_and_discount_by_distance():
+    """SPO's pool (sppo_rl/control/spo.py): a start state the tracker is sure of (p_hat ~ 1: weight
+    0.05) is drawn with probability 0.05 / (0.05 + 3 * 0.55) = 0.029 against 0.324 for an unseen one; a
+    policy that moved by D = 0.005 on a state's last episode discounts its counts by 2^(-0.005 / 0.06)."""
+    from types import SimpleNamespace
+
+    from sppo_rl.control.spo import StartStates
+
+    pool = StartStates(4, seed=0)
+    assert np.array_equal(pool.seeds, StartStates(4, seed=0).seeds)
+    pool.tracker.alpha[0], pool.tracker.beta[0] = 1e9, 0.0
+    rng = np.random.default_rng(0)
+    first = [int(pool.draw(1, rng)[0]) for _ in range(4000)]
+    assert 60 <= first.count(0) <= 180 and all(1000 <= first.count(c) <= 1600 for c in (1, 2, 3))
+    assert sorted(pool.draw(4, rng).tolist()) == [0, 1, 2, 3]
+
+    ep = SimpleNamespace(
+        success=torch.tensor([1.0]),
+        mask=torch.tensor([[1.0, 1.0, 0.0]]),
+        obs=torch.zeros(1, 3, 2),
+        actions=torch.zeros(1, 3),
+        logp=torch.tensor([[-0.5, -0.7, 0.0]]),
+    )
+    moved = SimpleNamespace(logp_entropy=lambda obs, actions: (torch.tensor([-0.505, -0.695]), None))
+    assert pool.distances(moved, [2]) == [0.0]  # never seen: D = 0, rho = 0.96
+    assert pool.observe([2], ep, [0.0]) == [0.96]
+    assert pool.tracker.alpha[2] == pytest.approx(0.96 * 0.5 + 1)
+    (d,) = pool.distances(moved, [2])
+    assert d == pytest.approx(0.005)
+    assert pool.observe([2], ep, [d]) == [pytest.approx(2 ** (-0.005 / 0.06))]

@@ -258,6 +258,22 @@ def _expected(run, got, actor_trained: bool) -> dict[str, int]:
     return out
 
 
+def _record_collects(monkeypatch) -> list:
+    """Every update's :class:`~sppo_rl.llm.stages.collect.Collected`, in order, as the run collects them."""
+    from sppo_rl.llm.stages.collect import Collector
+
+    seen = []
+    collect = Collector.collect
+
+    def keep(self, step, timer):
+        got = collect(self, step, timer)
+        seen.append(got)
+        return got
+
+    monkeypatch.setattr(Collector, "collect", keep)
+    return seen
+
+
 CASES = {
     "sppo": dict(algo="sppo", epochs=2, kl_coef=0.05),  # sequence critic, reference, old log-probs
     "ppo": dict(algo="ppo", kl_coef=0.0),  # a critic on every response token
@@ -269,19 +285,10 @@ CASES = {
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_runs_flops_are_the_model_applied_to_what_it_sampled(tmp_path, tiny, monkeypatch, case):
-    from sppo_rl.llm.stages.collect import Collector
     from sppo_rl.llm.trainer import LLMRun
     from sppo_rl.runtime import read_metrics
 
-    seen = []
-    collect = Collector.collect
-
-    def keep(self, step, timer):
-        got = collect(self, step, timer)
-        seen.append(got)
-        return got
-
-    monkeypatch.setattr(Collector, "collect", keep)
+    seen = _record_collects(monkeypatch)
     run = LLMRun(_cfg(tmp_path, tiny, **CASES[case]))
     summary = run.run()
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
@@ -319,3 +326,36 @@ def test_the_counters_survive_resume_exactly(tmp_path, tiny):
     keys = ["flops_total", *(f"flops_{k}" for k in F.PARTS)]
     assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
     assert resumed["flops_total"] == b[-1]["flops_total"] > 0
+
+
+@pytest.mark.slow
+def test_spo_counts_its_re_scoring_pass(tmp_path, tiny, monkeypatch):
+    """SPO re-scores each revisited prompt's last response with the actor (its KL discount): one more
+    no-gradient pass ``F(p + r, r + 1, 0)`` per revisited prompt, ``(p, r)`` that response's lengths,
+    counted in ``flops_actor`` (4 prompts, all drawn every update: updates 2 and 3 revisit every one)."""
+    from sppo_rl.llm.trainer import LLMRun
+    from sppo_rl.runtime import read_metrics
+
+    seen = _record_collects(monkeypatch)
+    parity = tmp_path / "parity.py"
+    parity.write_text("def score(response, truth):\n    return float(len(response) % 2 == 0)\n")
+    run = LLMRun(_cfg(tmp_path, tiny, algo="spo", train_size=4, reward_fn=f"{parity}:score"))
+    run.run()
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    s = F.Shape.of(run.models.actor_engine.module.config)
+    last: dict[int, tuple[int, int]] = {}
+    total, rescored = dict.fromkeys(F.PARTS, 0), 0
+    for got, row in zip(seen, rows[1:]):
+        r = got.rounds[0]
+        lengths = F.row_lengths(r.rb)
+        prompts = [id(r.examples[int(i)]) for i in r.rb.prompt_index]
+        extra = sum(
+            F.forward(s, last[k][0] + last[k][1], logits=last[k][1] + 1) for k in prompts if k in last
+        )
+        rescored += extra
+        for k, v in _expected(run, got, not row["actor_skipped"]).items():
+            total[k] += v
+        total["actor"] += extra
+        assert {k: row[f"flops_{k}"] for k in F.PARTS} == total, row["step"]
+        last.update(zip(prompts, lengths))
+    assert rescored > 0

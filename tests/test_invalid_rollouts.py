@@ -64,7 +64,7 @@ def test_rloo_leaves_one_out_over_valid_members_and_a_lone_valid_member_gets_zer
     # group 1: [1, invalid]: one valid member, nothing to compare: 0 (scored 0 it would be +1 / -1)
     R, groups = [1.0, 0.0, 0.0, 1.0, 1.0, 0.0], [0, 0, 0, 0, 1, 1]
     valid = [True, True, False, True, True, False]
-    for name in ("rloo", "drgrpo", "grpo", "lampo", "reinforce++-baseline"):
+    for name in ("rloo", "drgrpo", "grpo", "lampo", "reinforce++-baseline", "opo"):
         b = compute_advantages(_batch(R, groups, valid), get_algorithm(name))
         assert float(b.advantages[4].abs().sum()) == 0.0 and float(b.advantages[5].abs().sum()) == 0.0, name
         assert float(b.advantages[2].abs().sum()) == 0.0, name

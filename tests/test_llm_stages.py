@@ -143,3 +143,19 @@ def test_resolve_leaves_the_users_config_alone_and_fills_the_methods_defaults(tm
     assert plan.learner.clip == pytest.approx(3e-4)  # GSPO's own clip range
     assert plan.unset["clip"] == pytest.approx(3e-4) and plan.local_prompts == 4 and plan.rows_per_step == 16
     assert task.train and not (tmp_path / "run").exists()  # nothing written
+
+
+def test_spo_order_draws_distinct_prompts_by_the_trackers_uncertainty_and_restores():
+    """``w = sqrt(p (1 - p)) + 0.05``: a prompt the tracker is sure of (weight 0.05) is the first drawn
+    with probability 0.05 / (0.05 + 3 * 0.55) = 0.029; each unseen one with 0.324."""
+    from sppo_rl.llm.stages.spo import SpoOrder
+
+    order = SpoOrder(4, seed=0)
+    order.tracker.alpha[0], order.tracker.beta[0] = 1e9, 0.0
+    first = [order.draw(1)[0] for _ in range(4000)]
+    assert 60 <= first.count(0) <= 180 and all(1000 <= first.count(c) <= 1600 for c in (1, 2, 3))
+    assert sorted(order.draw(4)) == [0, 1, 2, 3]
+    state = order.state()
+    again = SpoOrder(4, seed=1)
+    again.load(state)
+    assert again.draw(3) == order.draw(3) and again.tracker == order.tracker

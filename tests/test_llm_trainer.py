@@ -22,7 +22,17 @@ from sppo_rl.runtime import RunError, read_metrics
 from sppo_rl.runtime.logging import TIMING_KEYS
 
 ALGOS = ["ppo", "sppo", "grpo", "drgrpo", "rloo", "remax", "reinforce", "ppo-bce"]
-ALGOS += ["gspo", "sppo-seq", "cispo", "reinforce++", "reinforce++-baseline"]
+ALGOS += [
+    "gspo",
+    "sppo-seq",
+    "cispo",
+    "reinforce++",
+    "reinforce++-baseline",
+    "opo",
+    "opo-batch",
+    "shrinkage",
+    "spo",
+]
 TIMING = TIMING_KEYS
 
 
@@ -122,6 +132,43 @@ def test_resume_matches_uninterrupted_within_tolerance(tmp_path, tiny):
     fb = load_file(tmp_path / "part" / "run" / "final" / "actor" / "model.safetensors")
     assert all(torch.allclose(fa[k], fb[k], atol=1e-5) for k in fa)
     del wa
+
+
+def test_spo_resume_is_exact_with_its_tracker_in_the_checkpoint(tmp_path, tiny):
+    """SPO's tracker, each prompt's last response and the draw's generator are in the checkpoint: 2 updates
+    then resumed to 4 equals 4 in one go, bit for bit (8 prompts, 4 per update: prompts recur, so the
+    discounts and the prioritised draw depend on the restored state)."""
+    from safetensors.torch import load_file
+
+    parity = tmp_path / "parity.py"  # pays an even length: a reward that varies, so that the actor moves
+    parity.write_text("def score(response, truth):\n    return float(len(response) % 2 == 0)\n")
+    kw = dict(algo="spo", steps=4, checkpoint_every=2, train_size=8, temperature=2.0, actor_lr=1e-3)
+    kw["reward_fn"] = f"{parity}:score"
+    run_llm(_cfg(tmp_path / "full", tiny, **kw))
+    run_llm(_cfg(tmp_path / "part", tiny, **{**kw, "steps": 2}))
+    run_llm(_cfg(tmp_path / "part", tiny, **{**kw, "resume": True}))
+    a = read_metrics(tmp_path / "full" / "run" / "metrics.jsonl")
+    b = read_metrics(tmp_path / "part" / "run" / "metrics.jsonl")
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]  # noqa: E731
+    assert strip(a) == strip(b)
+    assert any(r.get("spo_distance", 0.0) > 0 for r in a)  # a prompt was seen again after the actor moved
+    fa = load_file(tmp_path / "full" / "run" / "final" / "actor" / "model.safetensors")
+    fb = load_file(tmp_path / "part" / "run" / "final" / "actor" / "model.safetensors")
+    assert all(torch.equal(fa[k], fb[k]) for k in fa)
+
+
+def test_spo_distance_is_zero_when_the_actor_has_not_moved(tmp_path, tiny):
+    """Every prompt is drawn every update (4 of 4); with a learning rate of 1e-30 the actor does not move,
+    so re-scoring each prompt's last response gives back the log-probs it was sampled with: ``D = 0`` and
+    ``rho = 0.96`` (a misaligned re-scoring -- prompt padding, a shifted response -- gives ``D > 0``)."""
+    parity = tmp_path / "parity.py"
+    parity.write_text("def score(response, truth):\n    return float(len(response) % 2 == 0)\n")
+    cfg = _cfg(tmp_path, tiny, algo="spo", steps=3, train_size=4, actor_lr=1e-30, reward_fn=f"{parity}:score")
+    run_llm(replace(cfg, eval_every=0))
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    trained = [r for r in rows if "spo_distance" in r]
+    assert len(trained) == 3 and trained[0]["spo_distance"] == 0.0  # first visit: D = 0 by definition
+    assert all(r["spo_distance"] < 1e-5 and r["spo_rho"] == 0.96 for r in trained[1:])
 
 
 def test_reward_function_that_raises_or_hangs_is_counted_and_the_run_goes_on(tmp_path, tiny):

@@ -4,6 +4,7 @@ Knows neither Gymnasium nor transformers; both worlds' adapters build a :class:`
 into this package.
 """
 
+import sppo_rl.agents.rivals  # noqa: F401  (registers OPO's, the shrinkage and SPO's estimators)
 import sppo_rl.agents.variants  # noqa: F401  (registers BPPO's selector and LamPO's estimator)
 from sppo_rl.agents.advantages import ESTIMATORS, Requirements, get_estimator, register_estimator
 from sppo_rl.agents.algorithms import (

@@ -14,6 +14,7 @@ keyword contract::
 - ``values``: ``[B, T]`` per-position values (``gae``) or ``[B]`` per-sequence logits (``sppo``).
 - ``group_ids`` ``[B]``: sequences from the same context share an id (group methods).
 - ``baseline_rewards`` ``[B]``: the greedy rollout's outcome for each sequence's context (``remax``).
+- ``tracker_values`` ``[B]``: a per-context value tracker's estimate (``spo``).
 
 ``advantages`` is ``[B, T]`` and exactly 0 where ``mask`` is 0. ``returns`` holds the critic's
 targets: ``[B, T]`` for ``gae``, the outcome ``R`` ``[B]`` for every sequence-level estimator.
@@ -55,6 +56,9 @@ class Requirements:
             outcome arrives as ``baseline_rewards``.
         logprobs: needs the sampling policy's log-probs ``logp_old`` ``[B, T]`` (e.g. to weigh
             sequences by the policy's confidence).
+        tracker: needs a per-context value tracker's estimate for each sequence, read before the batch's
+            outcomes update it, as ``tracker_values`` ``[B]`` (SPO: :class:`~sppo_rl.agents.rivals.ValueTracker`);
+            the trainer keeps the tracker, updates it after the estimate and checkpoints it.
     """
 
     critic: CriticKind = "none"
@@ -62,6 +66,7 @@ class Requirements:
     groups: bool = False
     greedy_baseline: bool = False
     logprobs: bool = False
+    tracker: bool = False
 
 
 Estimator = Callable[..., tuple[Tensor, Tensor]]

@@ -137,6 +137,34 @@ ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("remax", "remax", "none", 1, "ReMax: baseline = outcome of one greedy rollout"),
         Algorithm("reinforce", "reinforce", "none", 1, "REINFORCE: A = R"),
         Algorithm(
+            "opo",
+            "opo",
+            "none",
+            8,
+            "OPO: outcome minus the group's length-weighted mean reward (optimal baseline)",
+        ),
+        Algorithm(
+            "opo-batch",
+            "opo-batch",
+            "none",
+            1,
+            "OPO's optimal baseline over the batch: one sample per prompt, A = R - sum l R / sum l",
+        ),
+        Algorithm(
+            "spo",
+            "spo",
+            "none",
+            1,
+            "SPO: A = R - p_hat(prompt) from a KL-discounted Beta tracker, normalised over the batch",
+        ),
+        Algorithm(
+            "shrinkage",
+            "shrinkage",
+            "none",
+            4,
+            "James-Stein baseline: each leave-one-out group mean shrunk toward the other prompts' mean",
+        ),
+        Algorithm(
             "ppo-bce", "gae", "bce", 1, "ablation: step-level PPO whose per-step critic is trained with BCE"
         ),
         Algorithm(
@@ -291,7 +319,7 @@ def compute_advantages(batch: SequenceBatch, algo: Algorithm, **params: object) 
 
     Passes every estimator ``token_rewards``, ``mask`` and ``rewards`` (the outcome alone), and exactly
     what it declares: ``values`` (``batch.values``, converted by :func:`critic_values`), ``group_ids``,
-    ``baseline_rewards``, ``logp_old``; ``params`` are
+    ``baseline_rewards``, ``logp_old``, ``tracker_values``; ``params`` are
     estimator and selector parameters (``gamma``, ``lam``, ``whiten``, ``std``, ``eps``, ...). The
     loss mask is ``batch.mask``, or what the algorithm's selector keeps of it.
 
@@ -348,6 +376,10 @@ def _estimate(batch: SequenceBatch, algo: Algorithm, params: dict) -> tuple[Tens
         kwargs["baseline_rewards"] = batch.baseline_rewards
     if req.logprobs:
         kwargs["logp_old"] = batch.logp_old
+    if req.tracker:
+        if batch.tracker_values is None:
+            raise ValueError(f"{algo.name} needs tracker_values (a per-context value tracker) in the batch")
+        kwargs["tracker_values"] = batch.tracker_values
     advantages, returns = est(**kwargs)
     if algo.critic_loss == "bce" and req.critic == "sequence":
         # the success critic's target is the outcome itself, even when a KL penalty sits in the reward

@@ -43,6 +43,8 @@ class SequenceBatch:
             every statistic an estimator computes (group mean / std / leave-one-out baselines, batch
             whitening) and of the critic's targets (see
             :func:`~sppo_rl.agents.algorithms.compute_advantages` and ``critic_loss``).
+        tracker_values: ``[B]`` a per-context value tracker's estimate for each sequence's context,
+            read before this batch's outcomes enter it (SPO's ``p_hat``), or None.
     """
 
     mask: Tensor
@@ -58,6 +60,7 @@ class SequenceBatch:
     ref_logp: Tensor | None = None
     logp_rollout: Tensor | None = None
     valid: Tensor | None = None
+    tracker_values: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.mask.dim() != 2:

@@ -46,6 +46,9 @@ class ControlConfig(RunConfig):
     """GAE lambda (ppo)."""
     lampo_temperature: float = 0.1
     """LamPO: temperature of the confidence weighting of pairwise reward differences."""
+    spo_contexts: int = 256
+    """SPO: the fixed pool of start states its value tracker follows (a fresh start state never recurs);
+    each update draws its episodes' start states from the pool, prioritised by the tracker's uncertainty."""
     max_grad_norm: float = 0.5
     """Gradient clipping (global norm) for the actor and the critic separately."""
     dense: bool = False
@@ -82,6 +85,7 @@ class ControlConfig(RunConfig):
             ("eval_episodes", lambda v: v >= 1 or self.eval_every == 0, ">= 1 when --eval-every is on"),
             ("calibration_contexts", ge(1), ">= 1"),
             ("calibration_samples", ge(1), ">= 1"),
+            ("spo_contexts", ge(1), ">= 1"),
             # the LLM world's settings the shared config carries (hidden from `sppo-rl control --help`)
             (
                 "tis_cap",

@@ -71,6 +71,8 @@ def resolve(cfg: ControlConfig) -> Plan:
         raise RunError(f"--total-episodes ({cfg.total_episodes}) is smaller than one update ({E} episodes)")
     if cfg.epochs < 1 or cfg.minibatches < 1 or cfg.minibatches > E:
         raise RunError(f"need epochs >= 1 and 1 <= minibatches <= episodes_per_update ({E})")
+    if algo.requires.tracker and cfg.spo_contexts < E // G:
+        raise RunError(f"--spo-contexts ({cfg.spo_contexts}) must hold one update's start states ({E // G})")
     init_path = resolve_init(cfg.init_from, spec.name)
     if init_path is not None:
         check_init_actor(init_path, spec)

@@ -43,6 +43,7 @@ from sppo_rl.control.config import ControlConfig
 from sppo_rl.control.networks import CRITICS, Actor
 from sppo_rl.control.plan import resolve
 from sppo_rl.control.rollout import Episodes, collect
+from sppo_rl.control.spo import StartStates
 from sppo_rl.experiments.protocol import final_value
 from sppo_rl.runtime import (
     CheckpointManager,
@@ -124,6 +125,9 @@ class ControlRun:
         self.seed_rng = np.random.default_rng(cfg.seed)
         self.sample_gen = torch.Generator().manual_seed(cfg.seed + 1)
         self.perm_gen = torch.Generator().manual_seed(cfg.seed + 2)
+        # SPO's value tracker over a fixed pool of start states (sppo_rl.control.spo)
+        self.spo = StartStates(cfg.spo_contexts, cfg.seed) if req.tracker else None
+        self._contexts: list[int] = []
         self.update_idx = 0
         self.episodes = 0
         self.env_steps = 0
@@ -167,6 +171,7 @@ class ControlRun:
             "episodes": self.episodes,
             "env_steps": self.env_steps,
             "elapsed": self.elapsed,
+            **({"spo": self.spo.state_dict()} if self.spo is not None else {}),
         }
 
     def load_state(self, s: dict[str, Any]) -> None:
@@ -186,6 +191,8 @@ class ControlRun:
         torch.set_rng_state(s["torch_rng"])
         self.update_idx, self.episodes = s["update"], s["episodes"]
         self.env_steps, self.elapsed = s["env_steps"], s["elapsed"]
+        if self.spo is not None:
+            self.spo.load_state_dict(s["spo"])
 
     def save_checkpoint(self) -> Path:
         state = self.state_dict()
@@ -198,7 +205,12 @@ class ControlRun:
     def _seeds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-row reset seeds, group ids and greedy flags for one update."""
         r = self.plan.resolved
-        ctx = self.seed_rng.integers(0, 2**31 - 1, size=r.contexts_per_update)
+        if self.spo is not None:  # SPO: start states of the pool, prioritised by its tracker
+            picked = self.spo.draw(r.contexts_per_update, self.seed_rng)
+            self._contexts = [int(c) for c in picked]
+            ctx = self.spo.seeds[picked]
+        else:
+            ctx = self.seed_rng.integers(0, 2**31 - 1, size=r.contexts_per_update)
         seeds = np.repeat(ctx, r.group_size)
         groups = np.repeat(np.arange(r.contexts_per_update), r.group_size)
         greedy = np.zeros(len(seeds), dtype=bool)
@@ -248,8 +260,19 @@ class ControlRun:
         ep = ep_all.rows(torch.arange(n))
         greedy_success = ep_all.success[n:] if r.greedy_per_update else None
         batch = self._batch(ep, groups[:n], greedy_success)
+        spo_row: dict[str, float] = {}
+        if self.spo is not None:
+            batch.tracker_values = self.spo.tracker.p_hat(self._contexts).to(batch.mask.dtype)
         compute_advantages(batch, algo, **self.plan.estimator)
         check_finite(self.update_idx + 1, advantages=batch.advantages)
+        if self.spo is not None:  # the outcomes enter the tracker after the estimate, before the update
+            distances = self.spo.distances(self.actor, self._contexts)
+            rhos = self.spo.observe(self._contexts, ep, distances)
+            spo_row = {
+                "spo_p_hat": float(batch.tracker_values.mean()),
+                "spo_distance": float(np.mean(distances)),
+                "spo_rho": float(np.mean(rhos)),
+            }
         lr = self._schedule_lr()
         stats = self._optimise(ep, batch)
         # observation statistics move only after the update, so that within it the log-probs are
@@ -275,6 +298,7 @@ class ControlRun:
         }
         if greedy_success is not None:
             row["greedy_success_rate"] = float(greedy_success.mean())
+        row.update(spo_row)
         row.update(stats)
         return row
 

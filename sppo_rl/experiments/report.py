@@ -89,6 +89,10 @@ PALETTE = {
     "reinforce++-baseline": "#e6ab02",
     "latent-grpo": "#e7298a",
     "latent-grpo-naive": "#66a61e",
+    "opo": "#fdae6b",
+    "opo-batch": "#a6761d",
+    "spo": "#08519c",
+    "shrinkage": "#a50f15",
 }
 EXTRA = ["#393b79", "#637939", "#8c6d31", "#843c39"]
 LINESTYLES = ["-", "--", ":", "-."]

@@ -169,6 +169,10 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
             f"--dynamic-sampling-rounds drops groups whose outcomes are all equal; {algo.name} samples "
             "no groups (use a group method: grpo, drgrpo, rloo, gspo, cispo, bppo, lampo, reinforce++-baseline)"
         )
+    if req.tracker and dist.world > 1:
+        raise RunError(
+            f"{algo.name} keeps one value tracker of every prompt: one process only ({dist.world} launched)"
+        )
     if cfg.steps < 1 or cfg.prompts_per_step < 1:
         raise RunError("--steps and --prompts-per-step must be >= 1")
     if dist.world > 1 and cfg.engine != "deepspeed":
@@ -202,6 +206,11 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
     train, val, reward_fn = load_task(cfg)
     if not train:
         raise RunError(f"{cfg.task}: no training examples")
+    if req.tracker and cfg.prompts_per_step > len(train):
+        raise RunError(
+            f"{algo.name} draws --prompts-per-step ({cfg.prompts_per_step}) distinct prompts per update; "
+            f"the task has {len(train)}"
+        )
     algo, latent = configure_latent(cfg, algo, train)  # None: a token policy
     sampling = sampling_params(cfg)
     if cfg.device == "auto":

@@ -31,7 +31,7 @@ from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.engines import init_process_group, launcher_dist
 from sppo_rl.llm.evaluation import Evaluator, evaluate, write_critic_trace
 from sppo_rl.llm.export import export, stopped_summary, summary_of
-from sppo_rl.llm.flops import PARTS, round_lengths, row_lengths, run_shape, update_flops
+from sppo_rl.llm.flops import PARTS, policy_pass, round_lengths, row_lengths, run_shape, update_flops
 from sppo_rl.llm.plan import resolve
 from sppo_rl.llm.setup import NullLogger, peak_memory_mb, quiet_transformers, start_scorer
 from sppo_rl.llm.stages.advantages import advantages
@@ -46,6 +46,7 @@ from sppo_rl.llm.stages.row import (
     update_sums,
 )
 from sppo_rl.llm.stages.score import Scoring
+from sppo_rl.llm.stages.spo import SpoOrder, observe, tracker_values
 from sppo_rl.llm.stages.sync import sync
 from sppo_rl.llm.stages.to_batch import pick, to_batch
 from sppo_rl.llm.tiny import load_tokenizer
@@ -97,7 +98,7 @@ class LLMRun:
         )
         self.models = m = build_models(plan, actor_path, tokenizer, warmstart, self._main_first)
         self.rows = row_fn(plan)
-        self.order = PromptOrder(len(self.train_set), cfg.seed)
+        self.order = (SpoOrder if self.algo.requires.tracker else PromptOrder)(len(self.train_set), cfg.seed)
         self.update_idx, self.elapsed, self.generated_tokens = 0, 0.0, 0
         self.flops_shape = run_shape(plan, m)
         self.flops = dict.fromkeys(PARTS, 0)  # cumulative FLOPs by part (:mod:`sppo_rl.llm.flops`)
@@ -164,7 +165,14 @@ class LLMRun:
                 self.critic_init_p0 = init_critic_bias(m.critic_engine.module, picked.R, picked.valid, red)
             critic = m.critic_engine.module if m.critic_engine is not None else None
             built = to_batch(picked, plan, m.actor_engine.module, m.ref, critic, self.rows, red)
+            tracked, spo = plan.algo.requires.tracker, {}  # SPO: its tracker's p_hat is the baseline
+            if tracked:
+                tracker_values(self.order, built)
             advantages(built.batch, plan, built.rb.finished, self.update_idx + 1)
+            if tracked:  # the outcomes enter the tracker after the estimate, before the actor trains
+                spo = observe(
+                    self.order, built, picked.valid, plan, m.actor_engine.module, self.rows, red, pad
+                )
             lr = self._schedule_lr()
             equal = rewards_all_equal(built, picked.valid, red)
             skip = cfg.skip_equal_rewards and equal
@@ -174,7 +182,7 @@ class LLMRun:
         with timer("sync"):
             sync(m.rollout, m.actor_engine, bool(cfg.lora.rank))
         self.update_idx += 1
-        return self._row(got, picked, built, {**stats, "rewards_all_equal": int(equal)}, lr, timer)
+        return self._row(got, picked, built, {**stats, "rewards_all_equal": int(equal), **spo}, lr, timer)
 
     def _row(
         self, got: Any, picked: Any, built: Any, stats: dict[str, Any], lr: float, timer: Any
@@ -221,7 +229,10 @@ class LLMRun:
         every generation round, the rows trained on, the actor's passes only when it trained."""
         G = self.group_size
         rounds = [round_lengths(r.rb, G, r.greedy) for r in got.rounds]
-        return update_flops(self.flops_shape, rounds, row_lengths(picked.rb), not stats["actor_skipped"])
+        out = update_flops(self.flops_shape, rounds, row_lengths(picked.rb), not stats["actor_skipped"])
+        if self.algo.requires.tracker:  # SPO re-scores its revisited prompts' last responses (no gradient)
+            out["actor"] += policy_pass(self.flops_shape.actor, self.order.rescored)
+        return out
 
     def _check_rewards(self, row: dict[str, Any], tot: dict[str, float]) -> None:
         """Stop the run (:class:`RunFailed`) after ``--reward-fail-limit`` updates in a row without one

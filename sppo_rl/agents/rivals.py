@@ -1,0 +1,217 @@
+"""Single-sample rivals of SPPO as parts of the shared core: OPO's optimal baseline, the James-Stein
+shrinkage baseline, and SPO's per-context value tracker.
+
+- **OPO** (On-Policy RL with Optimal reward baseline, arXiv 2505.23585): the variance-minimising baseline
+  ``b* = E[|g|^2 R] / E[|g|^2]`` with the squared gradient norm taken proportional to the sequence's
+  length ``l``, so ``b = sum_i l_i R_i / sum_i l_i``. ``"opo"`` pools over each group (the paper and
+  verl's ``compute_opo_outcome_advantage``); ``"opo-batch"`` pools over the whole batch, the form that
+  runs with one sample per context.
+- **Shrinkage** (arXiv 2511.03710, the authors' code ``compute_jspo_outcome_advantage``): each sequence's
+  leave-one-out group mean shrunk toward the mean of the *other* contexts' rewards, James-Stein style,
+  by a factor computed from the other contexts only: ``"shrinkage"``.
+- **SPO** (Single-stream Policy Optimization, arXiv 2509.13232, the authors' verl recipe
+  ``spo/spo_ray_trainer.py``): a Beta tracker of each context's success probability whose memory is
+  discounted by how far the policy moved since the context was last seen (:class:`ValueTracker`); its
+  estimate is the baseline (``A = R - p_hat``), the advantages are normalised over the batch
+  (``"spo"``), and contexts are drawn in proportion to ``sqrt(p_hat (1 - p_hat)) + 0.05``
+  (:meth:`ValueTracker.sampling_weights`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from sppo_rl.agents.advantages import (
+    Requirements,
+    broadcast,
+    group_stats,
+    register_estimator,
+    sequence_scores,
+)
+
+SHRINKAGE_EPS = 1e-6
+"""``eps`` of the shrinkage factor ``lambda = v^2 / (v^2 + s^2 + eps)`` (the authors' code)."""
+
+
+@register_estimator("opo", Requirements(groups=True))
+@torch.no_grad()
+def opo(*, token_rewards: Tensor, mask: Tensor, group_ids: Tensor, **_: object) -> tuple[Tensor, Tensor]:
+    """OPO's optimal baseline over each group: ``A_i = R_i - sum_{j in g} l_j R_j / sum_{j in g} l_j``,
+    ``l_j`` the number of valid positions of sequence ``j``.
+
+    A group whose rewards are all equal, or of one member, gets exactly 0 (verl gives a group of one
+    the baseline 0, i.e. ``A = R``; this project's group estimators give it 0, as ``rloo`` does).
+    Worked example: one group ``R = [1, 0]`` of lengths ``[1, 3]``: ``b = 1/4``, ``A = [0.75, -0.25]``
+    (the plain group mean would give ``[0.5, -0.5]``).
+    """
+    R = sequence_scores(token_rewards, mask)
+    lengths = mask.sum(-1).double()
+    g = group_stats(R, group_ids)
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    G = int(inv.max().item()) + 1 if inv.numel() else 0
+    num = torch.zeros(G, dtype=torch.float64, device=R.device).scatter_add_(0, inv, lengths * R.double())
+    den = torch.zeros(G, dtype=torch.float64, device=R.device).scatter_add_(0, inv, lengths)
+    b = (num / den.clamp(min=1))[inv]
+    a = torch.where(g.degenerate, torch.zeros_like(b), R.double() - b)
+    return broadcast(a.to(R.dtype), mask), R
+
+
+@register_estimator("opo-batch", Requirements())
+@torch.no_grad()
+def opo_batch(*, token_rewards: Tensor, mask: Tensor, **_: object) -> tuple[Tensor, Tensor]:
+    """OPO's optimal baseline pooled over the whole batch (one sample per context):
+    ``A_b = R_b - sum_c l_c R_c / sum_c l_c``. A batch whose rewards are all equal gets exactly 0.
+    Worked example: ``R = [1, 0, 0]`` of lengths ``[2, 1, 1]``: ``b = 2/4``, ``A = [0.5, -0.5, -0.5]``
+    (the plain batch mean ``1/3`` would give ``[0.667, -0.333, -0.333]``)."""
+    R = sequence_scores(token_rewards, mask)
+    if R.numel() == 0 or bool((R == R[0]).all()):
+        return torch.zeros_like(token_rewards * mask), R
+    lengths = mask.sum(-1).double()
+    b = (lengths * R.double()).sum() / lengths.sum().clamp(min=1)
+    return broadcast((R.double() - b).to(R.dtype), mask), R
+
+
+@register_estimator("shrinkage", Requirements(groups=True))
+@torch.no_grad()
+def shrinkage(
+    *, token_rewards: Tensor, mask: Tensor, group_ids: Tensor, eps: float = SHRINKAGE_EPS, **_: object
+) -> tuple[Tensor, Tensor]:
+    """James-Stein shrinkage baseline (arXiv 2511.03710, as the authors' ``compute_jspo_outcome_advantage``):
+
+    For sequence ``i`` of context ``g`` (``n_g`` members, mean ``mu_g``), with every statistic taken over
+    the *other* contexts ``k != g`` only (``K - 1`` of them):
+
+    - ``v^2 = mean_k var_k / n_k`` (``var_k`` the unbiased variance of context ``k``'s rewards; 0 for a
+      context of one), the noise of a context's mean;
+    - ``s^2 = mean_k (mu_k - mean_k mu_k)^2``, the spread of the true means;
+    - ``lambda_g = v^2 / (v^2 + s^2 + eps)``;
+    - ``m_g`` = the mean of every reward of the other contexts;
+    - baseline ``b_i = (1 - lambda_g) * loo_i + lambda_g * m_g``, ``loo_i = mean_{j in g, j != i} R_j``;
+      ``A_i = R_i - b_i``.
+
+    Choices where the code leaves a case open (it asserts equal groups of at least two and more than one
+    context): groups may differ in size (each uses its own ``n_k``); a context of one member has no
+    leave-one-out mean and takes ``b = m_g`` (``lambda = 1``); with a single context in the batch there is
+    nothing to shrink toward: ``lambda = 0``, plain RLOO. Unlike ``rloo`` an equal-reward group does
+    *not* get 0: shrinking its baseline toward the other contexts is the point.
+    Worked example: contexts ``[1, 1]``, ``[1, 0]``, ``[0, 0]``; for the first, the others have means
+    ``0.5, 0`` (mean 0.25, ``s^2 = 0.0625``), ``v^2 = (0.5 / 2 + 0) / 2 = 0.125``,
+    ``lambda = 0.125 / 0.1875 = 2/3``, ``m = 0.25``: ``b = 1/3 + 1/6 = 0.5``, ``A = [0.5, 0.5]``.
+    """
+    R = sequence_scores(token_rewards, mask)
+    r = R.double()
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    K = int(inv.max().item()) + 1 if inv.numel() else 0
+    g = group_stats(R, group_ids)
+    count = torch.zeros(K, dtype=torch.float64, device=r.device).scatter_add_(0, inv, torch.ones_like(r))
+    total = torch.zeros(K, dtype=torch.float64, device=r.device).scatter_add_(0, inv, r)
+    mu = total / count
+    csq = torch.zeros(K, dtype=torch.float64, device=r.device).scatter_add_(0, inv, (r - mu[inv]) ** 2)
+    noise = torch.where(count > 1, csq / (count - 1).clamp(min=1) / count, torch.zeros_like(count))
+    loo = (g.total - r) / (g.count - 1).clamp(min=1)
+    if K < 2:
+        a = torch.where(g.count > 1, r - loo, torch.zeros_like(r))
+        return broadcast(a.to(R.dtype), mask), R
+    others = 1.0 - torch.eye(K, dtype=torch.float64, device=r.device)  # row g: the contexts k != g
+    mu_bar = others @ mu / (K - 1)
+    v2 = others @ noise / (K - 1)
+    s2 = (others * (mu[None, :] - mu_bar[:, None]) ** 2).sum(1) / (K - 1)
+    lam = v2 / (v2 + s2 + eps)
+    m_other = (others @ total) / (others @ count)
+    lam_i = torch.where(g.count > 1, lam[inv], torch.ones_like(r))
+    b = (1.0 - lam_i) * torch.where(g.count > 1, loo, torch.zeros_like(r)) + lam_i * m_other[inv]
+    return broadcast((r - b).to(R.dtype), mask), R
+
+
+# --------------------------------------------------------------------------------------------------
+# SPO
+
+
+SPO_PRIOR = 0.5
+"""``alpha = beta = 0.5`` for a context never seen (the recipe without offline values: Jeffreys' prior)."""
+SPO_D_HALF = 0.06
+"""The policy distance at which the tracker's memory halves: ``rho = 2^(-D / D_half)`` (the recipe)."""
+SPO_RHO_MIN = 0.875
+"""Lower clip of ``rho``: the most a single visit can forget (the recipe's ``rho.clip_lower``)."""
+SPO_RHO_MAX = 0.96
+"""Upper clip of ``rho``: even an unmoved policy forgets a little (the recipe's constant 0.96)."""
+SPO_EXPLORATION = 0.05
+"""Added to every context's sampling weight, so that a context the tracker is sure of is still drawn."""
+
+
+@register_estimator("spo", Requirements(tracker=True))
+@torch.no_grad()
+def spo(
+    *, token_rewards: Tensor, mask: Tensor, tracker_values: Tensor, spo_eps: float = 1e-8, **_: object
+) -> tuple[Tensor, Tensor]:
+    """SPO's advantage: ``A_b = R_b - p_hat(context_b)``, the tracker's estimate read *before* this
+    batch's outcomes enter it, then normalised over the batch: ``(A - mean) / (std + 1e-8)``, the
+    unbiased std (the recipe's ``advantages.std()``). No groups, no critic network.
+    Worked example: ``R = [1, 0, 1]``, ``p_hat = [0.5, 0.5, 0.9]``: ``A = [0.5, -0.5, 0.1]``, mean
+    ``0.0333``, std ``0.5033``: ``[0.927, -1.060, 0.132]``. A batch of one row, or whose ``R - p_hat`` are
+    all equal, gets exactly 0 (no spread to normalise by)."""
+    if tracker_values is None or tracker_values.shape != mask.shape[:1]:
+        raise ValueError(f"spo needs one tracker value per sequence, shape ({mask.shape[0]},)")
+    R = sequence_scores(token_rewards, mask)
+    a = R.double() - tracker_values.double()
+    if a.numel() < 2 or bool((a == a[0]).all()):
+        return torch.zeros_like(token_rewards * mask), R
+    a = (a - a.mean()) / (a.std() + spo_eps)
+    return broadcast(a.to(R.dtype), mask), R
+
+
+def spo_discount(distance: float, d_half: float = SPO_D_HALF) -> float:
+    """``rho = clip(2^(-D / D_half), rho_min, rho_max)``: how much of a context's Beta counts survive
+    a policy that moved by ``D`` (the mean absolute log-prob change of the context's last response,
+    per position, between when it was sampled and now)."""
+    return min(max(2.0 ** (-distance / d_half), SPO_RHO_MIN), SPO_RHO_MAX)
+
+
+@dataclass
+class ValueTracker:
+    """SPO's per-context Beta estimate of the success probability.
+
+    Each context ``c`` (a prompt's index in the data, or a control start state) holds ``(alpha_c,
+    beta_c)``, ``p_hat_c = alpha_c / (alpha_c + beta_c)``; unseen: ``(0.5, 0.5)``. After a visit with
+    outcome ``R`` in ``[0, 1]`` and discount ``rho``: ``alpha <- rho alpha + R``,
+    ``beta <- rho beta + (1 - R)`` (the recipe, its lines ``alpha = rho * alpha + r``). Its state is
+    plain floats keyed by context id, so it goes into a checkpoint as it is (:meth:`state_dict`).
+    """
+
+    alpha: dict[int, float] = field(default_factory=dict)
+    beta: dict[int, float] = field(default_factory=dict)
+
+    def p_hat(self, contexts: list[int]) -> Tensor:
+        """``[len(contexts)]`` float64: each context's current estimate (0.5 if never seen)."""
+        return torch.tensor(
+            [
+                self.alpha.get(c, SPO_PRIOR) / (self.alpha.get(c, SPO_PRIOR) + self.beta.get(c, SPO_PRIOR))
+                for c in contexts
+            ],
+            dtype=torch.float64,
+        )
+
+    def update(self, contexts: list[int], rewards: list[float], rhos: list[float]) -> None:
+        """Fold one outcome per row in, in row order (a context drawn twice in a batch is folded twice)."""
+        for c, r, rho in zip(contexts, rewards, rhos, strict=True):
+            r = min(max(float(r), 0.0), 1.0)
+            self.alpha[c] = rho * self.alpha.get(c, SPO_PRIOR) + r
+            self.beta[c] = rho * self.beta.get(c, SPO_PRIOR) + (1.0 - r)
+
+    def sampling_weights(self, contexts: list[int]) -> Tensor:
+        """``w_c = sqrt(p_hat_c (1 - p_hat_c)) + 0.05``: contexts near 50 % success are drawn most."""
+        p = self.p_hat(contexts)
+        return torch.sqrt(p * (1.0 - p)) + SPO_EXPLORATION
+
+    def state_dict(self) -> dict:
+        return {
+            "alpha": {int(k): float(v) for k, v in self.alpha.items()},
+            "beta": {int(k): float(v) for k, v in self.beta.items()},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.alpha = {int(k): float(v) for k, v in state["alpha"].items()}
+        self.beta = {int(k): float(v) for k, v in state["beta"].items()}

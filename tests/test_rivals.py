@@ -1,0 +1,161 @@
+"""The single-sample rivals in the core (sppo_rl/agents/rivals.py): numbers worked by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sppo_rl.agents import ESTIMATORS, SequenceBatch, compute_advantages, get_algorithm
+from sppo_rl.agents.advantages import Requirements
+from sppo_rl.agents.batch import lengths_to_mask, terminal_rewards
+from sppo_rl.agents.rivals import ValueTracker, spo_discount
+
+
+def _batch(rewards, lengths):
+    R = torch.tensor(rewards, dtype=torch.float64)
+    mask = lengths_to_mask(torch.tensor(lengths)).double()
+    return R, mask, terminal_rewards(R, mask)
+
+
+def test_the_rivals_declare_what_they_need():
+    assert ESTIMATORS["opo"].requires == Requirements(groups=True)
+    assert ESTIMATORS["opo-batch"].requires == Requirements()
+    assert ESTIMATORS["shrinkage"].requires == Requirements(groups=True)
+    assert ESTIMATORS["spo"].requires == Requirements(tracker=True)
+
+
+# ---------------------------------------------------------------------------------------------- OPO
+
+
+def test_opo_is_the_length_weighted_group_mean():
+    """``R = [1, 0]`` of lengths ``[1, 3]``: ``b = (1*1 + 3*0) / 4 = 0.25``; the plain mean (0.5) fails."""
+    R, mask, tr = _batch([1, 0, 1, 1, 0, 0], [1, 3, 2, 2, 1, 1])
+    adv, ret = ESTIMATORS["opo"](token_rewards=tr, mask=mask, group_ids=torch.tensor([0, 0, 1, 1, 2, 2]))
+    assert adv[0, 0].item() == pytest.approx(0.75)
+    assert adv[1, :3].tolist() == pytest.approx([-0.25] * 3)
+    assert torch.all(adv[2:] == 0.0)  # equal-reward groups: exactly 0
+    assert torch.all(adv[mask == 0] == 0.0)
+    assert ret.tolist() == R.tolist()
+
+
+def test_opo_with_equal_lengths_is_drgrpo():
+    R, mask, tr = _batch([1, 0, 0, 1, 1, 0], [4] * 6)
+    gid = torch.tensor([0, 0, 0, 1, 1, 1])
+    a, _ = ESTIMATORS["opo"](token_rewards=tr, mask=mask, group_ids=gid)
+    b, _ = ESTIMATORS["drgrpo"](token_rewards=tr, mask=mask, group_ids=gid)
+    torch.testing.assert_close(a, b)
+
+
+def test_opo_batch_pools_over_the_batch():
+    """``R = [1, 0, 0]``, lengths ``[2, 1, 1]``: ``b = 2/4``, ``A = [0.5, -0.5, -0.5]``."""
+    R, mask, tr = _batch([1, 0, 0], [2, 1, 1])
+    adv, _ = ESTIMATORS["opo-batch"](token_rewards=tr, mask=mask)
+    assert adv[:, 0].tolist() == pytest.approx([0.5, -0.5, -0.5])
+    assert adv[0, 1].item() == pytest.approx(0.5) and adv[1, 1].item() == 0.0
+    R, mask, tr = _batch([1, 1], [2, 3])
+    assert torch.all(ESTIMATORS["opo-batch"](token_rewards=tr, mask=mask)[0] == 0.0)
+
+
+# --------------------------------------------------------------------------------------- shrinkage
+
+
+def test_shrinkage_worked_example():
+    """Contexts ``[1, 1]``, ``[1, 0]``, ``[0, 0]`` (see the docstring for the first context's numbers).
+
+    Second context: others' means ``1, 0`` (mean 0.5, ``s^2 = 0.25``), ``v^2 = 0``: ``lambda = 0``,
+    plain leave-one-out: ``A = [1 - 0, 0 - 1] = [1, -1]``. Third: mirror image of the first:
+    ``A = [-0.5, -0.5]``."""
+    R, mask, tr = _batch([1, 1, 1, 0, 0, 0], [2] * 6)
+    adv, _ = ESTIMATORS["shrinkage"](token_rewards=tr, mask=mask, group_ids=torch.tensor([0, 0, 1, 1, 2, 2]))
+    assert adv[:, 0].tolist() == pytest.approx([0.5, 0.5, 1.0, -1.0, -0.5, -0.5], abs=1e-5)
+    # a wrong implementation that shrinks with its own context in the statistics gives other numbers
+    lam_with_own = (0.125 * 2 / 3) / (0.125 * 2 / 3 + 1 / 6 + 1e-6)
+    assert adv[0, 0].item() != pytest.approx(1 - ((1 - lam_with_own) * 1 + lam_with_own * 0.5), abs=1e-3)
+
+
+def test_shrinkage_with_no_noise_is_rloo_and_one_context_is_rloo():
+    R, mask, tr = _batch([1, 0, 0, 0, 1, 1], [3] * 6)
+    gid = torch.tensor([0, 0, 1, 1, 2, 2])
+    # contexts 1 and 2 have no within-context noise; context 0 has some: for contexts 1 and 2, v^2 > 0
+    a, _ = ESTIMATORS["shrinkage"](token_rewards=tr, mask=mask, group_ids=gid)
+    r, _ = ESTIMATORS["rloo"](token_rewards=tr, mask=mask, group_ids=gid)
+    assert a[0, 0].item() == pytest.approx(r[0, 0].item(), abs=1e-5)  # others noiseless: lambda = 0
+    assert a[2, 0].item() != pytest.approx(0.0)  # an equal-reward group is not zeroed
+    one, _ = ESTIMATORS["shrinkage"](token_rewards=tr[:2], mask=mask[:2], group_ids=gid[:2])
+    torch.testing.assert_close(one, r[:2])
+
+
+# --------------------------------------------------------------------------------------------- SPO
+
+
+def test_spo_advantage_worked_example():
+    R, mask, tr = _batch([1, 0, 1], [2, 2, 1])
+    adv, ret = ESTIMATORS["spo"](token_rewards=tr, mask=mask, tracker_values=torch.tensor([0.5, 0.5, 0.9]))
+    a = torch.tensor([0.5, -0.5, 0.1])
+    expected = (a - a.mean()) / (a.std() + 1e-8)
+    assert expected.tolist() == pytest.approx([0.927, -1.060, 0.132], abs=1e-3)
+    assert adv[:, 0].tolist() == pytest.approx(expected.tolist())
+    assert adv[2, 1].item() == 0.0
+    same, _ = ESTIMATORS["spo"](token_rewards=tr, mask=mask, tracker_values=R - 0.5)
+    assert torch.all(same == 0.0)
+
+
+def test_spo_runs_through_compute_advantages_with_invalid_rows():
+    R = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    mask = torch.ones(4, 2)
+    batch = SequenceBatch(
+        mask=mask,
+        logp_old=torch.zeros(4, 2),
+        rewards=R,
+        tracker_values=torch.tensor([0.5, 0.5, 0.9, 0.2]),
+        valid=torch.tensor([True, True, True, False]),
+    )
+    compute_advantages(batch, get_algorithm("spo"))
+    a = torch.tensor([0.5, -0.5, 0.1])
+    assert batch.advantages[:3, 0].tolist() == pytest.approx(((a - a.mean()) / (a.std() + 1e-8)).tolist())
+    assert torch.all(batch.advantages[3] == 0.0)
+    with pytest.raises(ValueError, match="tracker_values"):
+        compute_advantages(SequenceBatch(mask=mask, logp_old=None, rewards=R), get_algorithm("spo"))
+
+
+def test_value_tracker_update_by_hand():
+    """Unseen: ``(0.5, 0.5)``, ``p = 0.5``. Outcome 1 at ``rho = 0.96``: ``alpha = 0.48 + 1 = 1.48``,
+    ``beta = 0.48``, ``p = 1.48 / 1.96 = 0.7551``; then 0 at ``rho = 0.875``: ``alpha = 1.295``,
+    ``beta = 0.42 + 1 = 1.42``, ``p = 0.4770``."""
+    t = ValueTracker()
+    assert t.p_hat([3]).tolist() == [0.5]
+    t.update([3], [1.0], [0.96])
+    assert (t.alpha[3], t.beta[3]) == pytest.approx((1.48, 0.48))
+    assert t.p_hat([3, 4]).tolist() == pytest.approx([1.48 / 1.96, 0.5])
+    t.update([3], [0.0], [0.875])
+    assert (t.alpha[3], t.beta[3]) == pytest.approx((1.295, 1.42))
+    assert t.p_hat([3]).item() == pytest.approx(0.47698, abs=1e-5)
+    # sampling weight sqrt(p (1 - p)) + 0.05: 0.55 for an unseen context
+    assert t.sampling_weights([9]).item() == pytest.approx(0.55)
+    s = ValueTracker()
+    s.load_state_dict(t.state_dict())
+    assert s == t
+
+
+def test_spo_discount_by_hand():
+    assert spo_discount(0.0) == 0.96  # unmoved policy: clipped at 0.96
+    assert spo_discount(0.06 * math.log2(1 / 0.9)) == pytest.approx(0.9)  # 2^(-D / 0.06) = 0.9
+    assert spo_discount(1.0) == 0.875  # far moved: clipped at 0.875
+
+
+def test_shrinkage_over_valid_rows_and_a_lone_valid_member():
+    """Group 0 ``[1, 0, invalid, 1]``, group 1 ``[1, invalid]``. Group 1's lone valid member has no
+    leave-one-out mean: ``b = m`` = group 0's valid mean 2/3, ``A = 1/3``. Group 0's only other context
+    has one member (no noise, ``v^2 = 0``): ``lambda = 0``, plain leave-one-out ``[0.5, -1, 0.5]``."""
+    R = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0])
+    b = SequenceBatch(
+        mask=torch.ones(6, 2),
+        logp_old=torch.zeros(6, 2),
+        rewards=R,
+        group_ids=torch.tensor([0, 0, 0, 0, 1, 1]),
+        valid=torch.tensor([True, True, False, True, True, False]),
+    )
+    compute_advantages(b, get_algorithm("shrinkage"))
+    assert b.advantages[:, 0].tolist() == pytest.approx([0.5, -1.0, 0.0, 0.5, 1 / 3, 0.0], abs=1e-5)
