@@ -271,6 +271,14 @@ def test_non_utf8_data_names_file_and_line(tmp_path, capsys, tiny):
     )
 
 
+def test_a_lone_surrogate_in_a_prompt_names_file_and_line(tmp_path, capsys, tiny):
+    """``"\\ud800"`` in a JSONL prompt used to reach the tokenizer (a ``TypeError`` traceback)."""
+    data = tmp_path / "surrogate.jsonl"
+    data.write_text('{"question": "1+1", "answer": "2"}\n{"question": "\\ud800 1+2", "answer": "3"}\n')
+    argv = ["llm", "--model", str(tiny), "--task", str(data)]
+    refused(capsys, argv, tmp_path / "run", "surrogate.jsonl:2", "lone surrogate", "question")
+
+
 def test_non_utf8_json_names_file_and_line(tmp_path):
     from sppo_rl.llm.data import DataError, load_examples
 
