@@ -297,6 +297,47 @@ def test_critic_model_that_does_not_exist(tmp_path, capsys, tiny):
     refused(capsys, argv, tmp_path / "run", "--critic-model /nonexistent")
 
 
+# ------------------------------------------------------------------------------------- launcher variables
+
+
+@pytest.mark.parametrize(
+    "env, named",
+    [
+        ({"RANK": "1"}, "RANK=1 in the environment: a rank must be in [0, 0] (WORLD_SIZE is not set"),
+        ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0 in the environment: the number of processes must be in [1,"),
+        ({"WORLD_SIZE": "-1"}, "WORLD_SIZE=-1 in the environment"),
+        ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc' in the environment is not an integer"),
+        ({"WORLD_SIZE": "9" * 5000}, "WORLD_SIZE='999"),
+        ({"WORLD_SIZE": "2", "RANK": "2"}, "RANK=2 in the environment: a rank must be in [0, 1]"),
+        ({"LOCAL_RANK": "x"}, "LOCAL_RANK='x' in the environment is not an integer"),
+        ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "2"}, "LOCAL_RANK=2 in the environment"),
+        ({"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "3"}, "LOCAL_WORLD_SIZE=3 in the environment"),
+    ],
+    ids=["rank-alone", "world-0", "world-neg", "world-abc", "world-5000-digits", "rank-too-big",
+         "local-abc", "local-rank-too-big", "local-world-too-big"],
+)  # fmt: skip
+def test_stale_launcher_variables_are_refused_naming_the_variable(tmp_path, capsys, monkeypatch, env, named):
+    """A launcher's variables left in the environment (a ``RANK`` without its ``WORLD_SIZE``, a zero
+    or garbled one) used to end in a ZeroDivisionError, an unpack of None, "--minibatches must be in
+    [1, -4]" or int()'s message without the variable's name."""
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    argv = ["llm", "--task", "arithmetic", "--train-size", "16", "--val-size", "4", "--algo", "grpo"]
+    refused(capsys, argv, tmp_path / "run", named)
+
+
+def test_launcher_variables_of_a_real_launch_are_read():
+    from sppo_rl.llm.engines import launcher_env
+
+    assert launcher_env({}) == {"WORLD_SIZE": 1, "RANK": 0, "LOCAL_WORLD_SIZE": None, "LOCAL_RANK": 0}
+    torchrun = {"WORLD_SIZE": "8", "RANK": "5", "LOCAL_WORLD_SIZE": "4", "LOCAL_RANK": "1"}
+    assert launcher_env(torchrun) == {"WORLD_SIZE": 8, "RANK": 5, "LOCAL_WORLD_SIZE": 4, "LOCAL_RANK": 1}
+    deepspeed = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}  # no LOCAL_WORLD_SIZE
+    assert launcher_env(deepspeed)["LOCAL_RANK"] == 1
+
+
 # ------------------------------------------------------------------------------------- reward files
 
 LLM_SMALL = ["llm", "--task", "arithmetic", "--train-size", "16", "--val-size", "4", "--algo", "grpo"]

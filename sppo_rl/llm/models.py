@@ -852,9 +852,10 @@ def check_model_config(
         raise ValueError(f"{flag} {folder}/{e}") from None
     width = torch.tensor([], dtype=getattr(torch, dtype) if isinstance(dtype, str) else dtype).element_size()
     if memory is None:
-        nodes = max(
-            1, int(os.environ.get("WORLD_SIZE", 1)) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-        )
+        from sppo_rl.llm.engines import launcher_env
+
+        env = launcher_env()
+        nodes = max(1, env["WORLD_SIZE"] // (env["LOCAL_WORLD_SIZE"] or 1))
         here = available_memory_bytes()
         memory = None if here is None else here * nodes
     if memory is not None and params * width > memory:
