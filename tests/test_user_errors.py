@@ -80,10 +80,13 @@ def fake_run(folder: Path) -> None:
         (["--dual-clip", "1"], "--dual-clip must be > 1"),
         (["--actor-lr", "0"], "--actor-lr must be > 0"),
         (["--epochs", "0"], "--epochs must be >= 1"),
-        (["--threads", "0"], "--threads must be >= 1"),
-        (["--seed", "-3"], "--seed must be an integer >= 0"),
+        (["--threads", "0"], "--threads must be in [1, "),
+        (["--seed", "-3"], "--seed must be an integer in [0, 2^48 - 1"),
         (["--max-seconds", "0"], "--max-seconds must be > 0"),
         (["--ent-coef", "nan"], "--ent-coef must be >= 0"),
+        (["--threads", "100000"], "--threads must be in [1, "),
+        (["--threads", "5000"], "4 x this machine's CPUs), got 5000"),
+        (["--seed", str(2**70)], f"--seed must be an integer in [0, 2^48 - 1 = {2**48 - 1}], got {2**70}"),
     ],
 )
 def test_control_numbers_out_of_range_are_refused(tmp_path, capsys, flags, named):
@@ -104,10 +107,33 @@ def test_control_numbers_out_of_range_are_refused(tmp_path, capsys, flags, named
         (["--group-size", "0"], "--group-size must be >= 1"),
         (["--micro-batch-size", "0"], "--micro-batch-size must be >= 1"),
         (["--checkpoint-every", "0"], "--checkpoint-every must be >= 1"),
+        (["--threads", "100000"], "--threads must be in [1, "),
+        (["--threads", "5000"], "4 x this machine's CPUs), got 5000"),
+        (["--seed", str(2**70)], "--seed must be an integer in [0, 2^48 - 1"),
     ],
 )
 def test_llm_numbers_out_of_range_are_refused(tmp_path, capsys, flags, named):
     refused(capsys, ["llm", "--task", "arithmetic", *flags], tmp_path / "run", named)
+
+
+def test_the_thread_bound_is_four_per_cpu_and_the_largest_seed_runs_everywhere(tmp_path):
+    """``--threads`` is bounded by 4 x ``os.cpu_count()``, stated in the message; a seed at the top of
+    its range is accepted, and every seed derived from it fits a torch generator (64 bits)."""
+    import os
+
+    import torch
+
+    from sppo_rl.config import MAX_SEED, max_threads
+
+    assert max_threads() == 4 * os.cpu_count()
+    assert RunConfig(threads=max_threads()).problems() == []
+    assert RunConfig(threads=max_threads() + 1).problems() == [
+        f"--threads must be in [1, {max_threads()}] (4 x this machine's CPUs), got {max_threads() + 1}"
+    ]
+    assert LLMConfig(seed=MAX_SEED).problems() == [] and ControlConfig(seed=MAX_SEED).problems() == []
+    torch.Generator().manual_seed(MAX_SEED * 7919 + 10**9)  # the minibatch order's seed of any update
+    with pytest.raises(ValueError, match="Overflow"):
+        torch.Generator().manual_seed(2**70)
 
 
 def test_every_problem_is_named_in_the_one_line(tmp_path, capsys):
