@@ -203,6 +203,24 @@ def test_a_recipe_value_out_of_range_names_file_and_line(tmp_path, capsys):
     refused(capsys, ["control", "--recipe", str(recipe)], tmp_path / "run", f"{recipe}:2", "clip must be > 0")
 
 
+@pytest.mark.parametrize(
+    "command, body, named",
+    [
+        ("llm", '"steps": 2,\n  "epochs": ' + "9" * 5000, ":3: epochs is an integer of 5,000 digits"),
+        ("control", '"hidden_sizes": [64, -' + "1" * 5000 + "]", ":2: hidden_sizes holds an integer of 5,000 digits"),
+        ("control", '"seed": ' + "1" * 31, ":2: seed is an integer of 31 digits"),
+        ("llm", '"epochs": ' + "9" * 30, ":2: epochs must be at most 1,000,000,000"),
+    ],
+    ids=["5000-digits", "in-a-list", "31-digit-seed", "30-digits"],
+)  # fmt: skip
+def test_a_huge_integer_in_a_recipe_names_the_key(tmp_path, capsys, command, body, named):
+    """A 5,000-digit integer used to end in Python's int-string limit error (a traceback, no key named)."""
+    recipe = tmp_path / "r.json"
+    recipe.write_text("{\n  " + body + "\n}\n")
+    line = refused(capsys, [command, "--recipe", str(recipe)], tmp_path / "run", f"{recipe}{named}")
+    assert len(line) < 300
+
+
 def test_a_recipe_that_is_not_an_object_is_refused(tmp_path, capsys):
     recipe = tmp_path / "r.json"
     recipe.write_text("[1, 2]\n")
