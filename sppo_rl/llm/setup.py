@@ -15,7 +15,7 @@ from torch import Tensor
 
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.data import Example, load_examples
-from sppo_rl.llm.models import check_model_config, sequence_logprobs
+from sppo_rl.llm.models import check_model_config, check_weight_files, sequence_logprobs
 from sppo_rl.llm.reward import RewardFnError, RewardScorer, RewardWorkerError
 from sppo_rl.llm.rollout.base import RolloutBatch
 from sppo_rl.runtime.run import RunError
@@ -183,8 +183,9 @@ def check_model_paths(cfg: LLMConfig) -> None:
         if not (Path(value) / "config.json").is_file():
             what = "no config.json" if Path(value).is_dir() else "no such folder"
             raise RunError(f"{flag} {value}: not a Hugging Face model folder ({what})")
-        try:  # its sizes against this machine, and transformers' own checks: before anything is built
+        try:  # its sizes against this machine, transformers' own checks, its pickled weights: before anything is built
             check_model_config(value, flag, cfg.dtype)
+            check_weight_files(value, flag)
         except ValueError as e:
             raise RunError(str(e)) from None
     if cfg.chat_template == "on" and (
