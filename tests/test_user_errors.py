@@ -4,9 +4,13 @@ one (even with ``--overwrite``) is left exactly as it was."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import os
+import subprocess
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,7 @@ from sppo_rl.cli import main
 from sppo_rl.config import ConfigError, RunConfig
 from sppo_rl.control.config import ControlConfig
 from sppo_rl.llm.config import LLMConfig
+from sppo_rl.runtime.run import RunError
 
 CONTROL = ["control", "--task", "short-cartpole", "--algo", "grpo", "--total-episodes", "64", "--no-progress"]
 CONTROL += ["--no-tensorboard", "--eval-episodes", "0"]
@@ -339,6 +344,84 @@ def test_non_utf8_json_names_file_and_line(tmp_path):
 def test_critic_model_that_does_not_exist(tmp_path, capsys, tiny):
     argv = ["llm", "--model", str(tiny), "--algo", "sppo", "--critic-model", "/nonexistent"]
     refused(capsys, argv, tmp_path / "run", "--critic-model /nonexistent")
+
+
+# ------------------------------------------------------------------------------------- refused before the lock
+
+
+@contextlib.contextmanager
+def read_only(folder: Path) -> Iterator[None]:
+    """``folder`` read-only for this block: a read-only bind mount as root (chmod does not stop root),
+    else mode 0555; skips the test where neither is possible."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        try:
+            yield
+        finally:
+            folder.chmod(0o755)
+        return
+    if subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("needs mount(2) as root for a read-only folder")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], check=True)
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def test_max_new_tokens_beyond_the_context_is_refused_before_the_run_folder(tmp_path, capsys, tiny):
+    """The embedded model's context (256) and a folder's ``config.json`` (512) are known before anything
+    is built: ``--max-new-tokens 100000000`` used to be refused only after ``.run.lock`` existed."""
+    flags = ["--max-new-tokens", "100000000", "--cache-dir", str(tmp_path / "cache")]
+    refused(capsys, ["llm", *flags], tmp_path / "run", "--max-new-tokens 100000000", "context of 256 tokens")
+    argv = ["llm", "--model", str(tiny), *flags]
+    refused(capsys, argv, tmp_path / "run", "--max-new-tokens 100000000", "context of 512 tokens")
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("under", ["", "sub"])
+def test_a_cache_dir_that_is_a_file_is_refused_before_the_run_folder(tmp_path, capsys, under):
+    cache = tmp_path / "cache.txt"
+    cache.write_text("not a folder")
+    given = cache / under if under else cache
+    argv = ["llm", "--cache-dir", str(given)]
+    refused(capsys, argv, tmp_path / "run", f"--cache-dir {given}: {cache} is a file, not a folder")
+
+
+def test_a_critic_with_another_tokenizer_is_refused_before_the_run_folder(tmp_path, capsys, tiny):
+    from sppo_rl.llm.tiny import ensure_tiny_model
+
+    digits = ensure_tiny_model(
+        tmp_path / "other", "0123456789+=", hidden_size=32, layers=1, heads=2, kv_heads=1
+    )
+    argv = ["llm", "--model", str(tiny), "--algo", "sppo", "--critic-model", str(digits)]
+    refused(capsys, argv, tmp_path / "run", f"--critic-model {digits}: the critic's tokenizer differs")
+
+
+def test_a_read_only_cache_is_refused_when_a_model_must_be_built_and_used_when_it_holds_it(tmp_path, capsys):
+    from sppo_rl.llm.pretrained import CHECKSUMS
+    from sppo_rl.llm.setup import check_cache, models_to_build
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    with read_only(cache):
+        argv = ["llm", "--cache-dir", str(cache)]
+        refused(
+            capsys,
+            argv,
+            tmp_path / "run",
+            f"--cache-dir {cache}: {cache} is not writable",
+            "embedded tiny model",
+        )
+    named = LLMConfig(model="smollm2-135m:layers=4", algo="grpo", cache_dir=str(cache))
+    assert models_to_build(named) == ["smollm2-135m-layers4-v1"]
+    (cache / "smollm2-135m-layers4-v1").mkdir()
+    (cache / "smollm2-135m-layers4-v1" / CHECKSUMS).write_text("{}")
+    assert models_to_build(named) == []
+    with read_only(cache):
+        check_cache(named)  # everything the run needs is there: a read-only cache serves it
+        with pytest.raises(RunError, match="is not writable .* smollm2-135m-v1 must be built"):
+            check_cache(dataclasses.replace(named, model="smollm2-135m"))
 
 
 # ------------------------------------------------------------------------------------- launcher variables

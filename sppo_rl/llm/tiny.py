@@ -223,6 +223,22 @@ def build_tiny_model(
     return folder
 
 
+def _tiny_key(charset: str, settings: dict[str, int | None]) -> str:
+    return json.dumps(
+        {"charset": charset, "settings": settings, "format": TINY_FORMAT_VERSION}, sort_keys=True
+    )
+
+
+def tiny_model_folder(cache_dir: str | os.PathLike, charset: str, **settings: int | None) -> Path:
+    """The folder :func:`ensure_tiny_model` keeps the tiny model of ``charset`` and ``settings`` in."""
+    return Path(cache_dir) / f"tiny-{hashlib.sha256(_tiny_key(charset, settings).encode()).hexdigest()[:16]}"
+
+
+def tiny_model_built(folder: Path) -> bool:
+    """Whether ``folder`` holds a finished tiny model."""
+    return (folder / _COMPLETE_MARKER).is_file()
+
+
 def ensure_tiny_model(
     cache_dir: str | os.PathLike,
     charset: str,
@@ -234,12 +250,10 @@ def ensure_tiny_model(
     (keywords of :func:`build_tiny_model`) and :data:`TINY_FORMAT_VERSION`. The model is built into a
     temporary sibling and renamed into place, so concurrent callers never see a half-written folder.
     """
-    key = json.dumps(
-        {"charset": charset, "settings": settings, "format": TINY_FORMAT_VERSION}, sort_keys=True
-    )
+    key = _tiny_key(charset, settings)
     cache_dir = Path(cache_dir)
-    folder = cache_dir / f"tiny-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
-    if (folder / _COMPLETE_MARKER).is_file():
+    folder = tiny_model_folder(cache_dir, charset, **settings)
+    if tiny_model_built(folder):
         return folder
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=cache_dir))
