@@ -84,8 +84,8 @@ THREADS_PER_CPU = 4
 
 def max_threads() -> int:
     """The most ``--threads`` a run may ask for: :data:`THREADS_PER_CPU` x ``os.cpu_count()`` (more
-    threads than that only contend for the same cores; ``--threads 5000`` started ~10,000 threads on 2
-    cores and never finished, ``100000`` ran out of memory)."""
+    threads than that only contend for the same cores; with ``--threads 5000`` a one-update LLM run had
+    not finished after 60 s on 2 cores)."""
     import os
 
     return THREADS_PER_CPU * (os.cpu_count() or 1)
