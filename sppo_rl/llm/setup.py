@@ -377,7 +377,7 @@ def check_critic_tokenizer(cfg: LLMConfig) -> None:
     try:
         check_same_tokenizer(load_tokenizer(actor), load_tokenizer(critic))
     except ValueError as e:
-        raise RunError(f"--critic-model {cfg.critic_model}: {e}") from None
+        raise ValueError(f"--critic-model {cfg.critic_model}: {e}") from None  # as build_models raised it
 
 
 def check_context(cfg: LLMConfig) -> None:
