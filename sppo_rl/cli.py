@@ -138,6 +138,22 @@ def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return seen
 
 
+MAX_RECIPE_DIGITS = 30
+"""A recipe's integers of more digits are refused by name (:class:`_HugeInt`); no setting comes near."""
+
+
+class _HugeInt:
+    """An integer of a recipe with more than :data:`MAX_RECIPE_DIGITS` digits, kept as its digit count:
+    converting a 5,000-digit one raises Python's int-string limit error, which names no key."""
+
+    def __init__(self, text: str) -> None:
+        self.digits = len(text.lstrip("-"))
+
+
+def _recipe_int(text: str) -> int | _HugeInt:
+    return _HugeInt(text) if len(text.lstrip("-")) > MAX_RECIPE_DIGITS else int(text)
+
+
 RECIPE_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 """A built-in recipe's name: letters, digits, ``_``, ``.``, ``-``; no separator, no ``..``."""
 
@@ -184,7 +200,7 @@ def load_recipe(
     import json
     import re
 
-    from sppo_rl.config import from_flat, unknown_keys
+    from sppo_rl.config import MAX_COUNT, from_flat, unknown_keys
     from sppo_rl.runtime.run import RunError
 
     if (name is None) == (file is None):
@@ -198,7 +214,7 @@ def load_recipe(
             raise RunError(f"--recipe-file {file}: no such file")
     try:
         text = file.read_text(encoding="utf-8")
-        values = json.loads(text, object_pairs_hook=_no_duplicates)
+        values = json.loads(text, object_pairs_hook=_no_duplicates, parse_int=_recipe_int)
     except _DuplicateKey as e:
         key = re.compile(rf'"{re.escape(str(e))}"\s*:')
         lines = [i for i, t in enumerate(text.splitlines(), 1) if key.search(t)]
@@ -219,6 +235,21 @@ def load_recipe(
     if unknown:
         raise RunError(f"{file}: unknown field(s) {', '.join(unknown)} for {cls.__name__}")
     values.pop("_comment", None)
+    for (
+        name,
+        value,
+    ) in values.items():  # before anything converts it: Python refuses str(int) past 4300 digits
+        huge = next(
+            (v for v in (value if isinstance(value, list) else [value]) if isinstance(v, _HugeInt)), None
+        )
+        if huge is not None:
+            key = re.compile(rf'"{re.escape(name)}"\s*:')
+            line = next((i for i, t in enumerate(text.splitlines(), 1) if key.search(t)), None)
+            raise RunError(
+                f"{file}{f':{line}' if line else ''}: {name} {'holds' if isinstance(value, list) else 'is'} an "
+                f"integer of {huge.digits:,} digits; no "
+                f"setting takes one that large (a count at most {MAX_COUNT:,}, a seed at most 2^48 - 1)"
+            )
     if not trust:
         unsafe = [
             n for n in values if n in UNSAFE_RECIPE_FIELDS and n not in given and not _harmless(n, values[n])

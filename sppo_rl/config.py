@@ -76,7 +76,22 @@ MAX_COUNT = 10**9
 """The largest integer setting (steps, sizes, episodes, tokens, ...): a larger one is a typo, never a
 budget a run could spend (a billion updates, a billion-token response)."""
 UNBOUNDED_INTS = ("seed", "data_seed", "bootstrap_seed")
-"""Integer settings that are names rather than counts (any size is a valid seed)."""
+"""Integer settings that are names rather than counts (not bounded by :data:`MAX_COUNT`)."""
+MAX_SEED = 2**48 - 1
+"""The largest ``--seed``: every seed the run derives from it (``seed * 7919 + update`` of the minibatch
+order, ``seed + k``) stays within the 64 bits a torch generator takes (``torch.manual_seed(2**70)`` fails
+with "Overflow when unpacking long long", a message that names no setting)."""
+THREADS_PER_CPU = 4
+"""``--threads`` may be at most this many times the machine's CPUs (:func:`max_threads`)."""
+
+
+def max_threads() -> int:
+    """The most ``--threads`` a run may ask for: :data:`THREADS_PER_CPU` x ``os.cpu_count()`` (more
+    threads than that only contend for the same cores; with ``--threads 5000`` a one-update LLM run had
+    not finished after 60 s on 2 cores)."""
+    import os
+
+    return THREADS_PER_CPU * (os.cpu_count() or 1)
 
 
 def _too_big(v: Any) -> bool:
@@ -341,7 +356,7 @@ class RunConfig:
         both worlds define with their own defaults (learning rates, epochs, ...) are listed here too;
         a line whose field a config lacks is skipped."""
         return [
-            ("seed", ge(0), "an integer >= 0"),
+            ("seed", within(0, MAX_SEED), f"an integer in [0, 2^48 - 1 = {MAX_SEED}]"),
             ("group_size", optional(ge(1)), ">= 1, or None for the algorithm's default"),
             ("micro_batch_size", optional(ge(1)), ">= 1, or None for a whole minibatch per pass"),
             ("max_tokens_per_micro_batch", optional(ge(1)), ">= 1, or None for no token budget"),
@@ -360,7 +375,11 @@ class RunConfig:
             ("bppo_prefix_ratio", within(0, 1, open_lo=True), "in (0, 1]"),
             ("bppo_accuracy_threshold", within(0, 1), "in [0, 1]"),
             ("max_seconds", optional(gt(0)), "> 0 seconds, or None for no budget"),
-            ("threads", ge(1), ">= 1"),
+            (
+                "threads",
+                within(1, max_threads()),
+                f"in [1, {max_threads()}] ({THREADS_PER_CPU} x this machine's CPUs)",
+            ),
             # fields both worlds have, each with its own default
             ("actor_lr", optional(gt(0)), "> 0 (LLM: or None for the model's default)"),
             ("critic_lr", gt(0), "> 0"),

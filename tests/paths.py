@@ -73,4 +73,8 @@ def script_module(name: str) -> Iterator[ModuleType]:
 def outside_a_launcher(env: dict[str, str]) -> dict[str, str]:
     """``env`` without the launcher's rank variables (torchrun sets them), so that a subprocess started
     from it is a process of its own: ``launcher_dist`` reads world 1 and a group of one gets a free port."""
-    return {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK")}
+    return {
+        k: v
+        for k, v in env.items()
+        if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    }

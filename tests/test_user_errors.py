@@ -4,9 +4,13 @@ one (even with ``--overwrite``) is left exactly as it was."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import os
+import subprocess
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,7 @@ from sppo_rl.cli import main
 from sppo_rl.config import ConfigError, RunConfig
 from sppo_rl.control.config import ControlConfig
 from sppo_rl.llm.config import LLMConfig
+from sppo_rl.runtime.run import RunError
 
 CONTROL = ["control", "--task", "short-cartpole", "--algo", "grpo", "--total-episodes", "64", "--no-progress"]
 CONTROL += ["--no-tensorboard", "--eval-episodes", "0"]
@@ -80,10 +85,13 @@ def fake_run(folder: Path) -> None:
         (["--dual-clip", "1"], "--dual-clip must be > 1"),
         (["--actor-lr", "0"], "--actor-lr must be > 0"),
         (["--epochs", "0"], "--epochs must be >= 1"),
-        (["--threads", "0"], "--threads must be >= 1"),
-        (["--seed", "-3"], "--seed must be an integer >= 0"),
+        (["--threads", "0"], "--threads must be in [1, "),
+        (["--seed", "-3"], "--seed must be an integer in [0, 2^48 - 1"),
         (["--max-seconds", "0"], "--max-seconds must be > 0"),
         (["--ent-coef", "nan"], "--ent-coef must be >= 0"),
+        (["--threads", "100000"], "--threads must be in [1, "),
+        (["--threads", "5000"], "4 x this machine's CPUs), got 5000"),
+        (["--seed", str(2**70)], f"--seed must be an integer in [0, 2^48 - 1 = {2**48 - 1}], got {2**70}"),
     ],
 )
 def test_control_numbers_out_of_range_are_refused(tmp_path, capsys, flags, named):
@@ -105,10 +113,33 @@ def test_control_numbers_out_of_range_are_refused(tmp_path, capsys, flags, named
         (["--group-size", "0"], "--group-size must be >= 1"),
         (["--micro-batch-size", "0"], "--micro-batch-size must be >= 1"),
         (["--checkpoint-every", "0"], "--checkpoint-every must be >= 1"),
+        (["--threads", "100000"], "--threads must be in [1, "),
+        (["--threads", "5000"], "4 x this machine's CPUs), got 5000"),
+        (["--seed", str(2**70)], "--seed must be an integer in [0, 2^48 - 1"),
     ],
 )
 def test_llm_numbers_out_of_range_are_refused(tmp_path, capsys, flags, named):
     refused(capsys, ["llm", "--task", "arithmetic", *flags], tmp_path / "run", named)
+
+
+def test_the_thread_bound_is_four_per_cpu_and_the_largest_seed_runs_everywhere(tmp_path):
+    """``--threads`` is bounded by 4 x ``os.cpu_count()``, stated in the message; a seed at the top of
+    its range is accepted, and every seed derived from it fits a torch generator (64 bits)."""
+    import os
+
+    import torch
+
+    from sppo_rl.config import MAX_SEED, max_threads
+
+    assert max_threads() == 4 * os.cpu_count()
+    assert RunConfig(threads=max_threads()).problems() == []
+    assert RunConfig(threads=max_threads() + 1).problems() == [
+        f"--threads must be in [1, {max_threads()}] (4 x this machine's CPUs), got {max_threads() + 1}"
+    ]
+    assert LLMConfig(seed=MAX_SEED).problems() == [] and ControlConfig(seed=MAX_SEED).problems() == []
+    torch.Generator().manual_seed(MAX_SEED * 7919 + 10**9)  # the minibatch order's seed of any update
+    with pytest.raises(ValueError, match="Overflow"):
+        torch.Generator().manual_seed(2**70)
 
 
 def test_every_problem_is_named_in_the_one_line(tmp_path, capsys):
@@ -180,6 +211,24 @@ def test_a_recipe_value_out_of_range_names_file_and_line(tmp_path, capsys):
     refused(
         capsys, ["control", "--recipe-file", str(recipe)], tmp_path / "run", f"{recipe}:2", "clip must be > 0"
     )
+
+
+@pytest.mark.parametrize(
+    "command, body, named",
+    [
+        ("llm", '"steps": 2,\n  "epochs": ' + "9" * 5000, ":3: epochs is an integer of 5,000 digits"),
+        ("control", '"hidden_sizes": [64, -' + "1" * 5000 + "]", ":2: hidden_sizes holds an integer of 5,000 digits"),
+        ("control", '"seed": ' + "1" * 31, ":2: seed is an integer of 31 digits"),
+        ("llm", '"epochs": ' + "9" * 30, ":2: epochs must be at most 1,000,000,000"),
+    ],
+    ids=["5000-digits", "in-a-list", "31-digit-seed", "30-digits"],
+)  # fmt: skip
+def test_a_huge_integer_in_a_recipe_names_the_key(tmp_path, capsys, command, body, named):
+    """A 5,000-digit integer used to end in Python's int-string limit error (a traceback, no key named)."""
+    recipe = tmp_path / "r.json"
+    recipe.write_text("{\n  " + body + "\n}\n")
+    line = refused(capsys, [command, "--recipe", str(recipe)], tmp_path / "run", f"{recipe}{named}")
+    assert len(line) < 300
 
 
 def test_a_recipe_that_is_not_an_object_is_refused(tmp_path, capsys):
@@ -276,6 +325,14 @@ def test_non_utf8_data_names_file_and_line(tmp_path, capsys, tiny):
     )
 
 
+def test_a_lone_surrogate_in_a_prompt_names_file_and_line(tmp_path, capsys, tiny):
+    """``"\\ud800"`` in a JSONL prompt used to reach the tokenizer (a ``TypeError`` traceback)."""
+    data = tmp_path / "surrogate.jsonl"
+    data.write_text('{"question": "1+1", "answer": "2"}\n{"question": "\\ud800 1+2", "answer": "3"}\n')
+    argv = ["llm", "--model", str(tiny), "--task", str(data)]
+    refused(capsys, argv, tmp_path / "run", "surrogate.jsonl:2", "lone surrogate", "question")
+
+
 def test_non_utf8_json_names_file_and_line(tmp_path):
     from sppo_rl.llm.data import DataError, load_examples
 
@@ -292,6 +349,125 @@ def test_non_utf8_json_names_file_and_line(tmp_path):
 def test_critic_model_that_does_not_exist(tmp_path, capsys, tiny):
     argv = ["llm", "--model", str(tiny), "--algo", "sppo", "--critic-model", "/nonexistent"]
     refused(capsys, argv, tmp_path / "run", "--critic-model /nonexistent")
+
+
+# ------------------------------------------------------------------------------------- refused before the lock
+
+
+@contextlib.contextmanager
+def read_only(folder: Path) -> Iterator[None]:
+    """``folder`` read-only for this block: a read-only bind mount as root (chmod does not stop root),
+    else mode 0555; skips the test where neither is possible."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        try:
+            yield
+        finally:
+            folder.chmod(0o755)
+        return
+    if subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("needs mount(2) as root for a read-only folder")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], check=True)
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def test_max_new_tokens_beyond_the_context_is_refused_before_the_run_folder(tmp_path, capsys, tiny):
+    """The embedded model's context (256) and a folder's ``config.json`` (512) are known before anything
+    is built: ``--max-new-tokens 100000000`` used to be refused only after ``.run.lock`` existed."""
+    flags = ["--max-new-tokens", "100000000", "--cache-dir", str(tmp_path / "cache")]
+    refused(capsys, ["llm", *flags], tmp_path / "run", "--max-new-tokens 100000000", "context of 256 tokens")
+    argv = ["llm", "--model", str(tiny), *flags]
+    refused(capsys, argv, tmp_path / "run", "--max-new-tokens 100000000", "context of 512 tokens")
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("under", ["", "sub"])
+def test_a_cache_dir_that_is_a_file_is_refused_before_the_run_folder(tmp_path, capsys, under):
+    cache = tmp_path / "cache.txt"
+    cache.write_text("not a folder")
+    given = cache / under if under else cache
+    argv = ["llm", "--cache-dir", str(given)]
+    refused(capsys, argv, tmp_path / "run", f"--cache-dir {given}: {cache} is a file, not a folder")
+
+
+def test_a_critic_with_another_tokenizer_is_refused_before_the_run_folder(tmp_path, capsys, tiny):
+    from sppo_rl.llm.tiny import ensure_tiny_model
+
+    digits = ensure_tiny_model(
+        tmp_path / "other", "0123456789+=", hidden_size=32, layers=1, heads=2, kv_heads=1
+    )
+    argv = ["llm", "--model", str(tiny), "--algo", "sppo", "--critic-model", str(digits)]
+    refused(capsys, argv, tmp_path / "run", f"--critic-model {digits}: the critic's tokenizer differs")
+
+
+def test_a_read_only_cache_is_refused_when_a_model_must_be_built_and_used_when_it_holds_it(tmp_path, capsys):
+    from sppo_rl.llm.pretrained import CHECKSUMS
+    from sppo_rl.llm.setup import check_cache, models_to_build
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    with read_only(cache):
+        argv = ["llm", "--cache-dir", str(cache)]
+        refused(
+            capsys,
+            argv,
+            tmp_path / "run",
+            f"--cache-dir {cache}: {cache} is not writable",
+            "embedded tiny model",
+        )
+    named = LLMConfig(model="smollm2-135m:layers=4", algo="grpo", cache_dir=str(cache))
+    assert models_to_build(named) == ["smollm2-135m-layers4-v1"]
+    (cache / "smollm2-135m-layers4-v1").mkdir()
+    (cache / "smollm2-135m-layers4-v1" / CHECKSUMS).write_text("{}")
+    assert models_to_build(named) == []
+    with read_only(cache):
+        check_cache(named)  # everything the run needs is there: a read-only cache serves it
+        with pytest.raises(RunError, match="is not writable .* smollm2-135m-v1 must be built"):
+            check_cache(dataclasses.replace(named, model="smollm2-135m"))
+
+
+# ------------------------------------------------------------------------------------- launcher variables
+
+
+@pytest.mark.parametrize(
+    "env, named",
+    [
+        ({"RANK": "1"}, "RANK=1 in the environment: a rank must be in [0, 0] (WORLD_SIZE is not set"),
+        ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0 in the environment: the number of processes must be in [1,"),
+        ({"WORLD_SIZE": "-1"}, "WORLD_SIZE=-1 in the environment"),
+        ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc' in the environment is not an integer"),
+        ({"WORLD_SIZE": "9" * 5000}, "WORLD_SIZE='999"),
+        ({"WORLD_SIZE": "2", "RANK": "2"}, "RANK=2 in the environment: a rank must be in [0, 1]"),
+        ({"LOCAL_RANK": "x"}, "LOCAL_RANK='x' in the environment is not an integer"),
+        ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "2"}, "LOCAL_RANK=2 in the environment"),
+        ({"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "3"}, "LOCAL_WORLD_SIZE=3 in the environment"),
+    ],
+    ids=["rank-alone", "world-0", "world-neg", "world-abc", "world-5000-digits", "rank-too-big",
+         "local-abc", "local-rank-too-big", "local-world-too-big"],
+)  # fmt: skip
+def test_stale_launcher_variables_are_refused_naming_the_variable(tmp_path, capsys, monkeypatch, env, named):
+    """A launcher's variables left in the environment (a ``RANK`` without its ``WORLD_SIZE``, a zero
+    or garbled one) used to end in a ZeroDivisionError, an unpack of None, "--minibatches must be in
+    [1, -4]" or int()'s message without the variable's name."""
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    argv = ["llm", "--task", "arithmetic", "--train-size", "16", "--val-size", "4", "--algo", "grpo"]
+    refused(capsys, argv, tmp_path / "run", named)
+
+
+def test_launcher_variables_of_a_real_launch_are_read():
+    from sppo_rl.llm.engines import launcher_env
+
+    assert launcher_env({}) == {"WORLD_SIZE": 1, "RANK": 0, "LOCAL_WORLD_SIZE": None, "LOCAL_RANK": 0}
+    torchrun = {"WORLD_SIZE": "8", "RANK": "5", "LOCAL_WORLD_SIZE": "4", "LOCAL_RANK": "1"}
+    assert launcher_env(torchrun) == {"WORLD_SIZE": 8, "RANK": 5, "LOCAL_WORLD_SIZE": 4, "LOCAL_RANK": 1}
+    deepspeed = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}  # no LOCAL_WORLD_SIZE
+    assert launcher_env(deepspeed)["LOCAL_RANK"] == 1
 
 
 # ------------------------------------------------------------------------------------- reward files

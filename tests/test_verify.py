@@ -746,3 +746,31 @@ def test_full_files_refuse_restatements_and_hedges(name):
     # DAPO's 17k rows take about an hour (0.2 s a row, 1,500 evenly spaced rows: 292 s, none paid): 600 of them
     sample = 600 if name.startswith("dapo") else None
     assert _near_misses_paid(_truths(name, sample)) == []
+
+
+RELATIONS = (
+    r"\approx \approxeq \thickapprox \simeq \sim \thicksim \cong \propto \doteq \eqsim \backsim \asymp \neq \ne "
+    r"\leq \le \geq \ge < > \ll \gg \lesssim \gtrsim \lessapprox \gtrapprox \prec \succ \subset \subseteq \ni "
+    r"\mid \parallel \perp \to \rightarrow \mapsto \Rightarrow \implies \iff \Leftrightarrow \coloneqq := "
+    r"\triangleq \models \vdash \nsim \ncong \not= ~ \stackrel{?}{=} \overset{!}{=}"
+).split() + ["\u2248"]
+
+
+@pytest.mark.parametrize("relation", RELATIONS)
+def test_a_relation_between_two_values_is_not_a_value(relation):
+    """``\\boxed{4 R 5}`` is a statement, not the value 4: it scores 0 for 4 whatever the relation R
+    (``\\approx`` was paid for 4, the grammar reading it as its left side; ``=`` and ``\\equiv`` are
+    equations, judged by their value)."""
+    assert verify_math(f"\\boxed{{4 {relation} 5}}", "4") == 0.0
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [r"4 \approx 5", r"3 \approx 4 \approx 5", r"x \approx 4", r"4 \approxeq 5", "4 \u2248 5", r"4\approx"],
+)
+def test_an_approximation_is_never_paid_as_a_value(answer):
+    for gold in ("3", "4", "5"):
+        assert verify_math(f"\\boxed{{{answer}}}", gold) == 0.0, gold
+        assert verify_math(f"\\boxed{{{answer}}}", gold, fast_path=False) == 0.0, gold
+    assert verify_math(r"\boxed{4}", "4") == 1.0 and verify_math(r"\boxed{x = 4}", "4") == 1.0
+    assert verify_math(r"\boxed{\approx 4}", r"\approx 4") == 1.0  # a reference that is one itself

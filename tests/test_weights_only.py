@@ -120,3 +120,62 @@ def test_project_state_with_rng_states_round_trips(tmp_path):
 def test_shipped_warm_starts_load(asset):
     blob = torch_load(ASSETS / asset)
     assert {"arch", "actor", "meta"} <= set(blob)
+
+
+# ------------------------------------------------------------------------------------ model folders
+
+
+def _pickled_model_folder(tmp_path: Path, tiny: Path, name: str, state: object) -> Path:
+    """A copy of the tiny model's folder whose weights are ``state`` in ``pytorch_model.bin`` (no
+    ``model.safetensors``, so transformers would read the pickle)."""
+    import shutil
+
+    folder = tmp_path / name
+    shutil.copytree(tiny, folder)
+    (folder / "model.safetensors").unlink()
+    torch.save(state, folder / "pytorch_model.bin")
+    return folder
+
+
+def test_a_model_folder_with_a_pickle_that_runs_code_is_one_line_naming_the_file(tmp_path, capsys, tiny):
+    """``--model`` on a folder whose ``pytorch_model.bin`` would run code: nothing runs (transformers
+    reads it with weights_only=True), and instead of a 46-line traceback whose advice is
+    ``weights_only=False``, one line naming the file, exit 2, before the run folder exists."""
+    from sppo_rl.cli import main
+
+    marker = tmp_path / "pwned"
+    folder = _pickled_model_folder(
+        tmp_path, tiny, "evil", {"w": _System(f"touch {shlex.quote(str(marker))}")}
+    )
+    out = tmp_path / "run"
+    for flags in (
+        ["--model", str(folder)],
+        ["--model", str(tiny), "--algo", "sppo", "--critic-model", str(folder)],
+    ):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exc:
+            main(["llm", *flags, "--task", "arithmetic", "--out-dir", str(out)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exc.value.code == 2 and len(err) == 1, err
+        assert f"{flags[-2]} {folder}: pytorch_model.bin holds pickled objects" in err[0]
+        assert "weights_only=False" not in err[0] and "nothing in it ran" in err[0]
+        assert not marker.exists() and not out.exists()
+
+
+def test_loading_a_pickle_that_runs_code_names_the_file_and_a_plain_one_loads(tmp_path, tiny):
+    """The same from the loader itself (a folder changed after the check), and a pickled folder of
+    tensors only (``save_pretrained(safe_serialization=False)``'s kind) passes the check and loads."""
+    from safetensors.torch import load_file
+
+    from sppo_rl.llm.models import check_weight_files, load_actor
+
+    marker = tmp_path / "pwned"
+    evil = _pickled_model_folder(tmp_path, tiny, "evil", {"w": _System(f"touch {shlex.quote(str(marker))}")})
+    with pytest.raises(ValueError, match="pytorch_model.bin holds pickled objects") as err:
+        load_actor(evil)
+    assert "weights_only=False" not in str(err.value) and not marker.exists()
+    state = load_file(tiny / "model.safetensors")
+    plain = _pickled_model_folder(tmp_path, tiny, "plain", state)
+    check_weight_files(plain, "--model")
+    loaded = load_actor(plain).state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in state.items())

@@ -148,9 +148,41 @@ def _read_json(path: Path) -> Any:
         return None
 
 
+NUMBER_KEYS = (
+    "update",
+    "step",
+    "episodes",
+    "success_rate",
+    "val_accuracy",
+    "wall_time_s",
+    "sps",
+    "generated_tokens",
+)
+"""The metrics the report reads as numbers: in every row that has one, a finite number (or null)."""
+
+
+def _bad_value(rows: list[dict[str, Any]], cfg: dict[str, Any]) -> str | None:
+    """Why a run cannot be reported (a value of :data:`NUMBER_KEYS` that is no finite number, as NaN
+    or a list; a row that is no object; a seed that is no integer), naming the row; None if it can."""
+    seed = cfg.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        return f"config.json: seed is {seed!r:.40}, not an integer"
+    for i, row in enumerate(rows, 1):
+        if not isinstance(row, dict):
+            return f"row {i} is {type(row).__name__}, not an object"
+        for key in NUMBER_KEYS:
+            value = row.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                return f"row {i}: {key} is {value!r:.40}, not a finite number"
+    return None
+
+
 def find_runs(inputs: tuple[str, ...], skip: Path | None = None) -> list[Run]:
     """Every folder under ``inputs`` with ``metrics.jsonl`` and a readable ``config.json``, labelled
-    (:func:`label_runs`)."""
+    (:func:`label_runs`). A run whose metrics hold a value the report cannot read as a number
+    (:func:`_bad_value`: NaN, a list) is skipped, with one line on stderr naming its file and row."""
     seen, runs = set(), []
     for top in inputs:
         if not Path(top).is_dir():
@@ -164,6 +196,10 @@ def find_runs(inputs: tuple[str, ...], skip: Path | None = None) -> list[Run]:
                 continue
             seen.add(folder)
             rows = read_metrics(metrics)
+            bad = _bad_value(rows, cfg)
+            if bad is not None:
+                print(f"report: skipped {metrics}: {bad}", file=sys.stderr)
+                continue
             success = [r for r in rows if r.get("success_rate") is not None]
             evals = [r for r in rows if r.get("val_accuracy") is not None]
             if success or evals:

@@ -177,9 +177,42 @@ def _check_answer(value: Any) -> str:
     return str(value)
 
 
+def _lone_surrogate(value: Any, key: str = "", depth: int = 0) -> str | None:
+    """Where the first string of a record holds a lone UTF-16 surrogate (JSON's ``"\\ud800"`` escape
+    without its pair decodes to one), ``"<key> at character <i> (\\ud800)"``; None if none does. Such a
+    string is no Unicode text: it cannot be encoded as UTF-8, and a tokenizer refuses it."""
+    if isinstance(value, str):
+        if value.isascii():
+            return None
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return f"{key or 'the record'} at character {e.start} ({ascii(value[e.start])[1:-1]})"
+        return None
+    if depth > 32:
+        return None
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    else:
+        return None
+    for k, v in items:
+        found = _lone_surrogate(v, f"{key}.{k}" if key else str(k), depth + 1)
+        if found:
+            return found
+    return None
+
+
 def _to_example(record: Any, fmt: Format, prompt_key: str, answer_key: str, index: int, stem: str) -> Example:
     if not isinstance(record, dict):
         raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+    bad = _lone_surrogate(record)
+    if bad:
+        raise ValueError(
+            f"a lone surrogate in {bad}: a \\uD800-\\uDFFF escape without its pair is not text; "
+            "fix the string (write the character itself, or both halves of its pair)"
+        )
     try:
         prompt = _check_prompt(_get(record, prompt_key))
     except KeyError:

@@ -109,13 +109,58 @@ def _head_report_dropped() -> Iterator[None]:
 
 
 def _from_pretrained(auto_cls: Any, path: str | os.PathLike, dtype: torch.dtype | str | None, **kwargs: Any):
-    """``auto_cls.from_pretrained`` offline, passing the dtype under the name this transformers uses."""
+    """``auto_cls.from_pretrained`` offline, passing the dtype under the name this transformers uses. A
+    pickled weights file that holds more than tensors (transformers reads it with ``weights_only=True``:
+    nothing in it runs) is one ``ValueError`` line naming the file (:func:`check_weight_files`)."""
+    import pickle
+
     import transformers
 
     major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
     dtype_key = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
     kwargs.setdefault(dtype_key, resolve_dtype(dtype))
-    return auto_cls.from_pretrained(path, local_files_only=True, **kwargs)
+    try:
+        return auto_cls.from_pretrained(path, local_files_only=True, **kwargs)
+    except pickle.UnpicklingError:
+        check_weight_files(
+            path, "model folder"
+        )  # names the file; the error's own text advises weights_only=False
+        raise
+
+
+PICKLED_WEIGHTS = ("*.bin", "*.pt", "*.pth")
+"""Weight files of a model folder written by ``torch.save`` (pickles), as opposed to ``*.safetensors``."""
+
+
+def check_weight_files(folder: str | os.PathLike, flag: str) -> None:
+    """Refuse (``ValueError``, one line naming the file) a model folder whose pickled weight files
+    (:data:`PICKLED_WEIGHTS`) hold anything but tensors and plain data: each is opened as transformers
+    opens it, ``torch.load(weights_only=True)``, memory-mapped (its tensors are not read), so no code
+    in it runs. Checked only where transformers would read them: a folder with ``*.safetensors`` loads
+    those."""
+    import pickle
+
+    root = Path(folder)
+    if any(root.glob("*.safetensors")):
+        return
+    for path in sorted(p for pattern in PICKLED_WEIGHTS for p in root.glob(pattern) if p.is_file()):
+        try:
+            try:
+                torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as e:  # an old (not zip) torch.save file cannot be memory-mapped
+                if "mmap" not in str(e):
+                    raise
+                torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            raise ValueError(
+                f"{flag} {folder}: {path.name} holds pickled objects other than tensors, which could run "
+                "code when loaded; refused (nothing in it ran). Use the model's .safetensors weights"
+            ) from None
+        except (RuntimeError, OSError, EOFError, ValueError) as e:
+            first = next((t for t in str(e).splitlines() if t.strip()), type(e).__name__)
+            raise ValueError(
+                f"{flag} {folder}: {path.name} is not a readable torch file ({first[:200]})"
+            ) from None
 
 
 def load_actor(
@@ -852,9 +897,10 @@ def check_model_config(
         raise ValueError(f"{flag} {folder}/{e}") from None
     width = torch.tensor([], dtype=getattr(torch, dtype) if isinstance(dtype, str) else dtype).element_size()
     if memory is None:
-        nodes = max(
-            1, int(os.environ.get("WORLD_SIZE", 1)) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-        )
+        from sppo_rl.llm.engines import launcher_env
+
+        env = launcher_env()
+        nodes = max(1, env["WORLD_SIZE"] // (env["LOCAL_WORLD_SIZE"] or 1))
         here = available_memory_bytes()
         memory = None if here is None else here * nodes
     if memory is not None and params * width > memory:

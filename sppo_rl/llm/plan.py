@@ -15,6 +15,9 @@ this order (each step may refuse the run in one line, :class:`~sppo_rl.runtime.r
 4. the model folders, the data and the reward function (:func:`~sppo_rl.llm.setup.check_model_paths`,
    :func:`~sppo_rl.llm.setup.load_task`), LoRA targets against the models' ``config.json``;
 5. the latent policy's settings for a latent algorithm (:func:`~sppo_rl.llm.latent.plugin.configure_latent`);
+   the model cache (:func:`~sppo_rl.llm.setup.check_cache`), ``--max-new-tokens`` against the actor's
+   context (:func:`~sppo_rl.llm.setup.check_context`), the critic's tokenizer against the actor's
+   (:func:`~sppo_rl.llm.setup.check_critic_tokenizer`);
 6. the device, the rollout's sampling settings, the learner's :class:`~sppo_rl.agents.learner.LearnerConfig`
    and the estimator's parameters.
 
@@ -154,7 +157,14 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
     from sppo_rl.llm.latent.plugin import configure_latent
     from sppo_rl.llm.models import check_lora_targets_of
     from sppo_rl.llm.rollout.factory import sampling_params
-    from sppo_rl.llm.setup import check_model_paths, load_task, model_folder
+    from sppo_rl.llm.setup import (
+        check_cache,
+        check_context,
+        check_critic_tokenizer,
+        check_model_paths,
+        load_task,
+        model_folder,
+    )
 
     cfg = as_given(cfg)
     cfg.validate()
@@ -212,6 +222,10 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
             f"the task has {len(train)}"
         )
     algo, latent = configure_latent(cfg, algo, train)  # None: a token policy
+    check_cache(cfg, latent=latent is not None)  # a cache that is a file, or read-only with a model to build
+    check_context(cfg)  # --max-new-tokens against the actor's context
+    if req.critic != "none":
+        check_critic_tokenizer(cfg)
     sampling = sampling_params(cfg)
     if cfg.device == "auto":
         device = torch.device(f"cuda:{dist.local_rank}" if torch.cuda.is_available() else "cpu")

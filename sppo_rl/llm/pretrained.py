@@ -183,7 +183,11 @@ def check_available(ref: ModelRef, cache_dir: Path) -> None:
 
 
 def resolve(ref: ModelRef, cache_dir: Path) -> Path:
-    """The verified folder of ``ref`` in ``cache_dir``, built on first use (or rebuilt if damaged)."""
+    """The verified folder of ``ref`` in ``cache_dir``, built on first use (or rebuilt if damaged). A
+    cut model (``NAME:layers=L``) found intact in the cache is used as it is: neither the full model
+    nor the package it is built from is needed then."""
+    if ref.layers and (cache_dir / ref.folder_name).is_dir() and verify(cache_dir / ref.folder_name) is None:
+        return cache_dir / ref.folder_name
     base = _ensure(ModelRef(ref.model), cache_dir, lambda folder: build_from_gguf(ref.model, folder))
     if not ref.layers:
         return base

@@ -564,6 +564,11 @@ class RewardScorer:
             raise RewardFnError(f"{len(self.weights)} reward weights for {len(fns)} reward functions")
         if not all(math.isfinite(w) and w >= 0 for w in self.weights) or sum(self.weights) <= 0:
             raise RewardFnError(f"reward weights must be >= 0 with a positive sum, got {self.weights}")
+        if not math.isfinite(
+            sum(self.weights)
+        ):  # each finite, their sum past the largest float (1e308 twice):
+            top = math.frexp(max(self.weights))[1]  # scaled by a power of two, exactly; R is unchanged
+            self.weights = [math.ldexp(w, -top) for w in self.weights]
         names = [spec_name(f) for f in fns]
         self.names = [n if names.count(n) == 1 else f"{n}_{j}" for j, n in enumerate(names)]
         kind, spec = ("several", specs) if len(specs) > 1 else specs[0]

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.data import Example, load_examples
-from sppo_rl.llm.models import check_model_config, sequence_logprobs
+from sppo_rl.llm.models import check_model_config, check_weight_files, sequence_logprobs
 from sppo_rl.llm.reward import RewardFnError, RewardScorer, RewardWorkerError
 from sppo_rl.llm.rollout.base import RolloutBatch
 from sppo_rl.runtime.run import RunError
@@ -200,8 +200,9 @@ def check_model_paths(cfg: LLMConfig) -> None:
         if not (Path(value) / "config.json").is_file():
             what = "no config.json" if Path(value).is_dir() else "no such folder"
             raise RunError(f"{flag} {value}: not a Hugging Face model folder ({what})")
-        try:  # its sizes against this machine, and transformers' own checks: before anything is built
+        try:  # its sizes against this machine, transformers' own checks, its pickled weights: before anything is built
             check_model_config(value, flag, cfg.dtype)
+            check_weight_files(value, flag)
         except ValueError as e:
             raise RunError(str(e)) from None
     if cfg.chat_template == "on" and (
@@ -274,7 +275,7 @@ def embedded_model(cfg: LLMConfig, train: list[Example], scorer: RewardScorer) -
             "the embedded tiny model is for --task arithmetic or scratchpad; give --model for other data"
         )
     reference_response = generated_task(cfg.task).reference_response
-    cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+    cache = cache_folder(cfg)
     base = ensure_tiny_model(cache, TINY_CHARSET, **tiny_settings(cfg.task))
     prompts = [str(e.prompt) for e in train]
     answers = [e.answer for e in train]
@@ -282,9 +283,7 @@ def embedded_model(cfg: LLMConfig, train: list[Example], scorer: RewardScorer) -
     def score(texts: list[str], truths: list[str]) -> list[float]:
         return scorer.score(texts, truths).scores.tolist()
 
-    key: dict[str, Any] = {"level": list(cfg.level), "data_seed": cfg.data_seed, "train_size": cfg.train_size}
-    if cfg.task != "arithmetic":  # (arithmetic keeps its cache key) the budget of the accuracy checks too
-        key.update(task=cfg.task, max_new_tokens=cfg.max_new_tokens, **SFT_SETTINGS[cfg.task])
+    key, settings = _warmstart_settings(cfg)
     return supervised_warmstart(
         base,
         cache,
@@ -292,16 +291,130 @@ def embedded_model(cfg: LLMConfig, train: list[Example], scorer: RewardScorer) -
         [reference_response(e) for e in train],
         answers,
         score,
-        steps=cfg.sft.steps,
-        lr=cfg.sft.lr,
-        target=cfg.sft.target,
-        temperature=cfg.temperature,
         max_new_tokens=cfg.max_new_tokens,
-        seed=cfg.seed,
         key_settings=key,
         progress=cfg.progress,
+        **settings,
         **SFT_SETTINGS[cfg.task],
     )
+
+
+def _warmstart_settings(cfg: LLMConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The embedded model's warm start: the settings that key its cache folder beyond its own
+    (``key_settings``), and its own (``steps``, ``lr``, ``target``, ``temperature``, ``seed``)."""
+    key: dict[str, Any] = {"level": list(cfg.level), "data_seed": cfg.data_seed, "train_size": cfg.train_size}
+    if cfg.task != "arithmetic":  # (arithmetic keeps its cache key) the budget of the accuracy checks too
+        key.update(task=cfg.task, max_new_tokens=cfg.max_new_tokens, **SFT_SETTINGS[cfg.task])
+    own = dict(
+        steps=cfg.sft.steps, lr=cfg.sft.lr, target=cfg.sft.target, temperature=cfg.temperature, seed=cfg.seed
+    )
+    return key, own
+
+
+def cache_folder(cfg: LLMConfig) -> Path:
+    """The model cache: ``--cache-dir``, else :func:`default_cache_dir`."""
+    return Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+
+
+def models_to_build(cfg: LLMConfig, latent: bool = False) -> list[str]:
+    """What a run of ``cfg`` would build into the model cache, as names for a message: the embedded
+    tiny model and its warm start (a latent policy's own warm start is not foreseen here), and a named
+    ``--model`` / ``--critic-model`` (:mod:`sppo_rl.llm.pretrained`) that is not cached; empty when every
+    model it needs is there."""
+    from sppo_rl.llm import pretrained
+    from sppo_rl.llm.sft import sft_done, sft_folder
+    from sppo_rl.llm.tiny import tiny_model_built, tiny_model_folder
+
+    cache, out = cache_folder(cfg), []
+    if cfg.model is None and cfg.task in GENERATED_TASKS:
+        base = tiny_model_folder(cache, TINY_CHARSET, **tiny_settings(cfg.task))
+        key, own = _warmstart_settings(cfg)
+        if not tiny_model_built(base):
+            out.append(f"the embedded tiny model ({base.name})")
+        elif not latent and not sft_done(sft_folder(base, cache, key, **own)):
+            out.append("the embedded model's warm start")
+    for value in (cfg.model, cfg.critic_model):
+        ref = pretrained.parse_ref(value) if value and value != "none" else None
+        if ref is not None and not (cache / ref.folder_name / pretrained.CHECKSUMS).is_file():
+            out.append(ref.folder_name)
+    return out
+
+
+def check_cache(cfg: LLMConfig, latent: bool = False) -> None:
+    """Refuse, before the run folder is touched, a model cache that cannot serve the run: a path that
+    is (or lies under) a file, or a folder that cannot be written while a model must be built into it
+    (:func:`models_to_build`). A read-only cache that holds every model the run needs is fine."""
+    cache = cache_folder(cfg)
+    what = (
+        f"--cache-dir {cfg.cache_dir}"
+        if cfg.cache_dir
+        else f"the model cache {cache} (--cache-dir, $SPPO_RL_CACHE)"
+    )
+    there = cache
+    while not there.exists() and there != there.parent:
+        there = there.parent
+    if not there.is_dir():
+        raise RunError(f"{what}: {there} is a file, not a folder")
+    build = models_to_build(cfg, latent)
+    if build and not os.access(there, os.W_OK | os.X_OK):
+        raise RunError(
+            f"{what}: {there} is not writable (read-only or not yours), and {' and '.join(build)} must be "
+            "built into it first; give a writable --cache-dir"
+        )
+
+
+def _tokenizer_folder(cfg: LLMConfig, value: str | None) -> Path | None:
+    """The folder whose tokenizer ``--model`` / ``--critic-model`` ``value`` uses, where it exists before
+    anything is built (a folder, a cached named model, the built embedded model); None otherwise."""
+    from sppo_rl.llm import pretrained
+    from sppo_rl.llm.tiny import tiny_model_built, tiny_model_folder
+
+    if value is None:
+        if cfg.task not in GENERATED_TASKS:
+            return None
+        folder = tiny_model_folder(cache_folder(cfg), TINY_CHARSET, **tiny_settings(cfg.task))
+        return folder if tiny_model_built(folder) else None
+    ref = pretrained.parse_ref(value)
+    folder = Path(value) if ref is None else cache_folder(cfg) / ref.folder_name
+    return folder if (folder / "config.json").is_file() else None
+
+
+def check_critic_tokenizer(cfg: LLMConfig) -> None:
+    """Refuse, before the run folder is touched, a ``--critic-model`` whose tokenizer differs from the
+    actor's (:func:`sppo_rl.llm.models.check_same_tokenizer`), where both exist already (a model still
+    to be built is checked once built, by :func:`sppo_rl.llm.build.build_models`)."""
+    from sppo_rl.llm.models import check_same_tokenizer
+    from sppo_rl.llm.tiny import load_tokenizer
+
+    if cfg.critic_model in (None, "none"):
+        return
+    actor, critic = _tokenizer_folder(cfg, cfg.model), _tokenizer_folder(cfg, cfg.critic_model)
+    if actor is None or critic is None:
+        return
+    try:
+        check_same_tokenizer(load_tokenizer(actor), load_tokenizer(critic))
+    except ValueError as e:
+        raise ValueError(f"--critic-model {cfg.critic_model}: {e}") from None  # as build_models raised it
+
+
+def check_context(cfg: LLMConfig) -> None:
+    """Refuse, before the run folder is touched, a ``--max-new-tokens`` that leaves no room for a prompt
+    in the actor's context (the embedded model's, or its folder's ``config.json``; a named model not
+    yet built is checked once built, by :func:`sppo_rl.llm.build.prepare_prompts`)."""
+    from sppo_rl.llm import pretrained
+    from sppo_rl.llm.rollout.factory import context_limit
+
+    if cfg.model is None:
+        ctx = tiny_settings(cfg.task)["max_position_embeddings"] if cfg.task in GENERATED_TASKS else None
+    else:
+        ref = pretrained.parse_ref(cfg.model)
+        ctx = model_context(Path(cfg.model) if ref is None else cache_folder(cfg) / ref.folder_name)
+    ctx = context_limit(cfg, ctx)
+    if ctx is not None and ctx - cfg.max_new_tokens < 1:
+        raise RunError(
+            f"--max-new-tokens {cfg.max_new_tokens} leaves no room for a prompt in the model's context of "
+            f"{ctx} tokens"
+        )
 
 
 class NullLogger:

@@ -128,6 +128,17 @@ def sft_key(base: Path, settings: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def sft_folder(base: Path, cache_dir: Path, key_settings: dict[str, Any] | None, **settings: Any) -> Path:
+    """The folder :func:`supervised_warmstart` caches the warm start of ``base`` in, for ``settings``
+    (its ``steps``, ``lr``, ``target``, ``temperature``, ``seed``) and ``key_settings``."""
+    return cache_dir / f"sft-{sft_key(base, dict(key_settings or {}, **settings))}"
+
+
+def sft_done(folder: Path) -> bool:
+    """Whether ``folder`` holds a finished warm start."""
+    return (folder / _DONE).is_file()
+
+
 def supervised_warmstart(
     base: Path,
     cache_dir: Path,
@@ -153,8 +164,10 @@ def supervised_warmstart(
     ``score(texts, truths) -> list[float]`` scores sampled responses on the ``holdout`` last pairs.
     Returns the folder (HF model + tokenizer) and its record (steps taken, accuracy history).
     """
+    folder = sft_folder(
+        base, cache_dir, key_settings, steps=steps, lr=lr, target=target, temperature=temperature, seed=seed
+    )
     settings = dict(key_settings or {}, steps=steps, lr=lr, target=target, temperature=temperature, seed=seed)
-    folder = cache_dir / f"sft-{sft_key(base, settings)}"
     if (folder / _DONE).is_file():
         return folder, json.loads((folder / _DONE).read_text())
     print(

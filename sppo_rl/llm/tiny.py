@@ -223,6 +223,22 @@ def build_tiny_model(
     return folder
 
 
+def _tiny_key(charset: str, settings: dict[str, int | None]) -> str:
+    return json.dumps(
+        {"charset": charset, "settings": settings, "format": TINY_FORMAT_VERSION}, sort_keys=True
+    )
+
+
+def tiny_model_folder(cache_dir: str | os.PathLike, charset: str, **settings: int | None) -> Path:
+    """The folder :func:`ensure_tiny_model` keeps the tiny model of ``charset`` and ``settings`` in."""
+    return Path(cache_dir) / f"tiny-{hashlib.sha256(_tiny_key(charset, settings).encode()).hexdigest()[:16]}"
+
+
+def tiny_model_built(folder: Path) -> bool:
+    """Whether ``folder`` holds a finished tiny model."""
+    return (folder / _COMPLETE_MARKER).is_file()
+
+
 def ensure_tiny_model(
     cache_dir: str | os.PathLike,
     charset: str,
@@ -236,12 +252,10 @@ def ensure_tiny_model(
     (:func:`~sppo_rl.runtime.files.cache_build`: what killed builds left is cleaned, the folder's modes
     follow the umask, a full disk is a one-line storage error).
     """
-    key = json.dumps(
-        {"charset": charset, "settings": settings, "format": TINY_FORMAT_VERSION}, sort_keys=True
-    )
+    key = _tiny_key(charset, settings)
     cache_dir = Path(cache_dir)
-    folder = cache_dir / f"tiny-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
-    if (folder / _COMPLETE_MARKER).is_file():
+    folder = tiny_model_folder(cache_dir, charset, **settings)
+    if tiny_model_built(folder):
         return folder
     with cache_build(folder) as tmp:
         build_tiny_model(tmp, charset=charset, **settings)

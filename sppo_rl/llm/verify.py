@@ -643,15 +643,24 @@ def _reference_form(gold: str) -> tuple[Any, frozenset[str], bool]:
     return g, frozenset(_symbols(g)), unevaluated
 
 
+_APPROX = re.compile(r"\\approx(?:eq)?(?![a-zA-Z])|\u2248")
+"""``\\approx``, ``\\approxeq`` and U+2248: the relations the grammar drops, reading ``4 \\approx 5`` as 4 and
+``x \\approx 4`` as 4 (of 55 relations tried; ``\\sim``, ``\\simeq``, ``\\neq``, ``<``, ``\\to`` and the others
+parse as relations, or not at all, and score 0 against a value)."""
+
+
 def _restates(pred: str, gold: str) -> str | None:
     """Why the (well-formed) answer ``pred`` is not paid against ``gold`` although it may equal it in
     value, or None: it names a symbol ``gold`` lacks (a free variable, ``4+x-x``, or text after the
-    value, ``4\\text{ or 5}``, which the grammar reads as a symbol), or, unless ``gold`` is itself
+    value, ``4\\text{ or 5}``, which the grammar reads as a symbol), an approximation (:data:`_APPROX`:
+    ``4 \\approx 5``, ``x \\approx 4``) unless ``gold`` is one, or, unless ``gold`` is itself
     unevaluated, it holds an unevaluated operation (:func:`_restatement`) or a fraction of integers
     not in lowest terms. An answer ``v = value`` or ``v \\in set`` is judged by its value when ``gold``
     is no relation. An answer that the unevaluated parse cannot read is refused when ``gold`` can be."""
     import sympy
 
+    if _APPROX.search(pred) and not _APPROX.search(gold):
+        return "it states an approximation (\\approx), which the grammar reads as its left side alone"
     g, gold_symbols, gold_unevaluated = _reference_form(gold)
     if g is _NO_VALUE:  # math_verify's verdict stands, but text and letters only as the reference has them
         extra = _written_symbols(pred) - gold_symbols
