@@ -874,9 +874,7 @@ def main(argv: list[str] | None = None) -> None:
     from sppo_rl.experiments.scaling import scaling_section
 
     by_method = {name: [rows[name][k] for k in args.seeds] for name in names}  # accuracy against FLOPs
-    fit_lines, report["scaling"] = scaling_section(
-        by_method, out / "compare_flops.png", reps=min(args.bootstrap_reps, 1000)
-    )
+    fit_lines, report["scaling"] = scaling_section(by_method, out / "compare_flops.png", reps=1000)
     md = markdown(report) + "\n" + "\n".join(fit_lines)
     print(md)
     (out / "compare.md").write_text(md + "\n")
