@@ -193,15 +193,21 @@ def update_flops(
 # ------------------------------------------------------------------------------------- a run's counter
 
 
+def _model(engine: Any) -> Any:
+    """The model a training engine wraps: under DeepSpeed ``engine.module`` is DeepSpeed's own engine
+    (whose ``config`` is DeepSpeed's), the model its ``inner``."""
+    return getattr(engine, "inner", engine.module)
+
+
 def run_shape(plan: Any, models: Any) -> UpdateShape:
     """The :class:`UpdateShape` of an LLM run (:class:`~sppo_rl.llm.build.Models` built by its
     :class:`~sppo_rl.llm.plan.Plan`). A training pass is 3 forwards; 2 under LoRA (the frozen weights
     get no weight gradient; the adapters' own matmuls are left out), plus the layers' forward again with
     gradient checkpointing."""
     cfg, kind = plan.cfg, plan.algo.requires.critic
-    critic = models.critic_engine.module if models.critic_engine is not None else None
+    critic = _model(models.critic_engine) if models.critic_engine is not None else None
     return UpdateShape(
-        actor=Shape.of(models.actor_engine.module.config),
+        actor=Shape.of(_model(models.actor_engine).config),
         critic=Shape.of(critic.config) if critic is not None else None,
         critic_kind=kind if critic is not None else None,
         reference=models.ref is not None,

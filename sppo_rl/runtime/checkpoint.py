@@ -32,14 +32,11 @@ from typing import Any
 
 import torch
 
-from sppo_rl.runtime.files import (
-    current_umask,
-    fsync_dir,
-)
+from sppo_rl.runtime.files import CHECKPOINT_META as META
+from sppo_rl.runtime.files import CHECKPOINT_STAGED_PREFIX as _TMP_PREFIX
+from sppo_rl.runtime.files import current_umask, fsync_dir, recoverable
 
 _NAME = re.compile(r"^ckpt-(\d{9})$")
-_TMP_PREFIX = ".tmp-ckpt-"
-META = "meta.json"
 
 
 class CheckpointError(ValueError):
@@ -258,22 +255,6 @@ def _staged(directory: Path, step: int) -> tuple[Path, Path]:
     """Where :meth:`CheckpointManager.save` stages the replacement of ``ckpt-<step>``: the new complete
     copy, then the old one, moved aside for the instant between two renames."""
     return directory / f"{_TMP_PREFIX}new-{step:09d}", directory / f"{_TMP_PREFIX}old-{step:09d}"
-
-
-def recoverable(directory: str | Path) -> dict[int, Path]:
-    """``{step: folder}`` of complete checkpoints a replacement killed between its renames left at a
-    staged name (:func:`_staged`) while ``ckpt-<step>`` is missing: the new copy where its ``meta.json``
-    (written last, before the copy is staged) is there, else the old one."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return {}
-    found: dict[int, Path] = {}
-    for kind in ("old", "new"):  # the new copy wins
-        for p in directory.glob(f"{_TMP_PREFIX}{kind}-*"):
-            m = re.fullmatch(rf"{re.escape(_TMP_PREFIX)}{kind}-(\d{{9}})", p.name)
-            if m and p.is_dir() and (p / META).is_file() and not (directory / f"ckpt-{m.group(1)}").exists():
-                found[int(m.group(1))] = p
-    return found
 
 
 def recover(directory: str | Path) -> list[Path]:

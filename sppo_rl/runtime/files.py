@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -185,3 +186,30 @@ def cache_build(folder: Path) -> Iterator[Path]:
             with contextlib.suppress(OSError):
                 os.unlink(tmp.with_name(tmp.name + ".lock"))  # type: ignore[union-attr]
             os.close(fd)
+
+
+CHECKPOINT_STAGED_PREFIX = ".tmp-ckpt-"
+"""Where a checkpoint replaced for the same step is staged (``.tmp-ckpt-new-<step>``, ``...-old-<step>``)."""
+CHECKPOINT_META = "meta.json"
+"""A checkpoint's metadata file, written last: a folder holding it is complete."""
+
+
+def recoverable(directory: str | Path) -> dict[int, Path]:
+    """``{step: folder}`` of complete checkpoints a replacement killed between its renames left at a
+    staged name (:func:`sppo_rl.runtime.checkpoint._staged`) while ``ckpt-<step>`` is missing: the new copy where its ``meta.json``
+    (written last, before the copy is staged) is there, else the old one."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return {}
+    found: dict[int, Path] = {}
+    for kind in ("old", "new"):  # the new copy wins
+        for p in directory.glob(f"{CHECKPOINT_STAGED_PREFIX}{kind}-*"):
+            m = re.fullmatch(rf"{re.escape(CHECKPOINT_STAGED_PREFIX)}{kind}-(\d{{9}})", p.name)
+            if (
+                m
+                and p.is_dir()
+                and (p / CHECKPOINT_META).is_file()
+                and not (directory / f"ckpt-{m.group(1)}").exists()
+            ):
+                found[int(m.group(1))] = p
+    return found

@@ -248,8 +248,8 @@ def _has_run(out: Path) -> bool:
 
 def _has_checkpoint(out: Path) -> bool:
     """Whether ``out/checkpoints`` holds a checkpoint, published or left complete at a staged name by a
-    replacement cut short (:func:`~sppo_rl.runtime.checkpoint.recoverable`; the resume puts it back)."""
-    from sppo_rl.runtime.checkpoint import recoverable
+    replacement cut short (:func:`~sppo_rl.runtime.files.recoverable`; the resume puts it back)."""
+    from sppo_rl.runtime.files import recoverable
 
     folder = out / "checkpoints"
     return folder.is_dir() and (any(folder.glob("ckpt-*")) or bool(recoverable(folder)))
