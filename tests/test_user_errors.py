@@ -227,7 +227,7 @@ def test_a_huge_integer_in_a_recipe_names_the_key(tmp_path, capsys, command, bod
     """A 5,000-digit integer used to end in Python's int-string limit error (a traceback, no key named)."""
     recipe = tmp_path / "r.json"
     recipe.write_text("{\n  " + body + "\n}\n")
-    line = refused(capsys, [command, "--recipe", str(recipe)], tmp_path / "run", f"{recipe}{named}")
+    line = refused(capsys, [command, "--recipe-file", str(recipe)], tmp_path / "run", f"{recipe}{named}")
     assert len(line) < 300
 
 
