@@ -134,7 +134,9 @@ def test_first_reach_and_group_summary_by_hand(peer):
     )
     assert g["wall_to"]["0.9"]["median"] == pytest.approx(2.8) and g["wall_to"]["0.9"]["reached"] == 1
     assert g["final_success_mean"] == 0.75
-    assert math.isnan(g["final_success_half"])  # two seeds: fewer runs than an interval needs (report.MIN_RUNS)
+    assert math.isnan(
+        g["final_success_half"]
+    )  # two seeds: fewer runs than an interval needs (report.MIN_RUNS)
     assert g["s_per_1k_episodes"] == 375.0
 
     row = peer.markdown([g], cfg).splitlines()[2]

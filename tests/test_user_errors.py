@@ -461,7 +461,7 @@ def test_stale_launcher_variables_are_refused_naming_the_variable(tmp_path, caps
 
 
 def test_launcher_variables_of_a_real_launch_are_read():
-    from sppo_rl.llm.engines import launcher_env
+    from sppo_rl.runtime.launcher import launcher_env
 
     assert launcher_env({}) == {"WORLD_SIZE": 1, "RANK": 0, "LOCAL_WORLD_SIZE": None, "LOCAL_RANK": 0}
     torchrun = {"WORLD_SIZE": "8", "RANK": "5", "LOCAL_WORLD_SIZE": "4", "LOCAL_RANK": "1"}

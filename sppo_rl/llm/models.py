@@ -897,7 +897,7 @@ def check_model_config(
         raise ValueError(f"{flag} {folder}/{e}") from None
     width = torch.tensor([], dtype=getattr(torch, dtype) if isinstance(dtype, str) else dtype).element_size()
     if memory is None:
-        from sppo_rl.llm.engines import launcher_env
+        from sppo_rl.runtime.launcher import launcher_env
 
         env = launcher_env()
         nodes = max(1, env["WORLD_SIZE"] // (env["LOCAL_WORLD_SIZE"] or 1))
