@@ -340,7 +340,9 @@ def test_two_seeds_end_to_end_and_finished_runs_are_reused(tmp_path, tiny):
     assert "| grpo | 8 | 2 |" in table and "| sppo | 1 | 2 |" in table
     assert f"Target {target:.3f}: start + 0.5 x (median of the pooled finals" in table
     rows = [line for line in table.splitlines() if line.startswith("| grpo vs sppo |")]
-    assert len(rows) == 5 and all(line.count("|") == 13 for line in rows)
+    # the runs log FLOPs: the primary is accuracy at equal FLOPs, then six secondary statistics
+    assert len(rows) == 7 and all(line.count("|") == 13 for line in rows)
+    assert rows[0].startswith("| grpo vs sppo | accuracy at equal FLOPs (A - B) |")
     # two seed pairs: whatever the verdict, it is one of the rule's words
     assert all(
         any(w in line for w in ("| difference (", "| inconclusive: ", "| equivalent ", "| no test"))
