@@ -18,6 +18,21 @@ from sppo_rl.runtime.logging import TIMING_KEYS
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "math"
 MATH_DATA = Path(os.environ.get("SPPO_RL_MATH_DATA", REPO.parent / "shared" / "data" / "math"))
+ALGOS = [
+    "ppo",
+    "sppo",
+    "grpo",
+    "drgrpo",
+    "rloo",
+    "remax",
+    "reinforce",
+    "ppo-bce",
+    "gspo",
+    "sppo-seq",
+    "cispo",
+]
+ALGOS += ["reinforce++", "reinforce++-baseline", "opo", "opo-batch", "shrinkage", "spo"]
+"""The algorithms that both worlds' every-algorithm tests train (test_control, test_llm_trainer)."""
 
 # metrics that measure time, not what was computed (left out when two runs are compared)
 CONTROL_TIMING = LLM_TIMING = TIMING_KEYS

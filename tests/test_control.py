@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from paths import ALGOS
 
 from sppo_rl.agents import SequenceBatch, compute_advantages, get_algorithm
 from sppo_rl.control.config import ControlConfig, WarmstartConfig
@@ -107,20 +108,6 @@ def test_sequence_level_advantages_on_collected_batch(episodes):
     torch.testing.assert_close(batch.advantages, (R - means)[:, None] * mask)
     compute_advantages(batch, get_algorithm("remax"))
     torch.testing.assert_close(batch.advantages, R[:, None] * mask)
-
-
-ALGOS = ["ppo", "sppo", "grpo", "drgrpo", "rloo", "remax", "reinforce", "ppo-bce"]
-ALGOS += [
-    "gspo",
-    "sppo-seq",
-    "cispo",
-    "reinforce++",
-    "reinforce++-baseline",
-    "opo",
-    "opo-batch",
-    "shrinkage",
-    "spo",
-]
 
 
 @pytest.mark.parametrize("algo", ALGOS)

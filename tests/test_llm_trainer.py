@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from paths import outside_a_launcher, reward_file
+from paths import ALGOS, outside_a_launcher, reward_file
 
 from sppo_rl.agents import get_algorithm
 from sppo_rl.config import from_flat
@@ -21,18 +21,6 @@ from sppo_rl.llm.trainer import LLMRun, run_llm
 from sppo_rl.runtime import RunError, read_metrics
 from sppo_rl.runtime.logging import TIMING_KEYS
 
-ALGOS = ["ppo", "sppo", "grpo", "drgrpo", "rloo", "remax", "reinforce", "ppo-bce"]
-ALGOS += [
-    "gspo",
-    "sppo-seq",
-    "cispo",
-    "reinforce++",
-    "reinforce++-baseline",
-    "opo",
-    "opo-batch",
-    "shrinkage",
-    "spo",
-]
 TIMING = TIMING_KEYS
 
 
