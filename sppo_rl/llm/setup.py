@@ -186,7 +186,7 @@ def check_model_paths(cfg: LLMConfig) -> None:
     from sppo_rl.llm import pretrained
     from sppo_rl.llm.prompts import has_chat_template
 
-    cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+    cache = cache_folder(cfg)
     for flag, value in (("--model", cfg.model), ("--critic-model", cfg.critic_model)):
         if value is None or (flag == "--critic-model" and value == "none"):
             continue
@@ -225,7 +225,7 @@ def model_folder(cfg: LLMConfig, value: str | None) -> Path | None:
         ref = pretrained.parse_ref(value)
         if ref is None:
             return Path(value)
-        return pretrained.resolve(ref, Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir())
+        return pretrained.resolve(ref, cache_folder(cfg))
     except pretrained.PretrainedError as e:
         raise RunError(f"{value}: {e}") from None
 

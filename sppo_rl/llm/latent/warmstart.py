@@ -209,12 +209,12 @@ def _warmstart_inputs(
 ) -> tuple[Path, list[str], list[str], dict[str, Any], Callable[[list[str], list[str]], list[float]]]:
     """What both warm starts of ``cfg`` take: the cache folder, the prompts and answers of ``train``, the
     data part of their cache keys and ``scorer`` as ``score(texts, truths) -> list[float]``."""
-    from sppo_rl.llm.setup import default_cache_dir
+    from sppo_rl.llm.setup import cache_folder
 
     def score(texts: list[str], truths: list[str]) -> list[float]:
         return scorer.score(texts, truths).scores.tolist()
 
-    cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+    cache = cache_folder(cfg)
     key = {"level": list(cfg.level), "data_seed": cfg.data_seed, "train_size": cfg.train_size}
     return cache, [str(e.prompt) for e in train], [e.answer for e in train], key, score
 
