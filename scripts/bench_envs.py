@@ -19,7 +19,7 @@ import time
 import gymnasium as gym
 import numpy as np
 
-from sppo_rl.envs import TASKS, TaskSpec, make_episode_env
+from sppo_rl.envs.tasks import TASKS, TaskSpec, make_episode_env
 
 
 def _actions(spec: TaskSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:

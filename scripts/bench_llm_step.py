@@ -1,8 +1,8 @@
 """Peer benchmark: seconds per GRPO step of this project against Hugging Face TRL's ``GRPOTrainer``.
 
 Both train the same locally built model folder (the project's embedded tiny Qwen2, built by
-:func:`sppo_rl.llm.tiny.ensure_tiny_model`) on the same prompts (the arithmetic task of
-:func:`sppo_rl.llm.tasks.make_arithmetic`, rendered by :func:`sppo_rl.llm.data.render_prompt` and
+:func:`sppo_rl.llm.models.tiny.ensure_tiny_model`) on the same prompts (the arithmetic task of
+:func:`sppo_rl.llm.data.arithmetic.make_arithmetic`, rendered by :func:`sppo_rl.llm.data.files.render_prompt` and
 exported to one ``train.jsonl`` that both read) with the same binary reward (the integer in the last
 ``\\boxed{}`` equals the answer: ours is the built-in ``integer`` reward, TRL's is
 :func:`integer_reward` below, the same rule) and the same settings: ``--prompts`` prompts x
@@ -64,7 +64,7 @@ _INT_RE = re.compile(r"[+-]?[0-9]+")
 
 def last_boxed(text: str) -> str | None:
     """The stripped content of the last ``\\boxed{...}`` of ``text``; ``None`` when there is none or it
-    never closes (the rule of :func:`sppo_rl.llm.verify.extract_boxed`, without its size limits)."""
+    never closes (the rule of :func:`sppo_rl.llm.rewards.verify.extract_boxed`, without its size limits)."""
     last = None
     for last in _BOX_OPEN.finditer(text):  # noqa: B007 - the final match
         pass
@@ -89,7 +89,7 @@ def last_boxed(text: str) -> str | None:
 
 def integer_reward(response: str, answer: str) -> float:
     """1.0 if the last ``\\boxed{}`` of ``response`` holds exactly the integer ``answer`` (sign and
-    digits, inner spaces ignored), else 0.0: :func:`sppo_rl.llm.verify.verify_integer`'s rule."""
+    digits, inner spaces ignored), else 0.0: :func:`sppo_rl.llm.rewards.verify.verify_integer`'s rule."""
     boxed = last_boxed(response)
     if boxed is None:
         return 0.0
@@ -332,15 +332,15 @@ def build_model(args: argparse.Namespace) -> Path:
     """The tiny model folder (the project's embedded Qwen2, in ``--cache-dir``); with ``--warm-start``,
     the project's own warm start of it: what ``sppo-rl llm --task arithmetic`` without ``--model``
     trains on (default sizes, cached under the same key, so an existing one is reused)."""
+    from sppo_rl.llm.models.tiny import ensure_tiny_model
     from sppo_rl.llm.setup import TINY_CHARSET, TINY_SETTINGS
-    from sppo_rl.llm.tiny import ensure_tiny_model
 
     folder = ensure_tiny_model(args.cache_dir, TINY_CHARSET, **TINY_SETTINGS)
     if not args.warm_start:
         return folder
-    from sppo_rl.llm.sft import supervised_warmstart
-    from sppo_rl.llm.tasks import make_arithmetic, reference_response
-    from sppo_rl.llm.verify import verify_integer
+    from sppo_rl.llm.data.arithmetic import make_arithmetic, reference_response
+    from sppo_rl.llm.models.sft import supervised_warmstart
+    from sppo_rl.llm.rewards.verify import verify_integer
 
     # sppo-rl llm's defaults: --train-size 4000 --val-size 128 --sft-steps 1500 --sft-lr 1e-3
     # --sft-target 0.3 --temperature 1 --max-new-tokens 16
@@ -374,8 +374,8 @@ def build_model(args: argparse.Namespace) -> Path:
 
 def export_data(args: argparse.Namespace, model: Path, train: list[Any]) -> Path:
     """``train.jsonl``: one ``{"prompt", "answer"}`` per example, the prompt as the trainers see it."""
-    from sppo_rl.llm.data import render_prompt
-    from sppo_rl.llm.tiny import load_tokenizer
+    from sppo_rl.llm.data.files import render_prompt
+    from sppo_rl.llm.models.tiny import load_tokenizer
 
     tokenizer = load_tokenizer(model)
     path = args.out / "train.jsonl"
@@ -486,8 +486,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(args.threads)
+    from sppo_rl.llm.data.arithmetic import make_arithmetic
     from sppo_rl.llm.setup import default_cache_dir
-    from sppo_rl.llm.tasks import make_arithmetic
 
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)

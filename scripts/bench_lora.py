@@ -5,7 +5,7 @@
 
 For each model (built locally, fp32, CPU), the actor (causal LM) and SPPO's critic (backbone + value head),
 with full fine-tuning and with LoRA of rank r on the default targets (attention and MLP projections,
-alpha = 16): one real AdamW step of the trainer's engine (:class:`sppo_rl.llm.engines.HFTorchEngine`) on a
+alpha = 16): one real AdamW step of the trainer's engine (:class:`sppo_rl.llm.models.engines.HFTorchEngine`) on a
 random batch of 4 x 32 tokens, then, counted from the tensors themselves:
 
 - parameters and trainable parameters;
@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 
 from sppo_rl.llm.config import LORA_TARGETS
-from sppo_rl.llm.engines import HFTorchEngine
-from sppo_rl.llm.models import SequenceCritic, apply_lora, load_actor
+from sppo_rl.llm.models.core import SequenceCritic, apply_lora, load_actor
+from sppo_rl.llm.models.engines import HFTorchEngine
+from sppo_rl.llm.models.tiny import ensure_tiny_model
 from sppo_rl.llm.setup import TINY_CHARSET, TINY_SETTINGS
-from sppo_rl.llm.tiny import ensure_tiny_model
 
 MODELS = {
     "tiny (embedded)": dict(TINY_SETTINGS),

@@ -57,9 +57,11 @@ def worker(args: argparse.Namespace) -> None:
     """One setting in this process: print one JSON line of measurements."""
     import torch
 
-    from sppo_rl.agents import LearnerConfig, SequenceBatch, forward_rows, get_algorithm, ppo_update
-    from sppo_rl.llm.engines import HFTorchEngine
-    from sppo_rl.llm.models import load_actor
+    from sppo_rl.agents.algorithms import get_algorithm
+    from sppo_rl.agents.batch import SequenceBatch
+    from sppo_rl.agents.learner import LearnerConfig, forward_rows, ppo_update
+    from sppo_rl.llm.models.core import load_actor
+    from sppo_rl.llm.models.engines import HFTorchEngine
     from sppo_rl.llm.rollout.base import RolloutBatch
     from sppo_rl.llm.setup import rollout_rows
 
@@ -126,8 +128,8 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def measure(threads: int) -> list[dict]:
+    from sppo_rl.llm.models.tiny import build_tiny_model
     from sppo_rl.llm.setup import TINY_CHARSET
-    from sppo_rl.llm.tiny import build_tiny_model
 
     folder = Path(tempfile.mkdtemp(prefix="bench-memory-")) / "model"
     build_tiny_model(folder, charset=TINY_CHARSET, **MODEL)
@@ -382,8 +384,8 @@ def run_critic(cmd: list[str], env: dict, out: str) -> dict:
 def measure_critics(threads: int) -> None:
     """Build the models (cached), run the no-update baseline and every configuration, print the table
     and a JSON last line."""
+    from sppo_rl.llm.models.tiny import ensure_tiny_model
     from sppo_rl.llm.setup import TINY_CHARSET, default_cache_dir
-    from sppo_rl.llm.tiny import ensure_tiny_model
 
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     folders = {k: ensure_tiny_model(default_cache_dir(), TINY_CHARSET, **v) for k, v in CRITIC_MODELS.items()}

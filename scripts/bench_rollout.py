@@ -10,7 +10,7 @@ tok/s = generated tokens (EOS included, ``num_generated_tokens``) / seconds of t
 
 Training: one forward + backward pass of the actor on ``--train-rows`` full sequences (prompt + a
 ``--new-tokens`` response), the loss the sum of the response tokens' log-probs
-(:func:`~sppo_rl.llm.models.sequence_logprobs`); tokens/s = rows x sequence length / seconds.
+(:func:`~sppo_rl.llm.models.core.sequence_logprobs`); tokens/s = rows x sequence length / seconds.
 
 Floor. ``G(M)``, the GFLOPS this process gets from ``torch.matmul`` on the model's own linear shapes
 (``[M, 576] @ [576, N]`` for the q, k, v, o, gate, up, down projections of one layer and the
@@ -142,12 +142,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
-    from sppo_rl.llm import pretrained
-    from sppo_rl.llm.models import load_actor
-    from sppo_rl.llm.prompts import PromptFormat, render
+    from sppo_rl.llm.data.arithmetic import make_arithmetic
+    from sppo_rl.llm.data.prompts import PromptFormat, render
+    from sppo_rl.llm.models import pretrained
+    from sppo_rl.llm.models.core import load_actor
+    from sppo_rl.llm.models.tiny import load_tokenizer
     from sppo_rl.llm.setup import default_cache_dir
-    from sppo_rl.llm.tasks import make_arithmetic
-    from sppo_rl.llm.tiny import load_tokenizer
 
     folder = pretrained.resolve(pretrained.parse_ref("smollm2-135m"), default_cache_dir())
     model = load_actor(folder, dtype=torch.float32)
@@ -168,7 +168,7 @@ def main() -> None:
 def measure(precision: str, model, tok, folder, prompts: list[str], shapes, args) -> None:
     """Generation (each rollout of ``--rollout``) and the training pass at ``precision``, each against the
     matmul floor measured in that precision's dtype (float32, or bfloat16 for ``--autocast bfloat16``)."""
-    from sppo_rl.llm.models import sequence_logprobs
+    from sppo_rl.llm.models.core import sequence_logprobs
     from sppo_rl.llm.rollout.base import SamplingParams
     from sppo_rl.llm.rollout.hf import HFRollout, autocast_to
 

@@ -35,7 +35,7 @@ import torch
 
 def env_rate(task: str, num_envs: int, seconds: float) -> float:
     """Env steps per second with random actions through ``make_episode_env`` (episodes reset when all end)."""
-    from sppo_rl.envs import get_task, make_episode_env
+    from sppo_rl.envs.tasks import get_task, make_episode_env
 
     spec = get_task(task)
     env = make_episode_env(spec.name, num_envs=num_envs)
@@ -123,7 +123,7 @@ def sb3(
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
 
-    from sppo_rl.envs import get_task
+    from sppo_rl.envs.tasks import get_task
 
     spec = get_task(task)
     env = make_vec_env(lambda: gym.make(spec.env_id), n_envs=num_envs)
@@ -158,7 +158,7 @@ def main() -> None:
     ap.add_argument("--init", choices=["warmstart", "random"], default="warmstart")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    from sppo_rl.envs import get_task
+    from sppo_rl.envs.tasks import get_task
 
     budget = {"precision-cartpole": 300_000, "hopper": 80_000}
     results = {}

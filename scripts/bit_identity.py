@@ -78,6 +78,18 @@ LLM_RUNS: dict[str, list[str]] = {
         "--temperature",
         "0.8",
     ],  # fmt: skip
+    "reinforce": ["--algo", "reinforce"],
+    "opo": ["--algo", "opo", "--group-size", "4"],
+    "opo-batch": ["--algo", "opo-batch"],
+    "spo": ["--algo", "spo"],
+    "shrinkage": ["--algo", "shrinkage", "--group-size", "4"],
+    "ppo-bce": ["--algo", "ppo-bce"],
+    # two processes under DeepSpeed ZeRO-2 and -3 (the launcher prefix is added by ``run``)
+    "ds-zero2": ["--algo", "sppo", "--engine", "deepspeed", "--zero-stage", "2"],
+    "ds-zero3": ["--algo", "grpo", "--group-size", "4", "--engine", "deepspeed", "--zero-stage", "3"],
+    # 2 updates, then resumed to 3 in a second process
+    "sppo-resume": ["--algo", "sppo"],
+    "spo-resume": ["--algo", "spo"],
     **{
         name: ["--algo", name, "--group-size", "4", "--model", "{actor}", "--latent-steps", "2"]
         for name in ("latent-grpo", "latent-grpo-naive")
@@ -86,8 +98,23 @@ LLM_RUNS: dict[str, list[str]] = {
 CONTROL_COMMON = ["--task", "short-cartpole", "--total-episodes", "96", "--no-progress", "--no-tensorboard",
                   "--seed", "2", "--init-from", "none"]  # fmt: skip
 CONTROL_RUNS: dict[str, list[str]] = {
-    name: ["--algo", name] for name in ("sppo", "ppo", "grpo", "rloo", "remax", "bppo", "lampo", "gspo")
+    name: ["--algo", name]
+    for name in (
+        "sppo",
+        "ppo",
+        "grpo",
+        "rloo",
+        "remax",
+        "bppo",
+        "lampo",
+        "gspo",
+        "spo",
+        "opo-batch",
+        "reinforce",
+    )
 }
+CONTROL_RUNS["sppo-resume"] = ["--algo", "sppo"]
+CONTROL_RUNS["spo-contexts"] = ["--algo", "spo", "--spo-contexts", "4"]
 
 
 def _float(x: object) -> object:
@@ -131,19 +158,45 @@ def _tensors(obj: object, prefix: str) -> dict:
     return out
 
 
-def run(world: str, args: list[str], out: Path, ignore: frozenset[str] = frozenset()) -> dict:
-    cmd = [sys.executable, "-m", "sppo_rl", world, *args, "--out-dir", str(out)]
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(world: str, args: list[str], out: Path, ignore: frozenset[str] = frozenset(), name: str = "") -> dict:
+    """One run as a user starts it; ``ds-*`` under a two-process launcher; ``*-resume`` stopped after
+    one update less and resumed by a second process."""
+    prefix = [sys.executable]
+    if name.startswith("ds-"):
+        prefix += ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port())]
+    cmd = [*prefix, "-m", "sppo_rl", world, *args, "--out-dir", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if p.returncode != 0:
-        return {"error": f"exit {p.returncode}: {p.stderr.strip().splitlines()[-1:]!s}"}
+    steps = []
+    if name.endswith("-resume"):
+        if world == "llm":
+            steps = [["--steps", "2"], ["--steps", "3", "--resume"]]
+        else:
+            steps = [["--total-episodes", "64"], ["--total-episodes", "96", "--resume"]]
+    for extra in steps or [[]]:
+        p = subprocess.run([*cmd, *extra], capture_output=True, text=True, env=env)
+        if p.returncode != 0:
+            return {"error": f"exit {p.returncode}: {p.stderr.strip().splitlines()[-1:]!s}"}
     rows, kept = rows_digest(out / "metrics.jsonl", ignore)
     final = out / "final"
     if not final.is_dir():  # the control world's final policy is one file
         final = Path(tempfile.mkdtemp())
         (final / "final.pt").symlink_to(out / "final.pt")
     weights = weights_digest(final)
-    return {"rows": rows, "weights": weights, "n_rows": len(kept), "last": kept[-1] if kept else {}}
+    return {
+        "rows": rows,
+        "weights": weights,
+        "n_rows": len(kept),
+        "last": kept[-1] if kept else {},
+        "kept": kept,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                     if actor is None:  # the embedded tiny model's folder, as the first LLM run resolved it
                         actor = _embedded_actor(base)
                     flags = [actor if f == "{actor}" else f for f in flags]
-                r = run(world, [*common, *flags], base / key, ignore)
+                r = run(world, [*common, *flags], base / key, ignore, name)
                 result[key] = r
                 same = ""
                 if before is not None and key in before:

@@ -345,7 +345,7 @@ def recorded_folder(value: str, cache_dir: str | None = None) -> Path:
     """The model folder a run's ``config.json`` records: a folder; or, in folders written before the
     critic was recorded as one, a named model (``smollm2-135m:layers=4``), whose folder in the run's
     ``cache_dir`` (None: the default cache) is returned without building or verifying it."""
-    from sppo_rl.llm import pretrained
+    from sppo_rl.llm.models import pretrained
     from sppo_rl.llm.setup import default_cache_dir
 
     ref = None if Path(value).is_dir() else pretrained.parse_ref(value)
@@ -358,7 +358,7 @@ def small_critic(task: str) -> Path:
     """The critic smaller than the actor: the embedded base model's settings for ``task`` with hidden 64,
     2 layers, 2 heads (1 key-value head), the same tokenizer; built once into the cache."""
     from sppo_rl.llm import setup
-    from sppo_rl.llm.tiny import ensure_tiny_model
+    from sppo_rl.llm.models.tiny import ensure_tiny_model
 
     tiny_settings = getattr(setup, "tiny_settings", None)
     base = tiny_settings(task) if tiny_settings is not None else setup.TINY_SETTINGS
@@ -592,7 +592,7 @@ def markdown(report: dict) -> str:
             )
         lines.append(
             "Format (sampled validation responses, right or wrong): a bare number (what 'Answer with just "
-            "the number.' asks for) or a closed \\boxed{} (sppo_rl.llm.verify.answer_format)."
+            "the number.' asks for) or a closed \\boxed{} (sppo_rl.llm.rewards.verify.answer_format)."
         )
     if not report["pairs"]:
         why = (

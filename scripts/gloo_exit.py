@@ -4,13 +4,13 @@ Each trial launches ``torchrun --nproc-per-node 2`` on this file as a worker: th
 group, does a few collectives (all-gather, an object broadcast) and returns. The arms:
 
 - ``left to teardown``: the group is left to the interpreter's finalization;
-- ``destroyed at exit``: joined through :func:`sppo_rl.llm.engines.init_process_group`, whose exit
+- ``destroyed at exit``: joined through :func:`sppo_rl.llm.models.engines.init_process_group`, whose exit
   hook destroys the group while Python is whole;
 - ``destroyed at exit, still held``: the same, but the worker keeps a reference to the group, as
   DeepSpeed's ZeRO-3 does on every parameter: destroying then only forgets it, and its worker
   threads live into finalization;
 - ``end_process``: held as well, and the worker ends through
-  :func:`sppo_rl.llm.engines.end_process` (``os._exit`` after leaving the group), as ``sppo-rl`` does.
+  :func:`sppo_rl.llm.models.engines.end_process` (``os._exit`` after leaving the group), as ``sppo-rl`` does.
 
 A trial fails when torchrun exits non-zero (a rank aborted: "terminate called without an active
 exception", SIGABRT).
@@ -44,7 +44,7 @@ def worker(arm: str) -> None:
     if arm == "teardown":
         dist.init_process_group("gloo")
     else:
-        from sppo_rl.llm.engines import init_process_group
+        from sppo_rl.llm.models.engines import init_process_group
 
         init_process_group(60.0)
     if arm in ("held", "end"):
@@ -56,14 +56,14 @@ def worker(arm: str) -> None:
         box = [{"rank": rank}]
         dist.broadcast_object_list(box, src=0)
     if arm == "end":
-        from sppo_rl.llm.engines import end_process
+        from sppo_rl.llm.models.engines import end_process
 
         end_process(0)
 
 
 def trial(arm: str) -> bool:
     """One two-rank job; True when it exited cleanly."""
-    from sppo_rl.llm.engines import free_port
+    from sppo_rl.llm.models.engines import free_port
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     cmd += ["--master-port", str(free_port()), __file__, "--worker", arm]

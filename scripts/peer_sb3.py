@@ -132,7 +132,7 @@ def validate(args: argparse.Namespace) -> dict[str, int]:
     """Every input checked before any file is touched; returns the budget of each task (short names)."""
     from sppo_rl.agents.algorithms import get_algorithm
     from sppo_rl.control.actor_files import WARMSTART_DIR
-    from sppo_rl.envs import get_task
+    from sppo_rl.envs.tasks import get_task
 
     budgets_in = parse_budgets(args.budgets)
     names = []
@@ -246,7 +246,7 @@ def steps_per_update(task: str, batches: int = 4) -> int:
 
     from sppo_rl.control.actor_files import WARMSTART_DIR, load_actor_file
     from sppo_rl.control.rollout import collect
-    from sppo_rl.envs import get_task, make_episode_env
+    from sppo_rl.envs.tasks import get_task, make_episode_env
 
     spec = get_task(task)
     E = spec.episodes_per_update
@@ -265,7 +265,7 @@ def sb3_settings(task: str, seed: int, budget: int, n_steps: int) -> dict[str, A
     """The SB3 run's config (saved as ``config.json``; a finished run with the same one is reused)."""
     import stable_baselines3
 
-    from sppo_rl.envs import get_task
+    from sppo_rl.envs.tasks import get_task
 
     spec = get_task(task)
     E = spec.episodes_per_update
@@ -304,7 +304,7 @@ def make_sb3(settings: dict[str, Any]):
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
 
-    from sppo_rl.envs import get_task
+    from sppo_rl.envs.tasks import get_task
 
     spec = get_task(settings["task"])
     env = make_vec_env(lambda: gym.make(spec.env_id), n_envs=settings["n_envs"])
@@ -376,7 +376,7 @@ def train_sb3(settings: dict[str, Any], folder: Path) -> list[dict[str, Any]]:
 def sb3_run(task: str, seed: int, budget: int, n_steps: int, out: Path, fresh: bool):
     """One SB3 run as a report :class:`~sppo_rl.experiments.report.Run` (reused when finished with the same
     settings and not ``fresh``)."""
-    from sppo_rl.envs import get_task
+    from sppo_rl.envs.tasks import get_task
     from sppo_rl.experiments.report import Run
     from sppo_rl.runtime.logging import read_metrics
 
@@ -530,7 +530,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     except UsageError as e:
         print(f"peer_sb3.py: error: {e}", file=sys.stderr)
         sys.exit(2)
-    from sppo_rl.envs import get_task
+    from sppo_rl.envs.tasks import get_task
     from sppo_rl.experiments.config import ReportConfig
     from sppo_rl.runtime.logging import json_safe
 

@@ -43,13 +43,13 @@ folder (the tests use a tiny one); ``generate`` decodes greedily by default; ``s
 
 ```python
 from sppo_rl import LLMPolicy, train_llm
-from sppo_rl.llm.verify import verify_integer  # any module-level f(response, truth) -> score in [0, 1]
+from sppo_rl.llm.rewards.verify import verify_integer  # any module-level f(response, truth) -> score in [0, 1]
 examples = [(f"{a}+{b}=", str(a + b)) for a in range(10) for b in range(10)]
 policy = train_llm(examples, reward=verify_integer, algo="grpo", model=model_dir, steps=1, prompts_per_step=4)
 policy.save_pretrained("tiny-grpo"); print(LLMPolicy.load("tiny-grpo").generate(["2+3="]), policy.run_dir)
 ```
 
-**The reward runs in a worker process** (:class:`~sppo_rl.llm.reward.RewardScorer`: a reward that
+**The reward runs in a worker process** (:class:`~sppo_rl.llm.rewards.scorer.RewardScorer`: a reward that
 raises, hangs or crashes scores 0 and the run goes on), which imports it by name, so it must be a
 function defined at the top level of a module (``reward=mymodule.score`` becomes
 ``"mymodule:score"``), or a ``"module:function"`` / ``"path/to/file.py:function"`` string, or
@@ -176,7 +176,7 @@ class Policy:
         H = (self.meta.get("observation") or {}).get("horizon")
         if H is None and self.task is not None:
             try:
-                from sppo_rl.envs import get_task
+                from sppo_rl.envs.tasks import get_task
 
                 H = get_task(self.task).horizon
             except (ValueError, TypeError):
@@ -189,7 +189,7 @@ class Policy:
         appended = (self.meta.get("observation") or {}).get("appended")
         if appended is None and self.task is not None:
             try:
-                from sppo_rl.envs import get_task
+                from sppo_rl.envs.tasks import get_task
 
                 appended = get_task(self.task).appended
             except (ValueError, TypeError):
@@ -215,7 +215,7 @@ class Policy:
         if not self._time_only or self.horizon is None:
             raise ValueError(
                 f"{self.task}: its observation is not the env's own plus the time left; make the task's env "
-                "(sppo_rl.envs.make_episode_env) instead"
+                "(sppo_rl.envs.tasks.make_episode_env) instead"
             )
         return TimeLeftObservation(env, self.horizon)
 
@@ -417,7 +417,7 @@ def evaluate_policy(
     if isinstance(n_eval_episodes, bool) or not isinstance(n_eval_episodes, int) or n_eval_episodes < 1:
         raise ValueError(f"n_eval_episodes must be an integer >= 1, got {n_eval_episodes!r}")
     if isinstance(env, str):
-        from sppo_rl.envs import TASKS
+        from sppo_rl.envs.tasks import TASKS
 
         env = gym.make(TASKS[env].env_id if env in TASKS else env)
     test = None
@@ -552,7 +552,7 @@ class LLMPolicy:
         run_dir: the run folder it came from (None for a lone model folder).
         summary: the run's summary (``final_val_accuracy``, ``steps``, ...; empty if unknown).
         prompt_format: how the run turned a prompt into the model's text (``--chat-template``,
-            ``--system-prompt``, ``--instruction``: :class:`~sppo_rl.llm.prompts.PromptFormat`); read from
+            ``--system-prompt``, ``--instruction``: :class:`~sppo_rl.llm.data.prompts.PromptFormat`); read from
             the folder's ``prompt_format.json``, else the run's ``config.json``, else the defaults.
     """
 
@@ -566,7 +566,7 @@ class LLMPolicy:
         device: str = "auto",
         prompt_format: Any = None,
     ) -> None:
-        from sppo_rl.llm.prompts import load_format
+        from sppo_rl.llm.data.prompts import load_format
 
         self.folder = Path(folder)
         self.run_dir = Path(run_dir) if run_dir is not None else None
@@ -580,9 +580,9 @@ class LLMPolicy:
         if self._engine is None:
             import torch
 
-            from sppo_rl.llm.models import load_actor
+            from sppo_rl.llm.models.core import load_actor
+            from sppo_rl.llm.models.tiny import load_tokenizer
             from sppo_rl.llm.rollout.hf import HFRollout
-            from sppo_rl.llm.tiny import load_tokenizer
 
             device = self.device
             if device == "auto":
@@ -594,9 +594,9 @@ class LLMPolicy:
 
     def render(self, prompts: Sequence[Any] | str) -> list[str]:
         """The text the model reads for each prompt (a string or chat messages), as in training:
-        :func:`sppo_rl.llm.prompts.render` with :attr:`prompt_format` and the folder's tokenizer."""
-        from sppo_rl.llm.prompts import render
-        from sppo_rl.llm.tiny import load_tokenizer
+        :func:`sppo_rl.llm.data.prompts.render` with :attr:`prompt_format` and the folder's tokenizer."""
+        from sppo_rl.llm.data.prompts import render
+        from sppo_rl.llm.models.tiny import load_tokenizer
 
         if self._engine is not None:
             tokenizer = self._engine.tokenizer
@@ -622,7 +622,7 @@ class LLMPolicy:
         rendered: bool = False,
     ) -> list[str]:
         """One response per prompt: a string or chat messages, rendered exactly as in training
-        (:func:`sppo_rl.llm.prompts.render` with :attr:`prompt_format`: the run's instruction appended to
+        (:func:`sppo_rl.llm.data.prompts.render` with :attr:`prompt_format`: the run's instruction appended to
         the last user message, its system prompt, then the tokenizer's chat template when the run used it;
         a plain string is one user message). ``rendered=True``: the prompts are the model's text already,
         used as they are. Greedy by default; ``greedy=False`` samples at ``temperature`` / ``top_p``
@@ -650,7 +650,7 @@ class LLMPolicy:
         """Copy the model folder (weights, config, tokenizer) to ``path`` (which must not hold files);
         the run's ``max_new_tokens`` goes into its ``generation_config.json``, where :meth:`load` (and
         ``transformers``' ``generate``) take it from, and its prompt options into ``prompt_format.json``."""
-        from sppo_rl.llm.prompts import save_format
+        from sppo_rl.llm.data.prompts import save_format
 
         path = Path(path)
         if path.exists() and any(path.iterdir()):

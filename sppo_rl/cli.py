@@ -20,7 +20,8 @@ class Info:
 
 
 def _run_info(_: Info) -> None:
-    from sppo_rl.agents import ALGORITHMS, ESTIMATORS
+    from sppo_rl.agents.advantages import ESTIMATORS
+    from sppo_rl.agents.algorithms import ALGORITHMS
 
     print("algorithms:")
     for a in ALGORITHMS.values():
@@ -37,7 +38,7 @@ def _run_info(_: Info) -> None:
         "llm tasks (sppo-rl llm --task ...): arithmetic, scratchpad (both generated), or a local .jsonl / .json / "
         ".parquet file"
     )
-    from sppo_rl.llm.pretrained import INSTALL_HINT, REGISTRY, missing_modules
+    from sppo_rl.llm.models.pretrained import INSTALL_HINT, REGISTRY, missing_modules
 
     print("named models (sppo-rl llm --model NAME, --critic-model NAME:layers=L; nothing downloaded):")
     for m in REGISTRY.values():
@@ -304,7 +305,7 @@ OTHER_WORLD: dict[str, tuple[str, ...]] = {"control": ("tis_cap",)}
 def help_view(command: str, cls: type) -> type:
     """``cls`` as ``sppo-rl <command> --help`` shows it: the algorithm flag (``--algo``, a sweep's
     ``--algos``) lists every algorithm of the registry the command can train
-    (:data:`sppo_rl.agents.ALGORITHMS` whose ``worlds`` has the command's world), a sweep's
+    (:data:`sppo_rl.agents.algorithms.ALGORITHMS` whose ``worlds`` has the command's world), a sweep's
     ``--tasks`` every control task (:data:`sppo_rl.envs.tasks.TASKS`), and :data:`OTHER_WORLD`'s fields
     are hidden (a subclass carrying these as ``__sppo_help__`` and ``__sppo_suppress__``, which
     :func:`flag_view` reads). Only for the help text: it imports the registry (torch), which a run
@@ -314,7 +315,7 @@ def help_view(command: str, cls: type) -> type:
     names = {f.name for f in dataclasses.fields(cls)}
     if not ({"algo", "algos", "tasks"} & names):
         return cls
-    from sppo_rl.agents import ALGORITHMS
+    from sppo_rl.agents.algorithms import ALGORITHMS
 
     world = "llm" if command == "llm" else "control"
     algos = [a.name for a in ALGORITHMS.values() if world in a.worlds]
@@ -852,7 +853,7 @@ def main(argv: list[str] | None = None) -> None:
 def entry() -> None:
     """The ``sppo-rl`` command and ``python -m sppo_rl``: :func:`main`, then, in a process that joined a
     process group (a torchrun or DeepSpeed rank), its exit status through
-    :func:`sppo_rl.llm.engines.end_process`, which skips the interpreter's teardown. An unexpected
+    :func:`sppo_rl.llm.models.engines.end_process`, which skips the interpreter's teardown. An unexpected
     exception takes the ordinary way out (its traceback, status 1)."""
     try:
         main()
@@ -866,7 +867,7 @@ def entry() -> None:
 def _end_process(code: int) -> None:
     torch = sys.modules.get("torch")  # no process group without torch (and --help stays import-light)
     if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
-        from sppo_rl.llm.engines import end_process
+        from sppo_rl.llm.models.engines import end_process
 
         end_process(code)
 

@@ -262,7 +262,7 @@ class RunConfig:
     """Settings every training run has: algorithm, seed, the PPO update, the run folder, logging."""
 
     algo: str = "sppo"
-    """Algorithm: a name of the registry :data:`sppo_rl.agents.ALGORITHMS` (``--help`` and ``sppo-rl info`` list them)."""
+    """Algorithm: a name of the registry :data:`sppo_rl.agents.algorithms.ALGORITHMS` (``--help`` and ``sppo-rl info`` list them)."""
     seed: int = 0
     """Seed of everything: contexts (start states / prompt order), sampling, minibatch order, network init."""
     group_size: int | None = None

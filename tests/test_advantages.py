@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sppo_rl.agents import ESTIMATORS, compute_advantages, get_algorithm, get_estimator
-from sppo_rl.agents.advantages import Requirements
+from sppo_rl.agents.advantages import ESTIMATORS, Requirements, get_estimator
+from sppo_rl.agents.algorithms import compute_advantages, get_algorithm
 from sppo_rl.agents.batch import SequenceBatch, lengths_to_mask, terminal_rewards
 
 

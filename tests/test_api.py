@@ -22,9 +22,10 @@ import torch
 import sppo_rl
 from sppo_rl import api
 from sppo_rl.cli import main
-from sppo_rl.envs import get_task, make_episode_env
 from sppo_rl.envs.custom import SparseOutcome, SparseOutcomeVectorEnv, register_custom_task
-from sppo_rl.runtime import RunError, read_metrics
+from sppo_rl.envs.tasks import get_task, make_episode_env
+from sppo_rl.runtime.logging import read_metrics
+from sppo_rl.runtime.run import RunError
 
 FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 QUIET = dict(progress=False, tensorboard=False)
@@ -155,7 +156,7 @@ def test_example_3_llm_trains_on_in_memory_examples_and_generates(tmp_path, monk
     policy = ns["policy"]
     assert policy.summary["steps"] == 1 and policy.summary["algo"] == "grpo"
     saved = json.loads((policy.run_dir / "config.json").read_text())
-    assert saved["reward_fn"] == "sppo_rl.llm.verify:verify_integer"
+    assert saved["reward_fn"] == "sppo_rl.llm.rewards.verify:verify_integer"
     data = Path(saved["task"])
     assert data.parent == policy.run_dir and data.name.startswith("train-") and data.suffix == ".jsonl"
     lines = [json.loads(line) for line in data.read_text().splitlines()]
@@ -400,9 +401,9 @@ def test_custom_tasks_refuse_what_they_cannot_train_on():
 def test_reward_spec_accepts_importable_functions_and_says_why_it_refuses_others(monkeypatch):
     assert api.reward_spec(None) == "auto" and api.reward_spec("math") == "math"
     assert api.reward_spec(always_right) == f"{__name__}:always_right"
-    from sppo_rl.llm.verify import verify_math
+    from sppo_rl.llm.rewards.verify import verify_math
 
-    assert api.reward_spec(verify_math) == "sppo_rl.llm.verify:verify_math"
+    assert api.reward_spec(verify_math) == "sppo_rl.llm.rewards.verify:verify_math"
     with pytest.raises(ValueError, match=r"is a lambda.*separate worker process.*top level of a \.py module"):
         api.reward_spec(lambda r, t: 1.0)
 

@@ -39,7 +39,7 @@ def _batch(llama: Path):
 
 def test_the_trainers_rows_compute_in_bfloat16_under_autocast_and_in_float32_without(llama):
     from sppo_rl.llm.build import row_fn
-    from sppo_rl.llm.models import sequence_logprobs
+    from sppo_rl.llm.models.core import sequence_logprobs
 
     model, _, rb = _batch(llama)
     T = rb.response_ids.shape[1]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from paths import script_module
 
-from sppo_rl.llm.verify import verify_integer
+from sppo_rl.llm.rewards.verify import verify_integer
 
 REPO = Path(__file__).resolve().parents[1]
 

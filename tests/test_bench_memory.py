@@ -48,7 +48,7 @@ def test_qwen2_params_match_the_real_modules(bench, tiny):
     critics over the conftest tiny model (hidden 32, one layer, kv 1 of 2 heads)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from sppo_rl.llm.models import SequenceCritic, StepCritic, load_actor
+    from sppo_rl.llm.models.core import SequenceCritic, StepCritic, load_actor
 
     model = Qwen2ForCausalLM(Qwen2Config(**CONFIG))
     assert sum(p.numel() for p in model.parameters()) == HAND_ACTOR
@@ -96,7 +96,7 @@ def test_critic_rows_with_a_failed_run(bench):
 def test_rewards_of_the_runs_load_as_the_trainer_loads_them(bench):
     """The command's --reward-fn (this script's path and a function) loads in the project's reward
     workers; parity pays odd-length responses, the no-update reward pays nothing."""
-    from sppo_rl.llm.reward import RewardScorer
+    from sppo_rl.llm.rewards.scorer import RewardScorer
 
     texts, truths = ["12", "123", "", "\\boxed{7}"], ["3", "3", "3", "7"]  # lengths 2, 3, 0, 9
     for name, want in (("parity_reward", [0.0, 1.0, 0.0, 1.0]), ("zero_reward", [0.0] * 4)):

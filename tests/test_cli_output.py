@@ -45,7 +45,7 @@ def _help(command: str, capsys) -> str:
 
 
 def test_algo_help_lists_every_algorithm_of_the_registry(capsys):
-    from sppo_rl.agents import ALGORITHMS
+    from sppo_rl.agents.algorithms import ALGORITHMS
 
     control = [a.name for a in ALGORITHMS.values() if "control" in a.worlds]
     assert len(control) == 19 and len(ALGORITHMS) == 21  # the old help named 10
@@ -61,7 +61,7 @@ def test_sweep_help_names_the_tasks(capsys):
     from sppo_rl.envs.tasks import TASKS
 
     text = _help("sweep", capsys)
-    assert "sppo_rl.envs.TASKS" not in text
+    assert "sppo_rl.envs.tasks.TASKS" not in text
     assert f"Control tasks (short names; `sppo-rl info` shows each): {', '.join(TASKS)}. " in text
 
 

@@ -13,7 +13,7 @@ from sppo_rl.cli import main, parse, resume_defaults
 from sppo_rl.config import WandB, flat_dict, flat_keys, from_flat, get_flat, replace_flat
 from sppo_rl.control.config import ControlConfig
 from sppo_rl.llm.config import SFT, VLLM, Latent, LLMConfig, LoRA, Overlong
-from sppo_rl.runtime import read_metrics
+from sppo_rl.runtime.logging import read_metrics
 
 SECTION_FLAGS = [
     "--lora-rank", "4", "--lora-alpha", "8", "--lora-targets", "q_proj", "v_proj", "--lora-dropout", "0.1",

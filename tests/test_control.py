@@ -13,13 +13,15 @@ import pytest
 import torch
 from paths import ALGOS
 
-from sppo_rl.agents import SequenceBatch, compute_advantages, get_algorithm
+from sppo_rl.agents.algorithms import compute_advantages, get_algorithm
+from sppo_rl.agents.batch import SequenceBatch
 from sppo_rl.control.config import ControlConfig, WarmstartConfig
 from sppo_rl.control.networks import Actor
 from sppo_rl.control.rollout import collect
 from sppo_rl.control.trainer import ControlRun, run_control
-from sppo_rl.envs import get_task, make_episode_env
-from sppo_rl.runtime import NonFiniteError, RunError, read_metrics
+from sppo_rl.envs.tasks import get_task, make_episode_env
+from sppo_rl.runtime.logging import read_metrics
+from sppo_rl.runtime.run import NonFiniteError, RunError
 
 TIMING = {"wall_time_s", "sps", "update_sps", "collect_frac"}
 

@@ -16,8 +16,8 @@ pytest.importorskip("deepspeed")
 
 from safetensors.torch import load_file  # noqa: E402
 
-from sppo_rl.llm.engines import free_port  # noqa: E402
-from sppo_rl.runtime import read_metrics  # noqa: E402
+from sppo_rl.llm.models.engines import free_port  # noqa: E402
+from sppo_rl.runtime.logging import read_metrics  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 COMPARED = (

@@ -17,11 +17,12 @@ from paths import LLM_TIMING, reward_file
 from sppo_rl.agents.algorithms import GROUP_KINDS, group_signal
 from sppo_rl.config import ConfigError
 from sppo_rl.llm.config import LLMConfig
-from sppo_rl.llm.engines import free_port
+from sppo_rl.llm.models.engines import free_port
 from sppo_rl.llm.rollout.base import RolloutBatch
 from sppo_rl.llm.stages.to_batch import cat_rows as _cat_rows
 from sppo_rl.llm.trainer import LLMRun, run_llm
-from sppo_rl.runtime import RunError, read_metrics
+from sppo_rl.runtime.logging import read_metrics
+from sppo_rl.runtime.run import RunError
 
 REPO = Path(__file__).resolve().parents[1]
 DS = "dynamic_sampling/"

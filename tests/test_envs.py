@@ -14,8 +14,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 from gymnasium.vector import AutoresetMode
 
-from sppo_rl.envs import TASKS, TaskSpec, get_task, make_episode_env
 from sppo_rl.envs.lander import landed
+from sppo_rl.envs.tasks import TASKS, TaskSpec, get_task, make_episode_env
 
 ALL = list(TASKS)
 NUMPY = [n for n, s in TASKS.items() if s.backend == "numpy"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sppo_rl.envs import TASKS, make_episode_env
+from sppo_rl.envs.tasks import TASKS, make_episode_env
 
 sb3 = pytest.importorskip("stable_baselines3")
 

@@ -1,4 +1,4 @@
-"""The analytic FLOPs model (:mod:`sppo_rl.llm.flops`) against ``torch.utils.flop_counter.FlopCounterMode``
+"""The analytic FLOPs model (:mod:`sppo_rl.llm.models.flops`) against ``torch.utils.flop_counter.FlopCounterMode``
 on the tiny Qwen2 and a small Llama, and the per-update counter of a real ``sppo-rl llm`` run.
 
 FlopCounterMode counts matmuls (``mm``, ``addmm``, ``bmm``, convolutions and the SDPA kernels it knows);
@@ -18,11 +18,11 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from sppo_rl.llm import flops as F
-from sppo_rl.llm.models import CRITICS, accepts_kwarg, load_actor, sequence_logprobs
+from sppo_rl.llm.models import flops as F
+from sppo_rl.llm.models.core import CRITICS, accepts_kwarg, load_actor, sequence_logprobs
+from sppo_rl.llm.models.tiny import build_tiny_model, load_tokenizer
 from sppo_rl.llm.rollout.base import SamplingParams
 from sppo_rl.llm.rollout.hf import HFRollout, cache_of
-from sppo_rl.llm.tiny import build_tiny_model, load_tokenizer
 
 CHARSET = "0123456789+-*/=() abcdefghijklmnopqrstuvwxyz"
 TOL = 1e-9
@@ -117,7 +117,7 @@ def test_gradient_checkpointing_runs_the_layers_again_and_lora_leaves_out_only_i
     frozen weights) and leaves out the adapters' own matmuls: FlopCounterMode counts more, by about the
     adapters' training pass, ``6 N_lora`` a token."""
     from sppo_rl.llm.config import LORA_TARGETS
-    from sppo_rl.llm.models import apply_lora
+    from sppo_rl.llm.models.core import apply_lora
 
     ids, rows = torch.randint(3, 30, (2, 40)), [(20, 20)] * 2
 
@@ -178,7 +178,7 @@ def test_the_figures_in_the_docs(folder, name, figures):
 
 def test_a_whole_rollout_as_the_sampler_runs_it(folder):
     """One prompt, 3 seeded samples: one prefill, then each sample's decode steps (a stopped row leaves
-    the batch), as :func:`~sppo_rl.llm.flops.rollout` counts them."""
+    the batch), as :func:`~sppo_rl.llm.models.flops.rollout` counts them."""
     model, tok = tiny_model(folder), load_tokenizer(folder)
     s = F.Shape.of(model.config)
     params = SamplingParams(n=3, temperature=1.0, max_new_tokens=12)
@@ -286,7 +286,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_runs_flops_are_the_model_applied_to_what_it_sampled(tmp_path, tiny, monkeypatch, case):
     from sppo_rl.llm.trainer import LLMRun
-    from sppo_rl.runtime import read_metrics
+    from sppo_rl.runtime.logging import read_metrics
 
     seen = _record_collects(monkeypatch)
     run = LLMRun(_cfg(tmp_path, tiny, **CASES[case]))
@@ -314,7 +314,7 @@ def test_a_runs_flops_are_the_model_applied_to_what_it_sampled(tmp_path, tiny, m
 @pytest.mark.slow
 def test_the_counters_survive_resume_exactly(tmp_path, tiny):
     from sppo_rl.llm.trainer import run_llm
-    from sppo_rl.runtime import read_metrics
+    from sppo_rl.runtime.logging import read_metrics
 
     kw = dict(algo="sppo", epochs=2, kl_coef=0.05, checkpoint_every=2)
     run_llm(_cfg(tmp_path / "full", tiny, **kw))
@@ -334,7 +334,7 @@ def test_spo_counts_its_re_scoring_pass(tmp_path, tiny, monkeypatch):
     no-gradient pass ``F(p + r, r + 1, 0)`` per revisited prompt, ``(p, r)`` that response's lengths,
     counted in ``flops_actor`` (4 prompts, all drawn every update: updates 2 and 3 revisit every one)."""
     from sppo_rl.llm.trainer import LLMRun
-    from sppo_rl.runtime import read_metrics
+    from sppo_rl.runtime.logging import read_metrics
 
     seen = _record_collects(monkeypatch)
     parity = tmp_path / "parity.py"

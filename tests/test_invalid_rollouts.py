@@ -12,9 +12,10 @@ import pytest
 import torch
 from test_learner import World
 
-from sppo_rl.agents import LearnerConfig, SequenceBatch, compute_advantages, critic_loss, get_algorithm
-from sppo_rl.agents.learner import group_stats_summary
-from sppo_rl.llm.reward import RewardScorer
+from sppo_rl.agents.algorithms import compute_advantages, critic_loss, get_algorithm
+from sppo_rl.agents.batch import SequenceBatch
+from sppo_rl.agents.learner import LearnerConfig, group_stats_summary
+from sppo_rl.llm.rewards.scorer import RewardScorer
 
 S3 = math.sqrt(1 / 3)  # sample std of [1, 0, 1] and of [1, 0, 0, 1]
 
@@ -204,7 +205,7 @@ def test_llm_run_with_a_reward_that_raises_masks_and_counts_the_failures(tmp_pat
     invalid_rollouts (= verifier_errors: no greedy rollouts) and leaves those rows out of the loss."""
     from sppo_rl.llm.config import LLMConfig
     from sppo_rl.llm.trainer import run_llm
-    from sppo_rl.runtime import read_metrics
+    from sppo_rl.runtime.logging import read_metrics
 
     fn = tmp_path / "odd.py"
     fn.write_text(

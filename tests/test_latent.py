@@ -11,10 +11,11 @@ import pytest
 import torch
 from torch import nn
 
-from sppo_rl.agents import SequenceBatch, compute_advantages, get_algorithm
+from sppo_rl.agents.algorithms import compute_advantages, get_algorithm
+from sppo_rl.agents.batch import SequenceBatch
 from sppo_rl.agents.learner import LearnerConfig, ppo_update
 from sppo_rl.agents.variants import first_token
-from sppo_rl.llm.data import Example
+from sppo_rl.llm.data.files import Example
 from sppo_rl.llm.latent.maths import (
     LatentSettings,
     gumbel,
@@ -28,11 +29,11 @@ from sppo_rl.llm.latent.maths import (
 from sppo_rl.llm.latent.plugin import LATENT_FIXES, LatentPolicy, configure_latent
 from sppo_rl.llm.latent.rollout import LatentRollout, latent_rows
 from sppo_rl.llm.latent.warmstart import curriculum_loss, latent_warmstart, reasoning_lines, stage_response
-from sppo_rl.llm.models import load_actor, sequence_logprobs
+from sppo_rl.llm.models.core import load_actor, sequence_logprobs
+from sppo_rl.llm.models.sft import encode_pairs
+from sppo_rl.llm.models.tiny import load_tokenizer
 from sppo_rl.llm.rollout.base import SamplingParams
-from sppo_rl.llm.sft import encode_pairs
-from sppo_rl.llm.tiny import load_tokenizer
-from sppo_rl.runtime import RunError
+from sppo_rl.runtime.run import RunError
 
 
 def phi(x: float) -> float:
@@ -377,7 +378,7 @@ def test_latent_warmstart_is_cached_by_its_settings(tiny, tmp_path):
 def test_two_updates_of_latent_grpo_and_the_naive_variant(tiny, tmp_path):
     from sppo_rl.llm.config import Latent, LLMConfig
     from sppo_rl.llm.trainer import run_llm
-    from sppo_rl.runtime import read_metrics
+    from sppo_rl.runtime.logging import read_metrics
 
     for algo in ("latent-grpo", "latent-grpo-naive"):
         cfg = LLMConfig(

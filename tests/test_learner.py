@@ -9,16 +9,9 @@ import threading
 import pytest
 import torch
 
-from sppo_rl.agents import (
-    LearnerConfig,
-    SequenceBatch,
-    TorchEngine,
-    compute_advantages,
-    forward_rows,
-    get_algorithm,
-    micro_batches,
-    ppo_update,
-)
+from sppo_rl.agents.algorithms import compute_advantages, get_algorithm
+from sppo_rl.agents.batch import SequenceBatch
+from sppo_rl.agents.learner import LearnerConfig, TorchEngine, forward_rows, micro_batches, ppo_update
 from sppo_rl.agents.losses import AGG_MODES, bce_value_loss
 
 D, K = 5, 4  # feature size, actions

@@ -13,9 +13,9 @@ import pytest
 from paths import FIXTURES  # noqa: E402
 from paths import MATH_DATA as DATA  # noqa: E402
 
-from sppo_rl.llm.data import DataError, Example, detect_format, load_examples, render_prompt
-from sppo_rl.llm.tasks import LEVELS, capacity, charset, make_arithmetic, reference_response
-from sppo_rl.llm.verify import verify_integer, verify_math
+from sppo_rl.llm.data.arithmetic import LEVELS, capacity, charset, make_arithmetic, reference_response
+from sppo_rl.llm.data.files import DataError, Example, detect_format, load_examples, render_prompt
+from sppo_rl.llm.rewards.verify import verify_integer, verify_math
 
 ROWS = {
     "dapo-math-17k_dedup.parquet": 17_398,

@@ -7,7 +7,7 @@ import hashlib
 import pytest
 import torch
 
-from sppo_rl.llm.models import (
+from sppo_rl.llm.models.core import (
     SequenceCritic,
     StepCritic,
     check_same_tokenizer,
@@ -16,7 +16,13 @@ from sppo_rl.llm.models import (
     positions_from_mask,
     sequence_logprobs,
 )
-from sppo_rl.llm.tiny import build_tiny_model, byte_level, char_vocab, ensure_tiny_model, load_tokenizer
+from sppo_rl.llm.models.tiny import (
+    build_tiny_model,
+    byte_level,
+    char_vocab,
+    ensure_tiny_model,
+    load_tokenizer,
+)
 
 CHARSET = "0123456789+-*/=()<> {}\\\n.,:;abcdefghijklmnopqrstuvwxyz"
 

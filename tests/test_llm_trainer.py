@@ -13,13 +13,13 @@ import pytest
 import torch
 from paths import ALGOS, outside_a_launcher, reward_file
 
-from sppo_rl.agents import get_algorithm
+from sppo_rl.agents.algorithms import get_algorithm
 from sppo_rl.config import from_flat
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.setup import TINY_CHARSET
 from sppo_rl.llm.trainer import LLMRun, run_llm
-from sppo_rl.runtime import RunError, read_metrics
-from sppo_rl.runtime.logging import TIMING_KEYS
+from sppo_rl.runtime.logging import TIMING_KEYS, read_metrics
+from sppo_rl.runtime.run import RunError
 
 TIMING = TIMING_KEYS
 
@@ -192,7 +192,7 @@ def test_bad_settings_are_refused(tmp_path, tiny, kw, match):
 
 
 def test_critic_with_another_tokenizer_is_refused(tmp_path, tiny):
-    from sppo_rl.llm.tiny import ensure_tiny_model
+    from sppo_rl.llm.models.tiny import ensure_tiny_model
 
     other = ensure_tiny_model(tmp_path / "c2", "0123456789+-=", hidden_size=32, layers=1, heads=2, kv_heads=1)
     with pytest.raises(ValueError, match="tokenizer"):
@@ -200,7 +200,7 @@ def test_critic_with_another_tokenizer_is_refused(tmp_path, tiny):
 
 
 def test_smaller_critic_model(tmp_path, tiny):
-    from sppo_rl.llm.tiny import ensure_tiny_model
+    from sppo_rl.llm.models.tiny import ensure_tiny_model
 
     small = ensure_tiny_model(tmp_path / "c3", TINY_CHARSET, hidden_size=16, layers=1, heads=2, kv_heads=1)
     summary = run_llm(_cfg(tmp_path, tiny, algo="sppo", critic_model=str(small), steps=1))
@@ -355,7 +355,7 @@ def test_the_process_group_is_destroyed_before_the_interpreter_tears_down():
     code = (
         "import atexit, torch\n"
         "atexit.register(lambda: print('up at exit:', torch.distributed.is_initialized()))\n"
-        "from sppo_rl.llm.engines import init_process_group\n"
+        "from sppo_rl.llm.models.engines import init_process_group\n"
         "d = init_process_group(60, always=True)\n"
         "print('world', torch.distributed.get_world_size(), d.rank)\n"
     )

@@ -11,8 +11,7 @@ import pytest
 
 from sppo_rl.config import WandB
 from sppo_rl.control.config import ControlConfig
-from sppo_rl.runtime import read_metrics
-from sppo_rl.runtime.logging import RunLogger, start_logging, tb_tag
+from sppo_rl.runtime.logging import RunLogger, read_metrics, start_logging, tb_tag
 
 
 def _tb_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:

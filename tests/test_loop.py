@@ -11,7 +11,7 @@ import numpy as np
 from sppo_rl.config import from_flat
 from sppo_rl.control.config import ControlConfig
 from sppo_rl.control.trainer import run_control
-from sppo_rl.runtime import read_metrics
+from sppo_rl.runtime.logging import read_metrics
 
 
 def _cfg(tmp_path: Path, **kw) -> ControlConfig:
@@ -115,7 +115,7 @@ def test_resume_takes_the_saved_config_and_refuses_another_run(tmp_path, capsys)
     import pytest
 
     from sppo_rl.cli import main
-    from sppo_rl.runtime import RunError
+    from sppo_rl.runtime.run import RunError
 
     out = tmp_path / "run"
     common = ["--init-from", "none", "--no-progress", "--no-tensorboard", "--eval-episodes", "0"]

@@ -19,8 +19,7 @@ pytest.importorskip("peft")
 
 from sppo_rl.config import from_flat
 from sppo_rl.llm.config import LLMConfig  # noqa: E402
-from sppo_rl.llm.engines import HFTorchEngine  # noqa: E402
-from sppo_rl.llm.models import (  # noqa: E402
+from sppo_rl.llm.models.core import (
     BaseModelView,
     SequenceCritic,
     apply_lora,
@@ -32,8 +31,9 @@ from sppo_rl.llm.models import (  # noqa: E402
     merged_weight,
     sequence_logprobs,
 )
+from sppo_rl.llm.models.engines import HFTorchEngine  # noqa: E402
 from sppo_rl.llm.trainer import LLMRun, run_llm  # noqa: E402
-from sppo_rl.runtime import read_metrics  # noqa: E402
+from sppo_rl.runtime.logging import read_metrics  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -284,7 +284,7 @@ def test_final_actor_is_a_merged_plain_folder_loadable_without_peft(tiny, tmp_pa
         "from transformers import AutoModelForCausalLM\n"
         f"m = AutoModelForCausalLM.from_pretrained({str(folder)!r}, local_files_only=True).eval()\n"
         f"ids = torch.tensor({IDS.tolist()})\n"
-        "from sppo_rl.llm.models import sequence_logprobs\n"
+        "from sppo_rl.llm.models.core import sequence_logprobs\n"
         "lp, _ = sequence_logprobs(m, ids, (ids != 0).long(), 4)\n"
         "print(lp.tolist())\n"
     )

@@ -7,18 +7,17 @@ import math
 import pytest
 import torch
 
-from sppo_rl.agents import (
+from sppo_rl.agents.algorithms import critic_loss, get_algorithm
+from sppo_rl.agents.batch import lengths_to_mask
+from sppo_rl.agents.losses import (
     agg_loss,
     agg_units,
     bce_value_loss,
     clipped_value_loss,
-    critic_loss,
     entropy_from_logits,
-    get_algorithm,
     kl_penalty,
     policy_loss,
 )
-from sppo_rl.agents.batch import lengths_to_mask
 
 
 def _per_token_objectives(ratios: torch.Tensor, adv: float) -> list[float]:

@@ -8,18 +8,11 @@ import pytest
 import torch
 from paths import reward_file
 
-from sppo_rl.agents import (
-    LearnerConfig,
-    SequenceBatch,
-    compute_advantages,
-    get_algorithm,
-    get_estimator,
-    kl_penalty,
-    policy_loss,
-)
-from sppo_rl.agents.algorithms import with_algorithm_defaults
-from sppo_rl.agents.batch import terminal_rewards
-from sppo_rl.agents.learner import group_stats_summary, rollout_mismatch
+from sppo_rl.agents.advantages import get_estimator
+from sppo_rl.agents.algorithms import compute_advantages, get_algorithm, with_algorithm_defaults
+from sppo_rl.agents.batch import SequenceBatch, terminal_rewards
+from sppo_rl.agents.learner import LearnerConfig, group_stats_summary, rollout_mismatch
+from sppo_rl.agents.losses import kl_penalty, policy_loss
 
 
 def test_gspo_sequence_ratio_is_the_geometric_mean_clipped_per_sequence():
@@ -302,7 +295,7 @@ def test_kl_in_the_loss_has_the_stated_on_policy_gradient(estimator):
 def test_critic_warmup_holds_the_actor_in_the_control_world(tmp_path):
     from sppo_rl.control.config import ControlConfig
     from sppo_rl.control.trainer import run_control
-    from sppo_rl.runtime import read_metrics
+    from sppo_rl.runtime.logging import read_metrics
 
     cfg = ControlConfig(
         algo="ppo", task="short-cartpole", total_episodes=256, critic_warmup=2, init_from="none",
@@ -329,7 +322,7 @@ def test_overlong_filtering_leaves_truncated_responses_out_of_the_loss(tmp_path,
     from sppo_rl.config import from_flat
     from sppo_rl.llm.config import LLMConfig
     from sppo_rl.llm.trainer import run_llm
-    from sppo_rl.runtime import read_metrics
+    from sppo_rl.runtime.logging import read_metrics
 
     common = dict(
         task="arithmetic", model=str(tiny), steps=1, prompts_per_step=4, train_size=32, val_size=4,

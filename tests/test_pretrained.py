@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from sppo_rl.cli import main
-from sppo_rl.llm import pretrained
 from sppo_rl.llm.config import LLMConfig
-from sppo_rl.llm.data import Example, render_prompt
-from sppo_rl.llm.prompts import PromptFormat, has_chat_template, render
-from sppo_rl.llm.tiny import load_tokenizer
+from sppo_rl.llm.data.files import Example, render_prompt
+from sppo_rl.llm.data.prompts import PromptFormat, has_chat_template, render
+from sppo_rl.llm.models import pretrained
+from sppo_rl.llm.models.tiny import load_tokenizer
 
 TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -133,9 +133,9 @@ def test_system_prompt_and_instruction_appear_in_every_format(llama):
 
 
 def test_on_without_a_template_is_refused_and_auto_leaves_the_tiny_model_unchanged(tmp_path, llama_plain):
+    from sppo_rl.llm.data.arithmetic import make_arithmetic
+    from sppo_rl.llm.models.tiny import ensure_tiny_model
     from sppo_rl.llm.setup import TINY_CHARSET
-    from sppo_rl.llm.tasks import make_arithmetic
-    from sppo_rl.llm.tiny import ensure_tiny_model
 
     plain = load_tokenizer(llama_plain)
     with pytest.raises(ValueError, match="no chat template"):
@@ -519,8 +519,8 @@ def test_a_killed_build_leaves_nothing_the_next_build_does_not_clean(tmp_path):
     import shutil
     import signal
 
+    from sppo_rl.llm.models.tiny import ensure_tiny_model
     from sppo_rl.llm.setup import TINY_CHARSET
-    from sppo_rl.llm.tiny import ensure_tiny_model
 
     cache = tmp_path / "cache"
     script = tmp_path / "killed.py"
@@ -557,8 +557,8 @@ def test_a_cached_model_follows_the_umask(tmp_path, umask, folder_mode, file_mod
     cache is readable to other users (before: mkdtemp's 0700 and safetensors' 0600)."""
     import stat
 
+    from sppo_rl.llm.models.tiny import ensure_tiny_model
     from sppo_rl.llm.setup import TINY_CHARSET
-    from sppo_rl.llm.tiny import ensure_tiny_model
 
     old = os.umask(umask)
     try:

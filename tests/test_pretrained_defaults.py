@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from sppo_rl.llm.config import LLMConfig, Overlong
-from sppo_rl.llm.verify import last_number, verify_boxed_or_last_number
+from sppo_rl.llm.rewards.verify import last_number, verify_boxed_or_last_number
 
 # ------------------------------------------------------------------------------- lenient reward
 
@@ -67,7 +67,7 @@ def test_last_number_values_and_garbage():
 
 def test_the_lenient_reward_is_a_builtin_name_scored_in_a_worker_and_never_auto():
     from sppo_rl.llm.config import LLMConfig
-    from sppo_rl.llm.reward import RewardScorer
+    from sppo_rl.llm.rewards.scorer import RewardScorer
     from sppo_rl.llm.setup import load_task
 
     with RewardScorer("boxed-or-last-number", timeout_s=10.0) as scorer:
@@ -191,7 +191,7 @@ def test_init_critic_bias_is_the_logit_of_the_success_rate(tmp_path, llama):
 
     from sppo_rl.agents.learner import LOCAL
     from sppo_rl.llm.build import init_critic_bias
-    from sppo_rl.llm.models import SequenceCritic
+    from sppo_rl.llm.models.core import SequenceCritic
 
     critic = SequenceCritic.from_backbone(llama)
     R = torch.tensor([1.0] * 3 + [0.0] * 47)  # p0 = 3 / 50 = 0.06
@@ -261,7 +261,7 @@ def test_keep_checkpoints_resume_is_bit_identical_and_no_optimizer_state_is_smal
     import torch
 
     from sppo_rl.llm.trainer import LLMRun, run_llm
-    from sppo_rl.runtime import read_metrics
+    from sppo_rl.runtime.logging import read_metrics
     from sppo_rl.runtime.run import RunError
 
     kw = dict(reward_fn=_parity_reward(tmp_path), checkpoint_every=1, keep_checkpoints=1, steps=6)
@@ -310,7 +310,7 @@ def test_a_named_model_brings_its_own_learning_rate_and_response_length():
     32 tokens on arithmetic, 256 on a data file), and stay the tiny model's (1e-4, 16) for the embedded
     default and any model folder; set, they win. No model is loaded: the registry alone decides."""
     from sppo_rl.llm.config import default_actor_lr, default_max_new_tokens
-    from sppo_rl.llm.scratchpad import max_new_tokens
+    from sppo_rl.llm.data.scratchpad import max_new_tokens
 
     assert default_actor_lr("smollm2-135m") == default_actor_lr("smollm2-135m:layers=4") == 2e-5
     assert default_actor_lr(None) == default_actor_lr("/models/smollm2-135m") == 1e-4
@@ -327,7 +327,7 @@ def test_a_named_model_brings_its_own_learning_rate_and_response_length():
 
 
 def test_the_plan_resolves_an_unset_learning_rate_and_keeps_a_given_one(tmp_path, llama):
-    from sppo_rl.llm.engines import launcher_dist
+    from sppo_rl.llm.models.engines import launcher_dist
     from sppo_rl.llm.plan import resolve
 
     plan, _ = resolve(_cfg(tmp_path, llama, "lr", actor_lr=None), launcher_dist())
@@ -409,7 +409,7 @@ def test_a_named_model_words_arithmetic_prompts_as_questions_unless_told_otherwi
     ],
 )
 def test_as_question_spaces_every_operator(equation, question):
-    from sppo_rl.llm.tasks import as_question
+    from sppo_rl.llm.data.arithmetic import as_question
 
     assert as_question(equation) == question
 
@@ -418,8 +418,8 @@ def test_question_prompts_keep_the_splits_and_answers_of_the_equations(tmp_path)
     """load_task with 'question' gives the same examples as 'equation', prompt for prompt in words
     (answers, levels, order unchanged), still disjoint between splits and free of duplicates, on every
     level."""
+    from sppo_rl.llm.data.arithmetic import as_question
     from sppo_rl.llm.setup import load_task
-    from sppo_rl.llm.tasks import as_question
 
     base = dict(task="arithmetic", level=(1, 2, 3, 4), train_size=300, val_size=60)
     eq_train, eq_val, fn = load_task(LLMConfig(**base, arithmetic_prompt="equation"))

@@ -68,7 +68,7 @@ def test_every_command_in_the_readme_takes_only_real_flags():
 
 
 def test_the_readmes_trl_style_reward_scores_as_written(tmp_path):
-    from sppo_rl.llm.reward import RewardScorer
+    from sppo_rl.llm.rewards.scorer import RewardScorer
 
     text = README.read_text(encoding="utf-8")
     code = next(b for b in _blocks(text, "python") if "completions" in b)

@@ -13,7 +13,8 @@ from paths import FIXTURES
 from sppo_rl.cli import load_recipe, recipe_names
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.setup import TINY_CHARSET
-from sppo_rl.runtime import RunError, read_metrics
+from sppo_rl.runtime.logging import read_metrics
+from sppo_rl.runtime.run import RunError
 
 
 def test_every_recipe_is_a_valid_config():
@@ -50,7 +51,7 @@ def test_bad_recipes_are_refused(tmp_path):
 
 def test_recipe_runs_on_cpu_with_overrides(tmp_path):
     """The 7B recipe's pipeline (verl parquet prompts, math verifier, SPPO) on the tiny model, one process."""
-    from sppo_rl.llm.tiny import ensure_tiny_model
+    from sppo_rl.llm.models.tiny import ensure_tiny_model
 
     # a context of 4096 positions: every fixture prompt fits (longer ones would be skipped)
     tiny = ensure_tiny_model(

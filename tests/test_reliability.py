@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from paths import CONTROL_TIMING, LLM_TIMING
 
-from sppo_rl.runtime import read_metrics
+from sppo_rl.runtime.logging import read_metrics
 
 
 def _control_args(out: Path, episodes: int) -> list[str]:

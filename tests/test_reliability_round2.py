@@ -29,13 +29,13 @@ import torch
 from paths import CONTROL_TIMING, LLM_TIMING
 
 from sppo_rl.llm.config import LLMConfig
-from sppo_rl.llm.data import fit_prompts, load_examples
-from sppo_rl.llm.engines import free_port
-from sppo_rl.llm.reward import RewardScorer
+from sppo_rl.llm.data.files import fit_prompts, load_examples
+from sppo_rl.llm.models.engines import free_port
+from sppo_rl.llm.rewards.scorer import RewardScorer
 from sppo_rl.llm.trainer import run_llm
-from sppo_rl.runtime import CheckpointManager, RunError, RunLogger, read_meta, read_metrics
-from sppo_rl.runtime.checkpoint import CheckpointError, torch_load, torch_save
-from sppo_rl.runtime.run import Preemption
+from sppo_rl.runtime.checkpoint import CheckpointError, CheckpointManager, read_meta, torch_load, torch_save
+from sppo_rl.runtime.logging import RunLogger, read_metrics
+from sppo_rl.runtime.run import Preemption, RunError
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE_REWARDS = REPO / "tests" / "fixtures" / "math" / "reward_fns.py"
@@ -293,8 +293,8 @@ def test_oversized_records_are_skipped_and_counted_without_being_read_whole(tmp_
 
 
 def test_prompts_longer_than_the_limit_are_dropped_without_tokenizing_the_huge_ones(tiny, capsys):
-    from sppo_rl.llm.data import Example
-    from sppo_rl.llm.tiny import load_tokenizer
+    from sppo_rl.llm.data.files import Example
+    from sppo_rl.llm.models.tiny import load_tokenizer
 
     tok = load_tokenizer(tiny)
     seen: list[int] = []

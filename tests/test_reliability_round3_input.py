@@ -15,7 +15,7 @@ from paths import FIXTURES
 
 from sppo_rl.cli import load_recipe, main, recipe_names
 from sppo_rl.llm.config import LLMConfig
-from sppo_rl.runtime import RunError
+from sppo_rl.runtime.run import RunError
 
 MATH500 = FIXTURES / "math__math_500.parquet"
 
@@ -205,7 +205,7 @@ def test_parameter_estimate_bounds_the_real_count_from_above(tmp_path):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from sppo_rl.llm.models import estimate_parameters
+    from sppo_rl.llm.models.core import estimate_parameters
 
     assert estimate_parameters(BASE_CONFIG) == 1_061_120
     with torch.device("meta"):
@@ -263,7 +263,7 @@ def test_the_million_layer_config_from_the_command_line(tmp_path):
 
 
 def test_a_model_that_fits_is_not_refused(tmp_path):
-    from sppo_rl.llm.models import check_model_config
+    from sppo_rl.llm.models.core import check_model_config
 
     check_model_config(_model(tmp_path), "--model")  # about 4 MB of weights
     with pytest.raises(ValueError, match="more than the 0.0 GiB"):
@@ -300,7 +300,7 @@ def test_the_integer_reward_on_non_integer_references_is_refused(tmp_path, capsy
 
 
 def test_the_integer_reward_on_integer_references_passes_the_check():
-    from sppo_rl.llm.data import Example, non_integer_references
+    from sppo_rl.llm.data.files import Example, non_integer_references
 
     examples = [Example("p", a) for a in ["3", "-12", " 7 ", "1,000", "2.0"]]
     assert [e.answer for e in non_integer_references(examples)] == ["1,000", "2.0"]
@@ -311,7 +311,7 @@ def test_the_integer_reward_on_integer_references_passes_the_check():
 
 def test_a_prompt_with_two_different_answers_is_refused(tmp_path):
     """Before: accepted silently (no response can be right for both)."""
-    from sppo_rl.llm.data import DataError, load_examples
+    from sppo_rl.llm.data.files import DataError, load_examples
 
     data = _jsonl(
         tmp_path / "d.jsonl",
@@ -326,7 +326,7 @@ def test_a_prompt_with_two_different_answers_is_refused(tmp_path):
 
 
 def test_exact_repeats_are_counted_in_one_warning(tmp_path, capsys):
-    from sppo_rl.llm.data import load_examples
+    from sppo_rl.llm.data.files import load_examples
 
     rows = [{"prompt": "1+1?", "answer": "2"}] * 3 + [{"prompt": "2+2?", "answer": "4"}] * 2
     capsys.readouterr()
@@ -340,7 +340,7 @@ def test_exact_repeats_are_counted_in_one_warning(tmp_path, capsys):
 
 
 def test_the_paper_files_have_no_conflicts():
-    from sppo_rl.llm.data import load_examples
+    from sppo_rl.llm.data.files import load_examples
 
     for f in sorted(FIXTURES.glob("*.parquet")):
         load_examples(f)
@@ -351,7 +351,7 @@ def test_the_paper_files_have_no_conflicts():
 
 def test_a_200k_character_reference_is_never_parsed():
     """Before: every sample cost the full deadline parsing it; it can never be paid."""
-    from sppo_rl.llm.verify import _parse_gold, verify_math
+    from sppo_rl.llm.rewards.verify import _parse_gold, verify_math
 
     huge = "1+" * 100_000 + "1"
     before = _parse_gold.cache_info()
@@ -394,7 +394,7 @@ def test_unpayable_references_are_dropped_with_a_warning(tmp_path, capsys):
     ],
 )
 def test_gsm8k_reward_reads_the_hashes_answer(response, expected):
-    from sppo_rl.llm.verify import verify_gsm8k, verify_math
+    from sppo_rl.llm.rewards.verify import verify_gsm8k, verify_math
 
     assert verify_gsm8k(response, "50") == expected
     if "\\boxed" not in response:
@@ -402,7 +402,7 @@ def test_gsm8k_reward_reads_the_hashes_answer(response, expected):
 
 
 def test_the_math_reward_on_gsm8k_data_reads_hashes_and_stays_strict_elsewhere(tmp_path):
-    from sppo_rl.llm.reward import RewardScorer
+    from sppo_rl.llm.rewards.scorer import RewardScorer
     from sppo_rl.llm.setup import GSM8K_REWARD, load_task
 
     gsm = _jsonl(tmp_path / "g.jsonl", [{"question": "24+26?", "answer": "24+26=50\n#### 50"}])

@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from sppo_rl.llm.reward import RewardScorer
-from sppo_rl.runtime import CheckpointManager, read_meta, read_metrics
+from sppo_rl.llm.rewards.scorer import RewardScorer
+from sppo_rl.runtime.checkpoint import CheckpointManager, read_meta
+from sppo_rl.runtime.logging import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -88,7 +89,7 @@ def test_workers_ignore_sigterm_and_sigint_the_trainer_owns_their_lifetime():
 
 STORM = r"""
 import os, signal, sys, threading, time
-from sppo_rl.llm.reward import RewardScorer
+from sppo_rl.llm.rewards.scorer import RewardScorer
 
 if __name__ == "__main__":
     got = []
@@ -447,8 +448,7 @@ def test_the_write_probe_runs_under_the_lock_a_busy_folder_gets_nothing_written(
     probe used to run first and write through the planted link."""
     import fcntl
 
-    from sppo_rl.runtime import RunError
-    from sppo_rl.runtime.run import prepare_run_dir
+    from sppo_rl.runtime.run import RunError, prepare_run_dir
 
     out, victim = _planted(tmp_path)
     holder = os.open(out / ".run.lock", os.O_RDWR | os.O_CREAT)
@@ -462,8 +462,7 @@ def test_the_write_probe_runs_under_the_lock_a_busy_folder_gets_nothing_written(
 
 
 def test_a_link_planted_as_the_run_lock_is_refused(tmp_path):
-    from sppo_rl.runtime import RunError
-    from sppo_rl.runtime.run import prepare_run_dir
+    from sppo_rl.runtime.run import RunError, prepare_run_dir
 
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from sppo_rl.agents import ALGORITHMS
+from sppo_rl.agents.algorithms import ALGORITHMS
 from sppo_rl.experiments import stats
 from sppo_rl.experiments.config import ReportConfig
 from sppo_rl.experiments.report import PALETTE, colours, run_report
-from sppo_rl.runtime import RunError
+from sppo_rl.runtime.run import RunError
 
 # ------------------------------------------------------------------------------------- statistics
 

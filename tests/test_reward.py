@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sppo_rl.llm.reward import RewardFnError, RewardScorer
-from sppo_rl.llm.verify import verify_integer
+from sppo_rl.llm.rewards.scorer import RewardFnError, RewardScorer
+from sppo_rl.llm.rewards.verify import verify_integer
 
 REPO = Path(__file__).resolve().parents[1]
 FNS = REPO / "tests" / "fixtures" / "math" / "reward_fns.py"
@@ -177,7 +177,7 @@ def test_invalid_spec_fails_before_any_process_starts(spec, message):
     [
         (f"{FNS}:no_such_function", "has no function 'no_such_function'.*misbehave"),
         (f"{FNS}:NOT_A_FUNCTION", "not callable"),
-        ("sppo_rl.llm.verify:no_such_function", "has no function"),
+        ("sppo_rl.llm.rewards.verify:no_such_function", "has no function"),
     ],
 )
 def test_missing_function_fails_at_construction(spec, message):
@@ -185,7 +185,7 @@ def test_missing_function_fails_at_construction(spec, message):
         RewardScorer(spec)
 
 
-@pytest.mark.parametrize("spec", ["sppo_rl.llm.verify:verify_integer", verify_integer])
+@pytest.mark.parametrize("spec", ["sppo_rl.llm.rewards.verify:verify_integer", verify_integer])
 def test_module_and_callable_specs(spec):
     with RewardScorer(spec) as scorer:
         assert scorer.score([r"\boxed{5}", r"\boxed{6}"], ["5", "5"]).scores.tolist() == [1.0, 0.0]
@@ -221,7 +221,7 @@ def _run_child(code: str) -> subprocess.Popen:
 def test_workers_stop_when_the_program_exits_without_close():
     child = _run_child(
         """
-        from sppo_rl.llm.reward import RewardScorer
+        from sppo_rl.llm.rewards.scorer import RewardScorer
         s = RewardScorer("integer", workers=2)
         print(*s.pids, flush=True)
         """
@@ -235,7 +235,7 @@ def test_workers_stop_when_the_program_exits_without_close():
 def test_a_hung_worker_stops_when_its_parent_is_killed():
     child = _run_child(
         f"""
-        from sppo_rl.llm.reward import RewardScorer
+        from sppo_rl.llm.rewards.scorer import RewardScorer
         s = RewardScorer({str(FNS) + ":misbehave"!r}, timeout_s=600)
         print(*s.pids, flush=True)
         s.score(["hang"], ["-"])
@@ -420,8 +420,8 @@ def test_trl_functions_get_the_datas_prompt_and_the_rendered_one_by_name(tmp_pat
     the run's chat template, system prompt and instruction) and the model's text as ``rendered_prompts``."""
     from test_llm_data import _chat_tokenizer
 
-    from sppo_rl.llm.data import Example
-    from sppo_rl.llm.prompts import PromptFormat, render, render_examples
+    from sppo_rl.llm.data.files import Example
+    from sppo_rl.llm.data.prompts import PromptFormat, render, render_examples
     from sppo_rl.llm.stages.score import Scoring
 
     (tmp_path / "fns.py").write_text(SEEN)

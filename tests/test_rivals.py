@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from sppo_rl.agents import ESTIMATORS, SequenceBatch, compute_advantages, get_algorithm
-from sppo_rl.agents.advantages import Requirements
-from sppo_rl.agents.batch import lengths_to_mask, terminal_rewards
+from sppo_rl.agents.advantages import ESTIMATORS, Requirements
+from sppo_rl.agents.algorithms import compute_advantages, get_algorithm
+from sppo_rl.agents.batch import SequenceBatch, lengths_to_mask, terminal_rewards
 from sppo_rl.agents.rivals import ValueTracker, spo_discount
 
 

@@ -7,10 +7,10 @@ import time
 import pytest
 import torch
 
-from sppo_rl.llm.models import load_actor, positions_from_mask, sequence_logprobs
+from sppo_rl.llm.models.core import load_actor, positions_from_mask, sequence_logprobs
+from sppo_rl.llm.models.tiny import build_tiny_model, load_tokenizer
 from sppo_rl.llm.rollout.base import Rollout, RolloutBatch, SamplingParams
 from sppo_rl.llm.rollout.hf import HFRollout, top_p_mask
-from sppo_rl.llm.tiny import build_tiny_model, load_tokenizer
 
 CHARSET = "0123456789+-*/=() {}\\\nabcdefghijklmnopqrstuvwxyz"
 # Prompts of different lengths, so left padding varies from row to row.

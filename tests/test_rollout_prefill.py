@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sppo_rl.llm.models import load_actor
+from sppo_rl.llm.models.core import load_actor
+from sppo_rl.llm.models.tiny import build_tiny_model, load_tokenizer
 from sppo_rl.llm.rollout.base import SamplingParams
 from sppo_rl.llm.rollout.hf import HFRollout
-from sppo_rl.llm.tiny import build_tiny_model, load_tokenizer
 
 CHARSET = "0123456789+-*/=() {}\\\nabcdefghijklmnopqrstuvwxyz"
 PROMPTS = ["1+1=", "123 + 456 =", "a", "{x}\\y = 77 "]  # different lengths: left padding varies

@@ -8,16 +8,16 @@ import dataclasses
 import pytest
 import torch
 
-from sppo_rl.agents import ALGORITHMS
+from sppo_rl.agents.algorithms import ALGORITHMS
 from sppo_rl.llm.config import VLLM, LLMConfig
 from sppo_rl.llm.latent.maths import LatentSettings
 from sppo_rl.llm.latent.plugin import LATENT_FIXES, LatentPolicy
 from sppo_rl.llm.latent.rollout import LatentRollout
-from sppo_rl.llm.models import load_actor
+from sppo_rl.llm.models.core import load_actor
+from sppo_rl.llm.models.tiny import load_tokenizer
 from sppo_rl.llm.rollout.base import Rollout, SamplingParams
 from sppo_rl.llm.rollout.factory import context_limit, make_rollout, sampling_params
 from sppo_rl.llm.rollout.hf import HFRollout
-from sppo_rl.llm.tiny import load_tokenizer
 
 
 def test_every_backend_satisfies_the_protocol(tiny):
@@ -118,7 +118,7 @@ def test_the_latent_algorithms_are_the_llm_only_ones():
     plug-in names its algorithms, and those are exactly the ones the control world cannot train."""
     from sppo_rl.control.config import ControlConfig
     from sppo_rl.control.trainer import ControlRun
-    from sppo_rl.runtime import RunError
+    from sppo_rl.runtime.run import RunError
 
     llm_only = {a.name for a in ALGORITHMS.values() if "control" not in a.worlds}
     assert llm_only == set(LATENT_FIXES) == {"latent-grpo", "latent-grpo-naive"}

@@ -13,17 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from sppo_rl.runtime import (
-    CheckpointManager,
-    NonFiniteError,
-    RunError,
-    RunLogger,
-    check_finite,
-    prepare_run_dir,
-    read_meta,
-    read_metrics,
-)
-from sppo_rl.runtime.checkpoint import torch_load, torch_save
+from sppo_rl.runtime.checkpoint import CheckpointManager, read_meta, torch_load, torch_save
+from sppo_rl.runtime.logging import RunLogger, read_metrics
+from sppo_rl.runtime.run import NonFiniteError, RunError, check_finite, prepare_run_dir
 
 
 def _save(mgr: CheckpointManager, step: int, value: float) -> Path:
@@ -180,7 +172,7 @@ def test_check_finite_names_step_and_quantity():
 def test_config_json_is_written(tmp_path):
     from dataclasses import dataclass
 
-    from sppo_rl.runtime import save_config
+    from sppo_rl.runtime.run import save_config
 
     @dataclass
     class C:

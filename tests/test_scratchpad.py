@@ -10,8 +10,8 @@ import pytest
 
 from sppo_rl.config import ConfigError, from_flat
 from sppo_rl.llm.config import SFT, LLMConfig
-from sppo_rl.llm.data import Example
-from sppo_rl.llm.scratchpad import (
+from sppo_rl.llm.data.files import Example
+from sppo_rl.llm.data.scratchpad import (
     LEVELS,
     MARGIN,
     REWARD_FN,
@@ -21,9 +21,9 @@ from sppo_rl.llm.scratchpad import (
     reference_response,
     scratchpad,
 )
+from sppo_rl.llm.rewards.verify import verify_integer
 from sppo_rl.llm.setup import TINY_CHARSET, TINY_SETTINGS, tiny_settings
-from sppo_rl.llm.verify import verify_integer
-from sppo_rl.runtime import read_metrics
+from sppo_rl.runtime.logging import read_metrics
 
 
 def _ref(prompt: str, answer: int) -> str:
@@ -153,7 +153,7 @@ def test_only_the_final_box_is_paid():
 
 
 def test_max_new_tokens_defaults_per_task_and_level():
-    from sppo_rl.llm.engines import launcher_dist
+    from sppo_rl.llm.models.engines import launcher_dist
     from sppo_rl.llm.plan import resolve
 
     def resolved(**kw):  # what the run resolves (resolve leaves the config as given)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from sppo_rl.agents import ALGORITHMS
+from sppo_rl.agents.algorithms import ALGORITHMS
 from sppo_rl.control.config import ControlConfig
-from sppo_rl.envs import TASKS
+from sppo_rl.envs.tasks import TASKS
 from sppo_rl.experiments.config import ReportConfig, SweepConfig
 from sppo_rl.experiments.report import run_report
 from sppo_rl.experiments.sweep import (
@@ -31,7 +31,7 @@ from sppo_rl.experiments.sweep import (
     run_job,
     sweep,
 )
-from sppo_rl.runtime import read_metrics
+from sppo_rl.runtime.logging import read_metrics
 
 QUICK = {
     "epochs": "1",

@@ -334,7 +334,7 @@ def test_a_lone_surrogate_in_a_prompt_names_file_and_line(tmp_path, capsys, tiny
 
 
 def test_non_utf8_json_names_file_and_line(tmp_path):
-    from sppo_rl.llm.data import DataError, load_examples
+    from sppo_rl.llm.data.files import DataError, load_examples
 
     data = tmp_path / "latin1.json"
     data.write_bytes(
@@ -394,7 +394,7 @@ def test_a_cache_dir_that_is_a_file_is_refused_before_the_run_folder(tmp_path, c
 
 
 def test_a_critic_with_another_tokenizer_is_refused_before_the_run_folder(tmp_path, capsys, tiny):
-    from sppo_rl.llm.tiny import ensure_tiny_model
+    from sppo_rl.llm.models.tiny import ensure_tiny_model
 
     digits = ensure_tiny_model(
         tmp_path / "other", "0123456789+=", hidden_size=32, layers=1, heads=2, kv_heads=1
@@ -404,7 +404,7 @@ def test_a_critic_with_another_tokenizer_is_refused_before_the_run_folder(tmp_pa
 
 
 def test_a_read_only_cache_is_refused_when_a_model_must_be_built_and_used_when_it_holds_it(tmp_path, capsys):
-    from sppo_rl.llm.pretrained import CHECKSUMS
+    from sppo_rl.llm.models.pretrained import CHECKSUMS
     from sppo_rl.llm.setup import check_cache, models_to_build
 
     cache = tmp_path / "cache"
@@ -485,7 +485,7 @@ LLM_SMALL = ["llm", "--task", "arithmetic", "--train-size", "16", "--val-size", 
     ids=["SystemExit", "os._exit", "hang"],
 )
 def test_a_reward_file_that_exits_or_hangs_at_import(tmp_path, capsys, monkeypatch, tiny, body, named):
-    from sppo_rl.llm.reward import RewardScorer
+    from sppo_rl.llm.rewards.scorer import RewardScorer
 
     monkeypatch.setitem(RewardScorer.__init__.__kwdefaults__, "start_timeout_s", 3.0)
     fn = tmp_path / "reward.py"
@@ -495,7 +495,7 @@ def test_a_reward_file_that_exits_or_hangs_at_import(tmp_path, capsys, monkeypat
 
 
 def test_a_reward_outside_0_1_is_an_error_scored_0_with_one_warning(tmp_path, capsys):
-    from sppo_rl.llm.reward import RewardScorer
+    from sppo_rl.llm.rewards.scorer import RewardScorer
 
     fn = tmp_path / "reward.py"
     fn.write_text(

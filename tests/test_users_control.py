@@ -20,10 +20,10 @@ from sppo_rl import api
 from sppo_rl.cli import main
 from sppo_rl.control.config import ControlConfig
 from sppo_rl.control.trainer import run_control
-from sppo_rl.envs import get_task, make_episode_env
 from sppo_rl.envs.custom import SparseOutcome
-from sppo_rl.runtime import read_metrics
+from sppo_rl.envs.tasks import get_task, make_episode_env
 from sppo_rl.runtime.checkpoint import torch_load
+from sppo_rl.runtime.logging import read_metrics
 
 QUIET = dict(progress=False, tensorboard=False)
 

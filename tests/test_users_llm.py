@@ -15,10 +15,10 @@ from paths import outside_a_launcher
 
 from sppo_rl.config import from_flat
 from sppo_rl.llm.config import LLMConfig
-from sppo_rl.llm.reward import RewardScorer
+from sppo_rl.llm.rewards.scorer import RewardScorer
 from sppo_rl.llm.rollout.base import SamplingParams
 from sppo_rl.llm.trainer import run_llm
-from sppo_rl.runtime import read_metrics
+from sppo_rl.runtime.logging import read_metrics
 from sppo_rl.runtime.run import RunFailed
 
 TRL_REWARDS = '''
@@ -186,7 +186,7 @@ def test_cli_exits_1_with_one_line_when_the_reward_always_fails(tmp_path, tiny, 
 
 
 def test_clip_text_bounds_a_text_and_says_how_much_it_cut():
-    from sppo_rl.llm.completions import clip_text
+    from sppo_rl.llm.outputs.completions import clip_text
 
     assert clip_text("abc", 3) == "abc"
     assert clip_text("x" * 2500) == "x" * 2000 + " ... [+500 characters]"
@@ -233,7 +233,7 @@ def test_log_completions_every_0_writes_nothing(tmp_path, tiny, rewards):
 
 
 def test_trl_prompt_and_solution_columns_load_without_flags(tmp_path):
-    from sppo_rl.llm.data import load_examples
+    from sppo_rl.llm.data.files import load_examples
 
     path = tmp_path / "trl.jsonl"
     rows = [
@@ -248,7 +248,7 @@ def test_trl_prompt_and_solution_columns_load_without_flags(tmp_path):
 
 
 def test_an_unknown_layout_names_the_cli_flags(tmp_path):
-    from sppo_rl.llm.data import DataError, load_examples
+    from sppo_rl.llm.data.files import DataError, load_examples
 
     path = tmp_path / "odd.jsonl"
     path.write_text(json.dumps({"text": "hi", "gold": "1"}) + "\n")
@@ -284,9 +284,9 @@ def test_filters_by_hand():
 
 
 def _engine(tiny):
-    from sppo_rl.llm.models import load_actor
+    from sppo_rl.llm.models.core import load_actor
+    from sppo_rl.llm.models.tiny import load_tokenizer
     from sppo_rl.llm.rollout.hf import HFRollout
-    from sppo_rl.llm.tiny import load_tokenizer
 
     model = load_actor(tiny, dtype="float32").eval()
     return HFRollout(model, load_tokenizer(tiny))
@@ -318,7 +318,7 @@ def torch_allclose(a, b) -> bool:
 def test_repetition_penalty_samples_from_the_penalised_distribution(tiny):
     import torch
 
-    from sppo_rl.llm.models import sequence_logprobs
+    from sppo_rl.llm.models.core import sequence_logprobs
     from sppo_rl.llm.rollout.hf import repetition_penalty
 
     engine, rho, T = _engine(tiny), 1.7, 0.8
@@ -363,7 +363,7 @@ def test_sampling_flags_reach_the_run_and_are_checked(tmp_path, tiny, rewards):
 
 
 def test_all_linear_wraps_every_linear_module_but_the_head(tiny):
-    from sppo_rl.llm.models import apply_lora, load_actor, lora_layers
+    from sppo_rl.llm.models.core import apply_lora, load_actor, lora_layers
 
     model = apply_lora(load_actor(tiny, dtype="float32"), 2, 4.0, ("all-linear",), seed=0)
     names = {n.rsplit(".", 1)[-1] for n in lora_layers(model)}
@@ -375,7 +375,7 @@ def test_gpt2_conv1d_layers_take_lora_and_merge_exactly():
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from sppo_rl.llm.models import apply_lora, lora_layers, merged_state_items
+    from sppo_rl.llm.models.core import apply_lora, lora_layers, merged_state_items
 
     config = GPT2Config(
         n_embd=16, n_layer=1, n_head=2, vocab_size=50, n_positions=32, bos_token_id=0, eos_token_id=0
@@ -400,7 +400,7 @@ def test_export_adapter_writes_a_peft_folder_that_computes_the_merged_actor(tmp_
     import torch
     from peft import PeftModel
 
-    from sppo_rl.llm.models import load_actor
+    from sppo_rl.llm.models.core import load_actor
 
     cfg = _cfg(tmp_path, tiny, reward_fn=f"{rewards}:even", steps=2, lora_rank=4, export_adapter=True)
     cfg.actor_lr = 1e-2  # so that the adapters move visibly from B = 0
@@ -427,8 +427,8 @@ def test_a_gpt2_folder_trains_sppo_with_all_linear_lora(tmp_path, tiny, rewards)
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from sppo_rl.llm.models import load_actor
-    from sppo_rl.llm.tiny import load_tokenizer
+    from sppo_rl.llm.models.core import load_actor
+    from sppo_rl.llm.models.tiny import load_tokenizer
 
     tok = load_tokenizer(tiny)
     folder = tmp_path / "gpt2"

@@ -12,8 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sppo_rl.agents import ESTIMATORS, SequenceBatch, check_setup, compute_advantages, get_algorithm
-from sppo_rl.agents.batch import lengths_to_mask, terminal_rewards
+from sppo_rl.agents.advantages import ESTIMATORS
+from sppo_rl.agents.algorithms import check_setup, compute_advantages, get_algorithm
+from sppo_rl.agents.batch import SequenceBatch, lengths_to_mask, terminal_rewards
 from sppo_rl.agents.selection import SELECTORS, get_selector
 from sppo_rl.agents.variants import binary_prefix, lampo, prefix_lengths, sequence_confidence
 
@@ -256,7 +257,7 @@ def test_bppo_with_padding_appended_and_garbage_on_padding():
 def test_bppo_on_a_collected_control_batch():
     from sppo_rl.control.networks import Actor
     from sppo_rl.control.rollout import collect
-    from sppo_rl.envs import get_task, make_episode_env
+    from sppo_rl.envs.tasks import get_task, make_episode_env
 
     spec = get_task("short-cartpole")
     env = make_episode_env(spec.name, num_envs=32)
@@ -453,7 +454,7 @@ def test_lampo_padding_appended_changes_nothing():
 def test_each_variant_solves_the_easy_sparse_control_task(tmp_path, algo):
     from sppo_rl.control.config import ControlConfig
     from sppo_rl.control.trainer import run_control
-    from sppo_rl.runtime import read_metrics
+    from sppo_rl.runtime.logging import read_metrics
 
     cfg = ControlConfig(
         algo=algo,
@@ -477,7 +478,7 @@ def test_each_variant_solves_the_easy_sparse_control_task(tmp_path, algo):
 def test_each_variant_runs_in_the_llm_world(tmp_path, tiny, algo):
     from sppo_rl.llm.config import LLMConfig
     from sppo_rl.llm.trainer import run_llm
-    from sppo_rl.runtime import read_metrics
+    from sppo_rl.runtime.logging import read_metrics
 
     cfg = LLMConfig(
         algo=algo,

@@ -20,14 +20,14 @@ from paths import assert_rows_match, reward_file
 
 pytest.importorskip("vllm")
 
-from sppo_rl.llm.engines import HFTorchEngine, free_port  # noqa: E402
-from sppo_rl.llm.models import load_actor, positions_from_mask, sequence_logprobs  # noqa: E402
+from sppo_rl.llm.models.core import load_actor, positions_from_mask, sequence_logprobs  # noqa: E402
+from sppo_rl.llm.models.engines import HFTorchEngine, free_port  # noqa: E402
+from sppo_rl.llm.models.tiny import ensure_tiny_model, load_tokenizer  # noqa: E402
 from sppo_rl.llm.rollout.base import Rollout, SamplingParams, left_pad, logprob_agreement  # noqa: E402
 from sppo_rl.llm.rollout.hf import HFRollout, top_p_mask  # noqa: E402
 from sppo_rl.llm.rollout.vllm import VLLMRollout  # noqa: E402
 from sppo_rl.llm.rollout.vllm_process import allow_amx, keeping_default_process_group, launcher_place  # noqa: E402
 from sppo_rl.llm.rollout.vllm_sync import EngineTimeoutError, VLLMEngineError, WeightSyncError  # noqa: E402
-from sppo_rl.llm.tiny import ensure_tiny_model, load_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -600,7 +600,7 @@ def test_lora_partial_sync_sends_the_adapted_modules_only(engine, hf, tiny):
     each adapted module and nothing else; it then samples what the trainer's LoRA model scores, and its
     greedy decode (tokens and log-probs) is the merged plain HF model's."""
     pytest.importorskip("peft")
-    from sppo_rl.llm.models import adapted_tensor_names, apply_lora
+    from sppo_rl.llm.models.core import adapted_tensor_names, apply_lora
 
     model = apply_lora(hf, 4, 8.0, LORA_TARGETS, seed=0).eval()
     train_one_step(model)  # moves every B: every adapted module's merged weight changes

@@ -10,8 +10,7 @@ from typing import Any
 import torch
 
 from sppo_rl.control.networks import Actor
-from sppo_rl.runtime import CheckpointManager
-from sppo_rl.runtime.checkpoint import torch_load, torch_save
+from sppo_rl.runtime.checkpoint import CheckpointManager, torch_load, torch_save
 from sppo_rl.runtime.run import RunError
 
 WARMSTART_DIR = Path(__file__).resolve().parent.parent / "assets" / "warmstart"

@@ -16,8 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sppo_rl.agents import LearnerConfig, check_setup, get_algorithm
-from sppo_rl.agents.algorithms import Algorithm, default_group_size, estimator_params
+from sppo_rl.agents.algorithms import (
+    Algorithm,
+    check_setup,
+    default_group_size,
+    estimator_params,
+    get_algorithm,
+)
+from sppo_rl.agents.learner import LearnerConfig
 from sppo_rl.control.actor_files import check_init_actor, resolve_init
 from sppo_rl.control.config import ControlConfig
 from sppo_rl.runtime.run import RunError

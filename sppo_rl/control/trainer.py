@@ -26,14 +26,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sppo_rl.agents import (
-    SequenceBatch,
-    TorchEngine,
-    compute_advantages,
-    forward_rows,
-    ppo_update,
-)
-from sppo_rl.agents.algorithms import value_units
+from sppo_rl.agents.algorithms import compute_advantages, value_units
+from sppo_rl.agents.batch import SequenceBatch
+from sppo_rl.agents.learner import TorchEngine, forward_rows, ppo_update
 from sppo_rl.config import flat_dict
 from sppo_rl.control.actor_files import (
     load_actor_file,
@@ -45,16 +40,11 @@ from sppo_rl.control.plan import resolve
 from sppo_rl.control.rollout import Episodes, collect
 from sppo_rl.control.spo import StartStates
 from sppo_rl.experiments.protocol import final_value
-from sppo_rl.runtime import (
-    CheckpointManager,
-    check_finite,
-    prepare_run_dir,
-)
-from sppo_rl.runtime.checkpoint import check_written_by, read_meta, torch_load, torch_save
+from sppo_rl.runtime.checkpoint import CheckpointManager, check_written_by, read_meta, torch_load, torch_save
 from sppo_rl.runtime.files import atomic_write_text
 from sppo_rl.runtime.logging import start_logging
 from sppo_rl.runtime.loop import Schedule, announce, progress_bar, run_loop
-from sppo_rl.runtime.run import check_resume, set_threads, unlock_run_dir
+from sppo_rl.runtime.run import check_finite, check_resume, prepare_run_dir, set_threads, unlock_run_dir
 from sppo_rl.runtime.schedule import lr_factor, set_lr
 from sppo_rl.runtime.trace import TRACE_FILE, write_trace
 
@@ -72,7 +62,7 @@ class ControlRun:
         return "return" if self.cfg.dense else "success_rate"
 
     def __init__(self, cfg: ControlConfig) -> None:
-        from sppo_rl.envs import make_episode_env
+        from sppo_rl.envs.tasks import make_episode_env
 
         self.plan = plan = resolve(cfg)
         self.cfg, self.algo, self.spec = cfg, plan.algo, plan.spec
@@ -336,7 +326,7 @@ class ControlRun:
     @torch.no_grad()
     def success_rate(self, episodes: int, greedy: bool = True) -> float:
         """Success rate on fixed start states (seeds ``EVAL_SEED_BASE + i``), greedy by default."""
-        from sppo_rl.envs import make_episode_env
+        from sppo_rl.envs.tasks import make_episode_env
 
         if self._eval_env is None or self._eval_env.num_envs != episodes:
             self._eval_env = make_episode_env(self.spec, num_envs=episodes, dense=self.cfg.dense)
@@ -350,7 +340,7 @@ class ControlRun:
     def calibration(self, contexts: int = 64, samples: int = 16) -> dict[str, list[float]] | None:
         """A per-episode critic's ``sigmoid V(s_0)`` against the empirical success of ``samples``
         episodes from each of ``contexts`` fixed start states (None without one)."""
-        from sppo_rl.envs import make_episode_env
+        from sppo_rl.envs.tasks import make_episode_env
 
         if self.critic is None:
             return None
@@ -370,7 +360,7 @@ class ControlRun:
     def critic_trace(self, path: Path, episodes: int = 64) -> None:
         """Write what the critic says along ``episodes`` sampled episodes from fixed start states
         (:mod:`sppo_rl.runtime.trace`; nothing without a critic)."""
-        from sppo_rl.envs import make_episode_env
+        from sppo_rl.envs.tasks import make_episode_env
 
         if self.critic is None:
             return

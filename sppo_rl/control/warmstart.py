@@ -50,7 +50,7 @@ EXPERTS: dict[str, dict[str, Any]] = {
 @torch.no_grad()
 def success_rate(actor: Actor, task: str, episodes: int, greedy: bool, seed_offset: int = 0) -> float:
     """Success on ``episodes`` fixed evaluation start states (sampled or greedy actions)."""
-    from sppo_rl.envs import get_task, make_episode_env
+    from sppo_rl.envs.tasks import get_task, make_episode_env
 
     spec = get_task(task)
     env = make_episode_env(spec.name, num_envs=episodes)
@@ -94,7 +94,7 @@ def train_expert(cfg: WarmstartConfig, task: str, folder: Path) -> Path:
 
 def clone(cfg: WarmstartConfig, task: str, expert: Actor) -> tuple[Actor, dict[str, Any]]:
     """Stage 2: collect expert demonstrations, keep successes, fit a fresh actor until target success."""
-    from sppo_rl.envs import get_task, make_episode_env
+    from sppo_rl.envs.tasks import get_task, make_episode_env
 
     spec = get_task(task)
     env = make_episode_env(spec.name, num_envs=cfg.demo_episodes)
@@ -172,7 +172,7 @@ def clone(cfg: WarmstartConfig, task: str, expert: Actor) -> tuple[Actor, dict[s
 
 def run_warmstart(cfg: WarmstartConfig) -> dict[str, Any]:
     """Entry point of ``sppo-rl warmstart``."""
-    from sppo_rl.envs import get_task
+    from sppo_rl.envs.tasks import get_task
 
     set_threads(cfg.threads)
     try:

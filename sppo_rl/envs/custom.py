@@ -27,7 +27,7 @@ for MountainCar and Acrobot, landed for LunarLander, ...), or by the test the us
 warm-start pipeline; the outcome is unchanged).
 
 :class:`SparseOutcomeVectorEnv` runs ``N`` copies in episode mode (autoreset disabled, ended copies
-frozen until ``reset``, ``reset(seed=[...])`` one seed per copy), as :func:`sppo_rl.envs.make_episode_env`
+frozen until ``reset``, ``reset(seed=[...])`` one seed per copy), as :func:`sppo_rl.envs.tasks.make_episode_env`
 gives for the built-in tasks. :func:`register_custom_task` adds a :class:`~sppo_rl.envs.tasks.TaskSpec`
 under a name, so ``sppo_rl.train_control(task=name)``, ``ControlConfig(task=name)`` and
 ``make_episode_env(name)`` work in this process; a stock Gymnasium id (``CartPole-v1``) is registered
@@ -213,7 +213,7 @@ class SparseOutcome(gym.Env[np.ndarray, Any]):
 
 class SparseOutcomeVectorEnv(EpisodeSyncVectorEnv):
     """``num_envs`` :class:`SparseOutcome` episodes in lock step, in episode mode (the contract of
-    :func:`sppo_rl.envs.make_episode_env`: autoreset disabled, ended copies frozen, ``info`` arrays
+    :func:`sppo_rl.envs.tasks.make_episode_env`: autoreset disabled, ended copies frozen, ``info`` arrays
     ``success``, ``failed``, ``ended``, ``length``). ``env`` must be an id or a factory (one new env each)."""
 
     def __init__(

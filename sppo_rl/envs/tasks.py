@@ -333,3 +333,18 @@ def register_tasks() -> None:
             vector_entry_point=f"{__name__}:{vector_creator_name(spec)}",
             nondeterministic=False,
         )
+
+
+def make_episode_env(name: str | TaskSpec, num_envs: int = 1, dense: bool = False) -> Any:
+    """``num_envs`` episodes of task ``name`` (short name or Gymnasium id) as one vector env.
+
+    ``reset(seed=[...])`` takes one seed per sub-env (the same seed gives the same ``s_0``) or an int
+    ``s`` (sub-env ``i`` gets ``s + i``); ``step(actions)`` takes ``[N]`` int64 (discrete) or
+    ``[N, action_dim]`` float32 actions, clipped to the action space. Observations are float32
+    ``[N, obs_dim]``. Autoreset is disabled: an ended sub-env is frozen (last observation, reward 0,
+    ``terminated=True``) until the next ``reset``. ``info["success"]`` is a bool ``[N]`` array, the
+    outcome of every sub-env that has ended; ``info["ended"]`` marks those that ended at this step.
+    """
+    spec = get_task(name)
+    env = spec.load(vector=True)(num_envs=num_envs, dense=dense)
+    return env

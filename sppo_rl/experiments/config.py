@@ -49,7 +49,7 @@ class SweepConfig:
     algos: tuple[str, ...] = ("ppo", "sppo")
     """Algorithms (see ``sppo-rl info``)."""
     tasks: tuple[str, ...] = ("precision-cartpole",)
-    """Task short names (see sppo_rl.envs.TASKS)."""
+    """Task short names (see sppo_rl.envs.tasks.TASKS)."""
     seeds: tuple[int, ...] = tuple(range(10))
     """Seeds; each (task, algo, seed) is one run. Ten by default: a paired t-test on five seeds detects a
     difference of one seed standard deviation about a quarter of the time, on ten about half (on

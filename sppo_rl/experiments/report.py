@@ -232,7 +232,7 @@ def data_hash(path: str | Path, prompt_key: str | None = None, answer_key: str |
     ``.json`` has one hash. None when the file cannot be read (moved, or not data)."""
     import hashlib
 
-    from sppo_rl.llm.data import load_examples
+    from sppo_rl.llm.data.files import load_examples
 
     try:
         examples = load_examples(path, prompt_key=prompt_key, answer_key=answer_key, max_chars=None)

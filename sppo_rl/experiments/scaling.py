@@ -5,7 +5,7 @@ ScaleRL ("The Art of Scaling RL Compute", arXiv 2510.13786) fits, per method::
     R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)
 
 to validation accuracy ``R`` against cumulative training FLOPs ``C`` (``flops_total`` of the metrics rows,
-:mod:`sppo_rl.llm.flops`). ``R0`` is the accuracy at ``C = 0`` (the start, fixed, not fitted); ``A`` the
+:mod:`sppo_rl.llm.models.flops`). ``R0`` is the accuracy at ``C = 0`` (the start, fixed, not fitted); ``A`` the
 ceiling the curve tends to; ``C_mid`` the compute at which half of the gain ``A - R0`` is reached and ``B``
 the steepness: the efficiency. A method with the higher ``A`` ends higher given enough compute; one with
 the smaller ``C_mid`` (or larger ``B``) gets there sooner. They are reported apart.

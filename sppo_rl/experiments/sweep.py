@@ -228,8 +228,8 @@ def plan(cfg: SweepConfig) -> list[Job]:
         return _plan_llm(cfg)
     if cfg.runs or cfg.llm_args:
         raise ValueError("--runs and --llm-args are settings of --world llm")
-    from sppo_rl.agents import ALGORITHMS
-    from sppo_rl.envs import TASKS
+    from sppo_rl.agents.algorithms import ALGORITHMS
+    from sppo_rl.envs.tasks import TASKS
 
     algos, tasks, seeds = _unique(cfg.algos), _unique(cfg.tasks), _unique(cfg.seeds)
     if not (algos and tasks and seeds):
@@ -281,7 +281,7 @@ def _plan_llm(cfg: SweepConfig) -> list[Job]:
     ``--llm-args`` after its own flags, for every seed (:func:`llm_jobs`)."""
     from dataclasses import fields
 
-    from sppo_rl.agents import ALGORITHMS
+    from sppo_rl.agents.algorithms import ALGORITHMS
 
     default = {f.name: f.default_factory() if callable(f.default_factory) else f.default for f in fields(cfg)}
     names = ("tasks", "total_episodes", "budgets", "overrides")
@@ -328,7 +328,7 @@ def parse_llm(flags: list[str], check: bool = True):  # -> LLMConfig
 
     from sppo_rl.cli import parse, recipe_default
     from sppo_rl.llm.config import LLMConfig
-    from sppo_rl.llm.engines import launcher_dist
+    from sppo_rl.llm.models.engines import launcher_dist
     from sppo_rl.llm.plan import resolve
     from sppo_rl.runtime.run import RunError
 

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sppo_rl.llm.data import Example, fit_prompts
-from sppo_rl.llm.engines import make_engine
-from sppo_rl.llm.models import (
+from sppo_rl.llm.data.files import Example, fit_prompts
+from sppo_rl.llm.data.prompts import render_examples
+from sppo_rl.llm.models.core import (
     CRITICS,
     BaseModelView,
     apply_lora,
@@ -25,11 +25,11 @@ from sppo_rl.llm.models import (
     load_actor,
     lora_config,
 )
-from sppo_rl.llm.prompts import render_examples
+from sppo_rl.llm.models.engines import make_engine
+from sppo_rl.llm.models.tiny import load_tokenizer
 from sppo_rl.llm.rollout.factory import context_limit, make_rollout
 from sppo_rl.llm.rollout.hf import autocast_to
 from sppo_rl.llm.setup import embedded_model, model_context, model_folder, prompt_format, rollout_rows
-from sppo_rl.llm.tiny import load_tokenizer
 from sppo_rl.runtime.run import RunError
 
 

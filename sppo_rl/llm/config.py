@@ -121,7 +121,7 @@ class LLMConfig(RunConfig):
     """Difficulty levels (1-5) of the arithmetic or scratchpad task mixed in the train and validation splits."""
     arithmetic_prompt: Literal["equation", "question"] | None = None
     """How --task arithmetic words a prompt: 'equation' ("41+74=") or 'question' ("What is 41 + 74?");
-    default: a named --model's own (smollm2-135m: question), else equation (sppo_rl/llm/tasks.py)."""
+    default: a named --model's own (smollm2-135m: question), else equation (sppo_rl/llm/data/arithmetic.py)."""
     train_size: int = 4000
     """Arithmetic / scratchpad: generated training problems."""
     val_size: int = 128
@@ -142,7 +142,7 @@ class LLMConfig(RunConfig):
     algorithms that need one)."""
     chat_template: Literal["auto", "on", "off"] = "auto"
     """Render every prompt (plain strings too) through the tokenizer's chat template: 'auto' when it has one, 'on'
-    (refused without one), 'off' (message contents joined by blank lines). See sppo_rl/llm/prompts.py."""
+    (refused without one), 'off' (message contents joined by blank lines). See sppo_rl/llm/data/prompts.py."""
     system_prompt: str | None = None
     """System message put first in every prompt (replacing the data's); default: the data's, or the template's own."""
     instruction: str | None = None
@@ -214,7 +214,7 @@ class LLMConfig(RunConfig):
     """Reward: 'auto' (integer check for arithmetic, boxed-or-last-number for arithmetic with a named --model,
     math-verify otherwise), 'integer', 'math', 'boxed-or-last-number'
     (the math verdict on a boxed answer, else the response's final number equal to a numeric reference; refuses
-    hedges like '122 or 123'; never chosen by 'auto' on data; sppo_rl/llm/verify.py), or 'file.py:function'
+    hedges like '122 or 123'; never chosen by 'auto' on data; sppo_rl/llm/rewards/verify.py), or 'file.py:function'
     returning a score in [0, 1] (a value outside it is refused: counted in verifier_errors, with a warning, and the
     rollout is masked out of the update as invalid): f(response, answer) -> float, or TRL's f(completions,
     **columns) -> list[float] (told apart by a parameter named 'completions'). Several, comma-separated
@@ -365,7 +365,7 @@ TINY_ACTOR_LR = 1e-4
 def named_model(model: str | None):  # -> Pretrained | None
     """The registry entry ``--model`` names (None for a folder, the tiny model, or a malformed name,
     which :func:`~sppo_rl.llm.setup.check_model_paths` refuses later)."""
-    from sppo_rl.llm.pretrained import PretrainedError, parse_ref
+    from sppo_rl.llm.models.pretrained import PretrainedError, parse_ref
 
     try:
         ref = parse_ref(model)
@@ -375,7 +375,7 @@ def named_model(model: str | None):  # -> Pretrained | None
 
 
 def default_actor_lr(model: str | None) -> float:
-    """``--actor-lr`` left unset: a named model's own (:attr:`~sppo_rl.llm.pretrained.Pretrained.actor_lr`,
+    """``--actor-lr`` left unset: a named model's own (:attr:`~sppo_rl.llm.models.pretrained.Pretrained.actor_lr`,
     smollm2-135m: 2e-5), else :data:`TINY_ACTOR_LR`."""
     named = named_model(model)
     return TINY_ACTOR_LR if named is None else named.actor_lr
@@ -383,11 +383,11 @@ def default_actor_lr(model: str | None) -> float:
 
 def default_max_new_tokens(task: str, levels: tuple[int, ...] | list[int], model: str | None = None) -> int:
     """The one place ``--max-new-tokens`` gets its default: for ``scratchpad``
-    :func:`sppo_rl.llm.scratchpad.max_new_tokens` of ``levels``; with a named ``model``, its own
-    (:class:`~sppo_rl.llm.pretrained.Pretrained`: smollm2-135m 32 on arithmetic, 256 on a data file);
+    :func:`sppo_rl.llm.data.scratchpad.max_new_tokens` of ``levels``; with a named ``model``, its own
+    (:class:`~sppo_rl.llm.models.pretrained.Pretrained`: smollm2-135m 32 on arithmetic, 256 on a data file);
     else 16 (arithmetic's longest response is 14 characters plus EOS; data files keep the same)."""
     if task == "scratchpad":
-        from sppo_rl.llm.scratchpad import max_new_tokens
+        from sppo_rl.llm.data.scratchpad import max_new_tokens
 
         return max_new_tokens(tuple(levels) if isinstance(levels, (list, tuple)) else ())
     named = named_model(model)

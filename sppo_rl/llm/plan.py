@@ -32,11 +32,18 @@ from typing import Any
 
 import torch
 
-from sppo_rl.agents import LearnerConfig, check_setup, get_algorithm
-from sppo_rl.agents.algorithms import Algorithm, default_group_size, estimator_params, with_algorithm_defaults
+from sppo_rl.agents.algorithms import (
+    Algorithm,
+    check_setup,
+    default_group_size,
+    estimator_params,
+    get_algorithm,
+    with_algorithm_defaults,
+)
+from sppo_rl.agents.learner import LearnerConfig
 from sppo_rl.config import flat_dict, get_flat
 from sppo_rl.llm.config import LLMConfig, default_actor_lr, default_max_new_tokens, named_model
-from sppo_rl.llm.data import Example
+from sppo_rl.llm.data.files import Example
 from sppo_rl.llm.rollout.base import SamplingParams
 from sppo_rl.runtime.run import RunError
 
@@ -117,7 +124,7 @@ class Task:
 def as_given(cfg: LLMConfig) -> LLMConfig:
     """``cfg`` as the run records it in ``config.json`` (:attr:`Plan.given`): ``max_new_tokens`` and
     ``actor_lr`` left at None filled with the task's and the model's defaults, and for a named model
-    (:class:`~sppo_rl.llm.pretrained.Pretrained`) its token budget per training pass when no
+    (:class:`~sppo_rl.llm.models.pretrained.Pretrained`) its token budget per training pass when no
     micro-batch setting is given, its small critic (``NAME:layers=L``, :attr:`Pretrained.critic_layers`)
     when the algorithm trains one and ``--critic-model`` is unset, and, on the generated arithmetic task,
     its prompt wording (``--arithmetic-prompt``; 'equation' without a named model), instruction (when
@@ -155,7 +162,7 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
     environment), and the data it loaded; every refusal of the run's settings happens here, in the order
     of the module docstring. ``cfg`` itself is left unchanged."""
     from sppo_rl.llm.latent.plugin import configure_latent
-    from sppo_rl.llm.models import check_lora_targets_of
+    from sppo_rl.llm.models.core import check_lora_targets_of
     from sppo_rl.llm.rollout.factory import sampling_params
     from sppo_rl.llm.setup import (
         check_cache,
@@ -198,7 +205,7 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
     if cfg.minibatches < 1 or cfg.minibatches > rows:
         raise RunError(f"--minibatches must be in [1, {rows}] (rows per rank and step)")
     if cfg.engine == "deepspeed":
-        from sppo_rl.llm.engines import deepspeed_config
+        from sppo_rl.llm.models.engines import deepspeed_config
 
         deepspeed_config(
             cfg.zero_stage, cfg.max_grad_norm, cfg.offload, getattr(torch, cfg.dtype)

@@ -14,9 +14,9 @@ import torch
 from torch import Tensor
 
 from sppo_rl.llm.config import LLMConfig
-from sppo_rl.llm.data import Example, load_examples
-from sppo_rl.llm.models import check_model_config, check_weight_files, sequence_logprobs
-from sppo_rl.llm.reward import RewardFnError, RewardScorer, RewardWorkerError
+from sppo_rl.llm.data.files import Example, load_examples
+from sppo_rl.llm.models.core import check_model_config, check_weight_files, sequence_logprobs
+from sppo_rl.llm.rewards.scorer import RewardFnError, RewardScorer, RewardWorkerError
 from sppo_rl.llm.rollout.base import RolloutBatch
 from sppo_rl.runtime.run import RunError
 
@@ -34,14 +34,14 @@ SFT_SETTINGS: dict[str, dict[str, int]] = {
     "scratchpad": {"batch_size": 32, "check_every": 10},
 }
 """Warm-start settings of each generated task beyond the flags (keywords of
-:func:`sppo_rl.llm.sft.supervised_warmstart`; arithmetic: its defaults, 64 pairs a step, a check every 25
+:func:`sppo_rl.llm.models.sft.supervised_warmstart`; arithmetic: its defaults, 64 pairs a step, a check every 25
 steps). Scratchpad: 32 pairs a step, which reached the target in fewer CPU-seconds than 64 (see docs/llm.md),
 and a check every 10 steps, since its sampled accuracy jumps (0.15 -> 0.49 within 25 steps)."""
 
 
 def tiny_settings(task: str) -> dict[str, Any]:
     """The settings of the embedded base model for ``task`` (keywords of
-    :func:`sppo_rl.llm.tiny.build_tiny_model`): :data:`TINY_SETTINGS` for arithmetic (its cache key
+    :func:`sppo_rl.llm.models.tiny.build_tiny_model`): :data:`TINY_SETTINGS` for arithmetic (its cache key
     unchanged); for scratchpad the same width and depth with a context of 512 positions, which holds the
     longest prompt (18 tokens) and the longest default response budget (234 tokens, level 5) with room to
     spare (RoPE: the context adds no weights). ``ValueError`` for any other task."""
@@ -76,7 +76,7 @@ def load_task(cfg: LLMConfig) -> tuple[list[Example], list[Example], str]:
         except ValueError as e:
             raise RunError(f"--task {cfg.task}: {e}") from None
         if cfg.task == "arithmetic" and cfg.arithmetic_prompt == "question":
-            from sppo_rl.llm.tasks import as_question
+            from sppo_rl.llm.data.arithmetic import as_question
 
             train, val = (
                 [dataclasses.replace(e, prompt=as_question(str(e.prompt))) for e in s] for s in (train, val)
@@ -97,7 +97,7 @@ def load_task(cfg: LLMConfig) -> tuple[list[Example], list[Example], str]:
     return train, val, data_reward(cfg, train, val)
 
 
-GSM8K_REWARD = "sppo_rl.llm.verify:verify_gsm8k"
+GSM8K_REWARD = "sppo_rl.llm.rewards.verify:verify_gsm8k"
 """The ``math`` reward on data in GSM8K's layout: ``\\boxed{}`` or GSM8K's own ``#### n``."""
 
 
@@ -106,8 +106,8 @@ def data_reward(cfg: LLMConfig, train: list[Example], val: list[Example]) -> str
     references the math verifier can never pay, with a warning): ``--reward-fn integer`` on
     non-integer references is refused in one line; ``math`` (and ``auto``) on GSM8K's layout becomes
     :data:`GSM8K_REWARD`, which also reads GSM8K's ``#### n`` final answer."""
-    from sppo_rl.llm.data import drop_unpayable_references, non_integer_references
-    from sppo_rl.llm.verify import MAX_ANSWER_CHARS
+    from sppo_rl.llm.data.files import drop_unpayable_references, non_integer_references
+    from sppo_rl.llm.rewards.verify import MAX_ANSWER_CHARS
 
     reward = "math" if cfg.reward_fn == "auto" else cfg.reward_fn
     if reward == "integer":
@@ -129,15 +129,15 @@ def data_reward(cfg: LLMConfig, train: list[Example], val: list[Example]) -> str
 
 def generated_task(task: str) -> Any:
     """The module of a generated task, with ``make(seed, n_train, n_val, levels)``, ``REWARD_FN`` and
-    ``reference_response(example)``: :mod:`sppo_rl.llm.tasks` or :mod:`sppo_rl.llm.scratchpad`."""
+    ``reference_response(example)``: :mod:`sppo_rl.llm.data.arithmetic` or :mod:`sppo_rl.llm.data.scratchpad`."""
     import types
 
     if task == "arithmetic":
-        from sppo_rl.llm import tasks as module
+        from sppo_rl.llm.data import arithmetic as module
 
         make = module.make_arithmetic
     elif task == "scratchpad":
-        from sppo_rl.llm import scratchpad as module
+        from sppo_rl.llm.data import scratchpad as module
 
         make = module.make_scratchpad
     else:
@@ -159,7 +159,7 @@ def data_file(flag: str, value: str) -> Path:
 
 def readable_type(flag: str, value: str) -> None:
     """Refuse in one line a data file whose extension the loader does not read (``.csv``, ``.txt``)."""
-    from sppo_rl.llm.data import _READERS
+    from sppo_rl.llm.data.files import _READERS
 
     suffix = Path(value).suffix.lower()
     if suffix and suffix not in _READERS:
@@ -173,7 +173,7 @@ def readable_type(flag: str, value: str) -> None:
 def check_model_paths(cfg: LLMConfig) -> None:
     """Refuse, before the run folder is touched, model folders that are not there: ``--model`` and
     ``--critic-model`` must be Hugging Face model folders or named models that are cached or can be built
-    (:func:`sppo_rl.llm.pretrained.check_available`), the embedded default is for the generated tasks
+    (:func:`sppo_rl.llm.models.pretrained.check_available`), the embedded default is for the generated tasks
     (arithmetic, scratchpad), and ``--chat-template on`` needs an actor tokenizer with a template. A data
     file of a type the loader does not read (a CSV) is refused first, whatever the model."""
     for flag, value in (("--task", cfg.task), ("--val-data", cfg.val_data)):
@@ -183,8 +183,8 @@ def check_model_paths(cfg: LLMConfig) -> None:
         raise RunError(
             "the embedded tiny model is for --task arithmetic or scratchpad; give --model for other data"
         )
-    from sppo_rl.llm import pretrained
-    from sppo_rl.llm.prompts import has_chat_template
+    from sppo_rl.llm.data.prompts import has_chat_template
+    from sppo_rl.llm.models import pretrained
 
     cache = cache_folder(cfg)
     for flag, value in (("--model", cfg.model), ("--critic-model", cfg.critic_model)):
@@ -215,9 +215,9 @@ def check_model_paths(cfg: LLMConfig) -> None:
 
 def model_folder(cfg: LLMConfig, value: str | None) -> Path | None:
     """The folder a ``--model`` / ``--critic-model`` value names: a named model's
-    (:mod:`sppo_rl.llm.pretrained`; built into the cache on first use, verified on each), else the
+    (:mod:`sppo_rl.llm.models.pretrained`; built into the cache on first use, verified on each), else the
     value as a path; None stays None."""
-    from sppo_rl.llm import pretrained
+    from sppo_rl.llm.models import pretrained
 
     if value is None:
         return None
@@ -231,9 +231,9 @@ def model_folder(cfg: LLMConfig, value: str | None) -> Path | None:
 
 
 def prompt_format(cfg: LLMConfig) -> Any:
-    """The run's :class:`sppo_rl.llm.prompts.PromptFormat` (``--chat-template``, ``--system-prompt``,
+    """The run's :class:`sppo_rl.llm.data.prompts.PromptFormat` (``--chat-template``, ``--system-prompt``,
     ``--instruction``)."""
-    from sppo_rl.llm.prompts import PromptFormat
+    from sppo_rl.llm.data.prompts import PromptFormat
 
     return PromptFormat(cfg.chat_template, cfg.system_prompt, cfg.instruction)
 
@@ -267,8 +267,8 @@ def model_context(folder: Path) -> int | None:
 def embedded_model(cfg: LLMConfig, train: list[Example], scorer: RewardScorer) -> tuple[Path, dict[str, Any]]:
     """The tiny Qwen2 model (:func:`tiny_settings` of the task), built once into the cache, then warm-started
     on the task's reference responses (also cached, keyed by the task's settings)."""
-    from sppo_rl.llm.sft import supervised_warmstart
-    from sppo_rl.llm.tiny import ensure_tiny_model
+    from sppo_rl.llm.models.sft import supervised_warmstart
+    from sppo_rl.llm.models.tiny import ensure_tiny_model
 
     if cfg.task not in GENERATED_TASKS:
         raise RunError(
@@ -319,11 +319,11 @@ def cache_folder(cfg: LLMConfig) -> Path:
 def models_to_build(cfg: LLMConfig, latent: bool = False) -> list[str]:
     """What a run of ``cfg`` would build into the model cache, as names for a message: the embedded
     tiny model and its warm start (a latent policy's own warm start is not foreseen here), and a named
-    ``--model`` / ``--critic-model`` (:mod:`sppo_rl.llm.pretrained`) that is not cached; empty when every
+    ``--model`` / ``--critic-model`` (:mod:`sppo_rl.llm.models.pretrained`) that is not cached; empty when every
     model it needs is there."""
-    from sppo_rl.llm import pretrained
-    from sppo_rl.llm.sft import sft_done, sft_folder
-    from sppo_rl.llm.tiny import tiny_model_built, tiny_model_folder
+    from sppo_rl.llm.models import pretrained
+    from sppo_rl.llm.models.sft import sft_done, sft_folder
+    from sppo_rl.llm.models.tiny import tiny_model_built, tiny_model_folder
 
     cache, out = cache_folder(cfg), []
     if cfg.model is None and cfg.task in GENERATED_TASKS:
@@ -366,8 +366,8 @@ def check_cache(cfg: LLMConfig, latent: bool = False) -> None:
 def _tokenizer_folder(cfg: LLMConfig, value: str | None) -> Path | None:
     """The folder whose tokenizer ``--model`` / ``--critic-model`` ``value`` uses, where it exists before
     anything is built (a folder, a cached named model, the built embedded model); None otherwise."""
-    from sppo_rl.llm import pretrained
-    from sppo_rl.llm.tiny import tiny_model_built, tiny_model_folder
+    from sppo_rl.llm.models import pretrained
+    from sppo_rl.llm.models.tiny import tiny_model_built, tiny_model_folder
 
     if value is None:
         if cfg.task not in GENERATED_TASKS:
@@ -381,10 +381,10 @@ def _tokenizer_folder(cfg: LLMConfig, value: str | None) -> Path | None:
 
 def check_critic_tokenizer(cfg: LLMConfig) -> None:
     """Refuse, before the run folder is touched, a ``--critic-model`` whose tokenizer differs from the
-    actor's (:func:`sppo_rl.llm.models.check_same_tokenizer`), where both exist already (a model still
+    actor's (:func:`sppo_rl.llm.models.core.check_same_tokenizer`), where both exist already (a model still
     to be built is checked once built, by :func:`sppo_rl.llm.build.build_models`)."""
-    from sppo_rl.llm.models import check_same_tokenizer
-    from sppo_rl.llm.tiny import load_tokenizer
+    from sppo_rl.llm.models.core import check_same_tokenizer
+    from sppo_rl.llm.models.tiny import load_tokenizer
 
     if cfg.critic_model in (None, "none"):
         return
@@ -401,7 +401,7 @@ def check_context(cfg: LLMConfig) -> None:
     """Refuse, before the run folder is touched, a ``--max-new-tokens`` that leaves no room for a prompt
     in the actor's context (the embedded model's, or its folder's ``config.json``; a named model not
     yet built is checked once built, by :func:`sppo_rl.llm.build.prepare_prompts`)."""
-    from sppo_rl.llm import pretrained
+    from sppo_rl.llm.models import pretrained
     from sppo_rl.llm.rollout.factory import context_limit
 
     if cfg.model is None:

@@ -26,16 +26,17 @@ from sppo_rl.llm.build import (
     prepare_prompts,
     row_fn,
 )
-from sppo_rl.llm.completions import CompletionLog
 from sppo_rl.llm.config import LLMConfig
-from sppo_rl.llm.engines import init_process_group, launcher_dist
-from sppo_rl.llm.evaluation import Evaluator, evaluate, write_critic_trace
-from sppo_rl.llm.export import export, stopped_summary, summary_of
-from sppo_rl.llm.flops import PARTS, policy_pass, round_lengths, row_lengths, run_shape, update_flops
+from sppo_rl.llm.models.engines import init_process_group, launcher_dist
+from sppo_rl.llm.models.flops import PARTS, policy_pass, round_lengths, row_lengths, run_shape, update_flops
+from sppo_rl.llm.models.tiny import load_tokenizer
+from sppo_rl.llm.outputs.completions import CompletionLog
+from sppo_rl.llm.outputs.export import export, stopped_summary, summary_of
 from sppo_rl.llm.plan import resolve
 from sppo_rl.llm.setup import NullLogger, peak_memory_mb, quiet_transformers, start_scorer
 from sppo_rl.llm.stages.advantages import advantages
 from sppo_rl.llm.stages.collect import Collector, PromptOrder, Sampler
+from sppo_rl.llm.stages.evaluate import Evaluator, evaluate, write_critic_trace
 from sppo_rl.llm.stages.ppo_update import ppo_update, rewards_all_equal
 from sppo_rl.llm.stages.row import (
     StageTimer,
@@ -49,12 +50,10 @@ from sppo_rl.llm.stages.score import Scoring
 from sppo_rl.llm.stages.spo import SpoOrder, observe, tracker_values
 from sppo_rl.llm.stages.sync import sync
 from sppo_rl.llm.stages.to_batch import pick, to_batch
-from sppo_rl.llm.tiny import load_tokenizer
-from sppo_rl.runtime import CheckpointManager, RunLogger, prepare_run_dir
-from sppo_rl.runtime.checkpoint import check_written_by, read_meta, torch_load, torch_save
-from sppo_rl.runtime.logging import check_metrics_length, start_logging
+from sppo_rl.runtime.checkpoint import CheckpointManager, check_written_by, read_meta, torch_load, torch_save
+from sppo_rl.runtime.logging import RunLogger, check_metrics_length, start_logging
 from sppo_rl.runtime.loop import Schedule, announce, progress_bar, run_loop
-from sppo_rl.runtime.run import Preempted, RunError, RunFailed, check_resume, unlock_run_dir
+from sppo_rl.runtime.run import Preempted, RunError, RunFailed, check_resume, prepare_run_dir, unlock_run_dir
 from sppo_rl.runtime.schedule import lr_factor, set_lr
 from sppo_rl.runtime.trace import TRACE_FILE
 
@@ -101,7 +100,7 @@ class LLMRun:
         self.order = (SpoOrder if self.algo.requires.tracker else PromptOrder)(len(self.train_set), cfg.seed)
         self.update_idx, self.elapsed, self.generated_tokens = 0, 0.0, 0
         self.flops_shape = run_shape(plan, m)
-        self.flops = dict.fromkeys(PARTS, 0)  # cumulative FLOPs by part (:mod:`sppo_rl.llm.flops`)
+        self.flops = dict.fromkeys(PARTS, 0)  # cumulative FLOPs by part (:mod:`sppo_rl.llm.models.flops`)
         self.critic_init_p0: float | None = None  # --critic-init first-batch: the p0 it used
         self.ckpts = CheckpointManager(self.out / "checkpoints", keep=cfg.keep_checkpoints)
         ckpt = self._resume() if cfg.resume else None
@@ -225,7 +224,7 @@ class LLMRun:
         return row
 
     def _update_flops(self, got: Any, picked: Any, stats: dict[str, Any]) -> dict[str, int]:
-        """This rank's FLOPs of the update just done, by part (:func:`~sppo_rl.llm.flops.update_flops`):
+        """This rank's FLOPs of the update just done, by part (:func:`~sppo_rl.llm.models.flops.update_flops`):
         every generation round, the rows trained on, the actor's passes only when it trained."""
         G = self.group_size
         rounds = [round_lengths(r.rb, G, r.greedy) for r in got.rounds]

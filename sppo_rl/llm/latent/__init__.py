@@ -72,7 +72,7 @@ explicit reasoning lines (the arithmetic task's column sums, or the scratchpad t
 then the box; stage ``k = 1..L`` replaces the first
 ``k`` lines by ``k`` latent steps (built from the model's own noise-free top-K mixture, back-propagated
 through) and trains on the rest. Both stage 0 (the explicit model, the comparable warm start of
-explicit GRPO) and the last stage are cached like :mod:`sppo_rl.llm.sft`, keyed by their settings.
+explicit GRPO) and the last stage are cached like :mod:`sppo_rl.llm.models.sft`, keyed by their settings.
 
 Construction at small scale (this project's, not the paper's): a fixed number of latent steps, no
 top-p nucleus on latent steps, the authors' straight-through "flip" of negative-advantage gradients

@@ -16,7 +16,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     GRPO, ``sppo-rl llm --algo grpo --model <folder>``) or of the latent one."""
     from sppo_rl.cli import parse
     from sppo_rl.llm.config import LLMConfig
-    from sppo_rl.llm.engines import launcher_dist
+    from sppo_rl.llm.models.engines import launcher_dist
     from sppo_rl.llm.plan import resolve
     from sppo_rl.llm.setup import start_scorer
 

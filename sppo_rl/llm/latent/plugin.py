@@ -20,7 +20,7 @@ LATENT_FIXES: dict[str, dict[str, bool]] = {
     "latent-grpo": {"one_sided": True, "mask_invalid": True},
     "latent-grpo-naive": {"one_sided": False, "mask_invalid": False},
 }
-"""The algorithms (:data:`sppo_rl.agents.ALGORITHMS` names) whose policy is latent, and the Latent-GRPO
+"""The algorithms (:data:`sppo_rl.agents.algorithms.ALGORITHMS` names) whose policy is latent, and the Latent-GRPO
 fixes each runs with unless the run's flags say otherwise: (b) ``one_sided`` noise, (a) ``mask_invalid``
 rollouts. Fix (c) is the algorithm's ``selector`` (``"first-token"``). These algorithms are LLM-only
 (their ``worlds`` is ``("llm",)``)."""
@@ -100,8 +100,8 @@ def configure_latent(cfg: Any, algo: Any, train: list[Any]) -> tuple[Any, Latent
 def _vocab_size(model: str | None) -> int | None:
     """The vocabulary of ``--model`` (its ``config.json``) or of the embedded tiny model; None if unknown."""
     if model is None:
+        from sppo_rl.llm.models.tiny import char_vocab
         from sppo_rl.llm.setup import TINY_CHARSET
-        from sppo_rl.llm.tiny import char_vocab
 
         return len(char_vocab(TINY_CHARSET))
     try:

@@ -19,7 +19,7 @@ from sppo_rl.llm.latent.maths import (
     latent_step,
     mixture,
 )
-from sppo_rl.llm.models import accepts_kwarg, logprobs_from_logits, positions_from_mask
+from sppo_rl.llm.models.core import accepts_kwarg, logprobs_from_logits, positions_from_mask
 from sppo_rl.llm.rollout.base import RolloutBatch, SamplingParams, Seeds
 from sppo_rl.llm.rollout.hf import HFRollout, cache_of
 

@@ -16,9 +16,9 @@ from torch import Tensor, nn
 
 from sppo_rl.llm.latent.maths import LatentSettings, mixture
 from sppo_rl.llm.latent.rollout import LatentRollout
-from sppo_rl.llm.models import load_actor, positions_from_mask
+from sppo_rl.llm.models.core import load_actor, positions_from_mask
+from sppo_rl.llm.models.sft import fine_tune, holdout_split, right_pad, save_cached, supervised_warmstart
 from sppo_rl.llm.rollout.base import left_pad
-from sppo_rl.llm.sft import fine_tune, holdout_split, right_pad, save_cached, supervised_warmstart
 
 STEP_SEPARATOR = "; "
 """Between two reasoning lines (the scratchpad task's separator: the tiny tokenizer has no newline)."""
@@ -52,7 +52,7 @@ def reasoning_lines(task: str, example: Any) -> tuple[list[str], str]:
     any other expression has no lines (its latent steps then only precede the box)."""
     box = f"\\boxed{{{example.answer}}}"
     if task == "scratchpad":
-        from sppo_rl.llm.scratchpad import reference_response
+        from sppo_rl.llm.data.scratchpad import reference_response
 
         parts = reference_response(example).split(STEP_SEPARATOR)
         return parts[:-1], parts[-1]
@@ -154,7 +154,7 @@ def latent_warmstart(
     folder = cache_dir / f"latent-sft-{_key(record_settings)}"
     if (folder / _DONE).is_file():
         return folder, json.loads((folder / _DONE).read_text())
-    from sppo_rl.llm.tiny import load_tokenizer
+    from sppo_rl.llm.models.tiny import load_tokenizer
 
     tokenizer = load_tokenizer(explicit)
     n_train, batch_size = holdout_split(len(prompts), holdout, batch_size, "examples")
@@ -223,10 +223,10 @@ def explicit_model(
     cfg: Any, train: list[Any], scorer: Any
 ) -> tuple[Path, dict[str, Any], list[list[str]], list[str]]:
     """Stage 0 of the curriculum: the embedded tiny model fine-tuned on responses with explicit reasoning
-    lines (:func:`reasoning_lines`), cached by :func:`sppo_rl.llm.sft.supervised_warmstart`; also the
+    lines (:func:`reasoning_lines`), cached by :func:`sppo_rl.llm.models.sft.supervised_warmstart`; also the
     lines and boxes of ``train``. For ``scratchpad`` it is the task's own embedded warm start."""
+    from sppo_rl.llm.models.tiny import ensure_tiny_model
     from sppo_rl.llm.setup import TINY_CHARSET, generated_task, tiny_settings
-    from sppo_rl.llm.tiny import ensure_tiny_model
 
     cache, prompts, answers, key, score = _warmstart_inputs(cfg, train, scorer)
     base = ensure_tiny_model(cache, TINY_CHARSET, **tiny_settings(cfg.task))

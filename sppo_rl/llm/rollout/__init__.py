@@ -13,7 +13,7 @@ Log-prob convention (every backend). At each step the sampler computes ``z = log
 reports two log-probs of the token it emitted:
 
 - ``logprobs``: ``log softmax(z)[token]``, the temperature-scaled distribution **without** any
-  truncation. This is exactly what :func:`sppo_rl.llm.models.sequence_logprobs` recomputes at the
+  truncation. This is exactly what :func:`sppo_rl.llm.models.core.sequence_logprobs` recomputes at the
   same temperature, so it is what the trainer compares against (``logp_old`` of the PPO ratio, and
   the check that sampler and trainer agree).
 - ``sampling_logprobs``: the log-prob under the distribution actually sampled from. With ``top_p``

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from sppo_rl.llm.models import sequence_logprobs
+from sppo_rl.llm.models.core import sequence_logprobs
 
 
 @dataclass(frozen=True)
@@ -233,7 +233,7 @@ def logprob_agreement(
     """Largest ``|logprobs - sequence_logprobs(model)|`` over the tokens ``rollout`` samples.
 
     Samples with ``params``, recomputes the log-probs with the trainer's
-    :func:`~sppo_rl.llm.models.sequence_logprobs` at ``params.temperature`` (model in eval mode,
+    :func:`~sppo_rl.llm.models.core.sequence_logprobs` at ``params.temperature`` (model in eval mode,
     restored afterwards) and returns the maximum absolute difference over valid response tokens.
     After a weight sync it is float rounding (about 1e-6 in float32); a stale or partial sync shows up
     as a large value.

@@ -80,7 +80,7 @@ def make_rollout(
             sync_timeout_s=cfg.collective_timeout,
         )
         if cfg.lora.rank:  # each vLLM layer a sync touches must get all its parts
-            from sppo_rl.llm.models import adapted_tensor_names
+            from sppo_rl.llm.models.core import adapted_tensor_names
 
             engine.check_partial_sync(adapted_tensor_names(actor))
         return engine
@@ -88,7 +88,7 @@ def make_rollout(
     if cfg.engine == "torch":
         autocast = torch.bfloat16 if cfg.autocast == "bfloat16" else None
         return backend(actor, tokenizer, add_special_tokens=False, shares_actor=True, autocast=autocast)
-    from sppo_rl.llm.models import load_actor
+    from sppo_rl.llm.models.core import load_actor
 
     replica = load_actor(actor_path, dtype=dtype, device=device).eval().requires_grad_(False)
     return backend(replica, tokenizer, add_special_tokens=False)

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from sppo_rl.llm.models import accepts_kwarg, positions_from_mask
+from sppo_rl.llm.models.core import accepts_kwarg, positions_from_mask
 from sppo_rl.llm.rollout.base import (
     RolloutBatch,
     SamplingParams,
@@ -79,7 +79,7 @@ class HFRollout:
     Args:
         model: any causal LM whose forward takes ``input_ids, attention_mask, position_ids`` and a
             KV cache and returns ``.logits`` (every ``AutoModelForCausalLM``).
-        tokenizer: its tokenizer (see :func:`sppo_rl.llm.tiny.load_tokenizer`).
+        tokenizer: its tokenizer (see :func:`sppo_rl.llm.models.tiny.load_tokenizer`).
         add_special_tokens: passed to the tokenizer for prompts (False for prompts that already went
             through a chat template which adds BOS).
         stop_token_ids: token ids that end a response; default as described above.

@@ -17,7 +17,7 @@ actually sampled from (``processed_*``), never ``logits / T`` without top-p, so:
 
 - the temperature is applied inside the model: the ``scale`` of vLLM's ``LogitsProcessor`` layer is
   set to ``1 / T`` for the call and vLLM samples at temperature 1 (greedy: temperature 0). The logits
-  vLLM sees are then ``logits / T``, exactly what :func:`~sppo_rl.llm.models.sequence_logprobs`
+  vLLM sees are then ``logits / T``, exactly what :func:`~sppo_rl.llm.models.core.sequence_logprobs`
   recomputes; a start-up check fails loudly if a vLLM build ignores that scale;
 - the engine runs with ``logprobs_mode="processed_logprobs"`` and asks for the sampled token's
   log-prob (``logprobs=0``). That is ``log softmax(top_p(logits / T))[token]``, i.e.
@@ -181,7 +181,7 @@ class VLLMRollout:
     Args:
         model_path: local Hugging Face folder of the actor (config + safetensors); vLLM loads it once,
             later weights come through :meth:`update_weights`.
-        tokenizer: the actor's tokenizer (default: :func:`sppo_rl.llm.tiny.load_tokenizer` of
+        tokenizer: the actor's tokenizer (default: :func:`sppo_rl.llm.models.tiny.load_tokenizer` of
             ``model_path``). Prompts are encoded and responses decoded with it; vLLM never loads one.
         dtype: weights and compute dtype, as the trainer's (``"float32"``, ``"bfloat16"``, a
             ``torch.dtype``; ``"auto"`` lets vLLM pick, which is bfloat16 for a float32 checkpoint).
@@ -247,7 +247,7 @@ class VLLMRollout:
     ) -> None:
         self.model_path = Path(model_path)
         if tokenizer is None:
-            from sppo_rl.llm.tiny import load_tokenizer
+            from sppo_rl.llm.models.tiny import load_tokenizer
 
             tokenizer = load_tokenizer(self.model_path)
         self.tokenizer = tokenizer

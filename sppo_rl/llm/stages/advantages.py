@@ -10,8 +10,9 @@ from typing import Any
 
 from torch import Tensor
 
-from sppo_rl.agents import SequenceBatch, compute_advantages
-from sppo_rl.runtime import check_finite
+from sppo_rl.agents.algorithms import compute_advantages
+from sppo_rl.agents.batch import SequenceBatch
+from sppo_rl.runtime.run import check_finite
 
 
 def advantages(batch: SequenceBatch, plan: Any, finished: Tensor, update: int) -> None:

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from sppo_rl.agents.algorithms import group_signal
-from sppo_rl.llm.data import Example, render_prompt
+from sppo_rl.llm.data.files import Example, render_prompt
 from sppo_rl.llm.rollout.base import RolloutBatch
 from sppo_rl.llm.stages.row import StageTimer
 from sppo_rl.llm.stages.score import Scoring, give_up_if_cut
@@ -114,8 +114,8 @@ class Collector:
         train: the training prompts (rendered); order: their :class:`PromptOrder`.
         sampler: the rollout (:class:`Sampler`); scoring: the reward workers (:class:`Scoring`).
         plan: the run's :class:`~sppo_rl.llm.plan.Plan`; dist: its ranks; device: the reductions' device.
-        completions: the run's :class:`~sppo_rl.llm.completions.CompletionLog`.
-        tokenizer: renders a prompt (:func:`~sppo_rl.llm.data.render_prompt`).
+        completions: the run's :class:`~sppo_rl.llm.outputs.completions.CompletionLog`.
+        tokenizer: renders a prompt (:func:`~sppo_rl.llm.data.files.render_prompt`).
     """
 
     def __init__(

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from sppo_rl.agents import ppo_update as learner_update
 from sppo_rl.agents.learner import outcomes_equal
-from sppo_rl.runtime import check_finite
+from sppo_rl.agents.learner import ppo_update as learner_update
+from sppo_rl.runtime.run import check_finite
 
 
 def rewards_all_equal(built: Any, valid: Any, red: Any) -> bool:

@@ -6,7 +6,7 @@ Per update (every sampled row of every round counts, dropped groups' too; the KL
 ``response_clip_frac`` = rows cut at ``--max-new-tokens`` / rows; ``verifier_errors``;
 ``invalid_rollouts``; ``generated_tokens`` (cumulative, greedy decodes included); ``flops_total`` and its
 parts ``flops_rollout``, ``flops_greedy``, ``flops_actor``, ``flops_reference``, ``flops_critic``
-(cumulative FLOPs of training, validation not counted: :mod:`sppo_rl.llm.flops`); ``gen_tokens_per_s``
+(cumulative FLOPs of training, validation not counted: :mod:`sppo_rl.llm.models.flops`); ``gen_tokens_per_s``
 = this update's generated tokens / generation seconds; ``greedy_reward_mean`` (ReMax); ``kl`` = the
 KL penalty's sum / trained tokens; DAPO's ``dynamic_sampling/*`` counts; ``rewards/NAME`` per reward
 function when several are combined; the learner's statistics; and the times ``time_gen_s``,
@@ -123,7 +123,7 @@ def update_row(
 
 def flops_row(flops: dict[str, int]) -> dict[str, int]:
     """The run's cumulative FLOPs as a row's entries: ``flops_total`` and ``flops_<part>`` for each part
-    of :data:`~sppo_rl.llm.flops.PARTS` (validation not included)."""
+    of :data:`~sppo_rl.llm.models.flops.PARTS` (validation not included)."""
     return {"flops_total": sum(flops.values()), **{f"flops_{k}": v for k, v in flops.items()}}
 
 

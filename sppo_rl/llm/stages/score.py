@@ -1,5 +1,5 @@
 """Stage 2, ``score``: responses verified against their references by the reward workers
-(:class:`~sppo_rl.llm.reward.RewardScorer`, bounded in time per item). A failed verification (raised,
+(:class:`~sppo_rl.llm.rewards.scorer.RewardScorer`, bounded in time per item). A failed verification (raised,
 timed out, no number in ``[0, 1]``) scores a 0.0 placeholder and makes its row *invalid*: masked out of
 the update and counted in ``invalid_rollouts``. A preemption's grace running out cuts the scoring short;
 :func:`give_up_if_cut` then abandons the update (or evaluation) on every rank."""
@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sppo_rl.llm.data import Example
+from sppo_rl.llm.data.files import Example
 from sppo_rl.runtime.run import Preempted, preemption_stop_now
 
 

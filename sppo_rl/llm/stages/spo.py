@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sppo_rl.agents import forward_rows
+from sppo_rl.agents.learner import forward_rows
 from sppo_rl.agents.rivals import ValueTracker, spo_discount
 from sppo_rl.llm.rollout.base import RolloutBatch
 from sppo_rl.llm.stages.collect import PromptOrder

@@ -21,8 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sppo_rl.agents import SequenceBatch, forward_rows, kl_penalty, terminal_rewards
-from sppo_rl.agents.batch import overlong_penalty
+from sppo_rl.agents.batch import SequenceBatch, overlong_penalty, terminal_rewards
+from sppo_rl.agents.learner import forward_rows
+from sppo_rl.agents.losses import kl_penalty
 from sppo_rl.llm.rollout.base import RolloutBatch
 from sppo_rl.llm.stages.collect import Collected
 

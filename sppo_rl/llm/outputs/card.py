@@ -59,7 +59,7 @@ def model_card(
 
 def prompt_lines(cfg: Any, template: bool) -> list[str]:
     """The card's "Prompts" and "Use" sections: how the run turned a prompt into the model's text
-    (:func:`sppo_rl.llm.prompts.render` with ``cfg``'s options; ``template``: whether the chat template
+    (:func:`sppo_rl.llm.data.prompts.render` with ``cfg``'s options; ``template``: whether the chat template
     was applied), and the same rendering with ``transformers`` and with ``LLMPolicy``."""
     instruction, system = cfg.instruction, cfg.system_prompt
     how = [
@@ -111,7 +111,7 @@ def prompt_lines(cfg: Any, template: bool) -> list[str]:
 def write_model_card(
     folder: Path, cfg: Any, summary: dict[str, Any], rows: list[dict[str, Any]], warnings: list[str]
 ) -> Path:
-    from sppo_rl.llm.prompts import has_chat_template
+    from sppo_rl.llm.data.prompts import has_chat_template
 
     path = Path(folder) / "README.md"
     template = cfg.chat_template != "off" and has_chat_template(folder)

@@ -417,7 +417,7 @@ class SequenceCritic(_ValueHeadModel):
     ``response_len`` columns (the response) it drops: the same call as :class:`StepCritic`'s.
     Prompts must be left-padded, so column ``-1`` holds every row's last prompt token; the backbone is
     causal, so that hidden state summarises the whole prompt and nothing else. Trained with
-    BCE-with-logits against ``R`` (:func:`sppo_rl.agents.bce_value_loss`).
+    BCE-with-logits against ``R`` (:func:`sppo_rl.agents.losses.bce_value_loss`).
     """
 
     kind: ClassVar[str] = "sequence"

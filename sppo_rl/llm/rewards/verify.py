@@ -25,7 +25,7 @@ Work is bounded on any input:
   rules off;
 - the symbolic comparison runs under a wall-clock deadline (``SIGALRM`` via ``setitimer``) when called
   on the main thread. On other threads signals are unavailable and only the caps above bound the work:
-  run scoring in :class:`sppo_rl.llm.reward.RewardScorer`, whose worker process is killed on a hang.
+  run scoring in :class:`sppo_rl.llm.rewards.scorer.RewardScorer`, whose worker process is killed on a hang.
 
 Every verifier returns ``1.0`` (correct) or ``0.0`` (wrong, unparsable, or refused) and never raises on
 an untrusted response. :func:`verify_boxed_or_last_number` (``--reward-fn boxed-or-last-number``, explicit

@@ -20,10 +20,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from sppo_rl.llm.models import load_actor, sequence_logprobs
+from sppo_rl.llm.models.core import load_actor, sequence_logprobs
+from sppo_rl.llm.models.tiny import load_tokenizer
 from sppo_rl.llm.rollout.base import SamplingParams, left_pad
 from sppo_rl.llm.rollout.hf import HFRollout
-from sppo_rl.llm.tiny import load_tokenizer
 from sppo_rl.runtime.files import cache_build, follow_umask
 
 _DONE = "SFT_COMPLETE.json"

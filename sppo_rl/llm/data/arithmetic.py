@@ -1,7 +1,7 @@
 """A synthetic verifiable task: integer arithmetic with difficulty levels, for tiny models on a CPU.
 
 A prompt is an expression followed by ``=`` (``"12+35="``); the reference response boxes the integer
-value (``"\\boxed{47}"``), scored by :func:`sppo_rl.llm.verify.verify_integer`. Prompts have at most
+value (``"\\boxed{47}"``), scored by :func:`sppo_rl.llm.rewards.verify.verify_integer`. Prompts have at most
 12 characters and responses at most 14, so a character-level model learns the format fast.
 
 ==========  ===============  =========================================================  ================
@@ -29,11 +29,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from sppo_rl.llm.data import Example
+from sppo_rl.llm.data.files import Example
 
 SOURCE = "arithmetic"
 REWARD_FN = "integer"
-"""The built-in reward of :class:`sppo_rl.llm.reward.RewardScorer` that scores this task."""
+"""The built-in reward of :class:`sppo_rl.llm.rewards.scorer.RewardScorer` that scores this task."""
 
 ARITHMETIC_CHARSET = "".join(sorted(set(string.digits + "+-*=" + "\\boxed{}")))
 """Every character a prompt or a reference response can contain."""

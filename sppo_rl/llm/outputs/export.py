@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sppo_rl.llm.models import save_adapter
+from sppo_rl.llm.models.core import save_adapter
 from sppo_rl.llm.setup import peak_memory_mb
 
 
@@ -19,7 +19,7 @@ def export(folder: Path, m: Any, cfg: Any, dist: Any) -> None:
     (:class:`~sppo_rl.llm.build.Models`); all ranks call this (ZeRO-3 gathers the weights), rank 0 writes."""
     m.actor_engine.save_pretrained(folder / "actor")
     if dist.main:
-        from sppo_rl.llm.prompts import save_format
+        from sppo_rl.llm.data.prompts import save_format
         from sppo_rl.llm.setup import prompt_format
 
         m.tokenizer.save_pretrained(folder / "actor")
@@ -73,7 +73,7 @@ def summary_of(run: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "warmstart": run.models.warmstart,
     }
     if run.dist.main:
-        from sppo_rl.llm.card import write_model_card
+        from sppo_rl.llm.outputs.card import write_model_card
         from sppo_rl.runtime.files import follow_umask
         from sppo_rl.runtime.watch import not_learning
 

@@ -27,9 +27,9 @@ score 0.0 as timeouts and count in ``interrupted`` (a preempted run gives up its
 Each worker's address space may grow by ``memory_limit_mb`` beyond what it holds after loading the
 function (Linux/macOS ``RLIMIT_AS``).
 
-The reward function is ``"math"`` (:func:`sppo_rl.llm.verify.verify_math`), ``"integer"``
-(:func:`sppo_rl.llm.verify.verify_integer`), ``"boxed-or-last-number"``
-(:func:`sppo_rl.llm.verify.verify_boxed_or_last_number`), a path ``"path/to/file.py:function"``, a module
+The reward function is ``"math"`` (:func:`sppo_rl.llm.rewards.verify.verify_math`), ``"integer"``
+(:func:`sppo_rl.llm.rewards.verify.verify_integer`), ``"boxed-or-last-number"``
+(:func:`sppo_rl.llm.rewards.verify.verify_boxed_or_last_number`), a path ``"path/to/file.py:function"``, a module
 ``"package.module:function"``, or a picklable module-level callable. The worker tells its calling
 convention from its signature (:func:`call_style`):
 
@@ -292,7 +292,12 @@ def _load_all(kind: str, spec: Any, inner_timeout_s: float) -> list[tuple[Callab
 def _load(kind: str, spec: Any, inner_timeout_s: float) -> Callable[[str, str], Any]:
     """Inside the worker: the callable the spec names."""
     if kind == "builtin":
-        from sppo_rl.llm.verify import verify_boxed_or_last_number, verify_integer, verify_math, warm_up
+        from sppo_rl.llm.rewards.verify import (
+            verify_boxed_or_last_number,
+            verify_integer,
+            verify_math,
+            warm_up,
+        )
 
         if spec == "math":
             warm_up()

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sppo_rl.llm.data import Example, Message, Prompt
+from sppo_rl.llm.data.files import Example, Message, Prompt
 
 CHAT_TEMPLATE_MODES = ("auto", "on", "off")
 
@@ -80,7 +80,7 @@ def render(prompt: Prompt, tokenizer: Any, fmt: PromptFormat) -> str:
 def render_examples(examples: list[Example], tokenizer: Any, fmt: PromptFormat) -> list[Example]:
     """``examples`` with each prompt replaced by its rendered text (:func:`render`) and the data's own
     kept in ``given_prompt`` (reward functions receive it); answers, sources, indices and meta unchanged.
-    A rendered prompt is a string that :func:`sppo_rl.llm.data.render_prompt` returns as is, so the run's
+    A rendered prompt is a string that :func:`sppo_rl.llm.data.files.render_prompt` returns as is, so the run's
     later steps read it unchanged."""
     return [
         dataclasses.replace(e, prompt=render(e.data_prompt, tokenizer, fmt), given_prompt=e.data_prompt)

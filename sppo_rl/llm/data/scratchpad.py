@@ -19,7 +19,7 @@ Every step is a local rule (copy a digit, one-digit sum or product, carry = the 
 a character-level model can learn it, but one wrong step anywhere makes the boxed answer wrong: the
 outcome is decided across the whole response, which is what separates a prompt-level critic (SPPO)
 from a per-token one (PPO) and from N samples per prompt (GRPO). Only the boxed answer is rewarded
-(:data:`REWARD_FN`, :func:`sppo_rl.llm.verify.verify_integer`): a wrong scratchpad with the right box
+(:data:`REWARD_FN`, :func:`sppo_rl.llm.rewards.verify.verify_integer`): a wrong scratchpad with the right box
 is paid, a right scratchpad with a wrong box is not.
 
 Operands have exactly the level's number of digits (a leading digit of 1-9). Response lengths in
@@ -36,7 +36,7 @@ level  problem                                         steps        characters
 5      a * b, a of 3 digits, b of 2 digits (no zero)   10 to 14     168-217
 =====  ==============================================  ===========  ============
 
-Splits are made by :func:`sppo_rl.llm.tasks.generated_splits`, as for the arithmetic task:
+Splits are made by :func:`sppo_rl.llm.data.arithmetic.generated_splits`, as for the arithmetic task:
 deterministic in ``seed`` and disjoint; the validation split is drawn first from its own stream (it
 depends only on ``(seed, n_val, level)``), the training split from a second stream that skips every
 validation prompt and duplicate, so a larger ``n_train`` extends the same list.
@@ -48,12 +48,12 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-from sppo_rl.llm.data import Example
-from sppo_rl.llm.tasks import generated_splits
+from sppo_rl.llm.data.arithmetic import generated_splits
+from sppo_rl.llm.data.files import Example
 
 SOURCE = "scratchpad"
 REWARD_FN = "integer"
-"""The built-in reward of :class:`sppo_rl.llm.reward.RewardScorer` that scores this task."""
+"""The built-in reward of :class:`sppo_rl.llm.rewards.scorer.RewardScorer` that scores this task."""
 
 SEPARATOR = "; "
 """Between two steps of the scratchpad (the tiny tokenizer has no newline)."""
@@ -192,6 +192,6 @@ def make_scratchpad(
     ``level`` is one of :data:`LEVELS` or a tuple of them (each example draws its level uniformly from
     the tuple; ``meta["level"]`` records it). Raises ``ValueError`` for an unknown level, negative
     sizes, or more prompts than the levels can supply (:func:`capacity`). The splits are drawn by
-    :func:`sppo_rl.llm.tasks.generated_splits`.
+    :func:`sppo_rl.llm.data.arithmetic.generated_splits`.
     """
     return generated_splits(SOURCE, LEVELS, level, _draw, capacity, seed, n_train, n_val)

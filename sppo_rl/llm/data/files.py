@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sppo_rl.llm.verify import extract_boxed
+from sppo_rl.llm.rewards.verify import extract_boxed
 
 Message = dict[str, str]
 Prompt = str | list[Message]
@@ -66,7 +66,7 @@ class Example:
         meta: everything else in the record (``ability`` whatever its spelling, ``extra_info``, ...), or
             task parameters such as ``{"level": 2}``.
         format: the record layout it was read from (``gsm8k``, ``math``, ...; empty for generated tasks).
-        given_prompt: the prompt as the data gives it, once :func:`sppo_rl.llm.prompts.render_examples` has
+        given_prompt: the prompt as the data gives it, once :func:`sppo_rl.llm.data.prompts.render_examples` has
             replaced ``prompt`` by the text the model reads (None: ``prompt`` is still the data's own).
     """
 
@@ -430,7 +430,7 @@ def _check_repeats(examples: list[Example], path: Path) -> None:
 
 def non_integer_references(examples: list[Example]) -> list[Example]:
     """The examples whose reference is not an integer (an optional sign and digits, as
-    :func:`sppo_rl.llm.verify.verify_integer` reads it), which ``--reward-fn integer`` can never pay."""
+    :func:`sppo_rl.llm.rewards.verify.verify_integer` reads it), which ``--reward-fn integer`` can never pay."""
     import re
 
     integer = re.compile(r"\s*[+-]?[0-9]{1,1000}\s*")
@@ -470,10 +470,10 @@ def _longest_text(value: Any, depth: int = 0) -> int:
 def render_prompt(example: Example | Prompt, tokenizer: Any = None, suffix: str | None = None) -> str:
     """The text fed to the model, for a prompt that is already the run's text or that needs no run options.
 
-    A run renders every prompt once with its options (:func:`sppo_rl.llm.prompts.render`: chat template,
+    A run renders every prompt once with its options (:func:`sppo_rl.llm.data.prompts.render`: chat template,
     system prompt, instruction; a plain string becomes a user message too); what it reads afterwards is
-    that text, which this function returns as is. Outside a run, use :func:`sppo_rl.llm.prompts.render`
-    with the run's :class:`~sppo_rl.llm.prompts.PromptFormat` (``LLMPolicy.generate`` does).
+    that text, which this function returns as is. Outside a run, use :func:`sppo_rl.llm.data.prompts.render`
+    with the run's :class:`~sppo_rl.llm.data.prompts.PromptFormat` (``LLMPolicy.generate`` does).
 
     A plain-text prompt is returned as is, plus ``suffix``. Chat messages get ``suffix`` appended to
     the last user message, then go through ``tokenizer.apply_chat_template(messages, tokenize=False,
