@@ -332,8 +332,7 @@ def build_model(args: argparse.Namespace) -> Path:
     """The tiny model folder (the project's embedded Qwen2, in ``--cache-dir``); with ``--warm-start``,
     the project's own warm start of it: what ``sppo-rl llm --task arithmetic`` without ``--model``
     trains on (default sizes, cached under the same key, so an existing one is reused)."""
-    from sppo_rl.llm.models.tiny import ensure_tiny_model
-    from sppo_rl.llm.setup import TINY_CHARSET, TINY_SETTINGS
+    from sppo_rl.llm.models.tiny import TINY_CHARSET, TINY_SETTINGS, ensure_tiny_model
 
     folder = ensure_tiny_model(args.cache_dir, TINY_CHARSET, **TINY_SETTINGS)
     if not args.warm_start:
@@ -487,7 +486,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     from sppo_rl.llm.data.arithmetic import make_arithmetic
-    from sppo_rl.llm.setup import default_cache_dir
+    from sppo_rl.llm.models.sources import default_cache_dir
 
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)

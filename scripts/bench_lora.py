@@ -27,8 +27,7 @@ import torch
 from sppo_rl.llm.config import LORA_TARGETS
 from sppo_rl.llm.models.core import SequenceCritic, apply_lora, load_actor
 from sppo_rl.llm.models.engines import HFTorchEngine
-from sppo_rl.llm.models.tiny import ensure_tiny_model
-from sppo_rl.llm.setup import TINY_CHARSET, TINY_SETTINGS
+from sppo_rl.llm.models.tiny import TINY_CHARSET, TINY_SETTINGS, ensure_tiny_model
 
 MODELS = {
     "tiny (embedded)": dict(TINY_SETTINGS),

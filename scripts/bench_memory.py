@@ -5,7 +5,7 @@
     python scripts/bench_memory.py --critics    # SPPO's critic size vs peak memory: real `sppo-rl llm` runs
 
 Measurement: each setting runs in its own process (peak RSS is a high-water mark) through the trainer's
-own path: :func:`sppo_rl.llm.setup.rollout_rows` and :func:`sppo_rl.agents.learner.ppo_update`
+own path: :func:`sppo_rl.llm.stages.to_batch.rollout_rows` and :func:`sppo_rl.agents.learner.ppo_update`
 (old log-probs in micro-batches, then one training pass with gradient accumulation). It prints the
 process's peak RSS before the update (model, AdamW states, one warm-up step) and during it; the
 difference is what the update itself holds, which must follow the micro-batch's tokens, not the
@@ -63,7 +63,7 @@ def worker(args: argparse.Namespace) -> None:
     from sppo_rl.llm.models.core import load_actor
     from sppo_rl.llm.models.engines import HFTorchEngine
     from sppo_rl.llm.rollout.base import RolloutBatch
-    from sppo_rl.llm.setup import rollout_rows
+    from sppo_rl.llm.stages.to_batch import rollout_rows
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -128,8 +128,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def measure(threads: int) -> list[dict]:
-    from sppo_rl.llm.models.tiny import build_tiny_model
-    from sppo_rl.llm.setup import TINY_CHARSET
+    from sppo_rl.llm.models.tiny import TINY_CHARSET, build_tiny_model
 
     folder = Path(tempfile.mkdtemp(prefix="bench-memory-")) / "model"
     build_tiny_model(folder, charset=TINY_CHARSET, **MODEL)
@@ -237,7 +236,7 @@ CRITIC_MODELS = {  # build_tiny_model settings (Qwen2, the embedded model's char
     "actor": dict(hidden_size=1024, layers=12, heads=16, kv_heads=4, max_position_embeddings=256),
     # 0.22x the actor, as the paper's 1.5B critic is 0.23x its 7B actor
     "paper-ratio": dict(hidden_size=512, layers=10, heads=8, kv_heads=4, max_position_embeddings=256),
-    # the embedded tiny model (sppo_rl.llm.setup.TINY_SETTINGS, the same cached folder): 1.0M parameters
+    # the embedded tiny model (sppo_rl.llm.models.tiny.TINY_SETTINGS, the same cached folder): 1.0M parameters
     "small": dict(hidden_size=128, layers=4, heads=4, kv_heads=2, seed=0, max_position_embeddings=256),
 }
 CRITIC_RUNS = [  # (configuration, --algo, critic model or None for no critic)
@@ -384,8 +383,8 @@ def run_critic(cmd: list[str], env: dict, out: str) -> dict:
 def measure_critics(threads: int) -> None:
     """Build the models (cached), run the no-update baseline and every configuration, print the table
     and a JSON last line."""
-    from sppo_rl.llm.models.tiny import ensure_tiny_model
-    from sppo_rl.llm.setup import TINY_CHARSET, default_cache_dir
+    from sppo_rl.llm.models.sources import default_cache_dir
+    from sppo_rl.llm.models.tiny import TINY_CHARSET, ensure_tiny_model
 
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     folders = {k: ensure_tiny_model(default_cache_dir(), TINY_CHARSET, **v) for k, v in CRITIC_MODELS.items()}

@@ -146,8 +146,8 @@ def main() -> None:
     from sppo_rl.llm.data.prompts import PromptFormat, render
     from sppo_rl.llm.models import pretrained
     from sppo_rl.llm.models.core import load_actor
+    from sppo_rl.llm.models.sources import default_cache_dir
     from sppo_rl.llm.models.tiny import load_tokenizer
-    from sppo_rl.llm.setup import default_cache_dir
 
     folder = pretrained.resolve(pretrained.parse_ref("smollm2-135m"), default_cache_dir())
     model = load_actor(folder, dtype=torch.float32)

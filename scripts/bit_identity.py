@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _embedded_actor(base: Path) -> str:
-    from sppo_rl.llm.setup import default_cache_dir
+    from sppo_rl.llm.models.sources import default_cache_dir
 
     config = (
         json.loads((base / "llm/sppo" / "config.json").read_text()) if (base / "llm/sppo").is_dir() else {}

@@ -346,7 +346,7 @@ def recorded_folder(value: str, cache_dir: str | None = None) -> Path:
     critic was recorded as one, a named model (``smollm2-135m:layers=4``), whose folder in the run's
     ``cache_dir`` (None: the default cache) is returned without building or verifying it."""
     from sppo_rl.llm.models import pretrained
-    from sppo_rl.llm.setup import default_cache_dir
+    from sppo_rl.llm.models.sources import default_cache_dir
 
     ref = None if Path(value).is_dir() else pretrained.parse_ref(value)
     if ref is None:
@@ -357,13 +357,11 @@ def recorded_folder(value: str, cache_dir: str | None = None) -> Path:
 def small_critic(task: str) -> Path:
     """The critic smaller than the actor: the embedded base model's settings for ``task`` with hidden 64,
     2 layers, 2 heads (1 key-value head), the same tokenizer; built once into the cache."""
-    from sppo_rl.llm import setup
-    from sppo_rl.llm.models.tiny import ensure_tiny_model
+    from sppo_rl.llm.models.sources import default_cache_dir
+    from sppo_rl.llm.models.tiny import TINY_CHARSET, ensure_tiny_model, tiny_settings
 
-    tiny_settings = getattr(setup, "tiny_settings", None)
-    base = tiny_settings(task) if tiny_settings is not None else setup.TINY_SETTINGS
-    settings = {**base, "hidden_size": 64, "layers": 2, "heads": 2, "kv_heads": 1}
-    return ensure_tiny_model(setup.default_cache_dir(), setup.TINY_CHARSET, **settings)
+    settings = {**tiny_settings(task), "hidden_size": 64, "layers": 2, "heads": 2, "kv_heads": 1}
+    return ensure_tiny_model(default_cache_dir(), TINY_CHARSET, **settings)
 
 
 def explicit_model(args: argparse.Namespace, seed: int) -> str:

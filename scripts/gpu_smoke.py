@@ -51,8 +51,8 @@ def main() -> None:
         raise SystemExit("gpu_smoke.py needs a CUDA GPU")
     model = args.model
     if model is None:
-        from sppo_rl.llm.models.tiny import ensure_tiny_model
-        from sppo_rl.llm.setup import TINY_CHARSET, default_cache_dir
+        from sppo_rl.llm.models.sources import default_cache_dir
+        from sppo_rl.llm.models.tiny import TINY_CHARSET, ensure_tiny_model
 
         model = str(
             ensure_tiny_model(

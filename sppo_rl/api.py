@@ -628,7 +628,7 @@ class LLMPolicy:
         used as they are. Greedy by default; ``greedy=False`` samples at ``temperature`` / ``top_p``
         (``seed`` makes it reproducible). ``max_new_tokens`` defaults to the run's setting (256 for a
         lone folder), within the model's context."""
-        from sppo_rl.llm.setup import model_context
+        from sppo_rl.llm.models.sources import model_context
 
         engine = self._load()
         items = [prompts] if isinstance(prompts, str) else list(prompts)
@@ -721,7 +721,7 @@ def train_llm(
     stops the run there (the summary says ``stopped_by_callback``).
     """
     from sppo_rl.llm.config import LLMConfig
-    from sppo_rl.llm.setup import check_model_paths
+    from sppo_rl.llm.models.sources import check_model_paths
     from sppo_rl.llm.trainer import run_llm
     from sppo_rl.runtime.run import RunError, _has_run
 

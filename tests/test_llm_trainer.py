@@ -16,7 +16,7 @@ from paths import ALGOS, outside_a_launcher, reward_file
 from sppo_rl.agents.algorithms import get_algorithm
 from sppo_rl.config import from_flat
 from sppo_rl.llm.config import LLMConfig
-from sppo_rl.llm.setup import TINY_CHARSET
+from sppo_rl.llm.models.tiny import TINY_CHARSET
 from sppo_rl.llm.trainer import LLMRun, run_llm
 from sppo_rl.runtime.logging import TIMING_KEYS, read_metrics
 from sppo_rl.runtime.run import RunError

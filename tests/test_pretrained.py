@@ -134,8 +134,7 @@ def test_system_prompt_and_instruction_appear_in_every_format(llama):
 
 def test_on_without_a_template_is_refused_and_auto_leaves_the_tiny_model_unchanged(tmp_path, llama_plain):
     from sppo_rl.llm.data.arithmetic import make_arithmetic
-    from sppo_rl.llm.models.tiny import ensure_tiny_model
-    from sppo_rl.llm.setup import TINY_CHARSET
+    from sppo_rl.llm.models.tiny import TINY_CHARSET, ensure_tiny_model
 
     plain = load_tokenizer(llama_plain)
     with pytest.raises(ValueError, match="no chat template"):
@@ -403,7 +402,7 @@ HAVE_SMOLLM2 = all(importlib.util.find_spec(m) is not None for m in ("llm_smollm
 def test_smollm2_builds_loads_and_trains_two_sppo_steps(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from sppo_rl.llm.setup import default_cache_dir
+    from sppo_rl.llm.models.sources import default_cache_dir
 
     folder = pretrained.resolve(pretrained.parse_ref("smollm2-135m"), default_cache_dir())
     assert pretrained.verify(folder) is None
@@ -499,7 +498,7 @@ def test_a_full_disk_while_building_a_named_model_is_a_storage_error_naming_the_
 KILLED_BUILD = """
 import os, signal, sys
 from pathlib import Path
-from sppo_rl.llm import tiny
+from sppo_rl.llm.models import tiny
 
 def build(folder, **settings):
     Path(folder, "model.safetensors").write_bytes(b"half a model" * 1000)
@@ -519,8 +518,7 @@ def test_a_killed_build_leaves_nothing_the_next_build_does_not_clean(tmp_path):
     import shutil
     import signal
 
-    from sppo_rl.llm.models.tiny import ensure_tiny_model
-    from sppo_rl.llm.setup import TINY_CHARSET
+    from sppo_rl.llm.models.tiny import TINY_CHARSET, ensure_tiny_model
 
     cache = tmp_path / "cache"
     script = tmp_path / "killed.py"
@@ -557,8 +555,7 @@ def test_a_cached_model_follows_the_umask(tmp_path, umask, folder_mode, file_mod
     cache is readable to other users (before: mkdtemp's 0700 and safetensors' 0600)."""
     import stat
 
-    from sppo_rl.llm.models.tiny import ensure_tiny_model
-    from sppo_rl.llm.setup import TINY_CHARSET
+    from sppo_rl.llm.models.tiny import TINY_CHARSET, ensure_tiny_model
 
     old = os.umask(umask)
     try:

@@ -67,8 +67,8 @@ def test_last_number_values_and_garbage():
 
 def test_the_lenient_reward_is_a_builtin_name_scored_in_a_worker_and_never_auto():
     from sppo_rl.llm.config import LLMConfig
+    from sppo_rl.llm.data.tasks import load_task
     from sppo_rl.llm.rewards.scorer import RewardScorer
-    from sppo_rl.llm.setup import load_task
 
     with RewardScorer("boxed-or-last-number", timeout_s=10.0) as scorer:
         res = scorer.score(["59 + 63 = 122", "122 or 123", "\\boxed{122}", "nope"], ["122"] * 4)
@@ -419,7 +419,7 @@ def test_question_prompts_keep_the_splits_and_answers_of_the_equations(tmp_path)
     (answers, levels, order unchanged), still disjoint between splits and free of duplicates, on every
     level."""
     from sppo_rl.llm.data.arithmetic import as_question
-    from sppo_rl.llm.setup import load_task
+    from sppo_rl.llm.data.tasks import load_task
 
     base = dict(task="arithmetic", level=(1, 2, 3, 4), train_size=300, val_size=60)
     eq_train, eq_val, fn = load_task(LLMConfig(**base, arithmetic_prompt="equation"))

@@ -12,7 +12,7 @@ from paths import FIXTURES
 
 from sppo_rl.cli import load_recipe, recipe_names
 from sppo_rl.llm.config import LLMConfig
-from sppo_rl.llm.setup import TINY_CHARSET
+from sppo_rl.llm.models.tiny import TINY_CHARSET
 from sppo_rl.runtime.logging import read_metrics
 from sppo_rl.runtime.run import RunError
 

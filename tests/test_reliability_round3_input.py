@@ -362,7 +362,7 @@ def test_a_200k_character_reference_is_never_parsed():
 
 
 def test_unpayable_references_are_dropped_with_a_warning(tmp_path, capsys):
-    from sppo_rl.llm.setup import load_task
+    from sppo_rl.llm.data.tasks import load_task
 
     data = _jsonl(
         tmp_path / "d.jsonl", [{"prompt": "a", "answer": "1" * 200_000}, {"prompt": "b", "answer": "2"}]
@@ -402,8 +402,8 @@ def test_gsm8k_reward_reads_the_hashes_answer(response, expected):
 
 
 def test_the_math_reward_on_gsm8k_data_reads_hashes_and_stays_strict_elsewhere(tmp_path):
+    from sppo_rl.llm.data.tasks import GSM8K_REWARD, load_task
     from sppo_rl.llm.rewards.scorer import RewardScorer
-    from sppo_rl.llm.setup import GSM8K_REWARD, load_task
 
     gsm = _jsonl(tmp_path / "g.jsonl", [{"question": "24+26?", "answer": "24+26=50\n#### 50"}])
     boxed = _jsonl(tmp_path / "m.jsonl", [{"prompt": "24+26?", "answer": "50"}])

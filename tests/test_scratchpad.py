@@ -21,8 +21,8 @@ from sppo_rl.llm.data.scratchpad import (
     reference_response,
     scratchpad,
 )
+from sppo_rl.llm.models.tiny import TINY_CHARSET, TINY_SETTINGS, tiny_settings
 from sppo_rl.llm.rewards.verify import verify_integer
-from sppo_rl.llm.setup import TINY_CHARSET, TINY_SETTINGS, tiny_settings
 from sppo_rl.runtime.logging import read_metrics
 
 

@@ -465,8 +465,7 @@ def test_report_on_real_llm_runs(tmp_path):
     """PPO (token critic) and SPPO (prompt critic) on the tiny model for two steps, with a verifiable
     reward the untrained model meets about half the time (the response holds a digit)."""
     from sppo_rl.llm.config import LLMConfig
-    from sppo_rl.llm.models.tiny import ensure_tiny_model
-    from sppo_rl.llm.setup import TINY_CHARSET
+    from sppo_rl.llm.models.tiny import TINY_CHARSET, ensure_tiny_model
     from sppo_rl.llm.trainer import run_llm
 
     model = ensure_tiny_model(tmp_path / "cache", TINY_CHARSET, hidden_size=32, layers=1, heads=2, kv_heads=1)

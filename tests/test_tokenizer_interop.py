@@ -11,8 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from sppo_rl.llm.models import tiny as tiny_module
-from sppo_rl.llm.models.tiny import char_vocab, ensure_tiny_model, load_tokenizer
-from sppo_rl.llm.setup import TINY_CHARSET
+from sppo_rl.llm.models.tiny import TINY_CHARSET, char_vocab, ensure_tiny_model, load_tokenizer
 
 TEXTS = [
     "What is 2 + 3?",

@@ -405,7 +405,7 @@ def test_a_critic_with_another_tokenizer_is_refused_before_the_run_folder(tmp_pa
 
 def test_a_read_only_cache_is_refused_when_a_model_must_be_built_and_used_when_it_holds_it(tmp_path, capsys):
     from sppo_rl.llm.models.pretrained import CHECKSUMS
-    from sppo_rl.llm.setup import check_cache, models_to_build
+    from sppo_rl.llm.models.sources import check_cache, models_to_build
 
     cache = tmp_path / "cache"
     cache.mkdir()

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from sppo_rl.llm.data.files import Example, fit_prompts
-from sppo_rl.llm.data.prompts import render_examples
+from sppo_rl.llm.data.prompts import prompt_format, render_examples
 from sppo_rl.llm.models.core import (
     CRITICS,
     BaseModelView,
@@ -26,10 +26,11 @@ from sppo_rl.llm.models.core import (
     lora_config,
 )
 from sppo_rl.llm.models.engines import make_engine
+from sppo_rl.llm.models.sources import embedded_model, model_context, model_folder
 from sppo_rl.llm.models.tiny import load_tokenizer
 from sppo_rl.llm.rollout.factory import context_limit, make_rollout
 from sppo_rl.llm.rollout.hf import autocast_to
-from sppo_rl.llm.setup import embedded_model, model_context, model_folder, prompt_format, rollout_rows
+from sppo_rl.llm.stages.to_batch import rollout_rows
 from sppo_rl.runtime.run import RunError
 
 
@@ -164,7 +165,7 @@ def build_models(
 
 def row_fn(plan: Any) -> Any:
     """The learner's world callable over rows, ``rows(rb, model, policy)``: the latent policy's for its
-    actor, else :func:`~sppo_rl.llm.setup.rollout_rows` at the rollout temperature."""
+    actor, else :func:`~sppo_rl.llm.stages.to_batch.rollout_rows` at the rollout temperature."""
     cfg, latent, device = plan.cfg, plan.latent, plan.device
     autocast = torch.bfloat16 if cfg.autocast == "bfloat16" else None
 

@@ -364,7 +364,7 @@ TINY_ACTOR_LR = 1e-4
 
 def named_model(model: str | None):  # -> Pretrained | None
     """The registry entry ``--model`` names (None for a folder, the tiny model, or a malformed name,
-    which :func:`~sppo_rl.llm.setup.check_model_paths` refuses later)."""
+    which :func:`~sppo_rl.llm.models.sources.check_model_paths` refuses later)."""
     from sppo_rl.llm.models.pretrained import PretrainedError, parse_ref
 
     try:

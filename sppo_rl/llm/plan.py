@@ -12,12 +12,12 @@ this order (each step may refuse the run in one line, :class:`~sppo_rl.runtime.r
 3. group size ``G`` (``--group-size``, else the method's), the batch's shape (``prompts_per_step``
    prompts x ``G`` samples, ``prompts_per_step / ranks`` prompts per rank, minibatches within a rank's
    rows), the launcher's ranks against ``--engine``, DeepSpeed's config;
-4. the model folders, the data and the reward function (:func:`~sppo_rl.llm.setup.check_model_paths`,
-   :func:`~sppo_rl.llm.setup.load_task`), LoRA targets against the models' ``config.json``;
+4. the model folders, the data and the reward function (:func:`~sppo_rl.llm.models.sources.check_model_paths`,
+   :func:`~sppo_rl.llm.data.tasks.load_task`), LoRA targets against the models' ``config.json``;
 5. the latent policy's settings for a latent algorithm (:func:`~sppo_rl.llm.latent.plugin.configure_latent`);
-   the model cache (:func:`~sppo_rl.llm.setup.check_cache`), ``--max-new-tokens`` against the actor's
-   context (:func:`~sppo_rl.llm.setup.check_context`), the critic's tokenizer against the actor's
-   (:func:`~sppo_rl.llm.setup.check_critic_tokenizer`);
+   the model cache (:func:`~sppo_rl.llm.models.sources.check_cache`), ``--max-new-tokens`` against the actor's
+   context (:func:`~sppo_rl.llm.models.sources.check_context`), the critic's tokenizer against the actor's
+   (:func:`~sppo_rl.llm.models.sources.check_critic_tokenizer`);
 6. the device, the rollout's sampling settings, the learner's :class:`~sppo_rl.agents.learner.LearnerConfig`
    and the estimator's parameters.
 
@@ -161,17 +161,17 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
     """The frozen :class:`Plan` of ``cfg`` for a run on ``dist``'s ranks (the launcher's, read from its
     environment), and the data it loaded; every refusal of the run's settings happens here, in the order
     of the module docstring. ``cfg`` itself is left unchanged."""
+    from sppo_rl.llm.data.tasks import load_task
     from sppo_rl.llm.latent.plugin import configure_latent
     from sppo_rl.llm.models.core import check_lora_targets_of
-    from sppo_rl.llm.rollout.factory import sampling_params
-    from sppo_rl.llm.setup import (
+    from sppo_rl.llm.models.sources import (
         check_cache,
         check_context,
         check_critic_tokenizer,
         check_model_paths,
-        load_task,
         model_folder,
     )
+    from sppo_rl.llm.rollout.factory import sampling_params
 
     cfg = as_given(cfg)
     cfg.validate()

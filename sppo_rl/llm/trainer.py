@@ -27,13 +27,14 @@ from sppo_rl.llm.build import (
     row_fn,
 )
 from sppo_rl.llm.config import LLMConfig
+from sppo_rl.llm.models.core import quiet_transformers
 from sppo_rl.llm.models.engines import init_process_group, launcher_dist
 from sppo_rl.llm.models.flops import PARTS, policy_pass, round_lengths, row_lengths, run_shape, update_flops
 from sppo_rl.llm.models.tiny import load_tokenizer
 from sppo_rl.llm.outputs.completions import CompletionLog
 from sppo_rl.llm.outputs.export import export, stopped_summary, summary_of
 from sppo_rl.llm.plan import resolve
-from sppo_rl.llm.setup import NullLogger, peak_memory_mb, quiet_transformers, start_scorer
+from sppo_rl.llm.rewards.scorer import start_scorer
 from sppo_rl.llm.stages.advantages import advantages
 from sppo_rl.llm.stages.collect import Collector, PromptOrder, Sampler
 from sppo_rl.llm.stages.evaluate import Evaluator, evaluate, write_critic_trace
@@ -42,6 +43,7 @@ from sppo_rl.llm.stages.row import (
     StageTimer,
     dynamic_sampling_row,
     flops_row,
+    peak_memory_mb,
     reward_fn_row,
     update_row,
     update_sums,
@@ -51,7 +53,7 @@ from sppo_rl.llm.stages.spo import SpoOrder, observe, tracker_values
 from sppo_rl.llm.stages.sync import sync
 from sppo_rl.llm.stages.to_batch import pick, to_batch
 from sppo_rl.runtime.checkpoint import CheckpointManager, check_written_by, read_meta, torch_load, torch_save
-from sppo_rl.runtime.logging import RunLogger, check_metrics_length, start_logging
+from sppo_rl.runtime.logging import NullLogger, RunLogger, check_metrics_length, start_logging
 from sppo_rl.runtime.loop import Schedule, announce, progress_bar, run_loop
 from sppo_rl.runtime.run import Preempted, RunError, RunFailed, check_resume, prepare_run_dir, unlock_run_dir
 from sppo_rl.runtime.schedule import lr_factor, set_lr

@@ -316,3 +316,16 @@ def start_logging(
         resume_position=meta["metrics_bytes"] if meta else None,
         resume_step=meta.get("log_step", meta["step"]) if meta else None,
     )
+
+
+class NullLogger:
+    """Stands in for the metrics log on ranks other than 0."""
+
+    def log(self, row: dict[str, Any], step: int) -> None:
+        pass
+
+    def position(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass

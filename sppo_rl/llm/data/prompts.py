@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.data.files import Example, Message, Prompt
 
 CHAT_TEMPLATE_MODES = ("auto", "on", "off")
@@ -127,3 +128,11 @@ def has_chat_template(folder: str | Path) -> bool:
         return bool(json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template"))
     except (OSError, ValueError, AttributeError):
         return False
+
+
+def prompt_format(cfg: LLMConfig) -> Any:
+    """The run's :class:`sppo_rl.llm.data.prompts.PromptFormat` (``--chat-template``, ``--system-prompt``,
+    ``--instruction``)."""
+    from sppo_rl.llm.data.prompts import PromptFormat
+
+    return PromptFormat(cfg.chat_template, cfg.system_prompt, cfg.instruction)

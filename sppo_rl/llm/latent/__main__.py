@@ -18,7 +18,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from sppo_rl.llm.config import LLMConfig
     from sppo_rl.llm.models.engines import launcher_dist
     from sppo_rl.llm.plan import resolve
-    from sppo_rl.llm.setup import start_scorer
+    from sppo_rl.llm.rewards.scorer import start_scorer
 
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] not in ("explicit-model", "latent-model"):

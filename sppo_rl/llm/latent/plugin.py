@@ -100,8 +100,7 @@ def configure_latent(cfg: Any, algo: Any, train: list[Any]) -> tuple[Any, Latent
 def _vocab_size(model: str | None) -> int | None:
     """The vocabulary of ``--model`` (its ``config.json``) or of the embedded tiny model; None if unknown."""
     if model is None:
-        from sppo_rl.llm.models.tiny import char_vocab
-        from sppo_rl.llm.setup import TINY_CHARSET
+        from sppo_rl.llm.models.tiny import TINY_CHARSET, char_vocab
 
         return len(char_vocab(TINY_CHARSET))
     try:

@@ -209,7 +209,7 @@ def _warmstart_inputs(
 ) -> tuple[Path, list[str], list[str], dict[str, Any], Callable[[list[str], list[str]], list[float]]]:
     """What both warm starts of ``cfg`` take: the cache folder, the prompts and answers of ``train``, the
     data part of their cache keys and ``scorer`` as ``score(texts, truths) -> list[float]``."""
-    from sppo_rl.llm.setup import cache_folder
+    from sppo_rl.llm.models.sources import cache_folder
 
     def score(texts: list[str], truths: list[str]) -> list[float]:
         return scorer.score(texts, truths).scores.tolist()
@@ -225,8 +225,8 @@ def explicit_model(
     """Stage 0 of the curriculum: the embedded tiny model fine-tuned on responses with explicit reasoning
     lines (:func:`reasoning_lines`), cached by :func:`sppo_rl.llm.models.sft.supervised_warmstart`; also the
     lines and boxes of ``train``. For ``scratchpad`` it is the task's own embedded warm start."""
-    from sppo_rl.llm.models.tiny import ensure_tiny_model
-    from sppo_rl.llm.setup import TINY_CHARSET, generated_task, tiny_settings
+    from sppo_rl.llm.data.tasks import generated_task
+    from sppo_rl.llm.models.tiny import TINY_CHARSET, ensure_tiny_model, tiny_settings
 
     cache, prompts, answers, key, score = _warmstart_inputs(cfg, train, scorer)
     base = ensure_tiny_model(cache, TINY_CHARSET, **tiny_settings(cfg.task))

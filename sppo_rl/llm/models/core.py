@@ -918,3 +918,11 @@ def check_model_config(
         raise ValueError(
             f"{flag} {folder}: transformers cannot read its config.json ({first.strip()[:300]})"
         ) from None
+
+
+def quiet_transformers() -> None:
+    """No weight-loading or shard-writing bars from transformers (the run has its own progress bar);
+    its warnings and errors still show."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()

@@ -290,7 +290,7 @@ def _plain_lines_off_a_terminal() -> Iterator[None]:
     and writing weights) only when stderr is a terminal: in a redirected log each bar would be one
     line of carriage returns. The GGUF reader calls ``tqdm`` directly, so it gets ``disable=None``
     (tqdm's "off unless a terminal"). A run also turns the hub-style bars off for its whole length
-    (:func:`sppo_rl.llm.setup.quiet_transformers`), which reaches neither the GGUF reader's bar nor a
+    (:func:`sppo_rl.llm.models.core.quiet_transformers`), which reaches neither the GGUF reader's bar nor a
     build started outside a run (``resolve`` from the API or a script)."""
     import functools
 

@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
@@ -41,6 +42,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from sppo_rl.llm.data.tasks import GENERATED_TASKS
 from sppo_rl.runtime.files import cache_build, follow_umask
 
 PAD_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<eos>", "<unk>"
@@ -295,3 +297,25 @@ def load_tokenizer(folder: str | os.PathLike) -> PreTrainedTokenizerBase:
             raise ValueError(f"tokenizer in {folder} has neither a pad nor an eos token")
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+TINY_CHARSET = "".join(
+    chr(c) for c in range(32, 127)
+)  # printable ASCII: every character a tiny-task text uses
+
+
+TINY_SETTINGS = dict(hidden_size=128, layers=4, heads=4, kv_heads=2, seed=0, max_position_embeddings=256)
+"""The embedded base model of ``--task arithmetic`` (see :func:`tiny_settings`)."""
+
+
+def tiny_settings(task: str) -> dict[str, Any]:
+    """The settings of the embedded base model for ``task`` (keywords of
+    :func:`sppo_rl.llm.models.tiny.build_tiny_model`): :data:`TINY_SETTINGS` for arithmetic (its cache key
+    unchanged); for scratchpad the same width and depth with a context of 512 positions, which holds the
+    longest prompt (18 tokens) and the longest default response budget (234 tokens, level 5) with room to
+    spare (RoPE: the context adds no weights). ``ValueError`` for any other task."""
+    if task == "arithmetic":
+        return dict(TINY_SETTINGS)
+    if task == "scratchpad":
+        return {**TINY_SETTINGS, "max_position_embeddings": 512}
+    raise ValueError(f"no embedded model for task {task!r}; valid: {', '.join(GENERATED_TASKS)}")

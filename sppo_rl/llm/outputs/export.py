@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sppo_rl.llm.models.core import save_adapter
-from sppo_rl.llm.setup import peak_memory_mb
+from sppo_rl.llm.stages.row import peak_memory_mb
 
 
 def export(folder: Path, m: Any, cfg: Any, dist: Any) -> None:
@@ -19,8 +19,7 @@ def export(folder: Path, m: Any, cfg: Any, dist: Any) -> None:
     (:class:`~sppo_rl.llm.build.Models`); all ranks call this (ZeRO-3 gathers the weights), rank 0 writes."""
     m.actor_engine.save_pretrained(folder / "actor")
     if dist.main:
-        from sppo_rl.llm.data.prompts import save_format
-        from sppo_rl.llm.setup import prompt_format
+        from sppo_rl.llm.data.prompts import prompt_format, save_format
 
         m.tokenizer.save_pretrained(folder / "actor")
         save_format(folder / "actor", prompt_format(cfg))  # how prompts were rendered: read back on load

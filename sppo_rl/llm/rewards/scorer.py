@@ -93,6 +93,8 @@ from typing import Any
 
 import numpy as np
 
+from sppo_rl.runtime.run import RunError
+
 BUILTIN = ("math", "integer", "boxed-or-last-number")
 MAX_ERROR_SAMPLES = 5
 
@@ -798,3 +800,13 @@ class RewardScorer:
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self._workers)} workers"
         return f"RewardScorer(fn={self.fn!r}, timeout_s={self.timeout_s}, {state})"
+
+
+def start_scorer(reward_fn: str, timeout_s: float, weights: tuple[float, ...] | None = None) -> RewardScorer:
+    """The reward workers, started (the function loaded) before any work: a reward function that cannot
+    be loaded, or whose file exits, crashes or hangs when imported, is refused in one line. ``reward_fn``
+    may name several functions, comma-separated, weighted by ``weights``."""
+    try:
+        return RewardScorer(reward_fn, timeout_s=timeout_s, weights=weights)
+    except (RewardFnError, RewardWorkerError) as e:
+        raise RunError(f"--reward-fn {reward_fn}: {e}") from None

@@ -16,12 +16,14 @@ function when several are combined; the learner's statistics; and the times ``ti
 
 from __future__ import annotations
 
+import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from sppo_rl.agents.algorithms import GROUP_KINDS
@@ -154,3 +156,10 @@ def reward_fn_row(names: list[str], fn: np.ndarray, dist: Any, device: Any) -> d
         out[f"rewards/{name}"] = s[3 * j] / max(s[3 * j + 1], 1.0)
         out[f"reward_errors/{name}"] = int(s[3 * j + 2])
     return out
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak accelerator memory (CUDA) or peak resident set size of this process (CPU), in MiB."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

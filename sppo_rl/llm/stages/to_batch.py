@@ -24,6 +24,7 @@ from torch import Tensor
 from sppo_rl.agents.batch import SequenceBatch, overlong_penalty, terminal_rewards
 from sppo_rl.agents.learner import forward_rows
 from sppo_rl.agents.losses import kl_penalty
+from sppo_rl.llm.models.core import sequence_logprobs
 from sppo_rl.llm.rollout.base import RolloutBatch
 from sppo_rl.llm.stages.collect import Collected
 
@@ -171,3 +172,20 @@ def to_batch(p: Picked, plan: Any, actor: Any, ref: Any, critic: Any, rows: Any,
         valid=None if bool(p.valid.all()) else p.valid.to(device),
     )
     return Built(batch, rb, lengths, cost, penalty, kl_tok, ref_logp)
+
+
+def rollout_rows(rb: RolloutBatch, model: Any, policy: bool, temperature: float, device: Any) -> Any:
+    """The learner's world callable over rows of ``rb``: ``(rows, T) ->`` a policy's ``(logp, entropy)``
+    (actor or reference; ``policy=True``) or a critic's values (either kind: one call signature), on
+    those rows cut to their own columns: the prompt's leading all-padding columns and the response
+    past ``T`` are dropped, so a micro-batch costs what its own longest row costs."""
+
+    def fn(rows: Tensor, T: int) -> Any:
+        rows = rows.to(device)
+        pm = rb.prompt_mask[rows]
+        first = int(pm.any(0).float().argmax())
+        ids = torch.cat([rb.prompt_ids[rows, first:], rb.response_ids[rows, :T]], 1)
+        attn = torch.cat([pm[:, first:], rb.response_mask[rows, :T]], 1)
+        return sequence_logprobs(model, ids, attn, T, temperature) if policy else model(ids, attn, T)
+
+    return fn

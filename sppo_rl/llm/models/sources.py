@@ -1,33 +1,21 @@
-"""What an LLM run needs before it trains: its data, its models (the embedded tiny one built and
-warm-started once), its reward workers, a process group, quiet library output; each refuses a user's
-mistake in one line before the run folder is touched."""
+"""Where a run's models come from, checked before the run folder is touched: the model cache
+(``--cache-dir``, ``$SPPO_RL_CACHE``), ``--model`` / ``--critic-model`` folders and named models, the
+embedded tiny model and its warm start (built once into the cache), the actor's context and the
+critic's tokenizer; each refuses a user's mistake in one line."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import resource
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import Tensor
-
 from sppo_rl.llm.config import LLMConfig
-from sppo_rl.llm.data.files import Example, load_examples
-from sppo_rl.llm.models.core import check_model_config, check_weight_files, sequence_logprobs
-from sppo_rl.llm.rewards.scorer import RewardFnError, RewardScorer, RewardWorkerError
-from sppo_rl.llm.rollout.base import RolloutBatch
+from sppo_rl.llm.data.files import Example
+from sppo_rl.llm.data.tasks import GENERATED_TASKS, generated_task, readable_type
+from sppo_rl.llm.models.core import check_model_config, check_weight_files
+from sppo_rl.llm.models.tiny import TINY_CHARSET, tiny_settings
+from sppo_rl.llm.rewards.scorer import RewardScorer
 from sppo_rl.runtime.run import RunError
-
-TINY_CHARSET = "".join(
-    chr(c) for c in range(32, 127)
-)  # printable ASCII: every character a tiny-task text uses
-TINY_SETTINGS = dict(hidden_size=128, layers=4, heads=4, kv_heads=2, seed=0, max_position_embeddings=256)
-"""The embedded base model of ``--task arithmetic`` (see :func:`tiny_settings`)."""
-GENERATED_TASKS = ("arithmetic", "scratchpad")
-"""The tasks generated from ``--data-seed`` that the embedded tiny model is built and warm-started for."""
-
 
 SFT_SETTINGS: dict[str, dict[str, int]] = {
     "arithmetic": {},
@@ -39,135 +27,8 @@ steps). Scratchpad: 32 pairs a step, which reached the target in fewer CPU-secon
 and a check every 10 steps, since its sampled accuracy jumps (0.15 -> 0.49 within 25 steps)."""
 
 
-def tiny_settings(task: str) -> dict[str, Any]:
-    """The settings of the embedded base model for ``task`` (keywords of
-    :func:`sppo_rl.llm.models.tiny.build_tiny_model`): :data:`TINY_SETTINGS` for arithmetic (its cache key
-    unchanged); for scratchpad the same width and depth with a context of 512 positions, which holds the
-    longest prompt (18 tokens) and the longest default response budget (234 tokens, level 5) with room to
-    spare (RoPE: the context adds no weights). ``ValueError`` for any other task."""
-    if task == "arithmetic":
-        return dict(TINY_SETTINGS)
-    if task == "scratchpad":
-        return {**TINY_SETTINGS, "max_position_embeddings": 512}
-    raise ValueError(f"no embedded model for task {task!r}; valid: {', '.join(GENERATED_TASKS)}")
-
-
 def default_cache_dir() -> Path:
     return Path(os.environ.get("SPPO_RL_CACHE", Path.home() / ".cache" / "sppo_rl"))
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak accelerator memory (CUDA) or peak resident set size of this process (CPU), in MiB."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def load_task(cfg: LLMConfig) -> tuple[list[Example], list[Example], str]:
-    """Training and validation examples, and the reward function that scores them. A missing data
-    file or a directory is refused naming the flag; a malformed record raises a ``DataError`` naming
-    the file and the line."""
-    if cfg.val_data:
-        data_file("--val-data", cfg.val_data)
-    if cfg.task in GENERATED_TASKS:
-        task = generated_task(cfg.task)
-        try:
-            train, val = task.make(cfg.data_seed, cfg.train_size, cfg.val_size, tuple(cfg.level))
-        except ValueError as e:
-            raise RunError(f"--task {cfg.task}: {e}") from None
-        if cfg.task == "arithmetic" and cfg.arithmetic_prompt == "question":
-            from sppo_rl.llm.data.arithmetic import as_question
-
-            train, val = (
-                [dataclasses.replace(e, prompt=as_question(str(e.prompt))) for e in s] for s in (train, val)
-            )
-        return train, val, (task.REWARD_FN if cfg.reward_fn == "auto" else cfg.reward_fn)
-    path = Path(cfg.task)
-    if not path.suffix and not path.is_dir():
-        raise RunError(
-            f"unknown task {cfg.task!r}; valid: 'arithmetic', 'scratchpad' or a .jsonl/.json/.parquet file"
-        )
-    data_file("--task", cfg.task)
-    train = load_examples(path, prompt_key=cfg.prompt_key, answer_key=cfg.answer_key)
-    val = (
-        load_examples(cfg.val_data, prompt_key=cfg.prompt_key, answer_key=cfg.answer_key, limit=cfg.val_size)
-        if cfg.val_data
-        else []
-    )
-    return train, val, data_reward(cfg, train, val)
-
-
-GSM8K_REWARD = "sppo_rl.llm.rewards.verify:verify_gsm8k"
-"""The ``math`` reward on data in GSM8K's layout: ``\\boxed{}`` or GSM8K's own ``#### n``."""
-
-
-def data_reward(cfg: LLMConfig, train: list[Example], val: list[Example]) -> str:
-    """The reward function of a data file's run, checked against its references (in place: drops the
-    references the math verifier can never pay, with a warning): ``--reward-fn integer`` on
-    non-integer references is refused in one line; ``math`` (and ``auto``) on GSM8K's layout becomes
-    :data:`GSM8K_REWARD`, which also reads GSM8K's ``#### n`` final answer."""
-    from sppo_rl.llm.data.files import drop_unpayable_references, non_integer_references
-    from sppo_rl.llm.rewards.verify import MAX_ANSWER_CHARS
-
-    reward = "math" if cfg.reward_fn == "auto" else cfg.reward_fn
-    if reward == "integer":
-        for flag, examples in (("--task", train), ("--val-data", val)):
-            bad = non_integer_references(examples)
-            if bad:
-                raise RunError(
-                    f"--reward-fn integer: {len(bad)} of {len(examples)} references of {flag} "
-                    f"{cfg.task if flag == '--task' else cfg.val_data} are not integers (record {bad[0].index}: "
-                    f"{bad[0].answer!r:.40}), and would never be paid; use --reward-fn math"
-                )
-    if reward == "math":
-        train[:] = drop_unpayable_references(train, MAX_ANSWER_CHARS, cfg.task)
-        val[:] = drop_unpayable_references(val, MAX_ANSWER_CHARS, str(cfg.val_data))
-        if train and all(e.format == "gsm8k" for e in train[:1]):
-            return GSM8K_REWARD
-    return reward
-
-
-def generated_task(task: str) -> Any:
-    """The module of a generated task, with ``make(seed, n_train, n_val, levels)``, ``REWARD_FN`` and
-    ``reference_response(example)``: :mod:`sppo_rl.llm.data.arithmetic` or :mod:`sppo_rl.llm.data.scratchpad`."""
-    import types
-
-    if task == "arithmetic":
-        from sppo_rl.llm.data import arithmetic as module
-
-        make = module.make_arithmetic
-    elif task == "scratchpad":
-        from sppo_rl.llm.data import scratchpad as module
-
-        make = module.make_scratchpad
-    else:
-        raise ValueError(f"not a generated task: {task!r}; valid: {', '.join(GENERATED_TASKS)}")
-    return types.SimpleNamespace(
-        make=make, REWARD_FN=module.REWARD_FN, reference_response=module.reference_response
-    )
-
-
-def data_file(flag: str, value: str) -> Path:
-    """``value`` as the data file ``flag`` names, refused in one line if it is a folder or missing."""
-    path = Path(value)
-    if path.is_dir():
-        raise RunError(f"{flag} {value}: is a folder, not a data file (.jsonl, .json or .parquet)")
-    if not path.is_file():
-        raise RunError(f"{flag} {value}: file not found")
-    return path
-
-
-def readable_type(flag: str, value: str) -> None:
-    """Refuse in one line a data file whose extension the loader does not read (``.csv``, ``.txt``)."""
-    from sppo_rl.llm.data.files import _READERS
-
-    suffix = Path(value).suffix.lower()
-    if suffix and suffix not in _READERS:
-        what = "CSV files are not read" if suffix == ".csv" else f"{suffix} files are not read"
-        raise RunError(
-            f"{flag} {value}: {what}; use one of {', '.join(_READERS)} (a CSV becomes JSON lines with "
-            "Python's csv.DictReader and json.dumps, one object per row)"
-        )
 
 
 def check_model_paths(cfg: LLMConfig) -> None:
@@ -228,24 +89,6 @@ def model_folder(cfg: LLMConfig, value: str | None) -> Path | None:
         return pretrained.resolve(ref, cache_folder(cfg))
     except pretrained.PretrainedError as e:
         raise RunError(f"{value}: {e}") from None
-
-
-def prompt_format(cfg: LLMConfig) -> Any:
-    """The run's :class:`sppo_rl.llm.data.prompts.PromptFormat` (``--chat-template``, ``--system-prompt``,
-    ``--instruction``)."""
-    from sppo_rl.llm.data.prompts import PromptFormat
-
-    return PromptFormat(cfg.chat_template, cfg.system_prompt, cfg.instruction)
-
-
-def start_scorer(reward_fn: str, timeout_s: float, weights: tuple[float, ...] | None = None) -> RewardScorer:
-    """The reward workers, started (the function loaded) before any work: a reward function that cannot
-    be loaded, or whose file exits, crashes or hangs when imported, is refused in one line. ``reward_fn``
-    may name several functions, comma-separated, weighted by ``weights``."""
-    try:
-        return RewardScorer(reward_fn, timeout_s=timeout_s, weights=weights)
-    except (RewardFnError, RewardWorkerError) as e:
-        raise RunError(f"--reward-fn {reward_fn}: {e}") from None
 
 
 def model_context(folder: Path) -> int | None:
@@ -415,41 +258,3 @@ def check_context(cfg: LLMConfig) -> None:
             f"--max-new-tokens {cfg.max_new_tokens} leaves no room for a prompt in the model's context of "
             f"{ctx} tokens"
         )
-
-
-class NullLogger:
-    """Stands in for the metrics log on ranks other than 0."""
-
-    def log(self, row: dict[str, Any], step: int) -> None:
-        pass
-
-    def position(self) -> int:
-        return 0
-
-    def close(self) -> None:
-        pass
-
-
-def quiet_transformers() -> None:
-    """No weight-loading or shard-writing bars from transformers (the run has its own progress bar);
-    its warnings and errors still show."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-
-
-def rollout_rows(rb: RolloutBatch, model: Any, policy: bool, temperature: float, device: Any) -> Any:
-    """The learner's world callable over rows of ``rb``: ``(rows, T) ->`` a policy's ``(logp, entropy)``
-    (actor or reference; ``policy=True``) or a critic's values (either kind: one call signature), on
-    those rows cut to their own columns: the prompt's leading all-padding columns and the response
-    past ``T`` are dropped, so a micro-batch costs what its own longest row costs."""
-
-    def fn(rows: Tensor, T: int) -> Any:
-        rows = rows.to(device)
-        pm = rb.prompt_mask[rows]
-        first = int(pm.any(0).float().argmax())
-        ids = torch.cat([rb.prompt_ids[rows, first:], rb.response_ids[rows, :T]], 1)
-        attn = torch.cat([pm[:, first:], rb.response_mask[rows, :T]], 1)
-        return sequence_logprobs(model, ids, attn, T, temperature) if policy else model(ids, attn, T)
-
-    return fn
