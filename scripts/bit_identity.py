@@ -114,7 +114,7 @@ CONTROL_RUNS: dict[str, list[str]] = {
     )
 }
 CONTROL_RUNS["sppo-resume"] = ["--algo", "sppo"]
-CONTROL_RUNS["spo-contexts"] = ["--algo", "spo", "--spo-contexts", "4"]
+CONTROL_RUNS["spo-contexts"] = ["--algo", "spo", "--spo-contexts", "128"]
 
 
 def _float(x: object) -> object:
