@@ -1,0 +1,67 @@
+"""The shape every run's plan shares, in both worlds.
+
+A world's ``resolve(cfg)`` (:func:`sppo_rl.llm.plan.resolve`, :func:`sppo_rl.control.plan.resolve`) checks
+the user's config once and returns a frozen plan: a :class:`RunPlan` (the fields below) plus the world's
+own sections. Everything after planning (builders, stages, the loop, exports) reads the plan, never the
+config: ``given`` is kept only to be saved to ``config.json`` and compared on ``--resume``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sppo_rl.agents.algorithms import Algorithm
+from sppo_rl.agents.learner import LearnerConfig
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """How the run loop (:func:`sppo_rl.runtime.loop.run_loop`) drives a run, the same in both worlds.
+
+    Attributes:
+        out_dir: the run folder (as given; prepared by :func:`sppo_rl.runtime.run.prepare_run_dir`).
+        seed: the run's seed.
+        updates: how many updates the run trains for.
+        eval_every: evaluate every this many updates (0: never, besides the first and last).
+        checkpoint_every: save a checkpoint every this many updates (0: at the end only).
+        keep_checkpoints: how many checkpoints stay on disk.
+        max_seconds: stop (with a checkpoint) after this many seconds of training; None: no limit.
+        resume, overwrite: how an existing run folder is treated.
+        progress, tensorboard: the terminal's progress bar, TensorBoard event files.
+        threads: torch's CPU threads.
+    """
+
+    out_dir: Path
+    seed: int
+    updates: int
+    eval_every: int
+    checkpoint_every: int
+    keep_checkpoints: int
+    max_seconds: float | None
+    resume: bool
+    overwrite: bool
+    progress: bool
+    tensorboard: bool
+    threads: int
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """The part of a plan both worlds share.
+
+    Attributes:
+        given: the config as the user gave it (defaults the world derives filled in): saved to
+            ``config.json`` and compared on ``--resume``; nothing else reads it.
+        algo: the algorithm.
+        learner: the update's settings (:class:`~sppo_rl.agents.learner.LearnerConfig`).
+        estimator: the estimator's keyword parameters (:func:`~sppo_rl.agents.algorithms.estimator_params`).
+        loop: the run loop's settings (:class:`LoopSettings`).
+    """
+
+    given: Any
+    algo: Algorithm
+    learner: LearnerConfig
+    estimator: dict[str, Any]
+    loop: LoopSettings
