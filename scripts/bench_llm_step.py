@@ -64,7 +64,7 @@ _INT_RE = re.compile(r"[+-]?[0-9]+")
 
 def last_boxed(text: str) -> str | None:
     """The stripped content of the last ``\\boxed{...}`` of ``text``; ``None`` when there is none or it
-    never closes (the rule of :func:`sppo_rl.llm.rewards.verify.extract_boxed`, without its size limits)."""
+    never closes (the rule of :func:`sppo_rl.llm.rewards.answers.extract_boxed`, without its size limits)."""
     last = None
     for last in _BOX_OPEN.finditer(text):  # noqa: B007 - the final match
         pass

@@ -25,8 +25,10 @@ from pathlib import Path
 import torch
 
 from sppo_rl.llm.config import LORA_TARGETS
-from sppo_rl.llm.models.core import SequenceCritic, apply_lora, load_actor
+from sppo_rl.llm.models.core import load_actor
+from sppo_rl.llm.models.critic import SequenceCritic
 from sppo_rl.llm.models.engines import HFTorchEngine
+from sppo_rl.llm.models.lora import apply_lora
 from sppo_rl.llm.models.tiny import TINY_CHARSET, TINY_SETTINGS, ensure_tiny_model
 
 MODELS = {

@@ -590,7 +590,7 @@ def markdown(report: dict) -> str:
             )
         lines.append(
             "Format (sampled validation responses, right or wrong): a bare number (what 'Answer with just "
-            "the number.' asks for) or a closed \\boxed{} (sppo_rl.llm.rewards.verify.answer_format)."
+            "the number.' asks for) or a closed \\boxed{} (sppo_rl.llm.rewards.answers.answer_format)."
         )
     if not report["pairs"]:
         why = (

@@ -48,7 +48,8 @@ def test_qwen2_params_match_the_real_modules(bench, tiny):
     critics over the conftest tiny model (hidden 32, one layer, kv 1 of 2 heads)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from sppo_rl.llm.models.core import SequenceCritic, StepCritic, load_actor
+    from sppo_rl.llm.models.core import load_actor
+    from sppo_rl.llm.models.critic import SequenceCritic, StepCritic
 
     model = Qwen2ForCausalLM(Qwen2Config(**CONFIG))
     assert sum(p.numel() for p in model.parameters()) == HAND_ACTOR

@@ -19,7 +19,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from sppo_rl.llm.models import flops as F
-from sppo_rl.llm.models.core import CRITICS, accepts_kwarg, load_actor, sequence_logprobs
+from sppo_rl.llm.models.core import accepts_kwarg, load_actor, sequence_logprobs
+from sppo_rl.llm.models.critic import CRITICS
 from sppo_rl.llm.models.tiny import build_tiny_model, load_tokenizer
 from sppo_rl.llm.rollout.base import SamplingParams
 from sppo_rl.llm.rollout.hf import HFRollout, cache_of
@@ -117,7 +118,7 @@ def test_gradient_checkpointing_runs_the_layers_again_and_lora_leaves_out_only_i
     frozen weights) and leaves out the adapters' own matmuls: FlopCounterMode counts more, by about the
     adapters' training pass, ``6 N_lora`` a token."""
     from sppo_rl.llm.config import LORA_TARGETS
-    from sppo_rl.llm.models.core import apply_lora
+    from sppo_rl.llm.models.lora import apply_lora
 
     ids, rows = torch.randint(3, 30, (2, 40)), [(20, 20)] * 2
 

@@ -7,15 +7,9 @@ import hashlib
 import pytest
 import torch
 
-from sppo_rl.llm.models.core import (
-    SequenceCritic,
-    StepCritic,
-    check_same_tokenizer,
-    load_actor,
-    logprobs_from_logits,
-    positions_from_mask,
-    sequence_logprobs,
-)
+from sppo_rl.llm.models.checks import check_same_tokenizer
+from sppo_rl.llm.models.core import load_actor, logprobs_from_logits, positions_from_mask, sequence_logprobs
+from sppo_rl.llm.models.critic import SequenceCritic, StepCritic
 from sppo_rl.llm.models.tiny import (
     build_tiny_model,
     byte_level,

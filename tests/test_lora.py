@@ -19,19 +19,18 @@ pytest.importorskip("peft")
 
 from sppo_rl.config import from_flat
 from sppo_rl.llm.config import LLMConfig  # noqa: E402
-from sppo_rl.llm.models.core import (
+from sppo_rl.llm.models.core import load_actor, sequence_logprobs
+from sppo_rl.llm.models.critic import SequenceCritic
+from sppo_rl.llm.models.engines import HFTorchEngine  # noqa: E402
+from sppo_rl.llm.models.lora import (
     BaseModelView,
-    SequenceCritic,
     apply_lora,
     check_lora_targets_of,
     linear_module_names,
-    load_actor,
     lora_layers,
     merged_state_items,
     merged_weight,
-    sequence_logprobs,
 )
-from sppo_rl.llm.models.engines import HFTorchEngine  # noqa: E402
 from sppo_rl.llm.trainer import LLMRun, run_llm  # noqa: E402
 from sppo_rl.runtime.logging import read_metrics  # noqa: E402
 

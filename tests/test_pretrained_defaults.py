@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from sppo_rl.llm.config import LLMConfig, Overlong
-from sppo_rl.llm.rewards.verify import last_number, verify_boxed_or_last_number
+from sppo_rl.llm.rewards.answers import last_number
+from sppo_rl.llm.rewards.verify import verify_boxed_or_last_number
 
 # ------------------------------------------------------------------------------- lenient reward
 
@@ -191,7 +192,7 @@ def test_init_critic_bias_is_the_logit_of_the_success_rate(tmp_path, llama):
 
     from sppo_rl.agents.learner import LOCAL
     from sppo_rl.llm.build import init_critic_bias
-    from sppo_rl.llm.models.core import SequenceCritic
+    from sppo_rl.llm.models.critic import SequenceCritic
 
     critic = SequenceCritic.from_backbone(llama)
     R = torch.tensor([1.0] * 3 + [0.0] * 47)  # p0 = 3 / 50 = 0.06

@@ -275,7 +275,7 @@ def test_the_floors_matmul_shapes_are_every_weight_of_smollm2_once():
 
 
 def test_answer_format_tells_a_box_a_bare_number_and_anything_else():
-    from sppo_rl.llm.rewards.verify import answer_format
+    from sppo_rl.llm.rewards.answers import answer_format
 
     boxed = ["\\boxed{122}", "so 59 + 63 = \\boxed{122}.", "\\boxed{\\frac{1}{2}}", "\\fbox{7}"]
     number = ["122", " 122 ", "122.", "-7", "\u22127", "1,234", "0.5", "1,234.50.", "12\n"]
@@ -300,7 +300,7 @@ def test_validation_logs_the_share_of_sampled_responses_in_each_format(tmp_path,
     """``val_boxed_rate`` / ``val_number_rate`` of every evaluation equal the formats of its sampled
     validation responses, each read back from completions.jsonl (4 prompts x 2 samples: all 8 logged)
     and classified here; an untrained model writes one character: a digit is a bare number, the rest other."""
-    from sppo_rl.llm.rewards.verify import answer_format
+    from sppo_rl.llm.rewards.answers import answer_format
     from sppo_rl.llm.trainer import run_llm
 
     out = tmp_path / "run"

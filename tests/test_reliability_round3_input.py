@@ -205,7 +205,7 @@ def test_parameter_estimate_bounds_the_real_count_from_above(tmp_path):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from sppo_rl.llm.models.core import estimate_parameters
+    from sppo_rl.llm.models.checks import estimate_parameters
 
     assert estimate_parameters(BASE_CONFIG) == 1_061_120
     with torch.device("meta"):
@@ -263,7 +263,7 @@ def test_the_million_layer_config_from_the_command_line(tmp_path):
 
 
 def test_a_model_that_fits_is_not_refused(tmp_path):
-    from sppo_rl.llm.models.core import check_model_config
+    from sppo_rl.llm.models.checks import check_model_config
 
     check_model_config(_model(tmp_path), "--model")  # about 4 MB of weights
     with pytest.raises(ValueError, match="more than the 0.0 GiB"):
@@ -351,7 +351,8 @@ def test_the_paper_files_have_no_conflicts():
 
 def test_a_200k_character_reference_is_never_parsed():
     """Before: every sample cost the full deadline parsing it; it can never be paid."""
-    from sppo_rl.llm.rewards.verify import _parse_gold, verify_math
+    from sppo_rl.llm.rewards.symbolic import _parse_gold
+    from sppo_rl.llm.rewards.verify import verify_math
 
     huge = "1+" * 100_000 + "1"
     before = _parse_gold.cache_info()

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sppo_rl.llm.rewards.scorer import RewardFnError, RewardScorer
+from sppo_rl.llm.rewards.scorer import RewardScorer
+from sppo_rl.llm.rewards.specs import RewardFnError
 from sppo_rl.llm.rewards.verify import verify_integer
 
 REPO = Path(__file__).resolve().parents[1]

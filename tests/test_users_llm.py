@@ -363,7 +363,8 @@ def test_sampling_flags_reach_the_run_and_are_checked(tmp_path, tiny, rewards):
 
 
 def test_all_linear_wraps_every_linear_module_but_the_head(tiny):
-    from sppo_rl.llm.models.core import apply_lora, load_actor, lora_layers
+    from sppo_rl.llm.models.core import load_actor
+    from sppo_rl.llm.models.lora import apply_lora, lora_layers
 
     model = apply_lora(load_actor(tiny, dtype="float32"), 2, 4.0, ("all-linear",), seed=0)
     names = {n.rsplit(".", 1)[-1] for n in lora_layers(model)}
@@ -375,7 +376,7 @@ def test_gpt2_conv1d_layers_take_lora_and_merge_exactly():
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from sppo_rl.llm.models.core import apply_lora, lora_layers, merged_state_items
+    from sppo_rl.llm.models.lora import apply_lora, lora_layers, merged_state_items
 
     config = GPT2Config(
         n_embd=16, n_layer=1, n_head=2, vocab_size=50, n_positions=32, bos_token_id=0, eos_token_id=0

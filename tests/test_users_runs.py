@@ -271,7 +271,7 @@ def test_control_sigint_message_says_nothing_of_reward_scoring(tmp_path):
 def test_critic_from_a_causal_lm_folder_prints_no_head_load_report(tmp_path, capfd):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from sppo_rl.llm.models.core import SequenceCritic
+    from sppo_rl.llm.models.critic import SequenceCritic
 
     lm = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                       num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False))  # fmt: skip
@@ -284,7 +284,7 @@ def test_critic_from_a_causal_lm_folder_prints_no_head_load_report(tmp_path, cap
 def test_head_only_report_filter_keeps_every_other_report():
     import logging
 
-    from sppo_rl.llm.models.core import _HeadOnlyReport
+    from sppo_rl.llm.models.critic import _HeadOnlyReport
 
     def kept(table: str) -> bool:
         text = "\x1b[1mLlamaModel LOAD REPORT\x1b[0m from: x\nKey | Status | |\n----+----+-+-\n" + table

@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 from paths import FIXTURES  # noqa: E402
 from paths import MATH_DATA as DATA  # noqa: E402
 
-from sppo_rl.llm.rewards.verify import _well_formed, extract_boxed, too_costly, verify_integer, verify_math
+from sppo_rl.llm.rewards.answers import extract_boxed, too_costly
+from sppo_rl.llm.rewards.symbolic import _well_formed
+from sppo_rl.llm.rewards.verify import verify_integer, verify_math
 
 FILES = [
     "dapo-math-17k_dedup.parquet",
@@ -476,7 +478,7 @@ def test_deadline_fires_again_when_its_first_alarm_is_swallowed():
     not depend on its first alarm landing elsewhere."""
     import signal
 
-    from sppo_rl.llm.rewards.verify import _Deadline, _deadline
+    from sppo_rl.llm.rewards.symbolic import _Deadline, _deadline
 
     def busy(until: float) -> None:
         while time.perf_counter() < until:

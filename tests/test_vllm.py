@@ -600,7 +600,7 @@ def test_lora_partial_sync_sends_the_adapted_modules_only(engine, hf, tiny):
     each adapted module and nothing else; it then samples what the trainer's LoRA model scores, and its
     greedy decode (tokens and log-probs) is the merged plain HF model's."""
     pytest.importorskip("peft")
-    from sppo_rl.llm.models.core import adapted_tensor_names, apply_lora
+    from sppo_rl.llm.models.lora import adapted_tensor_names, apply_lora
 
     model = apply_lora(hf, 4, 8.0, LORA_TARGETS, seed=0).eval()
     train_one_step(model)  # moves every B: every adapted module's merged weight changes

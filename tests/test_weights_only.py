@@ -167,7 +167,8 @@ def test_loading_a_pickle_that_runs_code_names_the_file_and_a_plain_one_loads(tm
     tensors only (``save_pretrained(safe_serialization=False)``'s kind) passes the check and loads."""
     from safetensors.torch import load_file
 
-    from sppo_rl.llm.models.core import check_weight_files, load_actor
+    from sppo_rl.llm.models.checks import check_weight_files
+    from sppo_rl.llm.models.core import load_actor
 
     marker = tmp_path / "pwned"
     evil = _pickled_model_folder(tmp_path, tiny, "evil", {"w": _System(f"touch {shlex.quote(str(marker))}")})

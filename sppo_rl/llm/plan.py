@@ -163,7 +163,7 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
     of the module docstring. ``cfg`` itself is left unchanged."""
     from sppo_rl.llm.data.tasks import load_task
     from sppo_rl.llm.latent.plugin import configure_latent
-    from sppo_rl.llm.models.core import check_lora_targets_of
+    from sppo_rl.llm.models.lora import check_lora_targets_of
     from sppo_rl.llm.models.sources import (
         check_cache,
         check_context,

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sppo_rl.llm.rewards.verify import extract_boxed
+from sppo_rl.llm.rewards.answers import extract_boxed
 
 Message = dict[str, str]
 Prompt = str | list[Message]

@@ -60,7 +60,7 @@ def data_reward(cfg: LLMConfig, train: list[Example], val: list[Example]) -> str
     non-integer references is refused in one line; ``math`` (and ``auto``) on GSM8K's layout becomes
     :data:`GSM8K_REWARD`, which also reads GSM8K's ``#### n`` final answer."""
     from sppo_rl.llm.data.files import drop_unpayable_references, non_integer_references
-    from sppo_rl.llm.rewards.verify import MAX_ANSWER_CHARS
+    from sppo_rl.llm.rewards.answers import MAX_ANSWER_CHARS
 
     reward = "math" if cfg.reward_fn == "auto" else cfg.reward_fn
     if reward == "integer":

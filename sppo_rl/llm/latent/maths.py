@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from sppo_rl.llm.rewards.verify import extract_boxed
+from sppo_rl.llm.rewards.answers import extract_boxed
 
 NOISE_LOW, NOISE_HIGH = -1.5, 3.0
 """The clip range of the Gumbel noise (the authors' sampler); one-sided noise is shifted by ``-NOISE_LOW``."""
@@ -79,7 +79,7 @@ def mixture(embedding: nn.Module, ids: Tensor, scores: Tensor, tau: float) -> Te
 
 def valid_rows(texts: Sequence[str], finished: Tensor) -> Tensor:
     """``[B]`` bool: a latent rollout stays on the manifold when it ended with a stop token and its text
-    holds a parseable ``\\boxed{...}`` (read by :func:`~sppo_rl.llm.rewards.verify.extract_boxed`, a plain string
+    holds a parseable ``\\boxed{...}`` (read by :func:`~sppo_rl.llm.rewards.answers.extract_boxed`, a plain string
     scan: a model's output is never evaluated)."""
     boxed = torch.tensor([extract_boxed(t) is not None for t in texts], dtype=torch.bool)
     return finished.cpu().bool() & boxed

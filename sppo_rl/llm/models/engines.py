@@ -13,7 +13,7 @@ multi-GPU DeepSpeed job:
 - ``engine.save_pretrained(folder)``: a Hugging Face folder of the full model, written by rank 0;
 - ``engine.sync_state_items()``: what a rollout copy of the model needs after an update.
 
-With LoRA adapters in the module (:func:`sppo_rl.llm.models.core.apply_lora`) the same methods hold only
+With LoRA adapters in the module (:func:`sppo_rl.llm.models.lora.apply_lora`) the same methods hold only
 what trains: checkpoints keep the trainable tensors (adapters, a critic's head) and their optimizer
 state, the base weights coming back from the model folder on resume; ``full_state_items`` and
 ``save_pretrained`` give the merged weights under the base model's names (a plain HF folder);
@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from sppo_rl.agents.learner import TorchEngine as CoreTorchEngine
-from sppo_rl.llm.models.core import lora_layers, merged_state_items
+from sppo_rl.llm.models.lora import lora_layers, merged_state_items
 from sppo_rl.runtime.checkpoint import torch_load, torch_save
 from sppo_rl.runtime.launcher import launcher_env
 

@@ -12,7 +12,7 @@ from typing import Any
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.data.files import Example
 from sppo_rl.llm.data.tasks import GENERATED_TASKS, generated_task, readable_type
-from sppo_rl.llm.models.core import check_model_config, check_weight_files
+from sppo_rl.llm.models.checks import check_model_config, check_weight_files
 from sppo_rl.llm.models.tiny import TINY_CHARSET, tiny_settings
 from sppo_rl.llm.rewards.scorer import RewardScorer
 from sppo_rl.runtime.run import RunError
@@ -224,9 +224,9 @@ def _tokenizer_folder(cfg: LLMConfig, value: str | None) -> Path | None:
 
 def check_critic_tokenizer(cfg: LLMConfig) -> None:
     """Refuse, before the run folder is touched, a ``--critic-model`` whose tokenizer differs from the
-    actor's (:func:`sppo_rl.llm.models.core.check_same_tokenizer`), where both exist already (a model still
+    actor's (:func:`sppo_rl.llm.models.checks.check_same_tokenizer`), where both exist already (a model still
     to be built is checked once built, by :func:`sppo_rl.llm.build.build_models`)."""
-    from sppo_rl.llm.models.core import check_same_tokenizer
+    from sppo_rl.llm.models.checks import check_same_tokenizer
     from sppo_rl.llm.models.tiny import load_tokenizer
 
     if cfg.critic_model in (None, "none"):

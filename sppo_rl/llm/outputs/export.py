@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sppo_rl.llm.models.core import save_adapter
+from sppo_rl.llm.models.lora import save_adapter
 from sppo_rl.llm.stages.row import peak_memory_mb
 
 

@@ -80,7 +80,7 @@ def make_rollout(
             sync_timeout_s=cfg.collective_timeout,
         )
         if cfg.lora.rank:  # each vLLM layer a sync touches must get all its parts
-            from sppo_rl.llm.models.core import adapted_tensor_names
+            from sppo_rl.llm.models.lora import adapted_tensor_names
 
             engine.check_partial_sync(adapted_tensor_names(actor))
         return engine

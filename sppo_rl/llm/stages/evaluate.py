@@ -14,7 +14,7 @@ import torch
 from sppo_rl.agents.algorithms import value_units
 from sppo_rl.agents.learner import forward_rows
 from sppo_rl.llm.data.files import render_prompt
-from sppo_rl.llm.rewards.verify import answer_format
+from sppo_rl.llm.rewards.answers import answer_format
 from sppo_rl.llm.stages.score import give_up_if_cut
 from sppo_rl.runtime.trace import write_trace
 
@@ -56,7 +56,7 @@ class Evaluator:
 def evaluate(self: Evaluator, step: int) -> dict[str, Any]:
     """mean@k accuracy and pass@k on the validation split (k = ``eval_samples``, at the rollout
     temperature), greedy accuracy, the format-learning rates of the sampled responses (``val_boxed_rate``,
-    ``val_number_rate``: the shares that :func:`~sppo_rl.llm.rewards.verify.answer_format` calls ``"boxed"`` and
+    ``val_number_rate``: the shares that :func:`~sppo_rl.llm.rewards.answers.answer_format` calls ``"boxed"`` and
     ``"number"``, right or wrong), and for SPPO the critic's calibration against per-prompt mean@k.
     Ranks split the prompts (every ``world``-th) and their sums are added up."""
     cfg = self.cfg
