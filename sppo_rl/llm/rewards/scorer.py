@@ -127,6 +127,47 @@ class ScoreResult:
 # --------------------------------------------------------------------------------------- scorer
 
 
+def _check_inputs(
+    responses: Sequence[str], truths: Sequence[str], columns: Sequence[Mapping[str, Any]] | None
+) -> None:
+    """``ValueError`` unless ``responses``, ``truths`` (and ``columns``) have one entry per item;
+    ``TypeError`` for a response or truth that is no ``str``."""
+    if len(responses) != len(truths):
+        raise ValueError(f"{len(responses)} responses but {len(truths)} ground truths")
+    if columns is not None and len(columns) != len(responses):
+        raise ValueError(f"{len(responses)} responses but {len(columns)} column rows")
+    for name, seq in (("response", responses), ("ground truth", truths)):
+        for i, x in enumerate(seq):
+            if not isinstance(x, str):
+                raise TypeError(f"{name} {i} is {type(x).__name__}, not str")
+
+
+@dataclass
+class _Batch:
+    """One :meth:`RewardScorer.score` call in progress: its items, those no worker holds yet (``todo``,
+    in order), and the result so far."""
+
+    responses: Sequence[str]
+    truths: Sequence[str]
+    columns: Sequence[Mapping[str, Any]]
+    result: ScoreResult
+    todo: deque[int]
+
+    def items(self, indices: list[int]) -> list[tuple[int, str, str, Mapping[str, Any]]]:
+        """The items ``indices`` as a worker is sent them: ``(i, response, truth, columns)``."""
+        return [(i, self.responses[i], self.truths[i], self.columns[i]) for i in indices]
+
+    def fail(self, i: int, message: str, timeout: bool = False) -> None:
+        """Item ``i`` failed: invalid, counted in ``errors`` (and ``timeouts``), its message kept among
+        the first :data:`MAX_ERROR_SAMPLES`."""
+        result = self.result
+        result.valid[i] = False
+        result.errors += 1
+        result.timeouts += int(timeout)
+        if len(result.error_samples) < MAX_ERROR_SAMPLES:
+            result.error_samples.append(f"item {i}: {message}")
+
+
 class RewardScorer:
     """Score responses against ground truths in ``workers`` persistent processes.
 
@@ -241,133 +282,163 @@ class RewardScorer:
         ``interrupted`` (workers busy with an item are killed, and restarted by the next call). If this
         call is interrupted (``KeyboardInterrupt``) or a worker cannot be restarted, the scorer closes
         itself and re-raises.
+
+        Steps: :func:`_check_inputs`, then :meth:`_run` over a :class:`_Batch` until every item is
+        scored (:meth:`_take`) or failed (:meth:`_Batch.fail`); an exception on the way
+        :meth:`_abandon`\\ s the workers mid-batch.
         """
         if self.closed:
             raise RuntimeError("RewardScorer is closed")
-        if len(responses) != len(truths):
-            raise ValueError(f"{len(responses)} responses but {len(truths)} ground truths")
-        if columns is not None and len(columns) != len(responses):
-            raise ValueError(f"{len(responses)} responses but {len(columns)} column rows")
-        for name, seq in (("response", responses), ("ground truth", truths)):
-            for i, x in enumerate(seq):
-                if not isinstance(x, str):
-                    raise TypeError(f"{name} {i} is {type(x).__name__}, not str")
+        _check_inputs(responses, truths, columns)
         t0 = time.monotonic()
         n = len(responses)
-        scores = np.zeros(n, dtype=np.float32)
-        result = ScoreResult(scores, fn_errors=[0] * len(self.names))
+        result = ScoreResult(np.zeros(n, dtype=np.float32), fn_errors=[0] * len(self.names))
         if n == 0:
             return result
-
-        def fail(i: int, message: str, timeout: bool = False) -> None:
-            result.valid[i] = False
-            result.errors += 1
-            result.timeouts += int(timeout)
-            if len(result.error_samples) < MAX_ERROR_SAMPLES:
-                result.error_samples.append(f"item {i}: {message}")
-
-        def take(i: int, value: Any) -> None:
-            """Combine one item's parts (:func:`_score_parts`) into its score, or fail it."""
-            parts, tb = value
-            bad = [(j, p) for j, p in enumerate(parts) if isinstance(p, str)]
-            for j, p in enumerate(parts):
-                if isinstance(p, str):
-                    result.fn_errors[j] += 1
-                else:
-                    result.parts[i, j] = p
-            if tb is not None and not self._traceback_shown:
-                self._traceback_shown = True
-                j = next((j for j, p in bad if not p.startswith(RewardRangeError.__name__)), 0)
-                print(
-                    f"[sppo-rl] reward function {self.names[j]!r} failed (its first traceback, shown once; "
-                    f"every failure counts in verifier_errors):\n{tb.rstrip()}",
-                    file=sys.stderr,
-                )
-            if bad:
-                j, message = bad[0]
-                fail(i, message if len(parts) == 1 else f"{self.names[j]}: {message}")
-                if message.startswith(RewardRangeError.__name__) and not self._range_warned:
-                    self._range_warned = True
-                    print(
-                        f"[sppo-rl] warning: reward function {self.names[j]!r} {message.split(': ', 1)[-1]}; "
-                        "rewards must be in [0, 1]: such items score 0 and count as verifier errors",
-                        file=sys.stderr,
-                    )
-                return
-            w = self.weights
-            scores[i] = sum(wj * float(p) for wj, p in zip(w, parts)) / sum(w)
-
-        cols = columns if columns is not None else [{}] * n
-        todo = deque(range(n))
-        chunk = max(1, min(64, math.ceil(n / (4 * len(self._workers)))))
-        batch_deadline = t0 + self.batch_timeout_s if self.batch_timeout_s else math.inf
-        poll_s = 0.5 if stop is not None else math.inf
+        batch = _Batch(
+            responses, truths, columns if columns is not None else [{}] * n, result, deque(range(n))
+        )
         try:
-            while todo or any(w.pending for w in self._workers):
-                if stop is not None and stop():
-                    cut = "scoring stopped (the run is being preempted)"
-                    for w in self._workers:
-                        if w.pending:
-                            self._receive(w, take, fail, todo)  # results already waiting still count
-                        if w.pending:
-                            for i in w.pending:
-                                fail(i, cut, timeout=True)
-                                result.interrupted += 1
-                            w.kill()
-                    for i in todo:
-                        fail(i, cut, timeout=True)
-                        result.interrupted += 1
-                    todo.clear()
-                    break
-                for w in self._workers:
-                    if not w.pending and todo:
-                        if not w.alive():  # killed by an earlier stop, or died while idle
-                            self._restart(w)
-                        take_ = [todo.popleft() for _ in range(min(chunk, len(todo)))]
-                        items = [(i, responses[i], truths[i], cols[i]) for i in take_]
-                        if not w.send(items, self.timeout_s):  # died just now: a new one gets the items
-                            self._restart(w)
-                            if not w.send(items, self.timeout_s):
-                                for i in take_:
-                                    fail(i, "reward worker died before it was given the item")
-                busy = [w for w in self._workers if w.pending]
-                now = time.monotonic()
-                if now >= batch_deadline:
-                    late = f"batch deadline of {self.batch_timeout_s} s passed"
-                    for w in busy:
-                        self._receive(w, take, fail, todo)  # results already waiting still count
-                        if w.pending:
-                            for i in w.pending:
-                                fail(i, late, timeout=True)
-                            self._restart(w)
-                    for i in todo:
-                        fail(i, late, timeout=True)
-                    todo.clear()
-                    break
-                wait_s = max(0.0, min(min(w.deadline for w in busy), batch_deadline, now + poll_s) - now)
-                ready = wait([w.conn for w in busy if w.conn is not None], timeout=wait_s)
-                for w in busy:
-                    if w.conn in ready:
-                        self._receive(w, take, fail, todo)
-                    elif time.monotonic() >= w.deadline and not (w.conn is not None and w.conn.poll()):
-                        i = w.pending.popleft()
-                        fail(i, f"timed out after {self.timeout_s} s", timeout=True)
-                        todo.extendleft(reversed(w.pending))
-                        self._restart(w)
+            self._run(batch, stop, t0)
         except BaseException:
-            # An interrupt (or a failed restart) leaves workers mid-batch: replace them or shut down.
-            for w in self._workers:
-                if w.pending:
-                    w.kill()
-            if any(w.conn is None for w in self._workers):
-                self.close()
+            self._abandon()
             raise
         result.seconds = time.monotonic() - t0
         return result
 
-    def _receive(
-        self, w: _Worker, take: Callable[[int, Any], None], fail: Callable[..., None], todo: deque[int]
-    ) -> None:
+    def _run(self, batch: _Batch, stop: Callable[[], bool] | None, t0: float) -> None:
+        """Until every item of ``batch`` is answered or failed: stop at once if ``stop()`` says so
+        (:meth:`_interrupt`), give idle workers a chunk each (:meth:`_hand_out`), give up past the batch
+        deadline (:meth:`_expire`), else wait for replies or a worker's deadline (:meth:`_collect`)."""
+        chunk = max(1, min(64, math.ceil(len(batch.responses) / (4 * len(self._workers)))))
+        batch_deadline = t0 + self.batch_timeout_s if self.batch_timeout_s else math.inf
+        poll_s = 0.5 if stop is not None else math.inf
+        while batch.todo or any(w.pending for w in self._workers):
+            if stop is not None and stop():
+                self._interrupt(batch)
+                return
+            self._hand_out(batch, chunk)
+            busy = [w for w in self._workers if w.pending]
+            now = time.monotonic()
+            if now >= batch_deadline:
+                self._expire(batch, busy)
+                return
+            wait_s = max(0.0, min(min(w.deadline for w in busy), batch_deadline, now + poll_s) - now)
+            self._collect(batch, busy, wait_s)
+
+    def _hand_out(self, batch: _Batch, chunk: int) -> None:
+        """Give each idle worker the next ``chunk`` items of ``batch.todo`` (a dead one restarted first).
+        A worker found dead on sending is restarted and sent the items again; if that fails too, they
+        fail."""
+        for w in self._workers:
+            if not w.pending and batch.todo:
+                if not w.alive():  # killed by an earlier stop, or died while idle
+                    self._restart(w)
+                indices = [batch.todo.popleft() for _ in range(min(chunk, len(batch.todo)))]
+                items = batch.items(indices)
+                if not w.send(items, self.timeout_s):  # died just now: a new one gets the items
+                    self._restart(w)
+                    if not w.send(items, self.timeout_s):
+                        for i in indices:
+                            batch.fail(i, "reward worker died before it was given the item")
+
+    def _collect(self, batch: _Batch, busy: list[_Worker], wait_s: float) -> None:
+        """Wait up to ``wait_s`` for replies, then read every busy worker's (:meth:`_receive`); a worker
+        past its item's deadline with nothing to read fails that item as a timeout and is restarted,
+        its other items going back to the front of ``batch.todo``."""
+        ready = wait([w.conn for w in busy if w.conn is not None], timeout=wait_s)
+        for w in busy:
+            if w.conn in ready:
+                self._receive(w, batch)
+            elif time.monotonic() >= w.deadline and not (w.conn is not None and w.conn.poll()):
+                i = w.pending.popleft()
+                batch.fail(i, f"timed out after {self.timeout_s} s", timeout=True)
+                batch.todo.extendleft(reversed(w.pending))
+                self._restart(w)
+
+    def _interrupt(self, batch: _Batch) -> None:
+        """``stop()`` became true: the replies already waiting still count; every item still held by a
+        worker (which is killed) or not given out fails as a timeout and counts in ``interrupted``."""
+        cut = "scoring stopped (the run is being preempted)"
+        for w in self._workers:
+            if w.pending:
+                self._receive(w, batch)  # results already waiting still count
+            if w.pending:
+                for i in w.pending:
+                    batch.fail(i, cut, timeout=True)
+                    batch.result.interrupted += 1
+                w.kill()
+        for i in batch.todo:
+            batch.fail(i, cut, timeout=True)
+            batch.result.interrupted += 1
+        batch.todo.clear()
+
+    def _expire(self, batch: _Batch, busy: list[_Worker]) -> None:
+        """The batch deadline passed: the replies already waiting still count; every item still held
+        (its worker restarted) or not given out fails as a timeout."""
+        late = f"batch deadline of {self.batch_timeout_s} s passed"
+        for w in busy:
+            self._receive(w, batch)  # results already waiting still count
+            if w.pending:
+                for i in w.pending:
+                    batch.fail(i, late, timeout=True)
+                self._restart(w)
+        for i in batch.todo:
+            batch.fail(i, late, timeout=True)
+        batch.todo.clear()
+
+    def _abandon(self) -> None:
+        """An interrupt (or a failed restart) left workers mid-batch: kill those, and close the scorer
+        if any worker is left without a process."""
+        for w in self._workers:
+            if w.pending:
+                w.kill()
+        if any(w.conn is None for w in self._workers):
+            self.close()
+
+    def _take(self, batch: _Batch, i: int, value: Any) -> None:
+        """Combine item ``i``'s reply ``(parts, traceback)`` (:func:`_score_parts`) into its score
+        ``sum_j w_j r_j / sum_j w_j``, or fail it with its first function's error; each function's score
+        goes to ``parts``, each error to ``fn_errors``."""
+        parts, tb = value
+        result = batch.result
+        bad = [(j, p) for j, p in enumerate(parts) if isinstance(p, str)]
+        for j, p in enumerate(parts):
+            if isinstance(p, str):
+                result.fn_errors[j] += 1
+            else:
+                result.parts[i, j] = p
+        if tb is not None and not self._traceback_shown:
+            self._show_traceback(bad, tb)
+        if bad:
+            j, message = bad[0]
+            batch.fail(i, message if len(parts) == 1 else f"{self.names[j]}: {message}")
+            if message.startswith(RewardRangeError.__name__) and not self._range_warned:
+                self._warn_out_of_range(j, message)
+            return
+        w = self.weights
+        result.scores[i] = sum(wj * float(p) for wj, p in zip(w, parts)) / sum(w)
+
+    def _show_traceback(self, bad: list[tuple[int, str]], tb: str) -> None:
+        """The first traceback a worker sent, once per scorer, under the name of the function that raised."""
+        self._traceback_shown = True
+        j = next((j for j, p in bad if not p.startswith(RewardRangeError.__name__)), 0)
+        print(
+            f"[sppo-rl] reward function {self.names[j]!r} failed (its first traceback, shown once; "
+            f"every failure counts in verifier_errors):\n{tb.rstrip()}",
+            file=sys.stderr,
+        )
+
+    def _warn_out_of_range(self, j: int, message: str) -> None:
+        """The first score outside ``[0, 1]``, once per scorer."""
+        self._range_warned = True
+        print(
+            f"[sppo-rl] warning: reward function {self.names[j]!r} {message.split(': ', 1)[-1]}; "
+            "rewards must be in [0, 1]: such items score 0 and count as verifier errors",
+            file=sys.stderr,
+        )
+
+    def _receive(self, w: _Worker, batch: _Batch) -> None:
         """Drain every message already waiting on ``w``'s pipe."""
         assert w.conn is not None
         while w.pending:
@@ -381,8 +452,8 @@ class RewardScorer:
                 if w.proc is not None:
                     w.proc.join(2.0)
                     code = w.proc.exitcode
-                fail(i, f"reward worker died (exit code {code})")
-                todo.extendleft(reversed(w.pending))
+                batch.fail(i, f"reward worker died (exit code {code})")
+                batch.todo.extendleft(reversed(w.pending))
                 self._restart(w)
                 return
             try:
@@ -393,9 +464,9 @@ class RewardScorer:
                 continue  # a reply to no item this worker holds (answered already, or never given): dropped
             w.pending.remove(i)  # replies are matched to items by their index, not by their order
             if kind == "ok":
-                take(i, value)
+                self._take(batch, i, value)
             else:
-                fail(i, value)
+                batch.fail(i, value)
             w.deadline = time.monotonic() + self.timeout_s
 
     def __repr__(self) -> str:
