@@ -101,6 +101,21 @@ def test_no_import_circle_in_the_package():
     assert circles(graph) == []
 
 
+LLM_MODULE_LINES = 650
+"""About 600 lines: the most a module under ``sppo_rl/llm`` may hold (room left for a docstring or a check)."""
+
+
+def test_no_llm_module_is_a_grab_bag():
+    """Each module under ``sppo_rl/llm`` does one job, which keeps it under about 600 lines (before the
+    split: ``models/core.py`` 928, ``rewards/verify.py`` 943, ``rewards/scorer.py`` 812,
+    ``rollout/vllm.py`` 755)."""
+    sizes = {
+        str(path.relative_to(ROOT.parent)): len(path.read_text().splitlines())
+        for path in (ROOT / "llm").rglob("*.py")
+    }
+    assert {path: n for path, n in sizes.items() if n > LLM_MODULE_LINES} == {}
+
+
 def test_no_module_reexports_what_it_imports():
     """A ``# noqa: F401`` on an import outside a package's ``__init__`` is a second import path for a name;
     a side-effect import (``import sppo_rl.x``, registering something) is allowed."""
