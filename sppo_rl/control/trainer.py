@@ -39,8 +39,8 @@ from sppo_rl.control.networks import CRITICS, Actor
 from sppo_rl.control.plan import resolve
 from sppo_rl.control.rollout import Episodes, collect
 from sppo_rl.control.spo import StartStates
-from sppo_rl.experiments.protocol import final_value
 from sppo_rl.runtime.checkpoint import CheckpointManager, check_written_by, read_meta, torch_load, torch_save
+from sppo_rl.runtime.curves import final_value
 from sppo_rl.runtime.files import atomic_write_text
 from sppo_rl.runtime.logging import start_logging
 from sppo_rl.runtime.loop import Schedule, announce, progress_bar, run_loop
@@ -386,7 +386,7 @@ class ControlRun:
     def finish(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """Exports (final actor, calibration, critic trace) and the summary, computed from every row of
         ``metrics.jsonl`` (so a resumed run summarises the whole run). ``final_success_rate`` is the
-        comparison protocol's final (:func:`sppo_rl.experiments.protocol.final_value`: the mean
+        comparison protocol's final (:func:`sppo_rl.runtime.curves.final_value`: the mean
         ``success_rate`` of the last ``max(1, ceil(0.1 n))`` of the ``n`` updates), the number ``sppo-rl
         sweep`` and ``sppo-rl report`` print for the same run."""
         cfg = self.cfg
