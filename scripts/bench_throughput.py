@@ -85,11 +85,11 @@ def ours(task: str, algo: str, steps: int, epochs: int, minibatches: int, init: 
             )
         )
         updates, t0 = 0, time.perf_counter()
-        while run.env_steps < steps:
+        while run.state.env_steps < steps:
             run.update()
             updates += 1
         dt = time.perf_counter() - t0
-        env_steps = run.env_steps
+        env_steps = run.state.env_steps
         run.logger.close()
         run.env.close()
     return env_steps / dt, env_steps / updates

@@ -74,6 +74,7 @@ import numpy as np
 from sppo_rl.experiments import decision, protocol
 from sppo_rl.experiments.config import SweepConfig
 from sppo_rl.experiments.sweep import Job, JobResult, llm_config, llm_jobs, sweep
+from sppo_rl.runtime.curves import FINAL_FRAC, final_value
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -205,7 +206,7 @@ def spread(values: list[float | None]) -> dict:
 
 def seed_figures(rows: list[dict]) -> dict:
     """One seed's raw curve and what it logged: start and final accuracy and pass@k (final: the
-    protocol's :func:`~sppo_rl.experiments.protocol.final_value` over the evaluations), the start's
+    protocol's :func:`~sppo_rl.runtime.curves.final_value` over the evaluations), the start's
     greedy accuracy, the mean response length over the updates, the mean share of responses cut at the
     length limit over the first and over the last :data:`CUT_UPDATES` updates, the totals of its last
     row."""
@@ -225,9 +226,7 @@ def seed_figures(rows: list[dict]) -> dict:
         },
         "format_curve": {key: v for key, v in formats.items() if v and None not in v},
         **{
-            f"{when}_{key}": (v[0] if when == "start" else protocol.final_value(v))
-            if v and None not in v
-            else None
+            f"{when}_{key}": (v[0] if when == "start" else final_value(v)) if v and None not in v else None
             for key, v in formats.items()
             for when in ("start", "final")
         },
@@ -235,10 +234,10 @@ def seed_figures(rows: list[dict]) -> dict:
         "start_greedy_accuracy": evals[0].get("val_greedy_accuracy") if evals else None,
         "cut_first": statistics.fmean(cut[:CUT_UPDATES]) if cut else None,
         "cut_last": statistics.fmean(cut[-CUT_UPDATES:]) if cut else None,
-        "final_val_accuracy": protocol.final_value(acc) if acc else None,
+        "final_val_accuracy": final_value(acc) if acc else None,
         "k": evals[-1].get("val_k") if evals else None,
         "start_pass_at_k": passk[0] if passk and passk[0] is not None else None,
-        "final_pass_at_k": protocol.final_value(passk) if any(p is not None for p in passk) else None,
+        "final_pass_at_k": final_value(passk) if any(p is not None for p in passk) else None,
         "response_length": statistics.fmean(lengths) if lengths else None,
         "updates": last.get("step"),
         "tokens": last.get("generated_tokens"),
@@ -606,7 +605,7 @@ def markdown(report: dict) -> str:
         "evaluations: acc @ equal s (tokens) at the window's end, AUC the mean accuracy over the seconds "
         "window, s (tokens) to target the time spent below the target in the window (a run that never "
         "reaches it counts the whole window; reached: seeds whose curve reaches it). final: mean over the "
-        f"last {protocol.FINAL_FRAC:.0%} of a run's evaluations (at least one). A vs B: over the seeds "
+        f"last {FINAL_FRAC:.0%} of a run's evaluations (at least one). A vs B: over the seeds "
         "both have, a paired t-test (sppo_rl.experiments.decision); 'difference' when Holm's p < alpha, "
         "'equivalent within ±margin' when TOST shows it, else 'inconclusive' with the difference the "
         "seeds could have detected (80% power). The time below the target is secondary: biased by how "

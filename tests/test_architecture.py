@@ -127,3 +127,60 @@ def test_no_module_reexports_what_it_imports():
             if "noqa: F401" in line and line.lstrip().startswith("from "):
                 offenders.append(f"{path.relative_to(ROOT.parent)}:{n}")
     assert offenders == []
+
+
+RANKS = {
+    "agents": 0,
+    "config": 0,  # the settings base every world's config derives from; imports nothing of ours
+    "runtime": 1,
+    "envs": 2,
+    "llm": 3,
+    "control": 3,
+    "experiments": 4,
+    "api": 5,
+    "cli": 5,
+    "demo": 5,
+    "__main__": 5,
+}
+"""Layers, lowest first: the shared core (agents) <- run plumbing (runtime) <- the control testbed (envs)
+<- the two worlds (llm, control) <- what compares runs (experiments) <- the faces (api, cli, demo). The
+package's own ``__init__`` (``sppo_rl``: ``__version__``, the testbed's registration, the API loaded on
+first use) is outside the layers: Python runs it before any of its modules, whoever imports what."""
+
+UPWARD_ALLOWED: dict[tuple[str, str], str] = {
+    # known, being removed (the command line and the experiments import each other; the latent
+    # warm start's command reuses the CLI's parser): each pair is gone once those modules are reworked
+    ("sppo_rl.experiments.sweep", "sppo_rl.cli"): "known, being removed",
+    ("sppo_rl.llm.latent.__main__", "sppo_rl.cli"): "known, being removed",
+}
+"""Imports that run up the layers on purpose, each with its reason."""
+
+
+def rank(module: str) -> int | None:
+    """The layer of ``module`` (:data:`RANKS`, by the first part of its name below ``sppo_rl``); None for
+    the package's ``__init__`` and for a part not in :data:`RANKS`."""
+    parts = module.split(".")
+    return RANKS.get(parts[1]) if len(parts) > 1 else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Every ``(importer, imported)`` pair where the imported module sits in a higher layer (the package's
+    ``__init__`` on either side is no pair)."""
+    pairs = ((a, b) for a, targets in graph.items() for b in targets if "." in a and "." in b)
+    return sorted((a, b) for a, b in pairs if rank(b) > rank(a))
+
+
+def test_the_layer_check_finds_an_upward_import():
+    graph = {"sppo_rl.control.trainer": {"sppo_rl.experiments.protocol", "sppo_rl.runtime.loop"}}
+    assert upward_imports(graph) == [("sppo_rl.control.trainer", "sppo_rl.experiments.protocol")]
+    assert upward_imports({"sppo_rl.cli": {"sppo_rl.agents.learner"}, "sppo_rl.llm.x": {"sppo_rl"}}) == []
+
+
+def test_no_import_runs_up_the_layers():
+    """A module imports only modules of its own layer or lower (:data:`RANKS`), lazy imports included;
+    the exceptions are listed with their reason (:data:`UPWARD_ALLOWED`)."""
+    graph = import_graph()
+    assert sorted(m for m in graph if "." in m and rank(m) is None) == []  # a new part needs a layer
+    found = upward_imports(graph)
+    assert [pair for pair in found if pair not in UPWARD_ALLOWED] == []
+    assert [pair for pair in UPWARD_ALLOWED if pair not in found] == []  # a fixed one leaves the list

@@ -209,7 +209,7 @@ def test_equal_outcomes_make_no_update(tmp_path):
 def test_nan_stops_with_named_step_and_keeps_checkpoint(tmp_path):
     run = ControlRun(_cfg(tmp_path, algo="sppo", total_episodes=256))
     row = run.update()
-    run.logger.log(row, step=run.episodes)
+    run.logger.log(row, step=run.state.episodes)
     ckpt = run.save_checkpoint()
     with torch.no_grad():
         run.critic.body[0].weight[0, 0] = float("nan")
@@ -387,3 +387,91 @@ def test_spo_start_states_draw_by_uncertainty_and_discount_by_distance():
     (d,) = pool.distances(moved, [2])
     assert d == pytest.approx(0.005)
     assert pool.observe([2], ep, [d]) == [pytest.approx(2 ** (-0.005 / 0.06))]
+
+
+def test_the_plan_is_a_run_plan_without_the_config(tmp_path):
+    """The control plan has the shape both worlds share; the loop's ``updates`` is ``ceil(total / E)``."""
+    from dataclasses import fields
+
+    from sppo_rl.control.plan import resolve
+    from sppo_rl.runtime.plan import RunPlan
+
+    cfg = _cfg(tmp_path, total_episodes=100, episodes_per_update=32)
+    plan = resolve(cfg)
+    assert isinstance(plan, RunPlan) and plan.given is cfg
+    assert "cfg" not in {f.name for f in fields(plan)}
+    assert plan.loop.updates == 4 and plan.loop.out_dir == tmp_path / "run"
+
+
+def test_after_planning_the_control_world_reads_only_the_plan(tmp_path, monkeypatch):
+    """Every read of a config attribute by a module of ``sppo_rl.control`` after ``resolve`` returned
+    is recorded (a run with a critic, greedy evaluations, calibration, a checkpoint): there is none.
+    The plan's ``given`` is written to ``config.json`` and ``final.pt`` by the run plumbing, not read."""
+    import dataclasses
+
+    import sppo_rl.control.trainer as trainer
+
+    planned, reads = [], []
+
+    class Watched(ControlConfig):
+        def __getattribute__(self, name: str):
+            if planned and not name.startswith("__"):
+                module = sys._getframe(1).f_globals.get("__name__", "")
+                if module.startswith("sppo_rl.control"):
+                    reads.append(f"{module}: {name}")
+            return super().__getattribute__(name)
+
+    def resolve(cfg):
+        plan = real(cfg)
+        planned.append(True)
+        return plan
+
+    real = trainer.resolve
+    monkeypatch.setattr(trainer, "resolve", resolve)
+    given = _cfg(tmp_path, algo="sppo", total_episodes=64, eval_every=1, eval_episodes=4)
+    given = replace(given, calibration_contexts=2, calibration_samples=2)
+    summary = run_control(Watched(**{f.name: getattr(given, f.name) for f in dataclasses.fields(given)}))
+    assert summary["updates"] == 1 and "final_eval_success_rate" in summary
+    assert planned and reads == []
+
+
+def test_the_run_state_is_what_the_checkpoint_holds(tmp_path):
+    """An update returns its row and moves the run's counters (one :class:`RunState`); the checkpoint
+    holds them under the keys older checkpoints have, and they come back whole."""
+    from dataclasses import asdict
+
+    from sppo_rl.control.trainer import RunState
+    from sppo_rl.runtime.checkpoint import torch_load
+
+    run = ControlRun(_cfg(tmp_path, algo="grpo", total_episodes=128))
+    try:
+        assert run.state == RunState()
+        row = run.update()
+        s = run.state
+        assert (s.update, s.episodes, s.env_steps, s.elapsed) == (1, 64, row["env_steps"], row["wall_time_s"])
+        saved = torch_load(run.save_checkpoint() / "state.pt")
+        assert {k: saved[k] for k in ("update", "episodes", "env_steps", "elapsed")} == asdict(s)
+        assert RunState.from_checkpoint(saved) == s
+    finally:
+        run.close()
+
+
+def test_the_summary_is_computed_from_rows_state_and_plan(tmp_path):
+    from sppo_rl.control.plan import resolve
+    from sppo_rl.control.summary import summary_of
+    from sppo_rl.control.trainer import RunState
+
+    plan = resolve(_cfg(tmp_path, algo="grpo", seed=7))
+    rows = [{"update": 1, "success_rate": 0.25}, {"update": 2, "success_rate": 0.75}]
+    state = RunState(update=2, episodes=128, env_steps=1000, elapsed=4.0)
+    assert summary_of(rows, state, plan) == {
+        "algo": "grpo",
+        "task": "short-cartpole",
+        "seed": 7,
+        "updates": 2,
+        "episodes": 128,
+        "env_steps": 1000,
+        "wall_time_s": 4.0,
+        "sps": 250.0,
+        "final_success_rate": 0.75,
+    }

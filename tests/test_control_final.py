@@ -1,5 +1,5 @@
 """The control run's own "final" (summary.json's ``final_success_rate`` and the console headline) is the
-comparison protocol's (:func:`sppo_rl.experiments.protocol.final_value`), the number ``sppo-rl sweep``
+comparison protocol's (:func:`sppo_rl.runtime.curves.final_value`), the number ``sppo-rl sweep``
 and ``sppo-rl report`` print for the same run; it used to be the mean of the last 10 updates."""
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from paths import script_module
 from scipy import stats as sps
 
 from sppo_rl.experiments import protocol as P
+from sppo_rl.runtime.curves import FINAL_FRAC, final_value
 
 
 def curve(seconds, acc, tokens_per_second: float = 100.0) -> P.Curve:
@@ -26,15 +27,13 @@ def curve(seconds, acc, tokens_per_second: float = 100.0) -> P.Curve:
 
 
 def test_final_is_the_mean_of_the_last_tenth_at_least_one():
-    assert P.final_value(range(1, 21)) == 19.5  # last 2 of 20
-    assert P.final_value(range(1, 31)) == 29  # last 3 of 30 (0.1 * 30 = 3.0000000000000004 in floats)
-    assert P.final_value([0.4, 0.9]) == 0.9  # at least one: not the mean 0.65, not the best
-    assert (
-        P.final_value([0.2, None, 0.6, math.nan, 0.8], frac=0.5) == 0.7
-    )  # rows without a value do not count
-    assert math.isnan(P.final_value([]))
+    assert final_value(range(1, 21)) == 19.5  # last 2 of 20
+    assert final_value(range(1, 31)) == 29  # last 3 of 30 (0.1 * 30 = 3.0000000000000004 in floats)
+    assert final_value([0.4, 0.9]) == 0.9  # at least one: not the mean 0.65, not the best
+    assert final_value([0.2, None, 0.6, math.nan, 0.8], frac=0.5) == 0.7  # rows without a value do not count
+    assert math.isnan(final_value([]))
     # the sweep used the last 10 updates: over 20 updates rising 0.05 per update it said 0.725
-    assert P.final_value([0.05 * i for i in range(1, 21)]) == pytest.approx(0.975)
+    assert final_value([0.05 * i for i in range(1, 21)]) == pytest.approx(0.975)
 
 
 def test_value_and_first_crossing_are_interpolated_between_raw_evaluations():
@@ -253,7 +252,7 @@ def test_aa_protocol_finds_no_difference_between_identical_curves(aa):
 def test_report_s_default_final_is_the_protocol_s():
     from sppo_rl.experiments.config import ReportConfig
 
-    assert ReportConfig(inputs=("x",)).final_frac == P.FINAL_FRAC
+    assert ReportConfig(inputs=("x",)).final_frac == FINAL_FRAC
 
 
 def test_a_run_without_evaluations_is_refused_not_dropped():

@@ -111,13 +111,6 @@ def broadcast(seq_adv: Tensor, mask: Tensor) -> Tensor:
     return seq_adv[:, None].to(mask.dtype) * mask
 
 
-def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    """``sum(x * m) / sum(m)`` (0 where the mask is empty)."""
-    if dim is None:
-        return (x * mask).sum() / mask.sum().clamp(min=1)
-    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
-
-
 def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     """``(x - mu) / sqrt(var + eps)`` with masked mean and unbiased masked variance; 0 off the mask."""
     n = mask.sum()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -167,7 +166,3 @@ class StartStateCritic(Critic):
 
 CRITICS: dict[str, type[Critic]] = {"step": StepCritic, "sequence": StartStateCritic}
 """The critic class for each :attr:`~sppo_rl.agents.advantages.Requirements.critic` kind."""
-
-
-def to_tensor(x: np.ndarray) -> Tensor:
-    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))

@@ -8,16 +8,21 @@ every setting's type and range; the algorithm (one the control world trains); th
 episodes per update ``E`` (the task's, or ``--episodes-per-update``), group size ``G`` (the largest up to
 the method's that divides ``E`` and leaves two contexts), the budget (at least one update), epochs and
 minibatches; the warm start (``--init-from``) against the task; the learner's settings.
+
+The plan is a :class:`~sppo_rl.runtime.plan.RunPlan` (the shape both worlds share: ``given``, ``algo``,
+``learner``, ``estimator``, ``loop``) plus the control world's sections. Everything after planning (the
+trainer, evaluation, the exports) reads the plan, never the config: ``given`` is kept only to be saved to
+``config.json`` and compared on ``--resume``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sppo_rl.agents.algorithms import (
-    Algorithm,
     check_setup,
     default_group_size,
     estimator_params,
@@ -26,7 +31,11 @@ from sppo_rl.agents.algorithms import (
 from sppo_rl.agents.learner import LearnerConfig
 from sppo_rl.control.actor_files import check_init_actor, resolve_init
 from sppo_rl.control.config import ControlConfig
+from sppo_rl.runtime.plan import LoopSettings, RunPlan
 from sppo_rl.runtime.run import RunError
+
+if TYPE_CHECKING:
+    from sppo_rl.envs.tasks import TaskSpec
 
 
 @dataclass(frozen=True)
@@ -44,18 +53,56 @@ class Resolved:
 
 
 @dataclass(frozen=True)
-class Plan:
-    """Everything a control run derives from its config, computed once by :func:`resolve`: the config, the
-    algorithm, the task's spec, the derived sizes (:class:`Resolved`), the warm start's file (None: random
-    initialisation), the learner's settings and the estimator's parameters."""
+class Networks:
+    """The actor's and the critic's shape (used when not initialising from a warm start: ``init_path``
+    None) and how the actor normalises its observations."""
 
-    cfg: ControlConfig
-    algo: Algorithm
-    spec: Any
-    resolved: Resolved
+    hidden_sizes: tuple[int, ...]
+    activation: str
+    log_std_init: float
+    normalize_obs: bool
     init_path: Path | None
-    learner: LearnerConfig
-    estimator: dict[str, Any]
+    """The warm start's file (None: random initialisation)."""
+
+
+@dataclass(frozen=True)
+class Optimisation:
+    """The optimisers' settings: learning rates, their schedule over the ``loop.updates`` updates, gradient
+    clipping, and the updates the actor waits while the critic warms up."""
+
+    actor_lr: float
+    critic_lr: float
+    max_grad_norm: float
+    lr_schedule: str
+    warmup_updates: int
+    critic_warmup: int
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What the run measures besides its training rows: ``episodes`` fixed start states of the greedy
+    evaluation (0: none), and the calibration of a per-episode critic (``contexts`` start states,
+    ``samples`` episodes each)."""
+
+    episodes: int
+    calibration_contexts: int
+    calibration_samples: int
+
+
+@dataclass(frozen=True)
+class Plan(RunPlan):
+    """Everything a control run derives from its config, computed once by :func:`resolve`: the shared
+    :class:`~sppo_rl.runtime.plan.RunPlan` (``loop.updates = ceil(total_episodes / E)``), the task's spec,
+    the derived sizes (:class:`Resolved`), whether the run trains on the dense shaped reward, SPO's
+    start-state pool size, the networks, the optimisers and the evaluation."""
+
+    spec: TaskSpec
+    resolved: Resolved
+    dense: bool
+    spo_contexts: int
+    networks: Networks
+    optim: Optimisation
+    evaluation: Evaluation
 
 
 def resolve(cfg: ControlConfig) -> Plan:
@@ -92,5 +139,36 @@ def resolve(cfg: ControlConfig) -> Plan:
         greedy_per_update=E // G if algo.requires.greedy_baseline else 0,
         init_from=str(init_path) if init_path else "none",
     )
-    learner = LearnerConfig.from_run(cfg, spec.horizon, algo.defaults)
-    return Plan(cfg, algo, spec, resolved, init_path, learner, estimator_params(cfg))
+    loop = LoopSettings(
+        out_dir=Path(cfg.out_dir),
+        seed=cfg.seed,
+        updates=math.ceil(cfg.total_episodes / E),
+        eval_every=cfg.eval_every,
+        checkpoint_every=cfg.checkpoint_every,
+        keep_checkpoints=cfg.keep_checkpoints,
+        max_seconds=cfg.max_seconds,
+        resume=cfg.resume,
+        overwrite=cfg.overwrite,
+        progress=cfg.progress,
+        tensorboard=cfg.tensorboard,
+        threads=cfg.threads,
+    )
+    networks = Networks(cfg.hidden_sizes, cfg.activation, cfg.log_std_init, cfg.normalize_obs, init_path)
+    optim = Optimisation(
+        cfg.actor_lr, cfg.critic_lr, cfg.max_grad_norm, cfg.lr_schedule, cfg.warmup_updates, cfg.critic_warmup
+    )
+    evaluation = Evaluation(cfg.eval_episodes, cfg.calibration_contexts, cfg.calibration_samples)
+    return Plan(
+        given=cfg,
+        algo=algo,
+        learner=LearnerConfig.from_run(cfg, spec.horizon, algo.defaults),
+        estimator=estimator_params(cfg),
+        loop=loop,
+        spec=spec,
+        resolved=resolved,
+        dense=cfg.dense,
+        spo_contexts=cfg.spo_contexts,
+        networks=networks,
+        optim=optim,
+        evaluation=evaluation,
+    )

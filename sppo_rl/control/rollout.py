@@ -1,4 +1,5 @@
-"""Collect complete episodes from an episode vector env and pad them into ``[B, T]`` tensors.
+"""Collect complete episodes from an episode vector env and pad them into ``[B, T]`` tensors, from the
+start states an update draws (:func:`start_states`).
 
 All sub-envs are reset together with one seed each (a group shares a seed, hence its start state),
 then stepped together, one batched policy call per step, until every episode has ended. The env does
@@ -9,12 +10,17 @@ transition; rows past an episode's length are padding and masked out.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from sppo_rl.control.networks import Actor
+
+if TYPE_CHECKING:
+    from sppo_rl.control.plan import Resolved
+    from sppo_rl.control.spo import StartStates
 
 
 @dataclass
@@ -122,3 +128,40 @@ def collect(
         seeds=np.asarray(seeds),
         greedy=greedy_t,
     )
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """What one update collected: the ``E`` sampled episodes, their group ids, the greedy episodes'
+    success per group (ReMax's baseline; None without), SPO's start states (pool indices; empty without
+    SPO) and the env steps of every episode, greedy ones included."""
+
+    episodes: Episodes
+    groups: np.ndarray
+    greedy_success: Tensor | None
+    contexts: list[int]
+    env_steps: int
+
+
+def start_states(
+    r: Resolved, rng: np.random.Generator, spo: StartStates | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
+    """One update's per-row reset seeds, group ids and greedy flags, and SPO's pool indices (empty
+    without SPO): ``r.contexts_per_update`` start states drawn from ``rng`` (SPO: from its pool,
+    prioritised by its tracker), each used ``r.group_size`` times, plus one greedy row each when the
+    method asks for ``r.greedy_per_update``."""
+    contexts: list[int] = []
+    if spo is not None:
+        drawn = spo.draw(r.contexts_per_update, rng)
+        contexts = [int(c) for c in drawn]
+        ctx = spo.seeds[drawn]
+    else:
+        ctx = rng.integers(0, 2**31 - 1, size=r.contexts_per_update)
+    seeds = np.repeat(ctx, r.group_size)
+    groups = np.repeat(np.arange(r.contexts_per_update), r.group_size)
+    greedy = np.zeros(len(seeds), dtype=bool)
+    if r.greedy_per_update:
+        seeds = np.concatenate([seeds, ctx])
+        groups = np.concatenate([groups, np.arange(r.contexts_per_update)])
+        greedy = np.concatenate([greedy, np.ones(r.contexts_per_update, dtype=bool)])
+    return seeds, groups, greedy, contexts

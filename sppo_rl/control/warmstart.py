@@ -30,9 +30,10 @@ import torch
 
 from sppo_rl.control.actor_files import WARMSTART_DIR, load_actor_file, save_actor_file
 from sppo_rl.control.config import ControlConfig, WarmstartConfig
+from sppo_rl.control.evaluate import EVAL_SEED_BASE
 from sppo_rl.control.networks import Actor
 from sppo_rl.control.rollout import collect
-from sppo_rl.control.trainer import EVAL_SEED_BASE, ControlRun
+from sppo_rl.control.trainer import ControlRun
 from sppo_rl.runtime.files import atomic_write_text
 from sppo_rl.runtime.run import RunError, set_threads
 

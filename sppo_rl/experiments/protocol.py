@@ -11,7 +11,7 @@ the axes ``("seconds", "episodes")`` instead of ``("seconds", "tokens")`` (:func
 - **Window** ``[lo, hi]`` on an axis: ``lo`` = the latest first evaluation, ``hi`` = the earliest last
   evaluation over all runs of the comparison (:func:`window`); :func:`on_grid` puts every curve on
   ``points`` equally spaced x in it.
-- **Final** (:func:`final_value`, the one definition used by ``sppo-rl sweep``, ``sppo-rl report``,
+- **Final** (:func:`~sppo_rl.runtime.curves.final_value`, the one definition used by ``sppo-rl sweep``, ``sppo-rl report``,
   ``scripts/compare_llm.py`` and a control run's own ``summary.json``): the mean of a run's last ``k = max(1, ceil(FINAL_FRAC * n))`` of its ``n``
   logged values, in log order (control: the per-update ``success_rate``; LLM: the validation
   evaluations, the start one counted in ``n``). With ``FINAL_FRAC = 0.1``: the last 2 of 20, the last 1
@@ -62,8 +62,8 @@ import numpy as np
 
 from sppo_rl.experiments import decision
 from sppo_rl.experiments.decision import Design
+from sppo_rl.runtime.curves import final_value
 
-FINAL_FRAC = 0.1  # "final": the mean over the last 10 % of a run's logged values, at least one
 TARGET_GAIN = 0.5  # the target: half of the median improvement from the warm start
 CONFIDENCE = 0.95
 BOOTSTRAP_REPS = 4000
@@ -79,18 +79,6 @@ def statistic_names(axes: tuple[str, ...] = AXES) -> tuple[tuple[str, ...], tupl
 
 
 DIFFERENCES, RATIOS = statistic_names(AXES)
-
-
-def final_value(values, frac: float = FINAL_FRAC) -> float:
-    """A run's final value: ``mean(v_{n-k+1..n})`` with ``k = max(1, ceil(frac * n))`` over its ``n``
-    logged values (None and NaN are rows that logged none; NaN if no value); the ceiling ignores float
-    noise (0.1 * 30 gives k = 3)."""
-    v = np.asarray([math.nan if x is None else x for x in values], dtype=float)
-    v = v[~np.isnan(v)]
-    if len(v) == 0:
-        return math.nan
-    k = max(1, math.ceil(frac * len(v) - 1e-9))
-    return float(v[-k:].mean())
 
 
 @dataclass(frozen=True)

@@ -702,10 +702,10 @@ def _sweep(
 
 def headline(jobs: list[Job], results: list[JobResult], root: Path) -> str:
     """The sweep's end: final success of each (task, algorithm) over its finished seeds (the protocol's
-    :func:`~sppo_rl.experiments.protocol.final_value` of each run's logged ``success_rate``, as
+    :func:`~sppo_rl.runtime.curves.final_value` of each run's logged ``success_rate``, as
     ``sppo-rl report`` computes it; LLM runs: of ``val_accuracy``, sampled, and beside it of
     ``val_greedy_accuracy``, greedy, per run name), the folder and the next commands."""
-    from sppo_rl.experiments.protocol import final_value
+    from sppo_rl.runtime.curves import final_value
     from sppo_rl.runtime.logging import read_metrics
 
     llm = any(j.command == "llm" for j in jobs)

@@ -1,4 +1,4 @@
-"""What every training run shares: its folder, its config file, preemption, numerical guards, RNG state."""
+"""What every training run shares: its folder, its config file, preemption, numerical guards."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import dataclasses
 import fcntl
 import json
 import os
-import random
 import re
 import signal
 import sys
@@ -15,7 +14,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
-import numpy as np
 import torch
 
 from sppo_rl.runtime.files import atomic_write_text
@@ -479,23 +477,6 @@ def check_finite(step: int, **quantities: Any) -> None:
                 f"step {step}: {name} is not finite ({t.flatten()[:4].tolist()}); stopping. "
                 "The last good checkpoint is kept; nothing from this step was written."
             )
-
-
-def global_rng_state() -> dict[str, Any]:
-    """Python, NumPy and torch global RNG states (for exact resume)."""
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-
-
-def set_global_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def exit_preempted(out_dir: Path, signame: str, resume_hint: str) -> NoReturn:

@@ -31,7 +31,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -172,26 +172,6 @@ def end_process(code: int) -> None:
             stream.flush()
     leave_process_group()
     os._exit(code)
-
-
-class TrainEngine(Protocol):
-    module: nn.Module
-
-    def boundary(self, last: bool) -> None: ...
-
-    def backward(self, loss: Tensor) -> None: ...
-
-    def step(self) -> float: ...
-
-    def save(self, folder: Path, optimizer: bool = True) -> None: ...
-
-    def load(self, folder: Path) -> None: ...
-
-    def full_state_items(self) -> Iterator[tuple[str, Tensor]]: ...
-
-    def save_pretrained(self, folder: str | Path, **kwargs: Any) -> None: ...
-
-    def sync_state_items(self) -> Iterator[tuple[str, Tensor]]: ...
 
 
 class HFTorchEngine(CoreTorchEngine):
