@@ -50,6 +50,7 @@ from typing import Any
 
 from sppo_rl.config import flat_dict, flat_keys, key_type, replace_flat
 from sppo_rl.experiments.config import SweepConfig
+from sppo_rl.runtime.files import atomic_write_text
 
 # ControlConfig fields the sweep sets itself (not allowed in --overrides)
 SWEEP_OWNED = {"algo", "task", "seed", "total_episodes", "out_dir", "resume", "overwrite", "progress"}
@@ -580,9 +581,7 @@ class _Signals:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def status_table(jobs: list[Job], results: list[JobResult]) -> str:
