@@ -172,8 +172,8 @@ def parse_control(flags: list[str]):  # -> ControlConfig
     import contextlib
     import io
 
-    from sppo_rl.cli import parse
     from sppo_rl.control.config import ControlConfig
+    from sppo_rl.runtime.flags import parse
 
     text = io.StringIO()
     try:
@@ -327,10 +327,11 @@ def parse_llm(flags: list[str], check: bool = True):  # -> LLMConfig
     import contextlib
     import io
 
-    from sppo_rl.cli import parse, recipe_default
     from sppo_rl.llm.config import LLMConfig
     from sppo_rl.llm.models.engines import launcher_dist
     from sppo_rl.llm.plan import resolve
+    from sppo_rl.runtime.flags import parse
+    from sppo_rl.runtime.recipes import recipe_default
     from sppo_rl.runtime.run import RunError
 
     try:
