@@ -23,7 +23,7 @@ into consecutive blocks of ``E`` (a trailing partial block is dropped), and each
 ``metrics.jsonl`` as ours logs per update: ``episodes`` (the count so far), ``success_rate`` (the
 block's mean), ``wall_time_s`` (training seconds when its last episode ended), ``env_steps``, ``sps``.
 From there both are measured with the same functions as ``sppo-rl report``
-(:func:`sppo_rl.experiments.report.run_numbers` and ``group_numbers``), crossings included: "episodes to x"
+(:func:`sppo_rl.experiments.report_numbers.run_numbers` and ``group_numbers``), crossings included: "episodes to x"
 is :func:`sppo_rl.experiments.protocol.crossing` of the raw (unsmoothed) per-row success rate against
 ``episodes``: ``e_0`` if ``y_0 >= x``, else ``e_{j-1} + (x - y_{j-1}) / (y_j - y_{j-1}) (e_j - e_{j-1})`` for
 the first row ``j`` with ``y_j >= x``, None if no row reaches x; "wall s to x" is the same crossing read on
@@ -374,10 +374,10 @@ def train_sb3(settings: dict[str, Any], folder: Path) -> list[dict[str, Any]]:
 
 
 def sb3_run(task: str, seed: int, budget: int, n_steps: int, out: Path, fresh: bool):
-    """One SB3 run as a report :class:`~sppo_rl.experiments.report.Run` (reused when finished with the same
+    """One SB3 run as a report :class:`~sppo_rl.experiments.report_runs.Run` (reused when finished with the same
     settings and not ``fresh``)."""
     from sppo_rl.envs.tasks import get_task
-    from sppo_rl.experiments.report import Run
+    from sppo_rl.experiments.report_runs import Run
     from sppo_rl.runtime.logging import read_metrics
 
     spec = get_task(task)
@@ -431,7 +431,7 @@ def run_ours(args: argparse.Namespace, budgets: dict[str, int], out: Path) -> Pa
 
 def find_ours(dirs: list[str], tasks: list[str], seeds: list[int], algos: list[str]) -> list:
     """Our runs of these tasks, seeds and algorithms under ``dirs``, labelled as ``sppo-rl report`` does."""
-    from sppo_rl.experiments.report import find_runs
+    from sppo_rl.experiments.report_runs import find_runs
 
     return [
         r
@@ -444,13 +444,14 @@ def find_ours(dirs: list[str], tasks: list[str], seeds: list[int], algos: list[s
 
 
 def run_summary(run, cfg) -> dict[str, Any]:
-    """The report's per-run numbers (:func:`~sppo_rl.experiments.report.run_numbers`: ``episodes_to`` is
+    """The report's per-run numbers (:func:`~sppo_rl.experiments.report_numbers.run_numbers`: ``episodes_to`` is
     :func:`~sppo_rl.experiments.protocol.crossing` of the raw success rate against ``episodes``) plus
     ``wall_to``, the same crossing against ``wall_time_s``, and ``s_per_1k_episodes`` =
     ``1000 * wall_time_s / episodes`` of the last row."""
-    from sppo_rl.experiments import protocol, report
+    from sppo_rl.experiments import protocol
+    from sppo_rl.experiments.report_numbers import run_numbers
 
-    numbers = report.run_numbers(run, cfg)
+    numbers = run_numbers(run, cfg)
     y = [r["success_rate"] for r in run.rows]
     wall = [r.get("wall_time_s", math.nan) for r in run.rows]
     numbers["wall_to"] = {str(t): protocol.crossing(wall, y, t) for t in cfg.thresholds}
@@ -471,12 +472,12 @@ def _spread(values: list[float | None], seeds: int) -> dict[str, Any]:
 
 
 def group_summary(per_run: list[dict[str, Any]], cfg) -> dict[str, Any]:
-    """The report's group numbers (:func:`~sppo_rl.experiments.report.group_numbers`: final success mean,
+    """The report's group numbers (:func:`~sppo_rl.experiments.report_numbers.group_numbers`: final success mean,
     t half-width and IQM; episodes to each threshold, median over the seeds that reach it) plus min-max of
     episodes and wall-clock to each threshold, and seconds per 1,000 episodes (mean over seeds)."""
-    from sppo_rl.experiments import report
+    from sppo_rl.experiments.report_numbers import group_numbers
 
-    g = report.group_numbers(per_run, cfg)
+    g = group_numbers(per_run, cfg)
     n = len(per_run)
     ts = [str(t) for t in cfg.thresholds]
     g["episodes_to"] = {t: _spread([r["episodes_to"][t] for r in per_run], n) for t in ts}

@@ -538,10 +538,10 @@ def _data_path(out: Path, stem: str, text: str) -> Path:
 
 def _write_data(path: Path, text: str) -> None:
     if not (path.is_file() and path.read_text(encoding="utf-8") == text):
+        from sppo_rl.runtime.files import atomic_write_text
+
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+        atomic_write_text(path, text)
 
 
 class LLMPolicy:

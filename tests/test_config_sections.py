@@ -9,10 +9,11 @@ import json
 
 import pytest
 
-from sppo_rl.cli import main, parse, resume_defaults
+from sppo_rl.cli import main, resume_defaults
 from sppo_rl.config import WandB, flat_dict, flat_keys, from_flat, get_flat, replace_flat
 from sppo_rl.control.config import ControlConfig
 from sppo_rl.llm.config import SFT, VLLM, Latent, LLMConfig, LoRA, Overlong
+from sppo_rl.runtime.flags import parse
 from sppo_rl.runtime.logging import read_metrics
 
 SECTION_FLAGS = [
@@ -105,7 +106,7 @@ def test_an_old_flat_config_json_gives_the_sections_on_resume(tmp_path):
 
 
 def test_a_recipe_with_flat_section_keys_loads_and_a_misspelt_one_is_refused(tmp_path):
-    from sppo_rl.cli import load_recipe
+    from sppo_rl.runtime.recipes import load_recipe
     from sppo_rl.runtime.run import RunError
 
     good = tmp_path / "good.json"

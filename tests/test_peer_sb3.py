@@ -18,7 +18,7 @@ import torch
 from paths import script_module
 
 from sppo_rl.experiments.config import ReportConfig
-from sppo_rl.experiments.report import Run, find_runs
+from sppo_rl.experiments.report_runs import Run, find_runs
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "peer_sb3.py"
@@ -149,12 +149,12 @@ def test_crossings_are_the_reports_on_the_same_run(peer):
     the raw curve first reaches 0.9 between rows 0 and 1, at 4 + 0.7 / 0.75 * 4 = 7.73 episodes
     (1 + 0.7 / 0.75 = 1.93 s), and 0.5 at 4 + 0.3 / 0.75 * 4 = 5.6; a trailing mean over 5 rows (0.2,
     0.575, 0.483, 0.438, 0.55) never reaches 0.9 and reaches 0.5 only at row 1 (8 episodes)."""
-    from sppo_rl.experiments import report
+    from sppo_rl.experiments.report_numbers import run_numbers
 
     run = _run(0, [0.2, 0.95, 0.3, 0.3, 1.0], [1, 2, 3, 4, 5])
     cfg = ReportConfig(inputs=("x",))
     mine = peer.run_summary(run, cfg)
-    assert mine["episodes_to"] == report.run_numbers(run, cfg)["episodes_to"]
+    assert mine["episodes_to"] == run_numbers(run, cfg)["episodes_to"]
     assert mine["episodes_to"]["0.9"] == pytest.approx(4 + 0.7 / 0.75 * 4)
     assert mine["wall_to"]["0.9"] == pytest.approx(1 + 0.7 / 0.75)
     assert mine["episodes_to"]["0.5"] == pytest.approx(5.6)

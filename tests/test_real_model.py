@@ -224,8 +224,8 @@ def _recipe(target: str) -> list[str]:
 def test_make_demo_real_installs_the_real_extra_and_runs_the_settings_that_learn():
     import shlex
 
-    from sppo_rl.cli import parse
     from sppo_rl.llm.config import LLMConfig
+    from sppo_rl.runtime.flags import parse
 
     lines = _recipe("demo-real")
     assert "/nonexistent-venv/bin/python -m pip install --quiet -e '.[real]'" in lines

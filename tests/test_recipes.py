@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from paths import FIXTURES
 
-from sppo_rl.cli import load_recipe, recipe_names
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.models.tiny import TINY_CHARSET
 from sppo_rl.runtime.logging import read_metrics
+from sppo_rl.runtime.recipes import load_recipe, recipe_names
 from sppo_rl.runtime.run import RunError
 
 
@@ -178,7 +178,8 @@ def test_a_sweep_resolves_its_runs_recipe_by_name_only(tmp_path):
 def test_a_recipe_file_is_passed_explicitly_and_read_as_data(tmp_path, capsys):
     """``--recipe-file`` loads the user's file as untrusted data (its out_dir/overwrite/reward file refused
     unless given on the command line or ``--trust-recipe``); a built-in name there is a file name only."""
-    from sppo_rl.cli import main, recipe_default
+    from sppo_rl.cli import main
+    from sppo_rl.runtime.recipes import recipe_default
 
     victim, mark, path = _downloaded(tmp_path)
     capsys.readouterr()

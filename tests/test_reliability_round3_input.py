@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from paths import FIXTURES
 
-from sppo_rl.cli import load_recipe, main, recipe_names
+from sppo_rl.cli import main
 from sppo_rl.llm.config import LLMConfig
+from sppo_rl.runtime.recipes import load_recipe, recipe_names
 from sppo_rl.runtime.run import RunError
 
 MATH500 = FIXTURES / "math__math_500.parquet"

@@ -19,7 +19,8 @@ from scipy import stats as sps
 from sppo_rl.agents.algorithms import ALGORITHMS
 from sppo_rl.experiments import stats
 from sppo_rl.experiments.config import ReportConfig
-from sppo_rl.experiments.report import PALETTE, colours, run_report
+from sppo_rl.experiments.report import run_report
+from sppo_rl.experiments.report_runs import PALETTE, colours
 from sppo_rl.runtime.run import RunError
 
 # ------------------------------------------------------------------------------------- statistics
@@ -624,7 +625,8 @@ def _visible(fig):
 def test_six_algorithms_get_one_panel_each_with_the_others_in_grey(tmp_path):
     from matplotlib.colors import to_hex
 
-    from sppo_rl.experiments import report as rep
+    from sppo_rl.experiments.report_plots import GREY, plot_curves, plot_profiles
+    from sppo_rl.experiments.report_runs import Run, find_runs, styles
 
     algos = ["ppo", "sppo", "grpo", "rloo", "remax", "reinforce"]
     root = tmp_path / "six"
@@ -636,30 +638,28 @@ def test_six_algorithms_get_one_panel_each_with_the_others_in_grey(tmp_path):
     assert (root / "report" / "success_vs_episodes.png").is_file()
     # redraw from the report's numbers: one panel per (task, algorithm), 3 a row
     curves = {(c["task"], c["label"]): c for c in report["curves"]}
-    style = rep.styles(rep.find_runs((str(root),), skip=(root / "report").resolve()), algos)
-    fig = rep.plot_curves(
+    style = styles(find_runs((str(root),), skip=(root / "report").resolve()), algos)
+    fig = plot_curves(
         curves, ["cartpole", "short-cartpole"], algos, "episodes", tmp_path / "a.png", "", style
     )
     panels = _visible(fig)
     assert len(panels) == 12 and panels[1].get_title() == "cartpole\nsppo (n=2)"
     lines = panels[1].get_lines()
-    coloured = [ln for ln in lines if to_hex(ln.get_color()) != to_hex(rep.GREY)]
+    coloured = [ln for ln in lines if to_hex(ln.get_color()) != to_hex(GREY)]
     assert len(lines) == 6 and [to_hex(ln.get_color()) for ln in coloured] == [PALETTE["sppo"]]
     # up to --max-overlay algorithms: one panel per task with all of them in colour
-    fig = rep.plot_curves(
+    fig = plot_curves(
         curves, ["cartpole", "short-cartpole"], algos[:4], "episodes", tmp_path / "b.png", "", style
     )
     assert len(_visible(fig)) == 2 and len(_visible(fig)[0].get_lines()) == 4
-    fig = rep.plot_curves(
-        curves, ["cartpole"], algos, "episodes", tmp_path / "c.png", "", style, max_overlay=6
-    )
+    fig = plot_curves(curves, ["cartpole"], algos, "episodes", tmp_path / "c.png", "", style, max_overlay=6)
     assert len(_visible(fig)) == 1
     # the performance profile follows the same rule
-    fig = rep.plot_profiles(report["aggregates"], tmp_path / "p.png", style)
+    fig = plot_profiles(report["aggregates"], tmp_path / "p.png", style)
     assert len(_visible(fig)) == 6
     # two settings of one algorithm: its colour in two shades and two line styles
-    style2 = rep.styles(
-        [rep.Run(Path("."), "t", "sppo", 0, True, {}, [], None, label=lb) for lb in ("sppo a=1", "sppo a=2")],
+    style2 = styles(
+        [Run(Path("."), "t", "sppo", 0, True, {}, [], None, label=lb) for lb in ("sppo a=1", "sppo a=2")],
         ["sppo a=1", "sppo a=2"],
     )
     assert style2["sppo a=1"] == (PALETTE["sppo"], "-") and style2["sppo a=2"][1] == "--"
@@ -711,7 +711,7 @@ def _titles_inside(fig) -> None:
 
 @pytest.fixture
 def layout(tmp_path):
-    from sppo_rl.experiments.report import find_runs, label_order, styles
+    from sppo_rl.experiments.report_runs import find_runs, label_order, styles
 
     root = _layout_runs(tmp_path / "runs")
     report = run_report(ReportConfig(inputs=(str(root / "short-cartpole"),), out=str(tmp_path / "ctl"),
@@ -722,7 +722,7 @@ def layout(tmp_path):
 
 def test_single_world_profile_and_tail_effect_titles_fit_the_figure(layout):
     from sppo_rl.experiments import tail
-    from sppo_rl.experiments.report import plot_profiles
+    from sppo_rl.experiments.report_plots import plot_profiles
 
     _, report, style, tmp = layout
     _titles_inside(plot_profiles(report["aggregates"], tmp / "p.png", style))  # one world: 5.2 in wide
@@ -730,7 +730,9 @@ def test_single_world_profile_and_tail_effect_titles_fit_the_figure(layout):
 
 
 def test_wall_time_mean_is_drawn_solid_only_where_every_seed_has_data(layout):
-    from sppo_rl.experiments.report import X_AXES, curve, find_runs, plot_curves
+    from sppo_rl.experiments.report_numbers import curve
+    from sppo_rl.experiments.report_plots import X_AXES, plot_curves
+    from sppo_rl.experiments.report_runs import find_runs
 
     root, _, style, tmp = layout
     members = [r for r in find_runs((str(root / "short-cartpole"),)) if r.algo == "ppo"]
@@ -747,7 +749,9 @@ def test_wall_time_mean_is_drawn_solid_only_where_every_seed_has_data(layout):
 
 
 def test_update_ticks_are_whole_numbers(layout):
-    from sppo_rl.experiments.report import LLM_X_AXES, curve, find_runs, plot_llm_curves
+    from sppo_rl.experiments.report_numbers import curve
+    from sppo_rl.experiments.report_plots import LLM_X_AXES, plot_llm_curves
+    from sppo_rl.experiments.report_runs import find_runs
 
     root, _, style, tmp = layout
     members = [r for r in find_runs((str(root / "llm"),)) if r.rows]
@@ -768,7 +772,9 @@ def test_update_ticks_are_whole_numbers(layout):
 def test_calibration_legend_marker_is_of_ordinary_size(layout):
     from matplotlib.lines import Line2D
 
-    from sppo_rl.experiments.report import calibration_numbers, find_runs, plot_reliability
+    from sppo_rl.experiments.report_numbers import calibration_numbers
+    from sppo_rl.experiments.report_plots import plot_reliability
+    from sppo_rl.experiments.report_runs import find_runs
 
     root, _, style, tmp = layout
     runs = [r for r in find_runs((str(root / "short-cartpole"),)) if r.calibration]
@@ -868,7 +874,9 @@ def _segments_cross_a_count_change(ax, c) -> list[float]:
 def test_a_seeds_end_draws_no_drop_and_the_count_change_is_marked(layout):
     """Seeds ending at 4 and 7 s: no drawn segment joins points over different numbers of seeds (that
     segment is the false "collapse"), and each later piece is marked n=2, n=1."""
-    from sppo_rl.experiments.report import X_AXES, curve, find_runs, plot_curves
+    from sppo_rl.experiments.report_numbers import curve
+    from sppo_rl.experiments.report_plots import X_AXES, plot_curves
+    from sppo_rl.experiments.report_runs import find_runs
 
     root, _, style, tmp = layout
     members = [r for r in find_runs((str(root / "short-cartpole"),)) if r.algo == "ppo"]
@@ -884,7 +892,7 @@ def test_figures_are_print_sized_with_short_titles_and_the_method_in_the_caption
     in report.md."""
     import struct
 
-    from sppo_rl.experiments.report import plot_curves
+    from sppo_rl.experiments.report_plots import plot_curves
 
     _, report, style, tmp = layout
     out = tmp / "ctl"

@@ -187,7 +187,7 @@ def test_every_numeric_field_has_a_range():
 
 
 def test_defaults_and_shipped_recipes_are_valid():
-    from sppo_rl.cli import load_recipe, recipe_names
+    from sppo_rl.runtime.recipes import load_recipe, recipe_names
 
     assert RunConfig().problems() == ControlConfig().problems() == LLMConfig().problems() == []
     for name in recipe_names():

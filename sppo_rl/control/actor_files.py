@@ -4,13 +4,15 @@ file is read with ``weights_only`` (:func:`sppo_rl.runtime.checkpoint.torch_load
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from sppo_rl.control.networks import Actor
-from sppo_rl.runtime.checkpoint import CheckpointManager, torch_load, torch_save
+from sppo_rl.runtime.checkpoint import CheckpointManager, torch_load
+from sppo_rl.runtime.files import atomic_write_bytes
 from sppo_rl.runtime.run import RunError
 
 WARMSTART_DIR = Path(__file__).resolve().parent.parent / "assets" / "warmstart"
@@ -67,6 +69,8 @@ def check_init_actor(path: Path, spec: Any) -> None:
 
 
 def save_actor_file(path: Path, actor: Actor, meta: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch_save({"arch": actor.arch(), "actor": actor.state_dict(), "meta": meta}, tmp)
-    tmp.replace(path)
+    """Write the actor file ``{"arch", "actor", "meta"}`` at ``path`` atomically
+    (:func:`sppo_rl.runtime.files.atomic_write_bytes`)."""
+    buffer = io.BytesIO()
+    torch.save({"arch": actor.arch(), "actor": actor.state_dict(), "meta": meta}, buffer)
+    atomic_write_bytes(path, buffer.getvalue())

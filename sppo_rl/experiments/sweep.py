@@ -50,6 +50,7 @@ from typing import Any
 
 from sppo_rl.config import flat_dict, flat_keys, key_type, replace_flat
 from sppo_rl.experiments.config import SweepConfig
+from sppo_rl.runtime.files import atomic_write_text
 
 # ControlConfig fields the sweep sets itself (not allowed in --overrides)
 SWEEP_OWNED = {"algo", "task", "seed", "total_episodes", "out_dir", "resume", "overwrite", "progress"}
@@ -171,8 +172,8 @@ def parse_control(flags: list[str]):  # -> ControlConfig
     import contextlib
     import io
 
-    from sppo_rl.cli import parse
     from sppo_rl.control.config import ControlConfig
+    from sppo_rl.runtime.flags import parse
 
     text = io.StringIO()
     try:
@@ -326,10 +327,11 @@ def parse_llm(flags: list[str], check: bool = True):  # -> LLMConfig
     import contextlib
     import io
 
-    from sppo_rl.cli import parse, recipe_default
     from sppo_rl.llm.config import LLMConfig
     from sppo_rl.llm.models.engines import launcher_dist
     from sppo_rl.llm.plan import resolve
+    from sppo_rl.runtime.flags import parse
+    from sppo_rl.runtime.recipes import recipe_default
     from sppo_rl.runtime.run import RunError
 
     try:
@@ -580,9 +582,7 @@ class _Signals:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def status_table(jobs: list[Job], results: list[JobResult]) -> str:

@@ -14,11 +14,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m sppo_rl.llm.latent explicit-model|latent-model [sppo-rl llm flags]``: build (once) and
     print the folder of the explicit-reasoning warm start (stage 0: the comparable start of explicit
     GRPO, ``sppo-rl llm --algo grpo --model <folder>``) or of the latent one."""
-    from sppo_rl.cli import parse
     from sppo_rl.llm.config import LLMConfig
     from sppo_rl.llm.models.engines import launcher_dist
     from sppo_rl.llm.plan import resolve
     from sppo_rl.llm.rewards.scorer import start_scorer
+    from sppo_rl.runtime.flags import parse
 
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] not in ("explicit-model", "latent-model"):
