@@ -8,7 +8,7 @@ TORCH_PIP_ARGS ?=
 export OMP_NUM_THREADS ?= 1
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/build/torch_extensions
 
-.PHONY: setup demo test test-slow lint bench clean
+.PHONY: setup demo test typecheck test-slow lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,12 @@ setup: $(VENV)/.installed
 demo: setup
 	$(VENV)/bin/sppo-rl demo --out-dir runs/demo
 
-test: setup
+test: setup typecheck
 	$(PY) -m pytest -q -x
+
+# mypy on the packages [tool.mypy] names (pyproject.toml); its cache in build/mypy_cache makes a rerun fast
+typecheck: setup
+	$(VENV)/bin/mypy
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow

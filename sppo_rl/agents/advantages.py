@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol, cast
 
 import torch
 from torch import Tensor
@@ -69,20 +69,32 @@ class Requirements:
     tracker: bool = False
 
 
-Estimator = Callable[..., tuple[Tensor, Tensor]]
+EstimatorFn = Callable[..., tuple[Tensor, Tensor]]
+"""An estimator's function: keywords (``token_rewards``, ``mask``, ...) -> ``(advantages, returns)``."""
+
+
+class Estimator(Protocol):
+    """A registered estimator: its function, carrying what it was registered with."""
+
+    requires: Requirements
+    estimator_name: str
+
+    def __call__(self, *args: object, **kwargs: object) -> tuple[Tensor, Tensor]: ...
+
+
 ESTIMATORS: dict[str, Estimator] = {}
 
 
-def register_estimator(name: str, requires: Requirements) -> Callable[[Estimator], Estimator]:
+def register_estimator(name: str, requires: Requirements) -> Callable[[EstimatorFn], Estimator]:
     """Decorator: add ``fn`` to :data:`ESTIMATORS` under ``name`` and attach ``fn.requires``."""
 
-    def deco(fn: Estimator) -> Estimator:
+    def deco(fn: EstimatorFn) -> Estimator:
         if name in ESTIMATORS:
             raise ValueError(f"estimator {name!r} is already registered")
-        fn.requires = requires  # type: ignore[attr-defined]
-        fn.estimator_name = name  # type: ignore[attr-defined]
-        ESTIMATORS[name] = fn
-        return fn
+        fn.requires = requires  # type: ignore[attr-defined]  # a function's own attribute
+        fn.estimator_name = name  # type: ignore[attr-defined]  # likewise
+        ESTIMATORS[name] = cast(Estimator, fn)
+        return ESTIMATORS[name]
 
     return deco
 

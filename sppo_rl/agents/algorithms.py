@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 from torch import Tensor
@@ -18,7 +18,11 @@ from sppo_rl.agents.advantages import Requirements, get_estimator
 from sppo_rl.agents.batch import SequenceBatch
 from sppo_rl.agents.losses import AggMode, bce_value_loss, clipped_value_loss
 
+if TYPE_CHECKING:
+    from sppo_rl.config import RunConfig
+
 CriticLoss = Literal["none", "mse", "bce"]
+Config = TypeVar("Config", bound="RunConfig")
 
 
 @dataclass(frozen=True)
@@ -49,13 +53,13 @@ class Algorithm:
     group_size: int
     summary: str
     selector: str | None = None
-    defaults: dict = field(default_factory=dict, compare=False, hash=False)
-    estimator_params: dict = field(default_factory=dict, compare=False, hash=False)
+    defaults: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    estimator_params: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     worlds: tuple[str, ...] = field(default=("control", "llm"), compare=False, hash=False)
 
     @property
     def requires(self) -> Requirements:
-        return get_estimator(self.estimator).requires  # type: ignore[attr-defined]
+        return get_estimator(self.estimator).requires
 
 
 GSPO_DEFAULTS: dict[str, Any] = {
@@ -225,7 +229,7 @@ def resolve_defaults(values: dict[str, Any], defaults: dict[str, Any]) -> dict[s
     return out
 
 
-def with_algorithm_defaults(cfg: Any, algo: Algorithm) -> Any:
+def with_algorithm_defaults(cfg: Config, algo: Algorithm) -> Config:
     """The run config ``cfg`` (a dataclass) with its unset (None) settings resolved: the algorithm's
     defaults (:func:`resolve_defaults`), then :data:`UNSET` for the fields that have no None meaning of
     their own. The LLM trainer runs on it (its ``config.json`` keeps the settings as given, and
@@ -351,7 +355,9 @@ def compute_advantages(batch: SequenceBatch, algo: Algorithm, **params: object) 
     return batch
 
 
-def _estimate(batch: SequenceBatch, algo: Algorithm, params: dict) -> tuple[Tensor, Tensor, Tensor]:
+def _estimate(
+    batch: SequenceBatch, algo: Algorithm, params: dict[str, object]
+) -> tuple[Tensor, Tensor, Tensor]:
     """``(advantages, returns, loss_mask)`` of the algorithm's estimator and selector on every row of
     ``batch``."""
     est = get_estimator(algo.estimator)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -32,6 +32,7 @@ from sppo_rl.agents.batch import SequenceBatch
 from sppo_rl.agents.losses import (
     KL_CLAMP,
     AggMode,
+    KLEstimator,
     LossMode,
     RatioLevel,
     agg_loss,
@@ -41,7 +42,12 @@ from sppo_rl.agents.losses import (
     policy_loss,
 )
 
-RowsFn = Callable[[Tensor, int], object]
+ActorFn = Callable[[Tensor, int], tuple[Tensor, Tensor]]
+"""``actor(rows, T) -> (logp, entropy)``, both ``[len(rows), T]``."""
+CriticFn = Callable[[Tensor, int], Tensor]
+"""``critic(rows, T) -> values``, ``[len(rows), T]`` (a per-position critic) or ``[len(rows)]``."""
+RowsFn = ActorFn | CriticFn
+"""Either: what :func:`forward_rows` runs over every row."""
 
 
 class Reducer(Protocol):
@@ -127,7 +133,7 @@ class LearnerConfig:
     length_budget: int | None = None
     ent_coef: float = 0.0
     kl_coef: float = 0.0
-    kl_estimator: str = "k3"
+    kl_estimator: KLEstimator = "k3"
     kl_clamp: float | None = KL_CLAMP
     value_clip: float | None = None
     micro_batch_size: int | None = None
@@ -138,7 +144,7 @@ class LearnerConfig:
 
     @classmethod
     def from_run(
-        cls, run_cfg: object, length_budget: int, defaults: dict | None = None, **overrides: object
+        cls, run_cfg: object, length_budget: int, defaults: dict[str, Any] | None = None, **overrides: object
     ) -> LearnerConfig:
         """The fields a world's run config names alike (``epochs``, ``clip``, ``agg``, ...); where the
         run leaves one of them None, the algorithm's default in ``defaults`` (Dr. GRPO's aggregation,
@@ -232,6 +238,7 @@ def critic_stats(batch: SequenceBatch, algo: Algorithm, dist: Reducer = LOCAL) -
         return {}
     if batch.valid is not None:
         batch = batch.index(torch.nonzero(batch.valid, as_tuple=True)[0])
+    assert batch.values is not None  # index() keeps it
     if batch.values.dim() == 1:
         p = torch.sigmoid(batch.values.float())
         n, sp, sb, sr = dist.all_sum(
@@ -240,6 +247,7 @@ def critic_stats(batch: SequenceBatch, algo: Algorithm, dist: Reducer = LOCAL) -
         n = max(n, 1.0)
         return {"v0_mean": sp / n, "v0_brier": sb / n, "v0_gap": (sp - sr) / n}
     pred = critic_values(algo, batch.values)
+    assert batch.returns is not None, "a step critic's returns come with the advantages"
     return {"explained_variance": explained_variance(pred, batch.returns, batch.mask)}
 
 
@@ -267,6 +275,7 @@ def group_stats_summary(batch: SequenceBatch, dist: Reducer = LOCAL) -> dict[str
         return {}
     if batch.valid is not None:
         batch = batch.index(torch.nonzero(batch.valid, as_tuple=True)[0])
+    assert batch.group_ids is not None and batch.advantages is not None  # index() keeps them
     _, inv, counts = torch.unique(batch.group_ids.cpu(), return_inverse=True, return_counts=True)
     R = batch.rewards.detach().double().cpu()
     G = len(counts)
@@ -326,9 +335,9 @@ def ppo_update(
     batch: SequenceBatch,
     algo: Algorithm,
     cfg: LearnerConfig,
-    actor: RowsFn,
+    actor: ActorFn,
     actor_engine: Engine,
-    critic: RowsFn | None = None,
+    critic: CriticFn | None = None,
     critic_engine: Engine | None = None,
     *,
     train_actor: bool = True,
@@ -348,6 +357,7 @@ def ppo_update(
     cost = lengths if cost is None else cost.cpu()
     if batch.logp_old is None and cfg.epochs * cfg.minibatches > 1:
         raise ValueError("logp_old may be left out only for one epoch of one minibatch")
+    assert batch.advantages is not None and batch.loss_mask is not None, "compute_advantages fills them"
     nonzero, kept, valid = dist.all_sum(
         [float((batch.advantages != 0).sum()), float(batch.loss_mask.sum()), float(batch.mask.sum())]
     )
@@ -368,6 +378,7 @@ def ppo_update(
     for _ in range(cfg.epochs):
         for mb in torch.tensor_split(torch.randperm(B, generator=generator), cfg.minibatches):
             mb_batch = batch.index(mb.to(batch.mask.device))
+            assert mb_batch.loss_mask is not None
             a_tot, c_tot, n_tot = dist.all_sum(
                 [
                     agg_units(mb_batch.loss_mask, cfg.agg),
@@ -379,13 +390,15 @@ def ppo_update(
             for i, rows in enumerate(mbs):
                 T = max(int(lengths[rows].max()), 1)
                 b = _cut(batch, rows, T)
+                assert b.advantages is not None and b.loss_mask is not None
                 if train_actor:
                     actor_engine.boundary(i == len(mbs) - 1)
                     logp, ent = actor(rows, T)
                     if fill_old:
                         b.logp_old = logp.detach() * b.mask
-                        batch.logp_old[rows.to(batch.mask.device), :T] = b.logp_old
+                        batch.logp_old[rows.to(batch.mask.device), :T] = b.logp_old  # type: ignore[index]  # zeros, set above
                     tis = None
+                    assert b.logp_old is not None  # given, or filled just above
                     if cfg.tis_cap is not None and b.logp_rollout is not None:
                         tis = torch.exp((b.logp_old - b.logp_rollout).clamp(max=20.0)).clamp(max=cfg.tis_cap)
                     pl, pm = policy_loss(
@@ -415,6 +428,7 @@ def ppo_update(
                     critic_engine.boundary(i == len(mbs) - 1)
                     pred = critic(rows, T).float()
                     pred = pred * b.mask if pred.dim() == 2 else pred
+                    assert b.returns is not None, "a critic's targets come with the advantages"
                     vl = critic_loss(
                         algo, pred, b.returns, b.mask, old_pred=b.values, clip=cfg.value_clip, valid=b.valid
                     )

@@ -20,6 +20,7 @@ shrinkage baseline, and SPO's per-context value tracker.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -167,7 +168,8 @@ def spo_discount(distance: float, d_half: float = SPO_D_HALF) -> float:
     """``rho = clip(2^(-D / D_half), rho_min, rho_max)``: how much of a context's Beta counts survive
     a policy that moved by ``D`` (the mean absolute log-prob change of the context's last response,
     per position, between when it was sampled and now)."""
-    return min(max(2.0 ** (-distance / d_half), SPO_RHO_MIN), SPO_RHO_MAX)
+    rho: float = 2.0 ** (-distance / d_half)
+    return min(max(rho, SPO_RHO_MIN), SPO_RHO_MAX)
 
 
 @dataclass
@@ -206,12 +208,12 @@ class ValueTracker:
         p = self.p_hat(contexts)
         return torch.sqrt(p * (1.0 - p)) + SPO_EXPLORATION
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, dict[int, float]]:
         return {
             "alpha": {int(k): float(v) for k, v in self.alpha.items()},
             "beta": {int(k): float(v) for k, v in self.beta.items()},
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, dict[Any, Any]]) -> None:  # keys: ints, or their JSON strings
         self.alpha = {int(k): float(v) for k, v in state["alpha"].items()}
         self.beta = {int(k): float(v) for k, v in state["beta"].items()}

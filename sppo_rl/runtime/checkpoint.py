@@ -28,7 +28,7 @@ import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -102,7 +102,7 @@ class CheckpointManager:
         if not self.directory.is_dir():
             return []
         found = [p for p in self.directory.iterdir() if p.is_dir() and _NAME.match(p.name)]
-        return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))  # type: ignore[union-attr]
+        return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))  # type: ignore[union-attr]  # found: names it matches
 
     def latest(self) -> Path | None:
         ckpts = [p for p in self.published() if (p / "meta.json").is_file()]
@@ -127,7 +127,7 @@ class CheckpointManager:
         if world > 1:
             box = [str(tmp) if tmp else None]
             torch.distributed.broadcast_object_list(box, src=0)
-            tmp = Path(box[0])
+            tmp = Path(cast(str, box[0]))  # rank 0's folder
         assert tmp is not None
         try:
             write(tmp)
@@ -312,7 +312,7 @@ def check_written_by(ckpt: Path, meta: dict[str, Any], algo: str) -> None:
         )
 
 
-def torch_save(obj: Any, path: Path) -> None:
+def torch_save(obj: object, path: Path) -> None:
     """``torch.save`` to ``path`` (inside a checkpoint's temporary folder; the folder is published atomically)."""
     with open(path, "wb") as f:
         torch.save(obj, f)

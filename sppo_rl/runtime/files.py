@@ -184,7 +184,7 @@ def cache_build(folder: Path) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
         if fd is not None:
             with contextlib.suppress(OSError):
-                os.unlink(tmp.with_name(tmp.name + ".lock"))  # type: ignore[union-attr]
+                os.unlink(tmp.with_name(tmp.name + ".lock"))  # type: ignore[union-attr]  # fd is set after tmp
             os.close(fd)
 
 

@@ -4,7 +4,8 @@ number of processes), read and checked in one place, before anything is read or 
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Mapping
+from typing import TypedDict
 
 LAUNCHER_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "LOCAL_RANK")
 """What a launcher (torchrun, deepspeed) tells each process it starts; unset, the process is alone."""
@@ -12,7 +13,16 @@ MAX_PROCESSES = 1_000_000
 """The largest ``WORLD_SIZE`` taken (no job has a million ranks; a larger value is a stale or garbled one)."""
 
 
-def launcher_env(environ: Any = None) -> dict[str, int]:
+class LauncherEnv(TypedDict):
+    """:func:`launcher_env`'s answer: ``LOCAL_WORLD_SIZE`` None where the launcher did not set it."""
+
+    WORLD_SIZE: int
+    RANK: int
+    LOCAL_WORLD_SIZE: int | None
+    LOCAL_RANK: int
+
+
+def launcher_env(environ: Mapping[str, str] | None = None) -> LauncherEnv:
     """The launcher's variables (:data:`LAUNCHER_VARIABLES`) of ``environ`` (default ``os.environ``)
     as integers, checked together: ``1 <= WORLD_SIZE <=`` :data:`MAX_PROCESSES` (unset: 1),
     ``0 <= RANK < WORLD_SIZE``, ``1 <= LOCAL_WORLD_SIZE <= WORLD_SIZE`` (unset: ``WORLD_SIZE``) and

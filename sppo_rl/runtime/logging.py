@@ -17,10 +17,13 @@ import math
 import os
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sppo_rl.config import WandB
 from sppo_rl.runtime.run import RunError
+
+if TYPE_CHECKING:
+    from sppo_rl.config import RunConfig
 
 LOSS_KEYS = {
     "policy_loss",
@@ -113,7 +116,7 @@ TIMING_KEYS = frozenset(
 compared (a resumed run against an uninterrupted one, the code before and after a refactor)."""
 
 
-def json_safe(value: Any) -> Any:
+def json_safe(value: object) -> Any:
     """A value ``json.dumps`` writes as valid JSON: non-finite floats become null, numpy arrays lists,
     tensors and numpy scalars plain numbers; dicts, lists and tuples element by element."""
     if isinstance(value, dict):
@@ -284,7 +287,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 def start_logging(
     out_dir: str | Path,
-    cfg: Any,
+    cfg: RunConfig,
     resolved: dict[str, Any],
     resume_from: Path | None,
     world: str | None = None,

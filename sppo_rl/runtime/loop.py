@@ -21,17 +21,23 @@ from sppo_rl.runtime.files import atomic_write_text
 from sppo_rl.runtime.logging import json_safe, read_metrics
 from sppo_rl.runtime.run import Preempted, Preemption, check_run_dir, exit_preempted
 from sppo_rl.runtime.storage import storage_error
-from sppo_rl.runtime.watch import FIRST_UPDATES, ProgressLines, not_learning, warn
+from sppo_rl.runtime.watch import FIRST_UPDATES, Bar, ProgressLines, not_learning, warn
 
 DEFERRED = "deferred_row"
 """Key in a checkpoint's ``meta.json``: the metrics row (and its log step) of the last update, whose
 evaluation a preemption deferred; a resumed run evaluates, completes and logs it first."""
 
 
+class MetricsLog(Protocol):
+    def log(self, row: dict[str, Any], step: int) -> None: ...
+
+
 class Run(Protocol):
     out: Path
-    logger: Any
     elapsed: float
+
+    @property
+    def logger(self) -> MetricsLog: ...  # metrics.jsonl and the trackers (rank 0), else a null one
 
     @property
     def updates(self) -> int: ...  # updates done so far (restored on resume)
@@ -68,7 +74,7 @@ def run_loop(
     schedule: Schedule,
     *,
     resume_hint: str,
-    bar: Any = None,
+    bar: Bar | None = None,
     postfix: Callable[[dict[str, Any]], dict[str, str]] = lambda row: {},
     agree: Callable[[bool], bool] = lambda flag: flag,
     main: bool = True,
@@ -103,7 +109,7 @@ def run_loop(
     _LOOP_STARTED[:] = [time.monotonic()]
     hook = threading.excepthook
 
-    def quiet_writer_thread(args: Any) -> None:
+    def quiet_writer_thread(args: threading.ExceptHookArgs) -> None:
         """TensorBoard's writer thread dies of the same fault the run reports: its traceback would only
         repeat it (the writer raises it again in this thread at its next call)."""
         thread = type(args.thread).__name__ if args.thread is not None else ""
@@ -135,7 +141,7 @@ def _run_loop(
     run: Run,
     schedule: Schedule,
     resume_hint: str,
-    bar: Any,
+    bar: Bar | None,
     postfix: Callable[[dict[str, Any]], dict[str, str]],
     agree: Callable[[bool], bool],
     main: bool,
@@ -164,7 +170,8 @@ def _run_loop(
         run.close()
         if bar is not None:
             bar.close()
-        return json.loads((run.out / "summary.json").read_text())
+        summary: dict[str, Any] = json.loads((run.out / "summary.json").read_text())
+        return summary
     ckpts = getattr(run, "ckpts", None)
     deferred = ((ckpts.resumed_meta if ckpts is not None else None) or {}).get(DEFERRED)
     stopped = None  # the update after which the callback stopped the run
@@ -309,7 +316,7 @@ def announce(out: Path, headline: str, tensorboard: bool, main: bool = True) -> 
     print("\n".join(lines), file=sys.stderr, flush=True)
 
 
-def progress_bar(enabled: bool, total: int, initial: int, desc: str, unit: str = "update") -> Any:
+def progress_bar(enabled: bool, total: int, initial: int, desc: str, unit: str = "update") -> Bar | None:
     """Progress over updates on stderr: a tqdm bar where stderr is a terminal (or in a notebook), plain
     lines (:class:`~sppo_rl.runtime.watch.ProgressLines`) where it is a file or a pipe; None when not
     ``enabled``."""
@@ -319,4 +326,5 @@ def progress_bar(enabled: bool, total: int, initial: int, desc: str, unit: str =
         return ProgressLines(total, initial, desc, unit)
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, unit=unit, desc=desc, dynamic_ncols=True, file=sys.stderr)
+    bar: Bar = tqdm(total=total, initial=initial, unit=unit, desc=desc, dynamic_ncols=True, file=sys.stderr)
+    return bar

@@ -12,11 +12,14 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
 from sppo_rl.runtime.files import atomic_write_text
+
+if TYPE_CHECKING:
+    from sppo_rl.config import RunConfig
 
 
 class RunError(RuntimeError):
@@ -364,7 +367,7 @@ def saved_config(out_dir: str | Path) -> dict[str, Any] | None:
     return saved
 
 
-def check_resume(out_dir: str | Path, cfg: Any) -> None:
+def check_resume(out_dir: str | Path, cfg: RunConfig) -> None:
     """Refuse to resume the run in ``out_dir`` with settings that would make it another run: every
     field outside :data:`RESUMABLE` must equal the saved one; the refusal names the fields."""
     saved = saved_config(out_dir)
@@ -380,14 +383,14 @@ def check_resume(out_dir: str | Path, cfg: Any) -> None:
         )
 
 
-def config_dict(cfg: Any) -> dict[str, Any]:
+def config_dict(cfg: RunConfig | dict[str, Any]) -> dict[str, Any]:
     """A config as ``config.json`` holds it: one key per flag (:func:`sppo_rl.config.flat_dict`)."""
     from sppo_rl.config import flat_dict
 
     return flat_dict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)
 
 
-def save_config(out_dir: str | Path, cfg: Any, name: str = "config.json") -> Path:
+def save_config(out_dir: str | Path, cfg: RunConfig | dict[str, Any], name: str = "config.json") -> Path:
     """Write the resolved config next to the run's results (atomically)."""
     path = Path(out_dir) / name
     atomic_write_text(path, json.dumps(config_dict(cfg), indent=2, default=str) + "\n")
@@ -466,7 +469,7 @@ def preemption_stop_now() -> bool:
     return pre is not None and pre.stop_now()
 
 
-def check_finite(step: int, **quantities: Any) -> None:
+def check_finite(step: int, **quantities: torch.Tensor | float | None) -> None:
     """Raise :class:`NonFiniteError` naming the step and the first non-finite quantity."""
     for name, value in quantities.items():
         if value is None:

@@ -21,7 +21,7 @@ The actor's and the critic's learning rates both follow ``f`` (each times its ow
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 LrSchedule = Literal["constant", "linear", "cosine"]
 LR_SCHEDULES: tuple[str, ...] = ("constant", "linear", "cosine")
@@ -48,7 +48,14 @@ def lr_factor(schedule: str, update: int, total_updates: int, warmup_updates: in
     return 0.5 * (1.0 + math.cos(math.pi * p))
 
 
-def set_lr(optimizer: Any, lr: float) -> None:
+class ParamGroups(Protocol):
+    """What :func:`set_lr` sets: a torch optimizer, or DeepSpeed's wrapper of one."""
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]: ...
+
+
+def set_lr(optimizer: ParamGroups, lr: float) -> None:
     """Set every parameter group's learning rate of ``optimizer`` (torch, or DeepSpeed's wrapper of one,
     which shares its ``param_groups``) to ``lr``."""
     for group in optimizer.param_groups:

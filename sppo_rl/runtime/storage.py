@@ -65,7 +65,7 @@ def _causes(exc: BaseException) -> list[BaseException]:
     seen: list[BaseException] = []
     while exc is not None and exc not in seen and len(seen) < 16:
         seen.append(exc)
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]  # None ends the loop
     return seen
 
 
@@ -160,7 +160,7 @@ def cache_error(exc: BaseException, cache: str | Path) -> StorageError | None:
         if code in FULL:
             return StorageError(
                 f"disk full building the model cache in {cache}: {free} free on its file system "
-                f"({os.strerror(code)}){hint}"  # type: ignore[arg-type]
+                f"({os.strerror(code)}){hint}"
             )
         if code == errno.EFBIG:
             return StorageError(

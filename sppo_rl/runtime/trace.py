@@ -73,4 +73,4 @@ def write_trace(
     else:
         inside = np.arange(values.shape[1])[None] < lengths[:, None]
         out.update(kind=np.array("step"), values=np.where(inside, values, 0.0).astype(np.float32))
-    np.savez_compressed(path, **out)
+    np.savez_compressed(path, **out)  # type: ignore[arg-type]  # numpy's stubs: a ** key could be allow_pickle

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 FIRST_UPDATES = 10
 """The success / reward is called constant when it is one value in each of the first this many updates
@@ -106,7 +106,19 @@ def not_learning(rows: list[dict[str, Any]], signal: str | None = None) -> list[
     return out
 
 
-def warn(message: str, bar: Any = None, file: TextIO | None = None) -> None:
+class Bar(Protocol):
+    """A progress bar over updates: tqdm's, or :class:`ProgressLines`."""
+
+    def update(self, n: int = 1) -> object: ...
+
+    def set_postfix(self, postfix: dict[str, str]) -> None: ...
+
+    def write(self, line: str, file: TextIO | None = None) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def warn(message: str, bar: Bar | None = None, file: TextIO | None = None) -> None:
     """``[sppo-rl] warning: <message>`` on stderr (through a tqdm bar's ``write``, so the bar stays whole)."""
     line = f"[sppo-rl] warning: {message}"
     stream = file or sys.stderr
