@@ -141,7 +141,7 @@ def test_resolve_leaves_the_users_config_alone_and_fills_the_methods_defaults(tm
     assert cfg.max_new_tokens is None and cfg.clip is None  # as given
     assert plan.given.max_new_tokens == 16 and plan.cfg.max_new_tokens == 16  # arithmetic's default
     assert plan.learner.clip == pytest.approx(3e-4)  # GSPO's own clip range
-    assert plan.unset["clip"] == pytest.approx(3e-4) and plan.local_prompts == 4 and plan.rows_per_step == 16
+    assert plan.unset["clip"] == pytest.approx(3e-4) and plan.rollout.local_prompts == 4 and plan.rows_per_step == 16
     assert task.train and not (tmp_path / "run").exists()  # nothing written
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -322,7 +322,33 @@ def outcomes_equal(
     return not (hi > -math.inf) or hi + neg_lo <= tol
 
 
+@dataclass(frozen=True)
+class Trained:
+    """What one update's optimisation produced: ``stats``, the mean over minibatches of each statistic
+    (losses: their mean over ranks), and ``logp_old`` ``[B, T]``, the old log-probs the policy loss used:
+    ``batch.logp_old`` as given, or with ``batch.logp_old = None`` those of the training pass itself
+    (``logp.detach() * mask``; None when no training pass ran)."""
+
+    stats: dict[str, float]
+    logp_old: Tensor | None
+
+
 def ppo_update(
+    batch: SequenceBatch,
+    algo: Algorithm,
+    cfg: LearnerConfig,
+    actor: RowsFn,
+    actor_engine: Engine,
+    critic: RowsFn | None = None,
+    critic_engine: Engine | None = None,
+    **kw: Any,
+) -> dict[str, float]:
+    """:func:`train_batch`'s statistics alone (its keyword arguments ``train_actor``, ``generator``,
+    ``cost``, ``dist``, ``guard``)."""
+    return train_batch(batch, algo, cfg, actor, actor_engine, critic, critic_engine, **kw).stats
+
+
+def train_batch(
     batch: SequenceBatch,
     algo: Algorithm,
     cfg: LearnerConfig,
@@ -336,14 +362,14 @@ def ppo_update(
     cost: Tensor | None = None,
     dist: Reducer = LOCAL,
     guard: Callable[..., None] = lambda **_: None,
-) -> dict[str, float]:
+) -> Trained:
     """``cfg.epochs`` passes over ``cfg.minibatches`` random minibatches of rows; one optimizer step
     per minibatch and engine. The actor is left alone (``actor_skipped``) when ``train_actor`` is
     false or every advantage on every rank is 0. ``batch.logp_old = None`` (one epoch, one minibatch
-    only) takes ``logp.detach()`` of the training pass itself (ratio exactly 1) and fills it in.
-    ``cost`` ``[B]``: each row's tokens for the micro-batch budget (default: its length). ``guard``
-    receives every loss and gradient norm by name (the world stops the run on a non-finite one).
-    Returns the mean over minibatches of each statistic (losses: their mean over ranks)."""
+    only) takes ``logp.detach()`` of the training pass itself (ratio exactly 1), returned as
+    :attr:`Trained.logp_old` (``batch`` itself is not changed). ``cost`` ``[B]``: each row's tokens for
+    the micro-batch budget (default: its length). ``guard`` receives every loss and gradient norm by name
+    (the world stops the run on a non-finite one)."""
     B, lengths = batch.batch_size, batch.lengths.cpu()
     cost = lengths if cost is None else cost.cpu()
     if batch.logp_old is None and cfg.epochs * cfg.minibatches > 1:
@@ -353,8 +379,7 @@ def ppo_update(
     )
     train_actor = train_actor and nonzero > 0
     fill_old = batch.logp_old is None
-    if fill_old:
-        batch.logp_old = torch.zeros_like(batch.mask)
+    logp_old = torch.zeros_like(batch.mask) if fill_old else batch.logp_old
     out = {"actor_skipped": float(not train_actor), "loss_frac": kept / max(valid, 1.0)}
     out.update(critic_stats(batch, algo, dist))
     out.update(group_stats_summary(batch, dist))
@@ -384,7 +409,7 @@ def ppo_update(
                     logp, ent = actor(rows, T)
                     if fill_old:
                         b.logp_old = logp.detach() * b.mask
-                        batch.logp_old[rows.to(batch.mask.device), :T] = b.logp_old
+                        logp_old[rows.to(batch.mask.device), :T] = b.logp_old
                     tis = None
                     if cfg.tis_cap is not None and b.logp_rollout is not None:
                         tis = torch.exp((b.logp_old - b.logp_rollout).clamp(max=20.0)).clamp(max=cfg.tis_cap)
@@ -431,13 +456,13 @@ def ppo_update(
                 guard(critic_grad_norm=cgn)
                 add("critic_grad_norm", cgn)
     if fill_old and not train_actor:
-        batch.logp_old = None  # no training pass ran: nothing to take them from
-    out.update(rollout_mismatch(batch, dist))
+        logp_old = None  # no training pass ran: nothing to take them from
+    out.update(rollout_mismatch(replace(batch, logp_old=logp_old), dist))
     steps = cfg.epochs * cfg.minibatches
     keys = sorted(sums)
     for k, v in zip(keys, dist.all_sum([sums[k] / steps for k in keys])):
         out[k] = v / dist.world
-    return {**out, **extremes}
+    return Trained({**out, **extremes}, logp_old)
 
 
 def _critic_units(b: SequenceBatch) -> float:

@@ -439,7 +439,7 @@ class ControlRun:
         )
 
 
-def run_control(cfg: ControlConfig, callback: Any = None) -> dict[str, Any]:
+def run_control(cfg: ControlConfig, callback: Any = None, command: bool = False) -> dict[str, Any]:
     """Entry point of ``sppo-rl control``; ends with the headline numbers and where to look next.
     ``callback(row) -> False`` stops the run after that update (:func:`~sppo_rl.runtime.loop.run_loop`)."""
     run = ControlRun(cfg)
@@ -450,5 +450,5 @@ def run_control(cfg: ControlConfig, callback: Any = None) -> dict[str, Any]:
         + (f", greedy {fmt(s['final_eval_success_rate'])}" if "final_eval_success_rate" in s else "")
         + f"; {s['updates']} updates, {s['episodes']} episodes in {s['wall_time_s']:.1f} s of training"
     )
-    announce(run.out, headline, cfg.tensorboard)
+    announce(run.out, headline, cfg.tensorboard, command=command)
     return s
