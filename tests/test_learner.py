@@ -18,7 +18,6 @@ from sppo_rl.agents.learner import (
     forward_rows,
     micro_batches,
     ppo_update,
-    train_batch,
 )
 from sppo_rl.agents.losses import AGG_MODES, bce_value_loss
 
@@ -77,7 +76,7 @@ class World:
             if self.critic is not None
             else None
         )
-        return train_batch(
+        return ppo_update(
             batch,
             get_algorithm(algo_name),
             cfg,
@@ -206,7 +205,7 @@ def test_two_data_parallel_ranks_equal_one_process(agg):
             eng,
             dist=red,
             generator=torch.Generator().manual_seed(1),
-        )
+        ).stats
 
     threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
     for t in threads:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -334,21 +334,6 @@ class Trained:
 
 
 def ppo_update(
-    batch: SequenceBatch,
-    algo: Algorithm,
-    cfg: LearnerConfig,
-    actor: RowsFn,
-    actor_engine: Engine,
-    critic: RowsFn | None = None,
-    critic_engine: Engine | None = None,
-    **kw: Any,
-) -> dict[str, float]:
-    """:func:`train_batch`'s statistics alone (its keyword arguments ``train_actor``, ``generator``,
-    ``cost``, ``dist``, ``guard``)."""
-    return train_batch(batch, algo, cfg, actor, actor_engine, critic, critic_engine, **kw).stats
-
-
-def train_batch(
     batch: SequenceBatch,
     algo: Algorithm,
     cfg: LearnerConfig,

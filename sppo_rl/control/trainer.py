@@ -316,7 +316,7 @@ class ControlRun:
             train_actor=self.update_idx >= self.cfg.critic_warmup,
             generator=self.perm_gen,
             guard=lambda **q: check_finite(self.update_idx + 1, **q),
-        )
+        ).stats
         self.actor.eval()
         stats["actor_skipped"] = int(stats["actor_skipped"])
         return stats

@@ -131,11 +131,10 @@ def build_models(
     actor = load_actor(actor_path, dtype=dtype, device=device)
     if settings.gradient_checkpointing:
         actor.gradient_checkpointing_enable()
-    adapter = dict(alpha=lora.alpha, targets=lora.targets, dropout=lora.dropout)
     adapter_config = None
     if lora.rank:
         adapter_config = lora_config(actor, lora.rank, lora.alpha, lora.targets, lora.dropout)
-        apply_lora(actor, lora.rank, seed=seed, **adapter)
+        apply_lora(actor, lora.rank, seed=seed, alpha=lora.alpha, targets=lora.targets, dropout=lora.dropout)
     ref = None
     if kl_coef > 0 and not lora.rank:  # with LoRA: the actor with its adapters off (below)
         ref = load_actor(actor_path, dtype=dtype, device=device).eval().requires_grad_(False)
@@ -152,7 +151,14 @@ def build_models(
         if settings.gradient_checkpointing:
             critic.gradient_checkpointing_enable()
         if lora.rank:  # the value head stays fully trainable
-            apply_lora(critic.backbone, lora.rank, seed=seed + 1, **adapter)
+            apply_lora(
+                critic.backbone,
+                lora.rank,
+                seed=seed + 1,
+                alpha=lora.alpha,
+                targets=lora.targets,
+                dropout=lora.dropout,
+            )
     kw = dict(
         weight_decay=settings.weight_decay,
         max_grad_norm=settings.max_grad_norm,
@@ -210,7 +216,7 @@ def config_record(plan: Plan, m: Models, n_train: int, n_val: int, ranks: int) -
     import dataclasses
 
     return {
-        "group_size": plan.group_size,
+        "group_size": plan.rollout.group_size,
         "rows_per_step": plan.rows_per_step,
         "ranks": ranks,
         "actor": str(m.actor_path),

@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -42,6 +42,7 @@ from sppo_rl.agents.algorithms import (
     with_algorithm_defaults,
 )
 from sppo_rl.agents.learner import LearnerConfig
+from sppo_rl.agents.losses import KLEstimator
 from sppo_rl.config import flat_dict, get_flat
 from sppo_rl.llm.config import (
     LLMConfig,
@@ -58,6 +59,9 @@ from sppo_rl.runtime.run import RunError
 
 if TYPE_CHECKING:
     from sppo_rl.llm.data.prompts import PromptFormat
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,7 @@ class ModelSettings:
     autocast: str | None
     engine: str
     zero_stage: int
-    offload: bool
+    offload: str
     collective_timeout: float
     actor_lr: float
     critic_lr: float
@@ -126,16 +130,19 @@ class UpdateSettings:
     """The update's settings beyond the learner's (:class:`~sppo_rl.agents.learner.LearnerConfig`): the KL
     to the reference (``kl_coef``, ``kl_in``: 'reward' or 'loss', ``kl_estimator``, ``kl_clamp``), the
     learning-rate schedule (``lr_schedule``, ``warmup_updates``), the critic warm-up (updates that leave
-    the actor alone) and ``skip_equal_rewards``."""
+    the actor alone) and ``skip_equal_rewards``; derived: ``kl_reward`` (:attr:`Plan.kl_reward`) and
+    ``fused`` (:attr:`Plan.fused`)."""
 
     kl_coef: float
     kl_in: str
-    kl_estimator: str
+    kl_estimator: KLEstimator
     kl_clamp: float | None
     lr_schedule: str
     warmup_updates: int
     critic_warmup: int
     skip_equal_rewards: bool
+    kl_reward: bool
+    fused: bool
 
 
 @dataclass(frozen=True)
@@ -205,19 +212,24 @@ class Plan(RunPlan):
     def kl_reward(self) -> bool:
         """Whether a KL penalty is subtracted from the token rewards (else, with ``kl_coef > 0``, it is a
         loss term)."""
-        return self.update.kl_coef > 0 and self.update.kl_in == "reward"
+        return self.update.kl_reward
 
     @property
     def fused(self) -> bool:
         """One on-policy pass (1 epoch, 1 minibatch) needs no separate old-log-prob forward: the learner
         takes ``logp.detach()`` of its training pass, unless the estimator or a KL reward needs it first."""
-        lcfg = self.learner
-        return lcfg.epochs * lcfg.minibatches == 1 and not self.algo.requires.logprobs and not self.kl_reward
+        return self.update.fused
 
     @property
     def critic_init(self) -> bool:
         """``--critic-init`` resolved (:attr:`ModelSettings.critic_init`)."""
         return self.models.critic_init
+
+
+def _set(value: T | None) -> T:
+    """A setting that planning has filled in (an algorithm's default, or the task's / model's)."""
+    assert value is not None
+    return value
 
 
 def critic_init_of(cfg: LLMConfig, algo: Algorithm) -> bool:
@@ -356,8 +368,9 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
         device = torch.device(f"cuda:{dist.local_rank}" if torch.cuda.is_available() else "cpu")
     else:
         device = torch.device(cfg.device)
+    max_new_tokens, actor_lr = _set(cfg.max_new_tokens), _set(cfg.actor_lr)  # as_given filled them
     learner = LearnerConfig.from_run(
-        cfg, cfg.max_new_tokens, algo.defaults, kl_coef=cfg.kl_coef if cfg.kl_in == "loss" else 0.0
+        cfg, max_new_tokens, algo.defaults, kl_coef=cfg.kl_coef if cfg.kl_in == "loss" else 0.0
     )
     unset = {k: get_flat(cfg, k) for k, v in flat_dict(given).items() if v is None}
     loop = LoopSettings(
@@ -369,7 +382,7 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
     models = ModelSettings(
         model=cfg.model, critic_model=cfg.critic_model, cache=cache_folder(cfg), dtype=cfg.dtype,
         autocast=cfg.autocast, engine=cfg.engine, zero_stage=cfg.zero_stage, offload=cfg.offload,
-        collective_timeout=cfg.collective_timeout, actor_lr=cfg.actor_lr, critic_lr=cfg.critic_lr,
+        collective_timeout=cfg.collective_timeout, actor_lr=actor_lr, critic_lr=cfg.critic_lr,
         weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, lora=cfg.lora,
         gradient_checkpointing=cfg.gradient_checkpointing, critic_init=critic_init_of(cfg, algo),
         optimizer_state=cfg.optimizer_state, resume_without_optimizer=cfg.resume_without_optimizer,
@@ -377,14 +390,16 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
     )  # fmt: skip
     rollout = RolloutSettings(
         group_size=G, prompts_per_step=cfg.prompts_per_step, ranks=dist.world, local_prompts=local_prompts,
-        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, sampling=sampling,
+        max_new_tokens=max_new_tokens, temperature=cfg.temperature, sampling=sampling,
         dynamic_sampling_rounds=cfg.dynamic_sampling_rounds, overlong=cfg.overlong,
         eval_samples=cfg.eval_samples, log_completions_every=cfg.log_completions_every,
     )  # fmt: skip
+    kl_reward = _set(cfg.kl_coef) > 0 and cfg.kl_in == "reward"
+    fused = learner.epochs * learner.minibatches == 1 and not algo.requires.logprobs and not kl_reward
     update = UpdateSettings(
-        kl_coef=cfg.kl_coef, kl_in=cfg.kl_in, kl_estimator=cfg.kl_estimator, kl_clamp=cfg.kl_clamp,
+        kl_coef=_set(cfg.kl_coef), kl_in=_set(cfg.kl_in), kl_estimator=_set(cfg.kl_estimator), kl_clamp=cfg.kl_clamp,
         lr_schedule=cfg.lr_schedule, warmup_updates=cfg.warmup_updates, critic_warmup=cfg.critic_warmup,
-        skip_equal_rewards=cfg.skip_equal_rewards,
+        skip_equal_rewards=cfg.skip_equal_rewards, kl_reward=kl_reward, fused=fused,
     )  # fmt: skip
     rewards = RewardSettings(
         fn=reward_fn, timeout=cfg.reward_timeout, weights=tuple(cfg.reward_weights or ()),

@@ -54,7 +54,7 @@ from sppo_rl.llm.stages.row import (
 from sppo_rl.llm.stages.score import Scoring
 from sppo_rl.llm.stages.spo import SpoOrder, observe, tracker_values
 from sppo_rl.llm.stages.sync import sync
-from sppo_rl.llm.stages.to_batch import Built, Picked, pick, to_batch
+from sppo_rl.llm.stages.to_batch import KeptRows, UpdateBatch, pick, to_batch
 from sppo_rl.llm.stages.train import rewards_all_equal, train
 from sppo_rl.runtime.checkpoint import CheckpointManager, check_written_by, read_meta, torch_load, torch_save
 from sppo_rl.runtime.logging import NullLogger, RunLogger, check_metrics_length, start_logging
@@ -147,7 +147,7 @@ class LLMRun:
         quiet_transformers()
         self.dist = launcher_dist()
         self.plan, task = plan, task = resolve(cfg, self.dist)
-        self.algo, self.group_size, self.device = plan.algo, plan.group_size, plan.device
+        self.algo, self.group_size, self.device = plan.algo, plan.rollout.group_size, plan.device
         models, loop, rewards = plan.models, plan.loop, plan.rewards
         if models.engine == "deepspeed":
             self.dist = init_process_group(models.collective_timeout, always=True)
@@ -241,38 +241,38 @@ class LLMRun:
         with timer("train"):
             pad = m.tokenizer.pad_token_id if m.tokenizer.pad_token_id is not None else 0
             dynamic = bool(plan.rollout.dynamic_sampling_rounds)
-            picked = pick(collected, self.group_size, pad, dynamic, plan.latent)
+            kept = pick(collected, self.group_size, pad, dynamic, plan.latent)
             p0 = state.critic_init_p0
-            if state.updates == 0 and p0 is None and plan.critic_init:
-                p0 = init_critic_bias(m.critic_engine.module, picked.R, picked.valid, reduction)
+            if state.updates == 0 and p0 is None and plan.models.critic_init:
+                p0 = init_critic_bias(m.critic_engine.module, kept.R, kept.valid, reduction)
             critic = m.critic_engine.module if m.critic_engine is not None else None
-            built = to_batch(picked, plan, m.actor_engine.module, m.ref, critic, self.rows, reduction)
+            prepared = to_batch(kept, plan, m.actor_engine.module, m.ref, critic, self.rows, reduction)
             tracked, spo = plan.algo.requires.tracker, {}  # SPO: its tracker's p_hat is the baseline
             if tracked:
-                tracker_values(state.order, built)
-            advantages(built.batch, plan, built.rb.finished, state.updates + 1)
+                tracker_values(state.order, prepared)
+            advantages(prepared.batch, plan, prepared.rb.finished, state.updates + 1)
             if tracked:  # the outcomes enter the tracker after the estimate, before the actor trains
                 spo = observe(
-                    state.order, built, picked.valid, plan, m.actor_engine.module, self.rows, reduction, pad
+                    state.order, prepared, kept.valid, plan, m.actor_engine.module, self.rows, reduction, pad
                 )
             lr = self._schedule_lr(state.updates)
-            equal = rewards_all_equal(built, picked.valid, reduction)
+            equal = rewards_all_equal(prepared, kept.valid, reduction)
             skip = plan.update.skip_equal_rewards and equal
             trained = train(
-                built, plan, m.actor_engine, m.critic_engine, self.rows, state.updates, skip, reduction
+                prepared, plan, m.actor_engine, m.critic_engine, self.rows, state.updates, skip, reduction
             )
         with timer("sync"):
             sync(m.rollout, m.actor_engine, bool(plan.models.lora.rank))
         state = dataclasses.replace(state, updates=state.updates + 1, critic_init_p0=p0)
         stats = {**trained.stats, "rewards_all_equal": int(equal), **spo}
-        return self._row(state, collected, picked, built, trained.logp_old, stats, lr, timer)
+        return self._row(state, collected, kept, prepared, trained.logp_old, stats, lr, timer)
 
     def _row(
         self,
         state: RunState,
         collected: Collected,
-        picked: Picked,
-        built: Built,
+        kept: KeptRows,
+        prepared: UpdateBatch,
         logp_old: Tensor | None,
         stats: dict[str, Any],
         lr: float,
@@ -282,10 +282,10 @@ class LLMRun:
         run's generated tokens, seconds and FLOPs counted, and the failure when rewards keep failing."""
         rollout, update = self.plan.rollout, self.plan.update
         dynamic = bool(rollout.dynamic_sampling_rounds)
-        kl_tok = built.kl_per_token(logp_old, update.kl_estimator, update.kl_clamp)
+        kl_tok = prepared.kl_per_token(logp_old, update.kl_estimator, update.kl_clamp)
         sums = update_sums(
-            collected.rounds, picked.informative, built.batch.mask, kl_tok, dynamic, self.dist, self.device,
-            self._update_flops(state, collected, picked, stats),
+            collected.rounds, kept.informative, prepared.batch.mask, kl_tok, dynamic, self.dist, self.device,
+            self._update_flops(state, collected, kept, stats),
         )  # fmt: skip
         dt = timer.total()
         flops = {part: state.flops[part] + round(sums[f"flops/{part}"]) for part in PARTS}
@@ -311,27 +311,29 @@ class LLMRun:
         failure = self._reward_failure(state, sums)
         if failure is not None:  # the row as it stands: the run stops here
             return UpdateResult(row, state, failure)
-        if picked.baseline is not None:
+        if kept.baseline is not None:
             row["greedy_reward_mean"] = sums["greedy_reward"] / max(sums["greedy_valid"], 1.0)
         if kl_tok is not None:
             row["kl"] = sums["kl"] / max(sums["kl_tokens"], 1.0)
         row.update(stats)
         if state.critic_init_p0 is not None and state.updates == 1:
             row["critic_init_p0"] = state.critic_init_p0
-        if picked.latent_invalid is not None:
-            row["latent_invalid"] = self.dist.all_sum([float(picked.latent_invalid)], self.device)[0]
+        if kept.latent_invalid is not None:
+            row["latent_invalid"] = self.dist.all_sum([float(kept.latent_invalid)], self.device)[0]
         if rollout.overlong.filter:
-            row["overlong_filtered"] = self.dist.all_sum([float((~built.rb.finished).sum())], self.device)[0]
+            row["overlong_filtered"] = self.dist.all_sum([float((~prepared.rb.finished).sum())], self.device)[
+                0
+            ]
         return UpdateResult(row, state, None)
 
     def _update_flops(
-        self, state: RunState, collected: Collected, picked: Picked, stats: dict[str, Any]
+        self, state: RunState, collected: Collected, kept: KeptRows, stats: dict[str, Any]
     ) -> dict[str, int]:
         """This rank's FLOPs of the update just done, by part (:func:`~sppo_rl.llm.models.flops.update_flops`):
         every generation round, the rows trained on, the actor's passes only when it trained."""
         G = self.group_size
         rounds = [round_lengths(r.rb, G, r.greedy) for r in collected.rounds]
-        out = update_flops(self.flops_shape, rounds, row_lengths(picked.rb), not stats["actor_skipped"])
+        out = update_flops(self.flops_shape, rounds, row_lengths(kept.rb), not stats["actor_skipped"])
         if self.algo.requires.tracker:  # SPO re-scores its revisited prompts' last responses (no gradient)
             out["actor"] += policy_pass(self.flops_shape.actor, state.order.rescored)
         return out

@@ -212,7 +212,7 @@ def run_shape(plan: Any, models: Any) -> UpdateShape:
         critic_kind=kind if critic is not None else None,
         reference=models.ref is not None,
         epochs=plan.learner.epochs,
-        old_logp_pass=not plan.fused,
+        old_logp_pass=not plan.update.fused,
         train_passes=2 if settings.lora.rank else 3,
         recompute=settings.gradient_checkpointing,
     )

@@ -67,7 +67,7 @@ def summary_of(
         "algo": plan.algo.name,
         "seed": plan.loop.seed,
         "steps": state.updates,
-        "group_size": plan.group_size,
+        "group_size": plan.rollout.group_size,
         "ranks": dist.world,
         "wall_time_s": state.elapsed,
         "generated_tokens": state.generated_tokens,

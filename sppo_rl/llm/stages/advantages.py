@@ -23,6 +23,7 @@ def advantages(batch: SequenceBatch, plan: Plan, finished: Tensor, update: int) 
     ``finished``: ``[B]`` bool, the response ended with a stop token."""
     compute_advantages(batch, plan.algo, **plan.estimator)
     check_finite(update, advantages=batch.advantages)
+    assert batch.loss_mask is not None and batch.advantages is not None  # compute_advantages filled them
     if plan.rollout.overlong.filter:  # a truncated response teaches nothing about its (unseen) answer
         cut = ~finished.to(batch.mask.device)
         batch.loss_mask = batch.loss_mask * (~cut).to(batch.mask.dtype)[:, None]

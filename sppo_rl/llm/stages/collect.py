@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -54,7 +54,7 @@ class PromptOrder:
         self.order: list[int] = []
 
     def draw(self, k: int) -> list[int]:
-        out = []
+        out: list[int] = []
         while len(out) < k:
             if not self.order:
                 self.order = list(range(self.n))
@@ -150,7 +150,7 @@ class Collector:
     def round(self, index: int, step: int, timer: StageTimer, by_function: np.ndarray) -> Round:
         """Generation round ``index`` of update ``step`` (0-based), scored; adds the training samples'
         per-function sums to ``by_function``. A preemption that cut the scoring raises :class:`Preempted`."""
-        G, per_round = self.plan.group_size, self.plan.rollout.prompts_per_step
+        G, per_round = self.plan.rollout.group_size, self.plan.rollout.prompts_per_step
         with timer("gen"):
             examples, positions = self._next_prompts()
             prompts = [render_prompt(e, self.tokenizer) for e in examples]
@@ -176,7 +176,8 @@ class Collector:
 
     def collect(self, step: int, timer: StageTimer) -> Collected:
         """The rounds of update ``step`` and the groups to train on (see the module docstring)."""
-        settings, G = self.plan.rollout, self.plan.group_size
+        settings = self.plan.rollout
+        G = settings.group_size
         K, n = settings.dynamic_sampling_rounds, settings.local_prompts
         by_function = np.zeros((len(self.scoring.names), 3))
         rounds = [self.round(0, step, timer, by_function)]
@@ -192,5 +193,6 @@ class Collector:
                 break
             rounds.append(self.round(len(rounds), step, timer, by_function))
         keep = keep[:n]
-        filler = [(i, int(k)) for i, r in enumerate(rounds) for k in torch.nonzero(r.kinds != 0).flatten()]
+        kinds = [cast(Tensor, r.kinds) for r in rounds]  # every round's groups were classified above
+        filler = [(i, int(k)) for i, kind in enumerate(kinds) for k in torch.nonzero(kind != 0).flatten()]
         return Collected(rounds, keep + filler[: n - len(keep)], by_function)

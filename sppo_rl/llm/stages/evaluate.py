@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from sppo_rl.agents.algorithms import value_units
 from sppo_rl.agents.learner import forward_rows
@@ -108,7 +109,9 @@ def evaluate(self: Evaluator, step: int) -> dict[str, Any]:
     if self.critic_engine is not None and mine:
         # a per-prompt critic's P(R = 1 | prompt) against the prompt's mean@k (calibration)
         first = torch.arange(0, len(rb.texts), k)
-        v = self.rows(rb.to(self.device), self.critic_engine.module, False)(first, rb.response_len)
+        v = cast(
+            Tensor, self.rows(rb.to(self.device), self.critic_engine.module, False)(first, rb.response_len)
+        )
         if v.dim() == 1:
             pred = value_units(self.algo, v.float())
             pairs = list(zip(pred.cpu().tolist(), per_prompt.mean(1).tolist()))
@@ -118,7 +121,7 @@ def evaluate(self: Evaluator, step: int) -> dict[str, Any]:
         emp = np.array([e for _, e in pairs])
         out["val_critic_brier"] = float(np.mean((pred_all - emp) ** 2))
         if np.std(emp) > 0 and np.std(pred_all) > 0:
-            from scipy.stats import pearsonr, spearmanr
+            from scipy.stats import pearsonr, spearmanr  # type: ignore[import-untyped]
 
             out["val_critic_pearson"] = float(pearsonr(pred_all, emp)[0])
             out["val_critic_spearman"] = float(spearmanr(pred_all, emp)[0])
@@ -150,14 +153,14 @@ def write_critic_trace(self: Evaluator, path: Path) -> None:
             n = int(lengths[b])
             rows.append((v[b : b + 1].tolist() if v.dim() == 1 else v[b, :n].tolist(), n, float(R[b])))
         seq = v.dim() == 1
-    (seq,) = self.dist.all_max([float(seq) if mine else 0.0], self.device)
+    (per_response,) = self.dist.all_max([float(seq) if mine else 0.0], self.device)
     rows = self.dist.gather_lists(rows)
     if not self.dist.main:
         return
-    width = max(len(v) for v, _, _ in rows)
+    width = max(len(row) for row, _, _ in rows)
     values = np.zeros((len(rows), width), dtype=np.float32)
-    for b, (v, _, _) in enumerate(rows):
-        values[b, : len(v)] = v
+    for b, (row, _, _) in enumerate(rows):
+        values[b, : len(row)] = row
     lengths_all = np.array([n for _, n, _ in rows])
     success = np.array([r for _, _, r in rows], dtype=np.float32)
-    write_trace(path, values[:, 0] if seq else values, lengths_all, success, settings.max_new_tokens)
+    write_trace(path, values[:, 0] if per_response else values, lengths_all, success, settings.max_new_tokens)

@@ -20,7 +20,7 @@ import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -70,12 +70,16 @@ def update_sums(
     order, one collective for all); ``flops`` (this rank's FLOPs by part) as ``flops/<part>``."""
     import torch
 
-    sampled = [r.rb for r in rounds] + [r.greedy for r in rounds if r.greedy is not None]
+    sampled = [r.rb for r in rounds] + [g for g in (r.greedy for r in rounds) if g is not None]
     all_R = torch.cat([r.R for r in rounds])
     all_valid = torch.cat([r.valid for r in rounds])
     all_rows = [r.rb for r in rounds]
-    g_valid = [(r.baseline * r.baseline_valid, r.baseline_valid) for r in rounds if r.baseline is not None]
-    kinds = torch.cat([r.kinds for r in rounds]) if dynamic else torch.zeros(0)
+    g_valid = [
+        (r.baseline * r.baseline_valid, r.baseline_valid)
+        for r in rounds
+        if r.baseline is not None and r.baseline_valid is not None  # both set, or neither (ReMax)
+    ]
+    kinds = torch.cat([cast(Tensor, r.kinds) for r in rounds]) if dynamic else torch.zeros(0)
     local = {
         "reward": float((all_R * all_valid).sum()),
         "valid": float(all_valid.sum()),

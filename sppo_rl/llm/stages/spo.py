@@ -28,7 +28,7 @@ from sppo_rl.agents.learner import Reducer, forward_rows
 from sppo_rl.agents.rivals import ValueTracker, spo_discount
 from sppo_rl.llm.rollout.base import RolloutBatch
 from sppo_rl.llm.stages.collect import PromptOrder
-from sppo_rl.llm.stages.to_batch import Built, cat_rows
+from sppo_rl.llm.stages.to_batch import UpdateBatch, cat_rows
 
 if TYPE_CHECKING:
     from sppo_rl.llm.build import RowsOf
@@ -67,10 +67,10 @@ def contexts(order: SpoOrder, rb: RolloutBatch) -> list[int]:
     return [order.drawn[int(i)] for i in rb.prompt_index.tolist()]
 
 
-def tracker_values(order: SpoOrder, built: Built) -> None:
+def tracker_values(order: SpoOrder, prepared: UpdateBatch) -> None:
     """Put each row's ``p_hat`` into the update's batch (before the estimate)."""
-    batch = built.batch
-    batch.tracker_values = order.tracker.p_hat(contexts(order, built.rb)).to(
+    batch = prepared.batch
+    batch.tracker_values = order.tracker.p_hat(contexts(order, prepared.rb)).to(
         batch.mask.device, batch.mask.dtype
     )
 
@@ -99,7 +99,7 @@ def _stored_rows(order: SpoOrder, seen: list[int], pad_id: int) -> RolloutBatch:
 @torch.no_grad()
 def observe(
     order: SpoOrder,
-    built: Built,
+    prepared: UpdateBatch,
     valid: Tensor,
     plan: Plan,
     actor: torch.nn.Module,
@@ -110,7 +110,7 @@ def observe(
     """Discount and fold this update's valid outcomes into the tracker, keep each row's response as its
     prompt's last (see the module docstring); returns the metrics ``spo_p_hat``, ``spo_distance``,
     ``spo_rho``. Runs before the actor trains on the update."""
-    rb, batch = built.rb, built.batch
+    rb, batch = prepared.rb, prepared.batch
     ctx = contexts(order, rb)
     keep = [b for b in range(len(ctx)) if bool(valid[b])]
     seen = sorted({ctx[b] for b in keep if ctx[b] in order.last})

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +24,7 @@ from torch import Tensor
 
 from sppo_rl.agents.batch import SequenceBatch, overlong_penalty, terminal_rewards
 from sppo_rl.agents.learner import Reducer, forward_rows
-from sppo_rl.agents.losses import kl_penalty
+from sppo_rl.agents.losses import KLEstimator, kl_penalty
 from sppo_rl.llm.models.core import sequence_logprobs
 from sppo_rl.llm.rollout.base import RolloutBatch
 from sppo_rl.llm.stages.collect import Collected
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Picked:
+class KeptRows:
     """The rows an update trains on (this rank's): samples, outcomes, validity, ReMax's baselines, the
     number of informative groups (dynamic sampling) and of rows the latent rule calls invalid."""
 
@@ -80,7 +80,7 @@ def cat_rows(parts: list[tuple[RolloutBatch, Tensor]], pad_id: int, prompt_index
     )
 
 
-def pick(collected: Collected, G: int, pad_id: int, dynamic: bool, latent: LatentPolicy | None) -> Picked:
+def pick(collected: Collected, G: int, pad_id: int, dynamic: bool, latent: LatentPolicy | None) -> KeptRows:
     """The rows of ``collected.groups`` (see the module docstring); ``latent``: the latent policy or None."""
     rounds, groups = collected.rounds, collected.groups
     if groups == [(0, k) for k in range(len(rounds[0].examples))]:
@@ -97,19 +97,19 @@ def pick(collected: Collected, G: int, pad_id: int, dynamic: bool, latent: Laten
         valid = torch.cat([rounds[i].valid[r] for (i, _), r in zip(groups, rows)])
         baseline = None
         if rounds[0].baseline is not None:
-            baseline = torch.cat([rounds[i].baseline[r] for (i, _), r in zip(groups, rows)])
-    informative = sum(int(rounds[i].kinds[k] == 0) for i, k in groups) if dynamic else 0
+            baseline = torch.cat([cast(Tensor, rounds[i].baseline)[r] for (i, _), r in zip(groups, rows)])
+    informative = sum(int(cast(Tensor, rounds[i].kinds)[k] == 0) for i, k in groups) if dynamic else 0
     if dynamic:  # filler: dropped groups standing in for missing ones, no loss
         valid = valid.clone()
         valid[informative * G :] = False
     latent_invalid = None
     if latent is not None:  # Latent-GRPO fix (a): rollouts that left the latent manifold
         valid, latent_invalid = latent.valid(rb, valid)
-    return Picked(rb, R, valid, baseline, informative, latent_invalid)
+    return KeptRows(rb, R, valid, baseline, informative, latent_invalid)
 
 
 @dataclass
-class Built:
+class UpdateBatch:
     """The update's batch and what the later stages read beside it: the samples on the device, the
     rows' costs (prompt + response tokens), the overlong punishment, the KL penalty per token (KL in
     the reward) and the reference's log-probs."""
@@ -123,7 +123,7 @@ class Built:
     ref_logp: Tensor | None
 
     def kl_per_token(
-        self, logp_old: Tensor | None, estimator: str, clamp: float | None = None
+        self, logp_old: Tensor | None, estimator: KLEstimator, clamp: float | None = None
     ) -> Tensor | None:
         """``KL_t`` to the reference on the response tokens, for the row: the reward's penalty when the KL
         went in the reward, else ``kl_penalty(logp_old, ref_logp)`` (``logp_old``: the old log-probs the
@@ -140,14 +140,14 @@ class Built:
 
 @torch.no_grad()
 def to_batch(
-    p: Picked,
+    p: KeptRows,
     plan: Plan,
     actor: torch.nn.Module,
     ref: torch.nn.Module | None,
     critic: torch.nn.Module | None,
     rows: RowsOf,
     reduction: Reducer,
-) -> Built:
+) -> UpdateBatch:
     """The :class:`SequenceBatch` of ``p`` (see the module docstring). ``rows(rb, model, policy)`` is the
     learner's world callable over rows; ``reduction`` the ranks' reductions on the device; ``ref`` /
     ``critic`` None when off."""
@@ -157,7 +157,7 @@ def to_batch(
     mask = rb.response_mask.float()
     lengths, cost = rb.response_lengths.cpu(), (rb.prompt_mask.sum(-1) + rb.response_lengths).cpu()
     actor.eval()
-    logp_old = None if plan.fused else forward_rows(rows(rb, actor, True), lengths, cost, lcfg, reduction)
+    logp_old = None if update.fused else forward_rows(rows(rb, actor, True), lengths, cost, lcfg, reduction)
     ref_logp = forward_rows(rows(rb, ref, True), lengths, cost, lcfg, reduction) if ref is not None else None
     values = None
     if critic is not None:
@@ -168,11 +168,9 @@ def to_batch(
     penalty = overlong_penalty(rb.response_lengths, max_new_tokens, overlong.buffer, overlong.penalty)
     penalty = penalty.to(R.device)
     token_rewards += terminal_rewards(penalty, mask)
-    kl_tok = (
-        kl_penalty(logp_old, ref_logp, update.kl_estimator, update.kl_clamp) * mask
-        if plan.kl_reward and ref is not None
-        else None
-    )
+    kl_tok = None  # a KL reward is never fused: logp_old is there with a reference
+    if update.kl_reward and ref_logp is not None and logp_old is not None:
+        kl_tok = kl_penalty(logp_old, ref_logp, update.kl_estimator, update.kl_clamp) * mask
     if kl_tok is not None:
         token_rewards = token_rewards - update.kl_coef * kl_tok
     batch = SequenceBatch(
@@ -187,7 +185,7 @@ def to_batch(
         logp_rollout=rb.logprobs * mask,
         valid=None if bool(p.valid.all()) else p.valid.to(device),
     )
-    return Built(batch, rb, lengths, cost, penalty, kl_tok, ref_logp)
+    return UpdateBatch(batch, rb, lengths, cost, penalty, kl_tok, ref_logp)
 
 
 def rollout_rows(

@@ -1,5 +1,5 @@
 """Stage 5, ``train``: PPO epochs over minibatches of rows update actor and critic
-(:func:`~sppo_rl.agents.learner.train_batch`, the learner shared with the control world).
+(:func:`~sppo_rl.agents.learner.ppo_update`, the learner shared with the control world).
 
 The actor is left alone (``actor_skipped`` 1; the critic still trains) during the critic warm-up
 (``--critic-warmup`` updates) and, with ``--skip-equal-rewards`` (the default), in an update whose valid
@@ -13,20 +13,20 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from sppo_rl.agents.learner import Reducer, Trained, outcomes_equal, train_batch
+from sppo_rl.agents.learner import Reducer, Trained, outcomes_equal, ppo_update
 from sppo_rl.runtime.run import check_finite
 
 if TYPE_CHECKING:
     from sppo_rl.llm.build import RowsOf, TrainingEngine
     from sppo_rl.llm.plan import Plan
-    from sppo_rl.llm.stages.to_batch import Built
+    from sppo_rl.llm.stages.to_batch import UpdateBatch
 
 
-def rewards_all_equal(built: Built, valid: Tensor, reduction: Reducer) -> bool:
+def rewards_all_equal(prepared: UpdateBatch, valid: Tensor, reduction: Reducer) -> bool:
     """Whether every valid outcome of the update (``R`` plus the overlong punishment, and the greedy
     baselines' rewards) is equal over all ranks."""
-    batch = built.batch
-    outcomes, outcome_valid = (batch.rewards + built.penalty).float(), valid.to(batch.rewards.device)
+    batch = prepared.batch
+    outcomes, outcome_valid = (batch.rewards + prepared.penalty).float(), valid.to(batch.rewards.device)
     if batch.baseline_rewards is not None:  # ReMax: the greedy rollouts' rewards are outcomes too
         outcomes = torch.cat([outcomes, batch.baseline_rewards.float()])
         outcome_valid = torch.cat([outcome_valid, outcome_valid])  # valid rows have a valid baseline
@@ -34,7 +34,7 @@ def rewards_all_equal(built: Built, valid: Tensor, reduction: Reducer) -> bool:
 
 
 def train(
-    built: Built,
+    prepared: UpdateBatch,
     plan: Plan,
     actor_engine: TrainingEngine,
     critic_engine: TrainingEngine | None,
@@ -51,17 +51,17 @@ def train(
     actor.train()
     if critic is not None:
         critic.train()
-    trained = train_batch(
-        built.batch,
+    trained = ppo_update(
+        prepared.batch,
         plan.algo,
         plan.learner,
-        rows(built.rb, actor, True),
+        rows(prepared.rb, actor, True),
         actor_engine,
-        rows(built.rb, critic, False) if critic is not None else None,
+        rows(prepared.rb, critic, False) if critic is not None else None,
         critic_engine,
         train_actor=update >= plan.update.critic_warmup and not skip,
         generator=torch.Generator().manual_seed(plan.loop.seed * 7919 + update),
-        cost=built.cost,
+        cost=prepared.cost,
         dist=reduction,
         guard=lambda **q: check_finite(update + 1, **q),
     )
