@@ -52,16 +52,16 @@ def _run_info(_: Info) -> None:
     print("llm recipes (sppo-rl llm --recipe NAME):", ", ".join(recipe_names()))
 
 
-def _lazy(module: str, function: str) -> Callable[[object], object]:
-    def run(cfg: object) -> object:
+def _lazy(module: str, function: str) -> Callable[..., object]:
+    def run(cfg: object, **kw: object) -> object:
         import importlib
 
-        return getattr(importlib.import_module(module), function)(cfg)
+        return getattr(importlib.import_module(module), function)(cfg, **kw)
 
     return run
 
 
-def _commands() -> dict[str, tuple[type, Callable[[object], object]]]:
+def _commands() -> dict[str, tuple[type, Callable[..., object]]]:
     from sppo_rl.control.config import ControlConfig, WarmstartConfig
     from sppo_rl.demo import DemoConfig
     from sppo_rl.experiments.config import ReportConfig, SweepConfig
@@ -320,15 +320,15 @@ def main(argv: list[str] | None = None) -> None:
         )
         name = next(n for n, view in views.items() if type(cfg) is view)
         cfg = from_view(commands[name][0], cfg)
-    for cls, run in commands.values():
+    for command, (cls, run) in commands.items():
         if type(cfg) is cls:
-            import sppo_rl.runtime.loop
-
-            sppo_rl.runtime.loop.COMMAND = True  # the wall time printed at the end is the process's
             try:
                 if hasattr(cfg, "validate"):
                     cfg.validate()  # every setting's type and range, before any work
-                run(cfg)
+                if command in ("llm", "control"):
+                    run(cfg, command=True)  # the wall time printed at the end is the process's
+                else:
+                    run(cfg)
             except (RunError, ValueError) as e:
                 print(f"sppo-rl: error: {e}", file=sys.stderr)
                 sys.exit(2)

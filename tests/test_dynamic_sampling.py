@@ -119,7 +119,7 @@ def test_dynamic_sampling_refills_the_batch_from_the_data_order_and_counts_the_c
     for r in rows:
         _check_row(r, cfg)
     # every round's prompts came off the data order: 3 updates used exactly the groups they sampled
-    assert len(run.order.order) == left - sum(r[DS + "groups_sampled"] for r in rows)
+    assert len(run.state.order.order) == left - sum(r[DS + "groups_sampled"] for r in rows)
     assert sum(r[DS + "extra_rounds"] for r in rows) > 0
     assert (
         sum(r[DS + "dropped_all_correct"] for r in rows) > 0

@@ -245,7 +245,7 @@ def _expected(run, got, actor_trained: bool) -> dict[str, int]:
             )
     trained = [F.row_lengths(got.rounds[i].rb)[k * G + j] for i, k in got.groups for j in range(G)]
     one = sum(F.forward(s, p + n, logits=n + 1) for p, n in trained)
-    epochs = run.cfg.epochs
+    epochs = run.plan.learner.epochs
     out["actor"] = one * (int(not run.plan.fused) + (3 * epochs if actor_trained else 0))
     out["reference"] = one if run.models.ref is not None else 0
     if run.models.critic_engine is not None:

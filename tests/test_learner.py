@@ -11,7 +11,14 @@ import torch
 
 from sppo_rl.agents.algorithms import compute_advantages, get_algorithm
 from sppo_rl.agents.batch import SequenceBatch
-from sppo_rl.agents.learner import LearnerConfig, TorchEngine, forward_rows, micro_batches, ppo_update
+from sppo_rl.agents.learner import (
+    LearnerConfig,
+    TorchEngine,
+    Trained,
+    forward_rows,
+    micro_batches,
+    ppo_update,
+)
 from sppo_rl.agents.losses import AGG_MODES, bce_value_loss
 
 D, K = 5, 4  # feature size, actions
@@ -59,6 +66,9 @@ class World:
         return compute_advantages(b, algo, **params)
 
     def update(self, algo_name: str, cfg: LearnerConfig, batch: SequenceBatch | None = None, **kw):
+        return self.train(algo_name, cfg, batch, **kw).stats
+
+    def train(self, algo_name: str, cfg: LearnerConfig, batch: SequenceBatch | None = None, **kw) -> Trained:
         batch = batch if batch is not None else self.batch(algo_name)
         actor_engine = TorchEngine(self.policy, torch.optim.SGD(self.policy.parameters(), lr=0.5), 1.0)
         critic_engine = (
@@ -66,7 +76,7 @@ class World:
             if self.critic is not None
             else None
         )
-        stats = ppo_update(
+        return ppo_update(
             batch,
             get_algorithm(algo_name),
             cfg,
@@ -77,7 +87,6 @@ class World:
             generator=torch.Generator().manual_seed(1),
             **kw,
         )
-        return stats
 
     def weights(self) -> torch.Tensor:
         mods = [self.policy] + ([self.critic] if self.critic is not None else [])
@@ -196,7 +205,7 @@ def test_two_data_parallel_ranks_equal_one_process(agg):
             eng,
             dist=red,
             generator=torch.Generator().manual_seed(1),
-        )
+        ).stats
 
     threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
     for t in threads:
@@ -218,11 +227,13 @@ def test_one_on_policy_pass_takes_its_own_log_probs():
     fused = b.batch("grpo")
     fused.logp_old = None
     sa = a.update("grpo", cfg, batch=separate)
-    sb = b.update("grpo", cfg, batch=fused)
+    trained = b.train("grpo", cfg, batch=fused)
+    sb = trained.stats
     assert sb["approx_kl"] == 0.0 and sb["clipfrac"] == 0.0 and sb["ratio_max"] == 1.0
     assert torch.allclose(a.weights(), b.weights(), atol=1e-7)
     assert sa["policy_loss"] == pytest.approx(sb["policy_loss"], abs=1e-7)
-    assert torch.allclose(fused.logp_old, separate.logp_old, atol=1e-6), "the pass fills logp_old in"
+    assert torch.allclose(trained.logp_old, separate.logp_old, atol=1e-6), "the pass returns its log-probs"
+    assert fused.logp_old is None, "the batch is left as given: a later stage reads the returned value"
     with pytest.raises(ValueError, match="one epoch"):
         World().update("grpo", LearnerConfig(epochs=2), batch=fused.index(torch.arange(10)).__class__(
             mask=fused.mask, logp_old=None, rewards=fused.rewards, advantages=fused.advantages,

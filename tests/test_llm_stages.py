@@ -141,8 +141,20 @@ def test_resolve_leaves_the_users_config_alone_and_fills_the_methods_defaults(tm
     assert cfg.max_new_tokens is None and cfg.clip is None  # as given
     assert plan.given.max_new_tokens == 16 and plan.cfg.max_new_tokens == 16  # arithmetic's default
     assert plan.learner.clip == pytest.approx(3e-4)  # GSPO's own clip range
-    assert plan.unset["clip"] == pytest.approx(3e-4) and plan.local_prompts == 4 and plan.rows_per_step == 16
+    assert (
+        plan.unset["clip"] == pytest.approx(3e-4)
+        and plan.rollout.local_prompts == 4
+        and plan.rows_per_step == 16
+    )
     assert task.train and not (tmp_path / "run").exists()  # nothing written
+    from sppo_rl.llm.models.sources import default_cache_dir
+    from sppo_rl.runtime.plan import RunPlan
+
+    # the plan shape both worlds share, and the LLM world's sections: resolved once
+    assert isinstance(plan, RunPlan) and plan.loop.updates == cfg.steps and plan.loop.seed == cfg.seed
+    assert plan.rollout.max_new_tokens == 16 and plan.rollout.group_size == plan.group_size == 4
+    assert plan.models.cache == default_cache_dir() and plan.update.kl_in == "loss"
+    assert plan.data.prompt_format.instruction == plan.cfg.instruction
 
 
 def test_spo_order_draws_distinct_prompts_by_the_trackers_uncertainty_and_restores():

@@ -410,3 +410,46 @@ def test_a_default_run_talks_in_plain_lines_and_ends_with_greedy_beside_sampled(
     run_llm(replace(cfg, steps=1, overwrite=True, progress=False))
     err = capsys.readouterr().err
     assert f"--overwrite: removing the previous run in {tmp_path / 'run'}: " in err and "metrics.jsonl" in err
+
+
+# ------------------------------------------------------------------------------- the run's state
+
+
+def test_run_state_is_saved_and_loaded_whole_and_old_checkpoints_still_load():
+    """Every counter of :class:`RunState` round-trips through ``state.pt``'s dict; a checkpoint of an
+    older version (no FLOPs, no ``critic_init_p0``, no fail streak) loads with those at their start."""
+    from sppo_rl.llm.models.flops import PARTS
+    from sppo_rl.llm.stages.collect import PromptOrder
+    from sppo_rl.llm.trainer import RunState
+
+    order = PromptOrder(10, seed=1)
+    order.draw(3)
+    flops = {part: i + 1 for i, part in enumerate(PARTS)}
+    state = RunState(
+        order, updates=3, elapsed=1.5, generated_tokens=42, flops=flops, critic_init_p0=0.25, fail_streak=2
+    )
+    saved = state.saved(torch.get_rng_state())
+    assert saved["step"] == 3  # the key old checkpoints have
+    fresh = PromptOrder(10, seed=7)
+    loaded = RunState.load(saved, fresh)
+    assert loaded == RunState(fresh, 3, 1.5, 42, flops, 0.25, 2) and loaded.order is fresh
+    assert fresh.draw(4) == order.draw(4)  # the order goes on where it was
+    old = {k: v for k, v in saved.items() if k not in ("flops", "critic_init_p0", "fail_streak")}
+    loaded = RunState.load(old, PromptOrder(10, seed=7))
+    assert (
+        loaded.flops == dict.fromkeys(PARTS, 0) and loaded.critic_init_p0 is None and loaded.fail_streak == 0
+    )
+
+
+def test_an_update_returns_its_row_and_the_next_state_and_leaves_the_runs_alone(tmp_path, tiny):
+    run = LLMRun(_cfg(tmp_path, tiny, algo="grpo", group_size=2))
+    try:
+        before = run.state
+        done = run.train_update(before)
+        assert run.state is before and before.updates == 0 and before.generated_tokens == 0
+        assert done.failure is None and done.state.updates == 1 and done.row["step"] == 1
+        assert done.state.generated_tokens == done.row["generated_tokens"] > 0
+        assert done.state.elapsed == done.row["wall_time_s"] > 0
+        assert run.update()["step"] == 1 and run.state.updates == 1  # update() moves the run on
+    finally:
+        run.close()

@@ -148,3 +148,17 @@ def test_resume_takes_the_saved_config_and_refuses_another_run(tmp_path, capsys)
     with pytest.raises(RunError, match="seed 5 -> 1"):  # the Python API is held to the same rule
         saved.pop("resolved")
         run_control(from_flat(ControlConfig, {**saved, "seed": 1, "resume": True, "progress": False}))
+
+
+def test_the_command_says_so_by_argument_not_by_a_module_global(capsys, monkeypatch):
+    """``announce(command=True)`` (the ``sppo-rl`` command) times the whole process even after a run loop
+    in this process; without it, the run loop. Nothing in :mod:`sppo_rl.runtime.loop` is set at run time
+    to choose."""
+    import sppo_rl.runtime.loop as loop
+
+    assert not hasattr(loop, "COMMAND")
+    monkeypatch.setattr(loop, "_LOOP_STARTED", [0.0])  # a run loop ran in this process
+    loop.announce(Path("x"), "h", False, command=True)
+    assert "wall time of the command" in capsys.readouterr().err
+    loop.announce(Path("x"), "h", False)
+    assert "wall time of the run loop" in capsys.readouterr().err

@@ -230,7 +230,7 @@ def test_sppo_starts_its_critic_at_the_first_batch_rate_with_a_model_and_resumes
     # a resumed run does not initialise again: its critic is the checkpoint's
     resumed = LLMRun(_cfg(tmp_path, llama, "init", resume=True, **kw))
     try:
-        assert resumed.critic_init_p0 == pytest.approx(0.06)
+        assert resumed.state.critic_init_p0 == pytest.approx(0.06)
         assert float(resumed.models.critic_engine.module.head.bias.detach()) == bias_after_1
         row2 = resumed.update()
         assert "critic_init_p0" not in row2

@@ -171,13 +171,11 @@ def test_wall_time_of_the_command_counts_from_the_process_start():
     assert seconds >= 1.5
 
 
-def test_called_from_python_the_wall_time_is_the_run_loops(tmp_path, capsys, monkeypatch):
+def test_called_from_python_the_wall_time_is_the_run_loops(tmp_path, capsys):
     """In a notebook the process started long before the run: the line says what it measured."""
-    import sppo_rl.runtime.loop as loop
     from sppo_rl.control.config import ControlConfig
     from sppo_rl.control.trainer import run_control
 
-    monkeypatch.setattr(loop, "COMMAND", False)
     run_control(ControlConfig(task="short-cartpole", algo="grpo", total_episodes=64, init_from="none",
                               progress=False, tensorboard=False, eval_episodes=4, out_dir=str(tmp_path / "r")))  # fmt: skip
     err = capsys.readouterr().err

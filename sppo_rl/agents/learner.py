@@ -331,6 +331,17 @@ def outcomes_equal(
     return not (hi > -math.inf) or hi + neg_lo <= tol
 
 
+@dataclass(frozen=True)
+class Trained:
+    """What one update's optimisation produced: ``stats``, the mean over minibatches of each statistic
+    (losses: their mean over ranks), and ``logp_old`` ``[B, T]``, the old log-probs the policy loss used:
+    ``batch.logp_old`` as given, or with ``batch.logp_old = None`` those of the training pass itself
+    (``logp.detach() * mask``; None when no training pass ran)."""
+
+    stats: dict[str, float]
+    logp_old: Tensor | None
+
+
 def ppo_update(
     batch: SequenceBatch,
     algo: Algorithm,
@@ -345,14 +356,14 @@ def ppo_update(
     cost: Tensor | None = None,
     dist: Reducer = LOCAL,
     guard: Callable[..., None] = lambda **_: None,
-) -> dict[str, float]:
+) -> Trained:
     """``cfg.epochs`` passes over ``cfg.minibatches`` random minibatches of rows; one optimizer step
     per minibatch and engine. The actor is left alone (``actor_skipped``) when ``train_actor`` is
     false or every advantage on every rank is 0. ``batch.logp_old = None`` (one epoch, one minibatch
-    only) takes ``logp.detach()`` of the training pass itself (ratio exactly 1) and fills it in.
-    ``cost`` ``[B]``: each row's tokens for the micro-batch budget (default: its length). ``guard``
-    receives every loss and gradient norm by name (the world stops the run on a non-finite one).
-    Returns the mean over minibatches of each statistic (losses: their mean over ranks)."""
+    only) takes ``logp.detach()`` of the training pass itself (ratio exactly 1), returned as
+    :attr:`Trained.logp_old` (``batch`` itself is not changed). ``cost`` ``[B]``: each row's tokens for
+    the micro-batch budget (default: its length). ``guard`` receives every loss and gradient norm by name
+    (the world stops the run on a non-finite one)."""
     B, lengths = batch.batch_size, batch.lengths.cpu()
     cost = lengths if cost is None else cost.cpu()
     if batch.logp_old is None and cfg.epochs * cfg.minibatches > 1:
@@ -363,8 +374,7 @@ def ppo_update(
     )
     train_actor = train_actor and nonzero > 0
     fill_old = batch.logp_old is None
-    if fill_old:
-        batch.logp_old = torch.zeros_like(batch.mask)
+    logp_old = torch.zeros_like(batch.mask) if fill_old else batch.logp_old
     out = {"actor_skipped": float(not train_actor), "loss_frac": kept / max(valid, 1.0)}
     out.update(critic_stats(batch, algo, dist))
     out.update(group_stats_summary(batch, dist))
@@ -396,7 +406,7 @@ def ppo_update(
                     logp, ent = actor(rows, T)
                     if fill_old:
                         b.logp_old = logp.detach() * b.mask
-                        batch.logp_old[rows.to(batch.mask.device), :T] = b.logp_old  # type: ignore[index]  # zeros, set above
+                        logp_old[rows.to(batch.mask.device), :T] = b.logp_old
                     tis = None
                     assert b.logp_old is not None  # given, or filled just above
                     if cfg.tis_cap is not None and b.logp_rollout is not None:
@@ -445,13 +455,13 @@ def ppo_update(
                 guard(critic_grad_norm=cgn)
                 add("critic_grad_norm", cgn)
     if fill_old and not train_actor:
-        batch.logp_old = None  # no training pass ran: nothing to take them from
-    out.update(rollout_mismatch(batch, dist))
+        logp_old = None  # no training pass ran: nothing to take them from
+    out.update(rollout_mismatch(replace(batch, logp_old=logp_old), dist))
     steps = cfg.epochs * cfg.minibatches
     keys = sorted(sums)
     for k, v in zip(keys, dist.all_sum([sums[k] / steps for k in keys])):
         out[k] = v / dist.world
-    return {**out, **extremes}
+    return Trained({**out, **extremes}, logp_old)
 
 
 def _critic_units(b: SequenceBatch) -> float:

@@ -310,7 +310,7 @@ class ControlRun:
             train_actor=self.state.update >= self.plan.optim.critic_warmup,
             generator=self.perm_gen,
             guard=lambda **q: check_finite(update, **q),
-        )
+        ).stats
         self.actor.eval()
         stats["actor_skipped"] = int(stats["actor_skipped"])
         return stats
@@ -420,10 +420,10 @@ def update_row(
     return row
 
 
-def run_control(cfg: ControlConfig, callback: Any = None) -> dict[str, Any]:
+def run_control(cfg: ControlConfig, callback: Any = None, command: bool = False) -> dict[str, Any]:
     """Entry point of ``sppo-rl control``; ends with the headline numbers and where to look next.
     ``callback(row) -> False`` stops the run after that update (:func:`~sppo_rl.runtime.loop.run_loop`)."""
     run = ControlRun(cfg)
     summary = run.run(callback)
-    announce(run.out, headline(summary), run.plan.loop.tensorboard)
+    announce(run.out, headline(summary), run.plan.loop.tensorboard, command=command)
     return summary

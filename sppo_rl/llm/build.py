@@ -8,26 +8,47 @@ head on the actor's or ``--critic-model``'s backbone), their training engines, t
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from sppo_rl.agents.learner import Reducer, RowsFn
 from sppo_rl.llm.data.files import Example, fit_prompts
-from sppo_rl.llm.data.prompts import prompt_format, render_examples
-from sppo_rl.llm.models.checks import check_same_tokenizer
-from sppo_rl.llm.models.core import load_actor
-from sppo_rl.llm.models.critic import CRITICS
-from sppo_rl.llm.models.engines import make_engine
-from sppo_rl.llm.models.lora import BaseModelView, apply_lora, lora_config
+from sppo_rl.llm.data.prompts import render_examples
+from sppo_rl.llm.models.core import (
+    CRITICS,
+    BaseModelView,
+    SequenceCritic,
+    StepCritic,
+    apply_lora,
+    check_same_tokenizer,
+    load_actor,
+    lora_config,
+)
+from sppo_rl.llm.models.engines import DeepSpeedEngine, HFTorchEngine, make_engine
 from sppo_rl.llm.models.sources import embedded_model, model_context, model_folder
 from sppo_rl.llm.models.tiny import load_tokenizer
+from sppo_rl.llm.rollout.base import Rollout, RolloutBatch
 from sppo_rl.llm.rollout.factory import context_limit, make_rollout
 from sppo_rl.llm.rollout.hf import autocast_to
 from sppo_rl.llm.stages.to_batch import rollout_rows
 from sppo_rl.runtime.run import RunError
+
+if TYPE_CHECKING:
+    from sppo_rl.llm.plan import Plan
+    from sppo_rl.llm.rewards.scorer import RewardScorer
+
+RowsOf = Callable[[RolloutBatch, Any, bool], RowsFn]
+TrainingEngine = HFTorchEngine | DeepSpeedEngine
+"""A model's training engine (:func:`~sppo_rl.llm.models.engines.make_engine`)."""
+MainFirst = Callable[[Callable[[], Any]], Any]
+"""Runs a task on rank 0 first, then hands its result (or error) to every rank (``LLMRun._main_first``)."""
+"""The learner's world callable over rows, ``rows(rb, model, policy)`` (:func:`row_fn`): the
+:data:`~sppo_rl.agents.learner.RowsFn` of ``model`` on the rows of ``rb``."""
 
 
 @dataclass
@@ -38,60 +59,59 @@ class Models:
     backbone folder (None: no critic)."""
 
     actor_path: Path
-    tokenizer: Any
-    actor: Any
-    ref: Any
-    critic: Any
-    actor_engine: Any
-    critic_engine: Any
-    rollout: Any
-    adapter_config: Any
+    tokenizer: Any  # transformers' tokenizer
+    actor: nn.Module
+    ref: nn.Module | None
+    critic: SequenceCritic | StepCritic | None
+    actor_engine: TrainingEngine
+    critic_engine: TrainingEngine | None
+    rollout: Rollout
+    adapter_config: Any  # peft's LoraConfig
     warmstart: dict[str, Any]
     critic_path: Path | None = None
 
 
 def actor_folder(
-    plan: Any, train: list[Example], scorer: Any, main_first: Any
+    plan: Plan, train: list[Example], scorer: RewardScorer, main_first: MainFirst
 ) -> tuple[Path, dict[str, Any]]:
     """The actor's folder (built on rank 0 first) and the warm start's report (empty for ``--model``)."""
-    cfg, latent = plan.cfg, plan.latent
-    if cfg.model is None:
+    latent, models = plan.latent, plan.models
+    if models.model is None:
         build = latent.embedded_model if latent else embedded_model
-        return main_first(lambda: build(cfg, train, scorer))
-    path = main_first(lambda: model_folder(cfg, cfg.model))  # a named model: built once
+        return main_first(lambda: build(plan.cfg, train, scorer))
+    path = main_first(lambda: model_folder(models.cache, models.model))  # a named model: built once
     if not (path / "config.json").is_file():
         raise RunError(f"--model {path}: not a Hugging Face model folder (no config.json)")
     return path, {}
 
 
 def prepare_prompts(
-    plan: Any, train: list[Example], val: list[Example], tokenizer: Any, actor_path: Path, warn: bool
+    plan: Plan, train: list[Example], val: list[Example], tokenizer: Any, actor_path: Path, warn: bool
 ) -> tuple[list[Example], list[Example]]:
     """Every prompt rendered once (the text the model reads), then the training and validation prompts
     longer than ``--max-prompt-tokens`` (at most the model's context minus ``--max-new-tokens``) dropped,
     counted in a warning; a set left empty is refused."""
-    cfg = plan.cfg
+    data, max_new_tokens = plan.data, plan.rollout.max_new_tokens
     try:
-        fmt = prompt_format(cfg)
-        train, val = (render_examples(s, tokenizer, fmt) for s in (train, val))
+        train, val = (render_examples(s, tokenizer, data.prompt_format) for s in (train, val))
     except ValueError as e:
         raise RunError(str(e)) from None
-    ctx = context_limit(cfg, model_context(actor_path))
-    limit, why = cfg.max_prompt_tokens, "--max-prompt-tokens"
+    ctx = context_limit(plan.cfg, model_context(actor_path))
+    limit, why = data.max_prompt_tokens, "--max-prompt-tokens"
     if ctx is not None:
-        room = ctx - cfg.max_new_tokens
+        room = ctx - max_new_tokens
         if room < 1:
             raise RunError(
-                f"--max-new-tokens {cfg.max_new_tokens} leaves no room for a prompt in the model's "
+                f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the model's "
                 f"context of {ctx} tokens"
             )
         if limit is None or limit > room:
             limit = room
-            why = f"the model's context of {ctx} tokens minus --max-new-tokens {cfg.max_new_tokens}"
+            why = f"the model's context of {ctx} tokens minus --max-new-tokens {max_new_tokens}"
     elif limit is None:
         limit, why = 1024, "the default --max-prompt-tokens: the model's config gives no context length"
     out = []
-    for examples, where in ((train, cfg.task), (val, cfg.val_data or f"{cfg.task} (validation)")):
+    for examples, where in ((train, data.task), (val, data.val_data or f"{data.task} (validation)")):
         kept = fit_prompts(examples, tokenizer, limit, where=where, why=why, warn=warn)
         if examples and not kept:
             raise RunError(
@@ -103,47 +123,56 @@ def prepare_prompts(
 
 
 def build_models(
-    plan: Any, actor_path: Path, tokenizer: Any, warmstart: dict[str, Any], main_first: Any
+    plan: Plan, actor_path: Path, tokenizer: Any, warmstart: dict[str, Any], main_first: MainFirst
 ) -> Models:
     """The actor, reference, critic, engines and rollout of ``plan`` (see the module docstring)."""
-    cfg, device = plan.cfg, plan.device
-    dtype = getattr(torch, cfg.dtype)
+    settings, device, seed, kl_coef = plan.models, plan.device, plan.loop.seed, plan.update.kl_coef
+    dtype, lora = getattr(torch, settings.dtype), settings.lora
     actor = load_actor(actor_path, dtype=dtype, device=device)
-    if cfg.gradient_checkpointing:
+    if settings.gradient_checkpointing:
         actor.gradient_checkpointing_enable()
-    lora = dict(alpha=cfg.lora.alpha, targets=cfg.lora.targets, dropout=cfg.lora.dropout)
     adapter_config = None
-    if cfg.lora.rank:
-        adapter_config = lora_config(actor, cfg.lora.rank, cfg.lora.alpha, cfg.lora.targets, cfg.lora.dropout)
-        apply_lora(actor, cfg.lora.rank, seed=cfg.seed, **lora)
+    if lora.rank:
+        adapter_config = lora_config(actor, lora.rank, lora.alpha, lora.targets, lora.dropout)
+        apply_lora(actor, lora.rank, seed=seed, alpha=lora.alpha, targets=lora.targets, dropout=lora.dropout)
     ref = None
-    if cfg.kl_coef > 0 and not cfg.lora.rank:  # with LoRA: the actor with its adapters off (below)
+    if kl_coef > 0 and not lora.rank:  # with LoRA: the actor with its adapters off (below)
         ref = load_actor(actor_path, dtype=dtype, device=device).eval().requires_grad_(False)
     critic, critic_path = None, None
     kind = plan.algo.requires.critic
     if kind != "none":
+        critic_model = settings.critic_model
         critic_path = (
-            main_first(lambda: model_folder(cfg, cfg.critic_model)) if cfg.critic_model else actor_path
+            main_first(lambda: model_folder(settings.cache, critic_model)) if critic_model else actor_path
         )
-        if cfg.critic_model:
+        if critic_model:
             check_same_tokenizer(tokenizer, load_tokenizer(critic_path))
         critic = CRITICS[kind].from_backbone(critic_path, dtype=dtype, device=device)
-        if cfg.gradient_checkpointing:
+        if settings.gradient_checkpointing:
             critic.gradient_checkpointing_enable()
-        if cfg.lora.rank:  # the value head stays fully trainable
-            apply_lora(critic.backbone, cfg.lora.rank, seed=cfg.seed + 1, **lora)
+        if lora.rank:  # the value head stays fully trainable
+            apply_lora(
+                critic.backbone,
+                lora.rank,
+                seed=seed + 1,
+                alpha=lora.alpha,
+                targets=lora.targets,
+                dropout=lora.dropout,
+            )
     kw = dict(
-        weight_decay=cfg.weight_decay,
-        max_grad_norm=cfg.max_grad_norm,
-        zero_stage=cfg.zero_stage,
-        offload=cfg.offload,
+        weight_decay=settings.weight_decay,
+        max_grad_norm=settings.max_grad_norm,
+        zero_stage=settings.zero_stage,
+        offload=settings.offload,
         dtype=dtype,
     )
-    actor_engine = make_engine(cfg.engine, actor, cfg.actor_lr, **kw)
-    critic_engine = make_engine(cfg.engine, critic, cfg.critic_lr, **kw) if critic else None
-    if cfg.kl_coef > 0 and cfg.lora.rank:
+    actor_engine = make_engine(settings.engine, actor, settings.actor_lr, **kw)
+    critic_engine = make_engine(settings.engine, critic, settings.critic_lr, **kw) if critic else None
+    if kl_coef > 0 and lora.rank:
         ref = BaseModelView(actor_engine.module)
-    rollout = make_rollout(cfg, actor, tokenizer, actor_path, dtype=dtype, device=device, latent=plan.latent)
+    rollout = make_rollout(
+        plan.cfg, actor, tokenizer, actor_path, dtype=dtype, device=device, latent=plan.latent
+    )
     return Models(
         actor_path,
         tokenizer,
@@ -159,35 +188,35 @@ def build_models(
     )
 
 
-def row_fn(plan: Any) -> Any:
+def row_fn(plan: Plan) -> RowsOf:
     """The learner's world callable over rows, ``rows(rb, model, policy)``: the latent policy's for its
     actor, else :func:`~sppo_rl.llm.stages.to_batch.rollout_rows` at the rollout temperature."""
-    cfg, latent, device = plan.cfg, plan.latent, plan.device
-    autocast = torch.bfloat16 if cfg.autocast == "bfloat16" else None
+    latent, device, temperature = plan.latent, plan.device, plan.rollout.temperature
+    autocast = torch.bfloat16 if plan.models.autocast == "bfloat16" else None
 
-    def rows(rb: Any, model: Any, policy: bool) -> Any:
+    def rows(rb: RolloutBatch, model: Any, policy: bool) -> RowsFn:
         if policy and latent is not None:
-            fn = latent.rows(rb, model, cfg.temperature, device)
+            of_rows = latent.rows(rb, model, temperature, device)
         else:
-            fn = rollout_rows(rb, model, policy, cfg.temperature, device)
+            of_rows = rollout_rows(rb, model, policy, temperature, device)
         if autocast is None:
-            return fn
+            return of_rows
 
         def mixed(*args: Any) -> Any:  # --autocast: the forward in bfloat16 matmuls; backward follows it
             with autocast_to(autocast, device):
-                return fn(*args)
+                return of_rows(*args)
 
         return mixed
 
     return rows
 
 
-def config_record(plan: Any, m: Models, n_train: int, n_val: int, ranks: int) -> dict[str, Any]:
+def config_record(plan: Plan, m: Models, n_train: int, n_val: int, ranks: int) -> dict[str, Any]:
     """What ``config.json`` records beside the settings as given (its ``resolved``)."""
     import dataclasses
 
     return {
-        "group_size": plan.group_size,
+        "group_size": plan.rollout.group_size,
         "rows_per_step": plan.rows_per_step,
         "ranks": ranks,
         "actor": str(m.actor_path),
@@ -195,7 +224,7 @@ def config_record(plan: Any, m: Models, n_train: int, n_val: int, ranks: int) ->
         "warmstart": m.warmstart,
         "train_examples": n_train,
         "val_examples": n_val,
-        "reward_fn": plan.reward_fn,
+        "reward_fn": plan.rewards.fn,
         "device": str(plan.device),
         "learner": dataclasses.asdict(plan.learner),  # the update's settings in force
         "unset": plan.unset,
@@ -208,7 +237,7 @@ CRITIC_INIT_CLIP = 0.01
 all 0 or all 1 would otherwise ask for an infinite logit)."""
 
 
-def init_critic_bias(critic: Any, rewards: Tensor, valid: Tensor, dist: Any) -> float:
+def init_critic_bias(critic: Any, rewards: Tensor, valid: Tensor, dist: Reducer) -> float:
     """Set the value head's bias of a success critic to ``logit(clip(p0, c, 1 - c))``, ``p0`` the mean
     reward over the valid rows of every rank, ``c`` :data:`CRITIC_INIT_CLIP`; returns ``p0``. The head's
     weights (``N(0, 1e-3^2)``) are kept, so ``sigmoid(V)`` starts within about 1e-3 of ``p0`` on every

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -41,76 +42,202 @@ from sppo_rl.agents.algorithms import (
     with_algorithm_defaults,
 )
 from sppo_rl.agents.learner import LearnerConfig
+from sppo_rl.agents.losses import KLEstimator
 from sppo_rl.config import flat_dict, get_flat
-from sppo_rl.llm.config import LLMConfig, default_actor_lr, default_max_new_tokens, named_model
+from sppo_rl.llm.config import (
+    LLMConfig,
+    LoRA,
+    Overlong,
+    default_actor_lr,
+    default_max_new_tokens,
+    named_model,
+)
 from sppo_rl.llm.data.files import Example
 from sppo_rl.llm.rollout.base import SamplingParams
+from sppo_rl.runtime.plan import LoopSettings, RunPlan
 from sppo_rl.runtime.run import RunError
+
+if TYPE_CHECKING:
+    from sppo_rl.llm.data.prompts import PromptFormat
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class Plan:
-    """Everything an LLM run derives from its config, computed once by :func:`resolve`.
+class ModelSettings:
+    """What the run trains and how: its models, their training engines and their exports.
 
     Attributes:
-        given: the config as the user gave it (``max_new_tokens`` resolved): saved to ``config.json`` and
-            compared on ``--resume``.
-        cfg: ``given`` with the settings left unset (None) replaced by the algorithm's own; the run
-            reads its settings here.
-        algo: the algorithm (a latent one with its selector as ``--latent-first-token`` sets it).
+        model, critic_model: ``--model`` / ``--critic-model`` as given (None: the embedded tiny model /
+            the actor's backbone; 'none': no critic).
+        cache: the model cache (``--cache-dir``, else ``$SPPO_RL_CACHE``), resolved once.
+        dtype: the weights' torch dtype name; autocast: ``--autocast`` (None: off).
+        engine, zero_stage, offload, collective_timeout: the training engine (torch or DeepSpeed).
+        actor_lr, critic_lr, weight_decay, max_grad_norm: the optimizers.
+        lora: the LoRA adapters' settings (rank 0: full fine-tuning).
+        gradient_checkpointing: recompute activations in the backward pass.
+        critic_init: ``--critic-init`` resolved (:attr:`Plan.critic_init`).
+        optimizer_state, resume_without_optimizer: what checkpoints keep and a resume accepts.
+        export_adapter: also export the actor's LoRA adapters alone.
+        threads: torch's CPU threads.
+    """
+
+    model: str | None
+    critic_model: str | None
+    cache: Path
+    dtype: str
+    autocast: str | None
+    engine: str
+    zero_stage: int
+    offload: str
+    collective_timeout: float
+    actor_lr: float
+    critic_lr: float
+    weight_decay: float
+    max_grad_norm: float
+    lora: LoRA
+    gradient_checkpointing: bool
+    critic_init: bool
+    optimizer_state: bool
+    resume_without_optimizer: bool
+    export_adapter: bool
+    threads: int
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """How an update samples: ``prompts_per_step`` prompts x ``group_size`` samples over ``ranks``
+    processes (``local_prompts`` each), at ``sampling``'s settings, up to ``max_new_tokens``; DAPO's
+    ``dynamic_sampling_rounds`` (0: off) and ``overlong`` shaping; ``eval_samples`` per validation prompt;
+    ``log_completions_every`` (0: never)."""
+
+    group_size: int
+    prompts_per_step: int
+    ranks: int
+    local_prompts: int
+    max_new_tokens: int
+    temperature: float
+    sampling: SamplingParams
+    dynamic_sampling_rounds: int
+    overlong: Overlong
+    eval_samples: int
+    log_completions_every: int
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """The update's settings beyond the learner's (:class:`~sppo_rl.agents.learner.LearnerConfig`): the KL
+    to the reference (``kl_coef``, ``kl_in``: 'reward' or 'loss', ``kl_estimator``, ``kl_clamp``), the
+    learning-rate schedule (``lr_schedule``, ``warmup_updates``), the critic warm-up (updates that leave
+    the actor alone) and ``skip_equal_rewards``; derived: ``kl_reward`` (:attr:`Plan.kl_reward`) and
+    ``fused`` (:attr:`Plan.fused`)."""
+
+    kl_coef: float
+    kl_in: str
+    kl_estimator: KLEstimator
+    kl_clamp: float | None
+    lr_schedule: str
+    warmup_updates: int
+    critic_warmup: int
+    skip_equal_rewards: bool
+    kl_reward: bool
+    fused: bool
+
+
+@dataclass(frozen=True)
+class RewardSettings:
+    """The reward: ``fn`` (the function's spec, ``auto`` resolved), its workers' ``timeout`` per item,
+    the ``weights`` of combined functions (empty: equal), and ``fail_limit``: updates in a row without one
+    valid reward before the run stops (0: never)."""
+
+    fn: str
+    timeout: float
+    weights: tuple[float, ...]
+    fail_limit: int
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """The prompts: ``task`` (a generated task's name or a data file), ``val_data`` (None: the task's own
+    split), ``max_prompt_tokens`` (None: the model's context minus ``max_new_tokens``) and
+    ``prompt_format``: how a prompt is rendered for the model (:class:`~sppo_rl.llm.data.prompts.PromptFormat`)."""
+
+    task: str
+    val_data: str | None
+    max_prompt_tokens: int | None
+    prompt_format: PromptFormat
+
+
+@dataclass(frozen=True)
+class Plan(RunPlan):
+    """Everything an LLM run derives from its config, computed once by :func:`resolve`: the shared
+    :class:`~sppo_rl.runtime.plan.RunPlan` (``given``, ``algo`` -- a latent one with its selector as
+    ``--latent-first-token`` sets it --, ``learner``, ``estimator``, ``loop``: ``loop.updates`` is
+    ``--steps``) and the LLM world's sections; stages and builders read these.
+
+    Attributes:
+        cfg: ``given`` with the settings left unset (None) replaced by the algorithm's own. Read only by
+            the builders that still take a whole config: the rollout factory
+            (:func:`~sppo_rl.llm.rollout.factory.make_rollout`, ``context_limit``), the embedded model's
+            warm starts and the model card.
         latent: the latent policy's settings (None: a token policy).
-        group_size: ``G``, samples per prompt.
-        ranks: data-parallel processes; ``local_prompts = prompts_per_step / ranks`` prompts each.
         device: where the models train.
-        reward_fn: the reward function's spec, ``auto`` resolved.
-        sampling: the rollout's sampling settings, one sample per prompt (each call sets ``n``).
-        learner: the update's settings (:class:`~sppo_rl.agents.learner.LearnerConfig`).
-        estimator: the estimator's keyword parameters (:func:`~sppo_rl.agents.algorithms.estimator_params`).
+        models, rollout, update, rewards, data: the sections (:class:`ModelSettings`,
+            :class:`RolloutSettings`, :class:`UpdateSettings`, :class:`RewardSettings`, :class:`DataSettings`).
         unset: the settings the user left unset and what they became.
     """
 
-    given: LLMConfig
     cfg: LLMConfig
-    algo: Algorithm
     latent: Any
-    group_size: int
-    ranks: int
-    local_prompts: int
     device: torch.device
-    reward_fn: str
-    sampling: SamplingParams
-    learner: LearnerConfig
-    estimator: dict[str, Any]
+    models: ModelSettings
+    rollout: RolloutSettings
+    update: UpdateSettings
+    rewards: RewardSettings
+    data: DataSettings
     unset: dict[str, Any]
+
+    @property
+    def group_size(self) -> int:
+        """``G``, samples per prompt."""
+        return self.rollout.group_size
 
     @property
     def rows_per_step(self) -> int:
         """``prompts_per_step x G`` responses in one update, over all ranks."""
-        return self.cfg.prompts_per_step * self.group_size
+        return self.rollout.prompts_per_step * self.rollout.group_size
 
     @property
     def kl_reward(self) -> bool:
         """Whether a KL penalty is subtracted from the token rewards (else, with ``kl_coef > 0``, it is a
         loss term)."""
-        return self.cfg.kl_coef > 0 and self.cfg.kl_in == "reward"
+        return self.update.kl_reward
 
     @property
     def fused(self) -> bool:
         """One on-policy pass (1 epoch, 1 minibatch) needs no separate old-log-prob forward: the learner
         takes ``logp.detach()`` of its training pass, unless the estimator or a KL reward needs it first."""
-        cfg = self.cfg
-        return cfg.epochs * cfg.minibatches == 1 and not self.algo.requires.logprobs and not self.kl_reward
+        return self.update.fused
 
     @property
     def critic_init(self) -> bool:
-        """``--critic-init`` resolved: set a success (BCE) critic's head from the first batch on a fresh run
-        ('auto': with ``--model``); not under DeepSpeed, whose fp32 partitions hold their own copy of the head."""
-        cfg = self.cfg
-        mode = cfg.critic_init if cfg.critic_init != "auto" else ("first-batch" if cfg.model else "none")
-        has_critic = self.algo.requires.critic != "none"
-        return (
-            mode == "first-batch" and has_critic and self.algo.critic_loss == "bce" and cfg.engine == "torch"
-        )
+        """``--critic-init`` resolved (:attr:`ModelSettings.critic_init`)."""
+        return self.models.critic_init
+
+
+def _set(value: T | None) -> T:
+    """A setting that planning has filled in (an algorithm's default, or the task's / model's)."""
+    assert value is not None
+    return value
+
+
+def critic_init_of(cfg: LLMConfig, algo: Algorithm) -> bool:
+    """``--critic-init`` resolved: set a success (BCE) critic's head from the first batch on a fresh run
+    ('auto': with ``--model``); not under DeepSpeed, whose fp32 partitions hold their own copy of the head."""
+    mode = cfg.critic_init if cfg.critic_init != "auto" else ("first-batch" if cfg.model else "none")
+    has_critic = algo.requires.critic != "none"
+    return mode == "first-batch" and has_critic and algo.critic_loss == "bce" and cfg.engine == "torch"
 
 
 @dataclass(frozen=True)
@@ -161,10 +288,12 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
     """The frozen :class:`Plan` of ``cfg`` for a run on ``dist``'s ranks (the launcher's, read from its
     environment), and the data it loaded; every refusal of the run's settings happens here, in the order
     of the module docstring. ``cfg`` itself is left unchanged."""
+    from sppo_rl.llm.data.prompts import prompt_format
     from sppo_rl.llm.data.tasks import load_task
     from sppo_rl.llm.latent.plugin import configure_latent
     from sppo_rl.llm.models.lora import check_lora_targets_of
     from sppo_rl.llm.models.sources import (
+        cache_folder,
         check_cache,
         check_context,
         check_critic_tokenizer,
@@ -216,8 +345,9 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
     if cfg.lora.rank:  # LoRA targets against the models' config.json (no weights read)
         try:
             no_critic = req.critic == "none" or cfg.critic_model == "none"
-            critic_folder = False if no_critic else model_folder(cfg, cfg.critic_model)
-            check_lora_targets_of(cfg.lora.targets, model_folder(cfg, cfg.model), critic_folder)
+            cache = cache_folder(cfg)
+            critic_folder = False if no_critic else model_folder(cache, cfg.critic_model)
+            check_lora_targets_of(cfg.lora.targets, model_folder(cache, cfg.model), critic_folder)
         except ValueError as e:
             raise RunError(str(e)) from None
     train, val, reward_fn = load_task(cfg)
@@ -238,23 +368,64 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
         device = torch.device(f"cuda:{dist.local_rank}" if torch.cuda.is_available() else "cpu")
     else:
         device = torch.device(cfg.device)
+    max_new_tokens, actor_lr = _set(cfg.max_new_tokens), _set(cfg.actor_lr)  # as_given filled them
     learner = LearnerConfig.from_run(
-        cfg, cfg.max_new_tokens, algo.defaults, kl_coef=cfg.kl_coef if cfg.kl_in == "loss" else 0.0
+        cfg, max_new_tokens, algo.defaults, kl_coef=cfg.kl_coef if cfg.kl_in == "loss" else 0.0
     )
     unset = {k: get_flat(cfg, k) for k, v in flat_dict(given).items() if v is None}
+    loop = LoopSettings(
+        out_dir=Path(cfg.out_dir), seed=cfg.seed, updates=cfg.steps, eval_every=cfg.eval_every,
+        checkpoint_every=cfg.checkpoint_every, keep_checkpoints=cfg.keep_checkpoints, max_seconds=cfg.max_seconds,
+        resume=cfg.resume, overwrite=cfg.overwrite, progress=cfg.progress, tensorboard=cfg.tensorboard,
+        threads=cfg.threads,
+    )  # fmt: skip
+    models = ModelSettings(
+        model=cfg.model, critic_model=cfg.critic_model, cache=cache_folder(cfg), dtype=cfg.dtype,
+        autocast=cfg.autocast, engine=cfg.engine, zero_stage=cfg.zero_stage, offload=cfg.offload,
+        collective_timeout=cfg.collective_timeout, actor_lr=actor_lr, critic_lr=cfg.critic_lr,
+        weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, lora=cfg.lora,
+        gradient_checkpointing=cfg.gradient_checkpointing, critic_init=critic_init_of(cfg, algo),
+        optimizer_state=cfg.optimizer_state, resume_without_optimizer=cfg.resume_without_optimizer,
+        export_adapter=cfg.export_adapter, threads=cfg.threads,
+    )  # fmt: skip
+    rollout = RolloutSettings(
+        group_size=G, prompts_per_step=cfg.prompts_per_step, ranks=dist.world, local_prompts=local_prompts,
+        max_new_tokens=max_new_tokens, temperature=cfg.temperature, sampling=sampling,
+        dynamic_sampling_rounds=cfg.dynamic_sampling_rounds, overlong=cfg.overlong,
+        eval_samples=cfg.eval_samples, log_completions_every=cfg.log_completions_every,
+    )  # fmt: skip
+    kl_reward = _set(cfg.kl_coef) > 0 and cfg.kl_in == "reward"
+    fused = learner.epochs * learner.minibatches == 1 and not algo.requires.logprobs and not kl_reward
+    update = UpdateSettings(
+        kl_coef=_set(cfg.kl_coef), kl_in=_set(cfg.kl_in), kl_estimator=_set(cfg.kl_estimator), kl_clamp=cfg.kl_clamp,
+        lr_schedule=cfg.lr_schedule, warmup_updates=cfg.warmup_updates, critic_warmup=cfg.critic_warmup,
+        skip_equal_rewards=cfg.skip_equal_rewards, kl_reward=kl_reward, fused=fused,
+    )  # fmt: skip
+    rewards = RewardSettings(
+        fn=reward_fn, timeout=cfg.reward_timeout, weights=tuple(cfg.reward_weights or ()),
+        fail_limit=cfg.reward_fail_limit,
+    )  # fmt: skip
+    try:
+        fmt = prompt_format(cfg)
+    except ValueError as e:
+        raise RunError(str(e)) from None
+    data = DataSettings(
+        task=cfg.task, val_data=cfg.val_data, max_prompt_tokens=cfg.max_prompt_tokens, prompt_format=fmt
+    )
     plan = Plan(
         given=given,
-        cfg=cfg,
         algo=algo,
-        latent=latent,
-        group_size=G,
-        ranks=dist.world,
-        local_prompts=local_prompts,
-        device=device,
-        reward_fn=reward_fn,
-        sampling=sampling,
         learner=learner,
         estimator=estimator_params(cfg),
+        loop=loop,
+        cfg=cfg,
+        latent=latent,
+        device=device,
+        models=models,
+        rollout=rollout,
+        update=update,
+        rewards=rewards,
+        data=data,
         unset=unset,
     )
     return plan, Task(train, val)

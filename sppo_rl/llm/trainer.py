@@ -4,19 +4,23 @@ A run resolves its settings once (:func:`~sppo_rl.llm.plan.resolve`: every refus
 is touched), builds its models (:mod:`sppo_rl.llm.build`), then repeats one update, whose stages
 (:mod:`sppo_rl.llm.stages`, one module each) read in order::
 
-    collect -> score -> to_batch -> advantages -> ppo_update -> sync -> row
+    collect -> score -> to_batch -> advantages -> train -> sync -> row
 
 The trainer reads ``algo.requires`` and ``algo.critic_loss``; it never tests the algorithm's name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
+from torch import Tensor
 
 from sppo_rl.llm.build import (
     actor_folder,
@@ -36,9 +40,8 @@ from sppo_rl.llm.outputs.export import export, stopped_summary, summary_of
 from sppo_rl.llm.plan import resolve
 from sppo_rl.llm.rewards.scorer import start_scorer
 from sppo_rl.llm.stages.advantages import advantages
-from sppo_rl.llm.stages.collect import Collector, PromptOrder, Sampler
+from sppo_rl.llm.stages.collect import Collected, Collector, PromptOrder, Sampler
 from sppo_rl.llm.stages.evaluate import Evaluator, evaluate, write_critic_trace
-from sppo_rl.llm.stages.ppo_update import ppo_update, rewards_all_equal
 from sppo_rl.llm.stages.row import (
     StageTimer,
     dynamic_sampling_row,
@@ -51,13 +54,82 @@ from sppo_rl.llm.stages.row import (
 from sppo_rl.llm.stages.score import Scoring
 from sppo_rl.llm.stages.spo import SpoOrder, observe, tracker_values
 from sppo_rl.llm.stages.sync import sync
-from sppo_rl.llm.stages.to_batch import pick, to_batch
+from sppo_rl.llm.stages.to_batch import KeptRows, UpdateBatch, pick, to_batch
+from sppo_rl.llm.stages.train import rewards_all_equal, train
 from sppo_rl.runtime.checkpoint import CheckpointManager, check_written_by, read_meta, torch_load, torch_save
 from sppo_rl.runtime.logging import NullLogger, RunLogger, check_metrics_length, start_logging
 from sppo_rl.runtime.loop import Schedule, announce, progress_bar, run_loop
 from sppo_rl.runtime.run import Preempted, RunError, RunFailed, check_resume, prepare_run_dir, unlock_run_dir
 from sppo_rl.runtime.schedule import lr_factor, set_lr
 from sppo_rl.runtime.trace import TRACE_FILE
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RunState:
+    """Everything a run has done so far besides its weights: what a checkpoint saves (``state.pt``, with
+    torch's random state) and a resume loads, whole. An update returns the next state; ``order`` (the
+    prompts' draw, SPO's tracker) is the one part that changes in place as the update draws.
+
+    Attributes:
+        order: the training prompts' order (:class:`~sppo_rl.llm.stages.collect.PromptOrder`, or
+            :class:`~sppo_rl.llm.stages.spo.SpoOrder` with its tracker).
+        updates: updates done.
+        elapsed: seconds of training so far (updates only, evaluations not counted).
+        generated_tokens: tokens sampled so far (greedy decodes included).
+        flops: cumulative FLOPs by part (:mod:`sppo_rl.llm.models.flops`).
+        critic_init_p0: the first batch's success rate that ``--critic-init first-batch`` set the critic's
+            head from (None: not used).
+        fail_streak: updates in a row without one valid reward (``--reward-fail-limit``).
+    """
+
+    order: PromptOrder
+    updates: int = 0
+    elapsed: float = 0.0
+    generated_tokens: int = 0
+    flops: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PARTS, 0))
+    critic_init_p0: float | None = None
+    fail_streak: int = 0
+
+    def saved(self, torch_rng: Tensor) -> dict[str, Any]:
+        """The ``state.pt`` of a checkpoint (the update count under its key ``step``)."""
+        return {
+            **self.order.state(),
+            "torch_rng": torch_rng,
+            "step": self.updates,
+            "elapsed": self.elapsed,
+            "generated_tokens": self.generated_tokens,
+            "flops": dict(self.flops),
+            "critic_init_p0": self.critic_init_p0,
+            "fail_streak": self.fail_streak,
+        }
+
+    @classmethod
+    def load(cls, saved: dict[str, Any], order: PromptOrder) -> RunState:
+        """The state of a checkpoint's ``state.pt`` (``saved``), its order loaded into ``order``; a
+        checkpoint of an older version lacks the FLOPs (counted from 0), ``critic_init_p0`` and the
+        fail streak (0)."""
+        order.load(saved)
+        return cls(
+            order,
+            updates=saved["step"],
+            elapsed=saved["elapsed"],
+            generated_tokens=saved["generated_tokens"],
+            flops={**dict.fromkeys(PARTS, 0), **saved.get("flops", {})},
+            critic_init_p0=saved.get("critic_init_p0"),
+            fail_streak=saved.get("fail_streak", 0),
+        )
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """What one update produced: its metrics ``row``, the run's ``state`` after it, and ``failure``: why
+    the run must stop there (None: it goes on)."""
+
+    row: dict[str, Any]
+    state: RunState
+    failure: str | None
 
 
 class LLMRun:
@@ -75,23 +147,23 @@ class LLMRun:
         quiet_transformers()
         self.dist = launcher_dist()
         self.plan, task = plan, task = resolve(cfg, self.dist)
-        self.cfg, self.algo, self.group_size, self.device = plan.cfg, plan.algo, plan.group_size, plan.device
-        cfg = plan.cfg
-        if cfg.engine == "deepspeed":
-            self.dist = init_process_group(cfg.collective_timeout, always=True)
-        self.scoring = Scoring(start_scorer(plan.reward_fn, cfg.reward_timeout, cfg.reward_weights or None))
+        self.algo, self.group_size, self.device = plan.algo, plan.rollout.group_size, plan.device
+        models, loop, rewards = plan.models, plan.loop, plan.rewards
+        if models.engine == "deepspeed":
+            self.dist = init_process_group(models.collective_timeout, always=True)
+        self.scoring = Scoring(start_scorer(rewards.fn, rewards.timeout, rewards.weights or None))
         try:
             self.out = self._main_first(self._prepare)
         except BaseException:
             self.scoring.close()
             raise
         if self.device.type == "cpu":
-            torch.set_num_threads(max(1, cfg.threads))
+            torch.set_num_threads(max(1, loop.threads))
             if (
-                cfg.engine == "torch"
+                models.engine == "torch"
             ):  # transformers imports DeepSpeed when saving; tell it the device it would
                 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # find, rather than warn that it found no GPU
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(loop.seed)
         actor_path, warmstart = actor_folder(plan, task.train, self.scoring.scorer, self._main_first)
         tokenizer = load_tokenizer(actor_path)
         self.train_set, self.val_set = prepare_prompts(
@@ -99,13 +171,11 @@ class LLMRun:
         )
         self.models = m = build_models(plan, actor_path, tokenizer, warmstart, self._main_first)
         self.rows = row_fn(plan)
-        self.order = (SpoOrder if self.algo.requires.tracker else PromptOrder)(len(self.train_set), cfg.seed)
-        self.update_idx, self.elapsed, self.generated_tokens = 0, 0.0, 0
+        order = (SpoOrder if self.algo.requires.tracker else PromptOrder)(len(self.train_set), loop.seed)
+        self.state = RunState(order)
         self.flops_shape = run_shape(plan, m)
-        self.flops = dict.fromkeys(PARTS, 0)  # cumulative FLOPs by part (:mod:`sppo_rl.llm.models.flops`)
-        self.critic_init_p0: float | None = None  # --critic-init first-batch: the p0 it used
-        self.ckpts = CheckpointManager(self.out / "checkpoints", keep=cfg.keep_checkpoints)
-        ckpt = self._resume() if cfg.resume else None
+        self.ckpts = CheckpointManager(self.out / "checkpoints", keep=loop.keep_checkpoints)
+        ckpt = self._resume() if loop.resume else None
         self.logger: RunLogger | NullLogger = NullLogger()
         if self.dist.main:
             self.logger = start_logging(
@@ -115,30 +185,29 @@ class LLMRun:
                 ckpt,
                 world="llm",
             )
-        every, text = (cfg.log_completions_every, self.logger.text) if self.dist.main else (0, None)
+        every, text = (plan.rollout.log_completions_every, self.logger.text) if self.dist.main else (0, None)
         self.completions = CompletionLog(self.out, every, text)
-        self.sampler = Sampler(m.rollout, plan.sampling, cfg.seed)
+        self.sampler = Sampler(m.rollout, plan.rollout.sampling, loop.seed)
         args = (self.sampler, self.scoring, plan, self.dist, self.device, m.tokenizer)
-        self.collector = Collector(self.train_set, self.order, *args, self.completions)
+        self.collector = Collector(self.train_set, order, *args, self.completions)
         self.evaluator = Evaluator(
             self.val_set, plan, self.sampler, self.scoring, m.critic_engine, self.rows, self.dist, self.device,
             m.tokenizer, self.completions,
         )  # fmt: skip
-        self._fail_streak = 0  # consecutive updates without one valid reward (--reward-fail-limit)
-        self._failed_row: dict[str, Any] = {}
 
     def _prepare(self) -> Path:
-        out = prepare_run_dir(self.cfg.out_dir, resume=self.cfg.resume, overwrite=self.cfg.overwrite)
-        if self.cfg.resume:
+        loop = self.plan.loop
+        out = prepare_run_dir(loop.out_dir, resume=loop.resume, overwrite=loop.overwrite)
+        if loop.resume:
             check_resume(out, self.plan.given)
         return out
 
-    def _main_first(self, fn: Any) -> Any:
-        """Run ``fn`` on rank 0, then hand its result (or its error) to every rank."""
+    def _main_first(self, task: Callable[[], T]) -> T:
+        """Run ``task`` on rank 0, then hand its result (or its error) to every rank."""
         result, error = None, None
         if self.dist.main:
             try:
-                result = fn()
+                result = task()
             except (RunError, ValueError, OSError) as e:
                 error = f"{type(e).__name__}: {e}"
         result, error = self.dist.broadcast((result, error))
@@ -149,133 +218,162 @@ class LLMRun:
     # ------------------------------------------------------------------------------------- one update
 
     def update(self) -> dict[str, Any]:
-        plan, cfg, m, red = self.plan, self.cfg, self.models, self.dist.on(self.device)
+        """One update (:meth:`train_update`) from the run's state; the state moves on to the one it
+        returns; a failure stops the run (:class:`RunFailed`, carrying the update's row)."""
+        done = self.train_update(self.state)
+        self.state = done.state
+        if done.failure is not None:
+            raise RunFailed(done.failure, row=done.row)
+        return done.row
+
+    def train_update(self, state: RunState) -> UpdateResult:
+        """The update after ``state``: its metrics row, the state after it and, when the run must stop, why."""
+        plan, m, reduction = self.plan, self.models, self.dist.on(self.device)
         timer = StageTimer()
-        before = (self.order.state(), torch.get_rng_state())  # if given up
+        before = (state.order.state(), torch.get_rng_state())  # if given up
         try:
-            got = self.collector.collect(self.update_idx, timer)  # collect + score
+            collected = self.collector.collect(state.updates, timer)  # collect + score
         except Preempted:  # nothing was trained yet: back to the state before this update
-            self.order.load(before[0])
+            state.order.load(before[0])
             torch.set_rng_state(before[1])
             raise
         m.rollout.sleep()  # frees the sampler's memory while training (vLLM with --vllm-sleep)
         with timer("train"):
             pad = m.tokenizer.pad_token_id if m.tokenizer.pad_token_id is not None else 0
-            picked = pick(got, self.group_size, pad, bool(cfg.dynamic_sampling_rounds), plan.latent)
-            if self.update_idx == 0 and self.critic_init_p0 is None and plan.critic_init:
-                self.critic_init_p0 = init_critic_bias(m.critic_engine.module, picked.R, picked.valid, red)
+            dynamic = bool(plan.rollout.dynamic_sampling_rounds)
+            kept = pick(collected, self.group_size, pad, dynamic, plan.latent)
+            p0 = state.critic_init_p0
+            if state.updates == 0 and p0 is None and plan.models.critic_init:
+                p0 = init_critic_bias(m.critic_engine.module, kept.R, kept.valid, reduction)
             critic = m.critic_engine.module if m.critic_engine is not None else None
-            built = to_batch(picked, plan, m.actor_engine.module, m.ref, critic, self.rows, red)
+            prepared = to_batch(kept, plan, m.actor_engine.module, m.ref, critic, self.rows, reduction)
             tracked, spo = plan.algo.requires.tracker, {}  # SPO: its tracker's p_hat is the baseline
             if tracked:
-                tracker_values(self.order, built)
-            advantages(built.batch, plan, built.rb.finished, self.update_idx + 1)
+                tracker_values(state.order, prepared)
+            advantages(prepared.batch, plan, prepared.rb.finished, state.updates + 1)
             if tracked:  # the outcomes enter the tracker after the estimate, before the actor trains
                 spo = observe(
-                    self.order, built, picked.valid, plan, m.actor_engine.module, self.rows, red, pad
+                    state.order, prepared, kept.valid, plan, m.actor_engine.module, self.rows, reduction, pad
                 )
-            lr = self._schedule_lr()
-            equal = rewards_all_equal(built, picked.valid, red)
-            skip = cfg.skip_equal_rewards and equal
-            stats = ppo_update(
-                built, plan, m.actor_engine, m.critic_engine, self.rows, self.update_idx, skip, red
+            lr = self._schedule_lr(state.updates)
+            equal = rewards_all_equal(prepared, kept.valid, reduction)
+            skip = plan.update.skip_equal_rewards and equal
+            trained = train(
+                prepared, plan, m.actor_engine, m.critic_engine, self.rows, state.updates, skip, reduction
             )
         with timer("sync"):
-            sync(m.rollout, m.actor_engine, bool(cfg.lora.rank))
-        self.update_idx += 1
-        return self._row(got, picked, built, {**stats, "rewards_all_equal": int(equal), **spo}, lr, timer)
+            sync(m.rollout, m.actor_engine, bool(plan.models.lora.rank))
+        state = dataclasses.replace(state, updates=state.updates + 1, critic_init_p0=p0)
+        stats = {**trained.stats, "rewards_all_equal": int(equal), **spo}
+        return self._row(state, collected, kept, prepared, trained.logp_old, stats, lr, timer)
 
     def _row(
-        self, got: Any, picked: Any, built: Any, stats: dict[str, Any], lr: float, timer: Any
-    ) -> dict[str, Any]:
-        """The metrics row of the update just done (:mod:`sppo_rl.llm.stages.row`); counts the run's
-        generated tokens and seconds, and stops the run when rewards keep failing."""
-        cfg, dynamic = self.cfg, bool(self.cfg.dynamic_sampling_rounds)
-        kl_tok = built.kl_per_token(cfg.kl_estimator, cfg.kl_clamp)
-        tot = update_sums(
-            got.rounds, picked.informative, built.batch.mask, kl_tok, dynamic, self.dist, self.device,
-            self._update_flops(got, picked, stats),
+        self,
+        state: RunState,
+        collected: Collected,
+        kept: KeptRows,
+        prepared: UpdateBatch,
+        logp_old: Tensor | None,
+        stats: dict[str, Any],
+        lr: float,
+        timer: StageTimer,
+    ) -> UpdateResult:
+        """The metrics row of update ``state.updates`` (:mod:`sppo_rl.llm.stages.row`), the state with the
+        run's generated tokens, seconds and FLOPs counted, and the failure when rewards keep failing."""
+        rollout, update = self.plan.rollout, self.plan.update
+        dynamic = bool(rollout.dynamic_sampling_rounds)
+        kl_tok = prepared.kl_per_token(logp_old, update.kl_estimator, update.kl_clamp)
+        sums = update_sums(
+            collected.rounds, kept.informative, prepared.batch.mask, kl_tok, dynamic, self.dist, self.device,
+            self._update_flops(state, collected, kept, stats),
         )  # fmt: skip
-        self.generated_tokens += int(tot["generated"])
-        for part in PARTS:
-            self.flops[part] += round(tot[f"flops/{part}"])
         dt = timer.total()
-        self.elapsed += dt
+        flops = {part: state.flops[part] + round(sums[f"flops/{part}"]) for part in PARTS}
+        state = dataclasses.replace(
+            state,
+            generated_tokens=state.generated_tokens + int(sums["generated"]),
+            flops=flops,
+            elapsed=state.elapsed + dt,
+            fail_streak=state.fail_streak + 1 if sums["valid"] == 0 else 0,
+        )
         extra = {
             "rollout_logp_diff": stats.get("rollout_mismatch_mean", float("nan")),
             "peak_memory_mb": peak_memory_mb(self.device),
             "learning_rate": lr,
-            **(dynamic_sampling_row(tot, len(got.rounds), cfg.prompts_per_step) if dynamic else {}),
-            **reward_fn_row(self.scoring.names, got.fn, self.dist, self.device),
+            **(
+                dynamic_sampling_row(sums, len(collected.rounds), rollout.prompts_per_step) if dynamic else {}
+            ),
+            **reward_fn_row(self.scoring.names, collected.fn, self.dist, self.device),
         }
-        totals = {"generated_tokens": self.generated_tokens, "wall_time_s": self.elapsed, "step_time_s": dt}
-        totals.update(flops_row(self.flops))
-        row = update_row(self.update_idx, tot, timer, totals, extra)
-        self._check_rewards(row, tot)
-        if picked.baseline is not None:
-            row["greedy_reward_mean"] = tot["greedy_reward"] / max(tot["greedy_valid"], 1.0)
+        totals = {"generated_tokens": state.generated_tokens, "wall_time_s": state.elapsed, "step_time_s": dt}
+        totals.update(flops_row(state.flops))
+        row = update_row(state.updates, sums, timer, totals, extra)
+        failure = self._reward_failure(state, sums)
+        if failure is not None:  # the row as it stands: the run stops here
+            return UpdateResult(row, state, failure)
+        if kept.baseline is not None:
+            row["greedy_reward_mean"] = sums["greedy_reward"] / max(sums["greedy_valid"], 1.0)
         if kl_tok is not None:
-            row["kl"] = tot["kl"] / max(tot["kl_tokens"], 1.0)
+            row["kl"] = sums["kl"] / max(sums["kl_tokens"], 1.0)
         row.update(stats)
-        if self.critic_init_p0 is not None and self.update_idx == 1:
-            row["critic_init_p0"] = self.critic_init_p0
-        if picked.latent_invalid is not None:
-            row["latent_invalid"] = self.dist.all_sum([float(picked.latent_invalid)], self.device)[0]
-        if cfg.overlong.filter:
-            row["overlong_filtered"] = self.dist.all_sum([float((~built.rb.finished).sum())], self.device)[0]
-        return row
+        if state.critic_init_p0 is not None and state.updates == 1:
+            row["critic_init_p0"] = state.critic_init_p0
+        if kept.latent_invalid is not None:
+            row["latent_invalid"] = self.dist.all_sum([float(kept.latent_invalid)], self.device)[0]
+        if rollout.overlong.filter:
+            row["overlong_filtered"] = self.dist.all_sum([float((~prepared.rb.finished).sum())], self.device)[
+                0
+            ]
+        return UpdateResult(row, state, None)
 
-    def _update_flops(self, got: Any, picked: Any, stats: dict[str, Any]) -> dict[str, int]:
+    def _update_flops(
+        self, state: RunState, collected: Collected, kept: KeptRows, stats: dict[str, Any]
+    ) -> dict[str, int]:
         """This rank's FLOPs of the update just done, by part (:func:`~sppo_rl.llm.models.flops.update_flops`):
         every generation round, the rows trained on, the actor's passes only when it trained."""
         G = self.group_size
-        rounds = [round_lengths(r.rb, G, r.greedy) for r in got.rounds]
-        out = update_flops(self.flops_shape, rounds, row_lengths(picked.rb), not stats["actor_skipped"])
+        rounds = [round_lengths(r.rb, G, r.greedy) for r in collected.rounds]
+        out = update_flops(self.flops_shape, rounds, row_lengths(kept.rb), not stats["actor_skipped"])
         if self.algo.requires.tracker:  # SPO re-scores its revisited prompts' last responses (no gradient)
-            out["actor"] += policy_pass(self.flops_shape.actor, self.order.rescored)
+            out["actor"] += policy_pass(self.flops_shape.actor, state.order.rescored)
         return out
 
-    def _check_rewards(self, row: dict[str, Any], tot: dict[str, float]) -> None:
-        """Stop the run (:class:`RunFailed`) after ``--reward-fail-limit`` updates in a row without one
-        valid reward."""
-        limit = self.cfg.reward_fail_limit
-        self._fail_streak = self._fail_streak + 1 if tot["valid"] == 0 else 0
-        if limit and self._fail_streak >= limit:
-            self._failed_row = row
-            raise RunFailed(
-                f"no response got a valid reward in {self._fail_streak} consecutive updates (--reward-fail-limit "
-                f"{limit}): {int(tot['errors'])} verifier errors in update {self.update_idx}, e.g. "
-                f"{self.scoring.last_error or 'unknown'}; the run stopped (summary.json)"
-            )
+    def _reward_failure(self, state: RunState, sums: dict[str, float]) -> str | None:
+        """Why the run stops after ``--reward-fail-limit`` updates in a row without one valid reward
+        (``state.fail_streak`` of them); None while it goes on."""
+        limit = self.plan.rewards.fail_limit
+        if not (limit and state.fail_streak >= limit):
+            return None
+        return (
+            f"no response got a valid reward in {state.fail_streak} consecutive updates (--reward-fail-limit "
+            f"{limit}): {int(sums['errors'])} verifier errors in update {state.updates}, e.g. "
+            f"{self.scoring.last_error or 'unknown'}; the run stopped (summary.json)"
+        )
 
-    def _schedule_lr(self) -> float:
-        """Set both engines' learning rates for the update about to run (``--lr-schedule`` over ``--steps``,
-        from the update index: :mod:`sppo_rl.runtime.schedule`); returns the actor's."""
-        cfg, m = self.cfg, self.models
-        f = lr_factor(cfg.lr_schedule, self.update_idx, cfg.steps, cfg.warmup_updates)
-        set_lr(m.actor_engine.optimizer, cfg.actor_lr * f)
+    def _schedule_lr(self, update: int) -> float:
+        """Set both engines' learning rates for update ``update`` (0-based; ``--lr-schedule`` over ``--steps``:
+        :mod:`sppo_rl.runtime.schedule`); returns the actor's."""
+        settings, models, m = self.plan.update, self.plan.models, self.models
+        f = lr_factor(settings.lr_schedule, update, self.plan.loop.updates, settings.warmup_updates)
+        set_lr(m.actor_engine.optimizer, models.actor_lr * f)
         if m.critic_engine is not None:
-            set_lr(m.critic_engine.optimizer, cfg.critic_lr * f)
-        return cfg.actor_lr * f
+            set_lr(m.critic_engine.optimizer, models.critic_lr * f)
+        return models.actor_lr * f
 
     # ------------------------------------------------------------------------------------- state
 
     def save_checkpoint(self) -> Path:
-        m = self.models
+        m, state, keep_optimizer = self.models, self.state, self.plan.models.optimizer_state
 
         def write(folder: Path) -> None:
-            m.actor_engine.save(folder / "actor", optimizer=self.cfg.optimizer_state)
+            m.actor_engine.save(folder / "actor", optimizer=keep_optimizer)
             if m.critic_engine is not None:
-                m.critic_engine.save(folder / "critic", optimizer=self.cfg.optimizer_state)
+                m.critic_engine.save(folder / "critic", optimizer=keep_optimizer)
             if self.dist.main:
-                state = {**self.order.state(), "torch_rng": torch.get_rng_state(), "step": self.update_idx}
-                state.update(
-                    elapsed=self.elapsed, generated_tokens=self.generated_tokens, flops=dict(self.flops)
-                )
-                torch_save({**state, "critic_init_p0": self.critic_init_p0}, folder / "state.pt")
+                torch_save(state.saved(torch.get_rng_state()), folder / "state.pt")
 
         meta = {"metrics_bytes": self.logger.position(), "algo": self.algo.name, "ranks": self.dist.world}
-        return self.ckpts.save(self.update_idx, write, {**meta, "optimizer_state": self.cfg.optimizer_state})
+        return self.ckpts.save(state.updates, write, {**meta, "optimizer_state": keep_optimizer})
 
     def _resume(self) -> Path:
         """The newest intact checkpoint, loaded (damaged ones skipped with a warning; none: refused)."""
@@ -288,50 +386,51 @@ class LLMRun:
         return ckpt
 
     def load_checkpoint(self, ckpt: Path) -> None:
-        cfg, m, meta = self.cfg, self.models, read_meta(ckpt)
+        settings, m, meta = self.plan.models, self.models, read_meta(ckpt)
         check_written_by(ckpt, meta, self.algo.name)
-        if meta.get("optimizer_state", True) is False and not cfg.resume_without_optimizer:
+        if meta.get("optimizer_state", True) is False and not settings.resume_without_optimizer:
             raise RunError(
                 f"--resume: {ckpt} was saved with --no-optimizer-state, so the resumed run would restart "
                 "Adam's moments and differ from an uninterrupted one; pass --resume-without-optimizer to accept that"
             )
-        if meta.get("ranks", 1) != self.dist.world and cfg.engine == "deepspeed":
+        if meta.get("ranks", 1) != self.dist.world and settings.engine == "deepspeed":
             raise RunError(f"{ckpt} was written by {meta.get('ranks')} ranks; resume with as many")
         m.actor_engine.load(ckpt / "actor")
         if m.critic_engine is not None:
             m.critic_engine.load(ckpt / "critic")
-        s = torch_load(ckpt / "state.pt")
-        self.order.load(s)
-        torch.set_rng_state(s["torch_rng"])
-        self.update_idx, self.elapsed, self.generated_tokens = s["step"], s["elapsed"], s["generated_tokens"]
-        self.critic_init_p0 = s.get("critic_init_p0")
-        if "flops" not in s:
+        saved = torch_load(ckpt / "state.pt")
+        self.state = RunState.load(saved, self.state.order)
+        torch.set_rng_state(saved["torch_rng"])
+        if "flops" not in saved:
             warnings.warn(
-                f"{ckpt} was saved before FLOPs were counted: flops_* count from update {self.update_idx}",
+                f"{ckpt} was saved before FLOPs were counted: flops_* count from update {self.state.updates}",
                 stacklevel=2,
             )
-        self.flops = {**dict.fromkeys(PARTS, 0), **s.get("flops", {})}
-        sync(m.rollout, m.actor_engine, bool(cfg.lora.rank))
+        sync(m.rollout, m.actor_engine, bool(settings.lora.rank))
 
     # ------------------------------------------------------------------------------------- loop
 
     @property
     def updates(self) -> int:
-        return self.update_idx
+        return self.state.updates
+
+    @property
+    def elapsed(self) -> float:
+        return self.state.elapsed
 
     def evaluate(self) -> dict[str, Any]:
-        return evaluate(self.evaluator, self.update_idx)
+        return evaluate(self.evaluator, self.state.updates)
 
     def finish(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """Exports (``final/``, the critic trace; all ranks) and, on rank 0, the summary from every row
         of ``metrics.jsonl``."""
-        export(self.out / "final", self.models, self.cfg, self.dist)
+        export(self.out / "final", self.models, self.plan, self.dist)
         write_critic_trace(self.evaluator, self.out / TRACE_FILE)
-        return summary_of(self, rows)
+        return summary_of(self.plan, self.state, rows, self.models.warmstart, self.dist, self.out)
 
     def run(self, callback: Any = None) -> dict[str, Any]:
         """Train for ``steps`` updates; ``callback(row)`` after each (rank 0), ``False`` stops (:func:`run_loop`)."""
-        cfg = self.cfg
+        loop = self.plan.loop
 
         def postfix(row: dict[str, Any]) -> dict[str, str]:
             post = {"reward": f"{row['reward_mean']:.2f}", "tok/s": f"{row['gen_tokens_per_s']:.0f}"}
@@ -341,7 +440,7 @@ class LLMRun:
 
         first = {"step": 0, "wall_time_s": 0.0, "generated_tokens": 0, **flops_row(dict.fromkeys(PARTS, 0))}
         schedule = Schedule(
-            cfg.steps, cfg.eval_every, cfg.checkpoint_every, cfg.max_seconds, eval_first=first, eval_last=True,
+            loop.updates, loop.eval_every, loop.checkpoint_every, loop.max_seconds, eval_first=first, eval_last=True,
             log_step=lambda r: r["step"],
         )  # fmt: skip
         try:
@@ -350,10 +449,10 @@ class LLMRun:
                 schedule,
                 resume_hint=f"sppo-rl llm --out-dir {self.out} --resume ...",
                 bar=progress_bar(
-                    cfg.progress and self.dist.main,
-                    cfg.steps,
-                    self.update_idx,
-                    f"{self.algo.name}/{task_label(cfg)}",
+                    loop.progress and self.dist.main,
+                    loop.updates,
+                    self.state.updates,
+                    f"{self.algo.name}/{task_label(self.plan.data.task)}",
                 ),
                 postfix=postfix,
                 agree=lambda flag: bool(self.dist.all_max([float(flag)], self.device)[0]),
@@ -362,9 +461,9 @@ class LLMRun:
             )
         except RunFailed as e:
             if self.dist.main:
-                if self._failed_row:
-                    self.logger.log(self._failed_row, step=self._failed_row["step"])
-                stopped_summary(self.out, self, str(e))
+                if e.row:
+                    self.logger.log(e.row, step=e.row["step"])
+                stopped_summary(self.out, self.plan, self.state, e.row, str(e), self.scoring.last_error)
             self.close()
             raise
         return self.dist.broadcast(summary if self.dist.main else None)
@@ -376,10 +475,10 @@ class LLMRun:
         unlock_run_dir(self.out)
 
 
-def task_label(cfg: LLMConfig) -> str:
-    """The run's task in a few characters (the progress label): a generated task's name, else its data
-    file's stem."""
-    return cfg.task if cfg.task in ("arithmetic", "scratchpad") else Path(cfg.task).stem
+def task_label(task: str) -> str:
+    """The run's task (``--task``) in a few characters (the progress label): a generated task's name, else
+    its data file's stem."""
+    return task if task in ("arithmetic", "scratchpad") else Path(task).stem
 
 
 def headline_of(s: dict[str, Any]) -> str:
@@ -396,10 +495,12 @@ def headline_of(s: dict[str, Any]) -> str:
     )
 
 
-def run_llm(cfg: LLMConfig, callback: Any = None) -> dict[str, Any]:
+def run_llm(cfg: LLMConfig, callback: Any = None, command: bool = False) -> dict[str, Any]:
     """Entry point of ``sppo-rl llm``; ends with the headline numbers and where to look next.
-    ``callback(row) -> False`` stops the run after that update (:func:`~sppo_rl.runtime.loop.run_loop`)."""
+    ``callback(row) -> False`` stops the run after that update (:func:`~sppo_rl.runtime.loop.run_loop`);
+    ``command``: called by the ``sppo-rl`` command (the wall time printed is the process's:
+    :func:`~sppo_rl.runtime.loop.announce`)."""
     run = LLMRun(cfg)
     s = run.run(callback)
-    announce(run.out, headline_of(s), cfg.tensorboard, main=run.dist.main)
+    announce(run.out, headline_of(s), run.plan.loop.tensorboard, main=run.dist.main, command=command)
     return s

@@ -278,9 +278,6 @@ def _run_loop(
 
 
 STARTED = time.monotonic()  # when this process imported the run plumbing (after Python and torch started)
-COMMAND = False
-"""True in the ``sppo-rl`` command (:func:`sppo_rl.cli.main` sets it): :func:`announce` then times the
-whole process; called from Python (``train_control``, a notebook), it times the last run loop."""
 _LOOP_STARTED: list[float] = []  # when run_loop last began, in this process
 
 
@@ -296,13 +293,14 @@ def command_seconds() -> float:
         return time.monotonic() - STARTED
 
 
-def announce(out: Path, headline: str, tensorboard: bool, main: bool = True) -> None:
+def announce(out: Path, headline: str, tensorboard: bool, main: bool = True, command: bool = False) -> None:
     """The end of a command on stderr: the headline numbers, the run folder, the wall time (of the
-    whole process in the ``sppo-rl`` command, :data:`COMMAND`; else since the run loop began) and the
-    commands that look further (a report, TensorBoard)."""
+    whole process with ``command``, in the ``sppo-rl`` command, or when no run loop ran; else since the
+    run loop began: called from Python, ``train_control``, a notebook) and the commands that look further
+    (a report, TensorBoard)."""
     if not main:
         return
-    if COMMAND or not _LOOP_STARTED:
+    if command or not _LOOP_STARTED:
         wall = f"wall time of the command: {command_seconds():.1f} s"
     else:
         wall = f"wall time of the run loop: {time.monotonic() - _LOOP_STARTED[0]:.1f} s"

@@ -28,7 +28,12 @@ class RunError(RuntimeError):
 
 class RunFailed(RuntimeError):
     """A started run that had to stop on a failure it cannot train through (``sppo-rl`` exits with status 1,
-    the message on one line; ``summary.json`` records why)."""
+    the message on one line; ``summary.json`` records why); ``row``: the metrics row of the update that
+    stopped it (empty: none)."""
+
+    def __init__(self, message: str, row: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.row: dict[str, Any] = row or {}
 
 
 class NonFiniteError(RunError):

@@ -32,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if what == "latent-model" and cfg.algo not in LATENT_FIXES:
         cfg = dataclasses.replace(cfg, algo="latent-grpo")
     plan, task = resolve(cfg, launcher_dist())  # the run's own settings, as `sppo-rl llm` resolves them
-    scorer = start_scorer(plan.reward_fn, plan.cfg.reward_timeout)
+    scorer = start_scorer(plan.rewards.fn, plan.rewards.timeout)
     try:
         if what == "explicit-model":
             folder = explicit_model(plan.cfg, task.train, scorer)[0]

@@ -204,7 +204,7 @@ def run_shape(plan: Any, models: Any) -> UpdateShape:
     :class:`~sppo_rl.llm.plan.Plan`). A training pass is 3 forwards; 2 under LoRA (the frozen weights
     get no weight gradient; the adapters' own matmuls are left out), plus the layers' forward again with
     gradient checkpointing."""
-    cfg, kind = plan.cfg, plan.algo.requires.critic
+    settings, kind = plan.models, plan.algo.requires.critic
     critic = _model(models.critic_engine) if models.critic_engine is not None else None
     return UpdateShape(
         actor=Shape.of(_model(models.actor_engine).config),
@@ -212,9 +212,9 @@ def run_shape(plan: Any, models: Any) -> UpdateShape:
         critic_kind=kind if critic is not None else None,
         reference=models.ref is not None,
         epochs=plan.learner.epochs,
-        old_logp_pass=not plan.fused,
-        train_passes=2 if cfg.lora.rank else 3,
-        recompute=cfg.gradient_checkpointing,
+        old_logp_pass=not plan.update.fused,
+        train_passes=2 if settings.lora.rank else 3,
+        recompute=settings.gradient_checkpointing,
     )
 
 

@@ -74,10 +74,10 @@ def check_model_paths(cfg: LLMConfig) -> None:
         )
 
 
-def model_folder(cfg: LLMConfig, value: str | None) -> Path | None:
+def model_folder(cache: Path, value: str | None) -> Path | None:
     """The folder a ``--model`` / ``--critic-model`` value names: a named model's
-    (:mod:`sppo_rl.llm.models.pretrained`; built into the cache on first use, verified on each), else the
-    value as a path; None stays None."""
+    (:mod:`sppo_rl.llm.models.pretrained`; built into the model cache ``cache`` on first use, verified on
+    each), else the value as a path; None stays None."""
     from sppo_rl.llm.models import pretrained
 
     if value is None:
@@ -86,7 +86,7 @@ def model_folder(cfg: LLMConfig, value: str | None) -> Path | None:
         ref = pretrained.parse_ref(value)
         if ref is None:
             return Path(value)
-        return pretrained.resolve(ref, cache_folder(cfg))
+        return pretrained.resolve(ref, cache)
     except pretrained.PretrainedError as e:
         raise RunError(f"{value}: {e}") from None
 

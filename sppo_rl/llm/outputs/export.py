@@ -7,23 +7,29 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sppo_rl.llm.models.lora import save_adapter
 from sppo_rl.llm.stages.row import peak_memory_mb
 
+if TYPE_CHECKING:
+    from sppo_rl.llm.build import Models
+    from sppo_rl.llm.models.engines import Dist
+    from sppo_rl.llm.plan import Plan
+    from sppo_rl.llm.trainer import RunState
 
-def export(folder: Path, m: Any, cfg: Any, dist: Any) -> None:
+
+def export(folder: Path, m: Models, plan: Plan, dist: Dist) -> None:
     """``folder/actor`` (with ``prompt_format.json``: the run's chat template, system prompt and
     instruction), ``folder/critic`` and ``folder/actor-adapter`` of the run's models ``m``
     (:class:`~sppo_rl.llm.build.Models`); all ranks call this (ZeRO-3 gathers the weights), rank 0 writes."""
     m.actor_engine.save_pretrained(folder / "actor")
     if dist.main:
-        from sppo_rl.llm.data.prompts import prompt_format, save_format
+        from sppo_rl.llm.data.prompts import save_format
 
         m.tokenizer.save_pretrained(folder / "actor")
-        save_format(folder / "actor", prompt_format(cfg))  # how prompts were rendered: read back on load
-    if cfg.export_adapter and m.adapter_config is not None:  # the adapters alone, for peft
+        save_format(folder / "actor", plan.data.prompt_format)  # how prompts were rendered: read back on load
+    if plan.models.export_adapter and m.adapter_config is not None:  # the adapters alone, for peft
         engine = m.actor_engine
         save_adapter(
             getattr(engine, "inner", engine.module),
@@ -49,54 +55,60 @@ def greedy_numbers(evals: list[dict[str, Any]]) -> dict[str, Any]:
     return {"start_greedy_accuracy": greedy[0], "final_greedy_accuracy": greedy[-1]}
 
 
-def summary_of(run: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """A finished run's summary from every row of ``metrics.jsonl``; rank 0 also writes the exported
-    actor's model card (with the run's not-learning warnings) and makes ``final/`` readable as the umask
-    allows."""
+def summary_of(
+    plan: Plan, state: RunState, rows: list[dict[str, Any]], warmstart: dict[str, Any], dist: Dist, out: Path
+) -> dict[str, Any]:
+    """A finished run's summary from every row of ``metrics.jsonl``, the run's ``state`` after its last
+    update and its ``plan``; ``warmstart``: what the embedded model's warm start reported. Rank 0 also
+    writes the exported actor's model card (with the run's not-learning warnings) into ``out/final`` and
+    makes ``final/`` readable as the umask allows."""
     evals = [r for r in rows if r.get("val_accuracy") is not None]
     summary = {
-        "algo": run.algo.name,
-        "seed": run.cfg.seed,
-        "steps": run.update_idx,
-        "group_size": run.group_size,
-        "ranks": run.dist.world,
-        "wall_time_s": run.elapsed,
-        "generated_tokens": run.generated_tokens,
-        "flops_total": sum(run.flops.values()),
-        **{f"flops_{k}": v for k, v in run.flops.items()},
+        "algo": plan.algo.name,
+        "seed": plan.loop.seed,
+        "steps": state.updates,
+        "group_size": plan.rollout.group_size,
+        "ranks": dist.world,
+        "wall_time_s": state.elapsed,
+        "generated_tokens": state.generated_tokens,
+        "flops_total": sum(state.flops.values()),
+        **{f"flops_{k}": v for k, v in state.flops.items()},
         "start_val_accuracy": evals[0]["val_accuracy"] if evals else None,
         "final_val_accuracy": evals[-1]["val_accuracy"] if evals else None,
         "best_val_accuracy": max(r["val_accuracy"] for r in evals) if evals else None,
         **greedy_numbers(evals),
-        "peak_memory_mb": peak_memory_mb(run.device),
-        "warmstart": run.models.warmstart,
+        "peak_memory_mb": peak_memory_mb(plan.device),
+        "warmstart": warmstart,
     }
-    if run.dist.main:
+    if dist.main:
         from sppo_rl.llm.outputs.card import write_model_card
         from sppo_rl.runtime.files import follow_umask
         from sppo_rl.runtime.watch import not_learning
 
         warnings = [w["message"] for w in not_learning(rows)]
-        write_model_card(run.out / "final" / "actor", run.cfg, summary, rows, warnings)
-        follow_umask(run.out / "final")
+        write_model_card(out / "final" / "actor", plan.cfg, summary, rows, warnings)
+        follow_umask(out / "final")
     return summary
 
 
-def stopped_summary(out: Path, run: Any, reason: str) -> None:
+def stopped_summary(
+    out: Path, plan: Plan, state: RunState, row: dict[str, Any], reason: str, last_error: str | None
+) -> None:
     """``summary.json`` of a run stopped by :class:`~sppo_rl.runtime.run.RunFailed`: ``stopped`` (the
-    reason) and the last update's counts (rank 0)."""
+    reason), the run's counts from its ``state``, the stopping update's ``row`` and the verifier's
+    ``last_error`` (rank 0)."""
     from sppo_rl.runtime.files import atomic_write_text
     from sppo_rl.runtime.logging import json_safe
 
     summary = {
-        "algo": run.algo.name,
-        "seed": run.cfg.seed,
-        "steps": run.update_idx,
+        "algo": plan.algo.name,
+        "seed": plan.loop.seed,
+        "steps": state.updates,
         "stopped": reason,
-        "flops_total": sum(run.flops.values()),
-        "reward_failed_updates": run._fail_streak,
-        "verifier_errors": run._failed_row.get("verifier_errors"),
-        "last_error": run.scoring.last_error,
+        "flops_total": sum(state.flops.values()),
+        "reward_failed_updates": state.fail_streak,
+        "verifier_errors": row.get("verifier_errors"),
+        "last_error": last_error,
     }
     text = json.dumps(json_safe(summary), indent=2, default=str, allow_nan=False)
     atomic_write_text(out / "summary.json", text + "\n")

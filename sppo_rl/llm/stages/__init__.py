@@ -9,7 +9,7 @@ runs them (each a function or a small class with explicit inputs and outputs, ti
 3. :mod:`~sppo_rl.llm.stages.to_batch` -- the kept groups as one :class:`~sppo_rl.agents.batch.SequenceBatch`:
    the sampler's tokens, ``logp_old``, the reference's log-probs, the critic's values and the token rewards;
 4. :mod:`~sppo_rl.llm.stages.advantages` -- the algorithm's estimator fills the advantages;
-5. :mod:`~sppo_rl.llm.stages.ppo_update` -- PPO epochs over minibatches update actor and critic;
+5. :mod:`~sppo_rl.llm.stages.train` -- PPO epochs over minibatches update actor and critic;
 6. :mod:`~sppo_rl.llm.stages.sync` -- the rollout gets the actor's new weights;
 7. :mod:`~sppo_rl.llm.stages.row` -- the update's metrics row, as named sums over ranks.
 """

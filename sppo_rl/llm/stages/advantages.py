@@ -6,7 +6,7 @@ group statistics still counted them)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
@@ -14,13 +14,17 @@ from sppo_rl.agents.algorithms import compute_advantages
 from sppo_rl.agents.batch import SequenceBatch
 from sppo_rl.runtime.run import check_finite
 
+if TYPE_CHECKING:
+    from sppo_rl.llm.plan import Plan
 
-def advantages(batch: SequenceBatch, plan: Any, finished: Tensor, update: int) -> None:
+
+def advantages(batch: SequenceBatch, plan: Plan, finished: Tensor, update: int) -> None:
     """Fill ``batch``'s advantages for update ``update`` (1-based, named in a non-finite error);
     ``finished``: ``[B]`` bool, the response ended with a stop token."""
     compute_advantages(batch, plan.algo, **plan.estimator)
     check_finite(update, advantages=batch.advantages)
-    if plan.cfg.overlong.filter:  # a truncated response teaches nothing about its (unseen) answer
+    assert batch.loss_mask is not None and batch.advantages is not None  # compute_advantages filled them
+    if plan.rollout.overlong.filter:  # a truncated response teaches nothing about its (unseen) answer
         cut = ~finished.to(batch.mask.device)
         batch.loss_mask = batch.loss_mask * (~cut).to(batch.mask.dtype)[:, None]
         batch.advantages = batch.advantages * batch.loss_mask

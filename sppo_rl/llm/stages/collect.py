@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -32,6 +32,12 @@ from sppo_rl.llm.data.files import Example, render_prompt
 from sppo_rl.llm.rollout.base import RolloutBatch
 from sppo_rl.llm.stages.row import StageTimer
 from sppo_rl.llm.stages.score import Scoring, give_up_if_cut
+
+if TYPE_CHECKING:
+    from sppo_rl.llm.models.engines import Dist
+    from sppo_rl.llm.outputs.completions import CompletionLog
+    from sppo_rl.llm.plan import Plan
+    from sppo_rl.llm.rollout.base import Rollout, SamplingParams
 
 
 def prompt_seeds(seed: int, base: int, positions: list[int]) -> list[int]:
@@ -48,7 +54,7 @@ class PromptOrder:
         self.order: list[int] = []
 
     def draw(self, k: int) -> list[int]:
-        out = []
+        out: list[int] = []
         while len(out) < k:
             if not self.order:
                 self.order = list(range(self.n))
@@ -69,7 +75,7 @@ class Sampler:
     """The rollout at the run's sampling settings (:class:`~sppo_rl.llm.rollout.base.SamplingParams`),
     seeded per prompt from the run seed."""
 
-    def __init__(self, rollout: Any, params: Any, seed: int) -> None:
+    def __init__(self, rollout: Rollout, params: SamplingParams, seed: int) -> None:
         self.rollout, self.params, self.seed = rollout, params, seed
 
     def sample(self, prompts: list[str], n: int, base: int, positions: list[int]) -> RolloutBatch:
@@ -124,11 +130,11 @@ class Collector:
         order: PromptOrder,
         sampler: Sampler,
         scoring: Scoring,
-        plan: Any,
-        dist: Any,
-        device: Any,
+        plan: Plan,
+        dist: Dist,
+        device: torch.device,
         tokenizer: Any,
-        completions: Any,
+        completions: CompletionLog,
     ) -> None:
         self.train, self.order, self.sampler, self.scoring = train, order, sampler, scoring
         self.plan, self.dist, self.device, self.tokenizer = plan, dist, device, tokenizer
@@ -136,24 +142,24 @@ class Collector:
 
     def _next_prompts(self) -> tuple[list[Example], list[int]]:
         """This rank's prompts of the next round and their positions in the whole round."""
-        out = [self.train[i] for i in self.order.draw(self.plan.cfg.prompts_per_step)]
-        n = self.plan.local_prompts
+        out = [self.train[i] for i in self.order.draw(self.plan.rollout.prompts_per_step)]
+        n = self.plan.rollout.local_prompts
         lo = self.dist.rank * n
         return out[lo : lo + n], list(range(lo, lo + n))
 
-    def round(self, index: int, step: int, timer: StageTimer, fn: np.ndarray) -> Round:
+    def round(self, index: int, step: int, timer: StageTimer, by_function: np.ndarray) -> Round:
         """Generation round ``index`` of update ``step`` (0-based), scored; adds the training samples'
-        per-function sums to ``fn``. A preemption that cut the scoring raises :class:`Preempted`."""
-        cfg, G = self.plan.cfg, self.plan.group_size
+        per-function sums to ``by_function``. A preemption that cut the scoring raises :class:`Preempted`."""
+        G, per_round = self.plan.rollout.group_size, self.plan.rollout.prompts_per_step
         with timer("gen"):
             examples, positions = self._next_prompts()
             prompts = [render_prompt(e, self.tokenizer) for e in examples]
-            rb = self.sampler.sample(prompts, G, step, [p + index * cfg.prompts_per_step for p in positions])
+            rb = self.sampler.sample(prompts, G, step, [p + index * per_round for p in positions])
             greedy_rb = self.sampler.greedy(prompts) if self.plan.algo.requires.greedy_baseline else None
         with timer("score"):
             rows = [examples[int(i)] for i in rb.prompt_index]
             s = self.scoring(rb.texts, [e.answer for e in rows], rows)
-            fn += s.fn
+            by_function += s.fn
             R, valid, errors, cut = s.R, s.valid, s.errors, s.cut
             if index == 0 and self.completions.due(step + 1):
                 self.completions.write_batch(
@@ -170,11 +176,13 @@ class Collector:
 
     def collect(self, step: int, timer: StageTimer) -> Collected:
         """The rounds of update ``step`` and the groups to train on (see the module docstring)."""
-        K, n, G = self.plan.cfg.dynamic_sampling_rounds, self.plan.local_prompts, self.plan.group_size
-        fn = np.zeros((len(self.scoring.names), 3))
-        rounds = [self.round(0, step, timer, fn)]
+        settings = self.plan.rollout
+        G = settings.group_size
+        K, n = settings.dynamic_sampling_rounds, settings.local_prompts
+        by_function = np.zeros((len(self.scoring.names), 3))
+        rounds = [self.round(0, step, timer, by_function)]
         if K == 0:
-            return Collected(rounds, [(0, k) for k in range(n)], fn)
+            return Collected(rounds, [(0, k) for k in range(n)], by_function)
         keep: list[tuple[int, int]] = []
         while True:
             r = rounds[-1]
@@ -183,7 +191,8 @@ class Collector:
             short = self.dist.all_sum([float(max(0, n - len(keep)))], self.device)[0]
             if short == 0 or len(rounds) > K:
                 break
-            rounds.append(self.round(len(rounds), step, timer, fn))
+            rounds.append(self.round(len(rounds), step, timer, by_function))
         keep = keep[:n]
-        filler = [(i, int(k)) for i, r in enumerate(rounds) for k in torch.nonzero(r.kinds != 0).flatten()]
-        return Collected(rounds, keep + filler[: n - len(keep)], fn)
+        kinds = [cast(Tensor, r.kinds) for r in rounds]  # every round's groups were classified above
+        filler = [(i, int(k)) for i, kind in enumerate(kinds) for k in torch.nonzero(kind != 0).flatten()]
+        return Collected(rounds, keep + filler[: n - len(keep)], by_function)

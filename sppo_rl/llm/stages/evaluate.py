@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from sppo_rl.agents.algorithms import value_units
 from sppo_rl.agents.learner import forward_rows
@@ -17,6 +18,16 @@ from sppo_rl.llm.data.files import render_prompt
 from sppo_rl.llm.rewards.answers import answer_format
 from sppo_rl.llm.stages.score import give_up_if_cut
 from sppo_rl.runtime.trace import write_trace
+
+if TYPE_CHECKING:
+    from sppo_rl.agents.algorithms import Algorithm
+    from sppo_rl.llm.build import RowsOf, TrainingEngine
+    from sppo_rl.llm.data.files import Example
+    from sppo_rl.llm.models.engines import Dist
+    from sppo_rl.llm.outputs.completions import CompletionLog
+    from sppo_rl.llm.plan import Plan
+    from sppo_rl.llm.stages.collect import Sampler
+    from sppo_rl.llm.stages.score import Scoring
 
 
 @dataclass
@@ -32,23 +43,19 @@ class Evaluator:
             :class:`~sppo_rl.llm.outputs.completions.CompletionLog`.
     """
 
-    val_set: list
-    plan: Any
-    sampler: Any
-    scoring: Any
-    critic_engine: Any
-    rows: Any
-    dist: Any
-    device: Any
-    tokenizer: Any
-    completions: Any
+    val_set: list[Example]
+    plan: Plan
+    sampler: Sampler
+    scoring: Scoring
+    critic_engine: TrainingEngine | None
+    rows: RowsOf
+    dist: Dist
+    device: torch.device
+    tokenizer: Any  # transformers' tokenizer
+    completions: CompletionLog
 
     @property
-    def cfg(self) -> Any:
-        return self.plan.cfg
-
-    @property
-    def algo(self) -> Any:
+    def algo(self) -> Algorithm:
         return self.plan.algo
 
 
@@ -59,10 +66,9 @@ def evaluate(self: Evaluator, step: int) -> dict[str, Any]:
     ``val_number_rate``: the shares that :func:`~sppo_rl.llm.rewards.answers.answer_format` calls ``"boxed"`` and
     ``"number"``, right or wrong), and for SPPO the critic's calibration against per-prompt mean@k.
     Ranks split the prompts (every ``world``-th) and their sums are added up."""
-    cfg = self.cfg
     if not self.val_set:
         return {}
-    k = cfg.eval_samples
+    k = self.plan.rollout.eval_samples
     mine = list(range(self.dist.rank, len(self.val_set), self.dist.world))
     if mine:
         prompts = [render_prompt(self.val_set[i], self.tokenizer) for i in mine]
@@ -88,22 +94,24 @@ def evaluate(self: Evaluator, step: int) -> dict[str, Any]:
     else:
         sums, cut = [0.0] * 6, False
     give_up_if_cut(cut, self.dist, self.device)
-    tot = self.dist.all_sum(sums, self.device)
+    total = self.dist.all_sum(sums, self.device)
     n = len(self.val_set)
     out: dict[str, Any] = {
-        "val_accuracy": tot[0] / (n * k),
-        "pass_at_k": tot[1] / n,
-        "val_greedy_accuracy": tot[2] / n,
+        "val_accuracy": total[0] / (n * k),
+        "pass_at_k": total[1] / n,
+        "val_greedy_accuracy": total[2] / n,
         "val_k": k,
-        "val_verifier_errors": int(tot[3]),
-        "val_boxed_rate": tot[4] / (n * k),
-        "val_number_rate": tot[5] / (n * k),
+        "val_verifier_errors": int(total[3]),
+        "val_boxed_rate": total[4] / (n * k),
+        "val_number_rate": total[5] / (n * k),
     }
     pairs: list[tuple[float, float]] = []
     if self.critic_engine is not None and mine:
         # a per-prompt critic's P(R = 1 | prompt) against the prompt's mean@k (calibration)
         first = torch.arange(0, len(rb.texts), k)
-        v = self.rows(rb.to(self.device), self.critic_engine.module, False)(first, rb.response_len)
+        v = cast(
+            Tensor, self.rows(rb.to(self.device), self.critic_engine.module, False)(first, rb.response_len)
+        )
         if v.dim() == 1:
             pred = value_units(self.algo, v.float())
             pairs = list(zip(pred.cpu().tolist(), per_prompt.mean(1).tolist()))
@@ -113,7 +121,7 @@ def evaluate(self: Evaluator, step: int) -> dict[str, Any]:
         emp = np.array([e for _, e in pairs])
         out["val_critic_brier"] = float(np.mean((pred_all - emp) ** 2))
         if np.std(emp) > 0 and np.std(pred_all) > 0:
-            from scipy.stats import pearsonr, spearmanr
+            from scipy.stats import pearsonr, spearmanr  # type: ignore[import-untyped]
 
             out["val_critic_pearson"] = float(pearsonr(pred_all, emp)[0])
             out["val_critic_spearman"] = float(spearmanr(pred_all, emp)[0])
@@ -127,32 +135,32 @@ def write_critic_trace(self: Evaluator, path: Path) -> None:
     (ZeRO-3); rank 0 writes."""
     if self.critic_engine is None or not self.val_set:
         return
-    cfg, critic = self.cfg, self.critic_engine.module
+    settings, critic = self.plan.rollout, self.critic_engine.module
     mine = list(range(self.dist.rank, len(self.val_set), self.dist.world))
     rows: list[tuple[list[float], int, float]] = []
     seq = False
     if mine:
         prompts = [render_prompt(self.val_set[i], self.tokenizer) for i in mine]
-        rb = self.sampler.sample(prompts, cfg.eval_samples, -2, mine).to(self.device)
+        rb = self.sampler.sample(prompts, settings.eval_samples, -2, mine).to(self.device)
         items = [self.val_set[mine[int(i)]] for i in rb.prompt_index]
         R = self.scoring(rb.texts, [e.answer for e in items], items).R
         lengths = rb.response_lengths.cpu()
         cost = (rb.prompt_mask.sum(-1) + rb.response_lengths).cpu()
-        red = self.dist.on(self.device)
-        out = forward_rows(self.rows(rb, critic, False), lengths, cost, self.plan.learner, red)
+        reduction = self.dist.on(self.device)
+        out = forward_rows(self.rows(rb, critic, False), lengths, cost, self.plan.learner, reduction)
         v = value_units(self.algo, out.float()).cpu()  # [n] per response, or [n, T] per token
         for b in range(len(R)):
             n = int(lengths[b])
             rows.append((v[b : b + 1].tolist() if v.dim() == 1 else v[b, :n].tolist(), n, float(R[b])))
         seq = v.dim() == 1
-    (seq,) = self.dist.all_max([float(seq) if mine else 0.0], self.device)
+    (per_response,) = self.dist.all_max([float(seq) if mine else 0.0], self.device)
     rows = self.dist.gather_lists(rows)
     if not self.dist.main:
         return
-    width = max(len(v) for v, _, _ in rows)
+    width = max(len(row) for row, _, _ in rows)
     values = np.zeros((len(rows), width), dtype=np.float32)
-    for b, (v, _, _) in enumerate(rows):
-        values[b, : len(v)] = v
+    for b, (row, _, _) in enumerate(rows):
+        values[b, : len(row)] = row
     lengths_all = np.array([n for _, n, _ in rows])
     success = np.array([r for _, _, r in rows], dtype=np.float32)
-    write_trace(path, values[:, 0] if seq else values, lengths_all, success, cfg.max_new_tokens)
+    write_trace(path, values[:, 0] if per_response else values, lengths_all, success, settings.max_new_tokens)

@@ -10,7 +10,7 @@ parts ``flops_rollout``, ``flops_greedy``, ``flops_actor``, ``flops_reference``,
 = this update's generated tokens / generation seconds; ``greedy_reward_mean`` (ReMax); ``kl`` = the
 KL penalty's sum / trained tokens; DAPO's ``dynamic_sampling/*`` counts; ``rewards/NAME`` per reward
 function when several are combined; the learner's statistics; and the times ``time_gen_s``,
-``time_score_s`` (collect and score, every round), ``time_train_s`` (to_batch, advantages, ppo_update),
+``time_score_s`` (collect and score, every round), ``time_train_s`` (to_batch, advantages, train),
 ``time_sync_s`` and ``step_time_s`` (the whole update).
 """
 
@@ -20,13 +20,17 @@ import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from sppo_rl.agents.algorithms import GROUP_KINDS
+
+if TYPE_CHECKING:
+    from sppo_rl.llm.models.engines import Dist
+    from sppo_rl.llm.stages.collect import Round
 
 
 class StageTimer:
@@ -53,25 +57,29 @@ class StageTimer:
 
 
 def update_sums(
-    rounds: list[Any],
+    rounds: list[Round],
     informative: int,
     mask: Tensor,
     kl_tok: Tensor | None,
     dynamic: bool,
-    dist: Any,
-    device: Any,
+    dist: Dist,
+    device: torch.device,
     flops: dict[str, int] | None = None,
 ) -> dict[str, float]:
     """The update's counts, each summed over ranks, by name (every rank builds the same names in the same
     order, one collective for all); ``flops`` (this rank's FLOPs by part) as ``flops/<part>``."""
     import torch
 
-    sampled = [r.rb for r in rounds] + [r.greedy for r in rounds if r.greedy is not None]
+    sampled = [r.rb for r in rounds] + [g for g in (r.greedy for r in rounds) if g is not None]
     all_R = torch.cat([r.R for r in rounds])
     all_valid = torch.cat([r.valid for r in rounds])
     all_rows = [r.rb for r in rounds]
-    g_valid = [(r.baseline * r.baseline_valid, r.baseline_valid) for r in rounds if r.baseline is not None]
-    kinds = torch.cat([r.kinds for r in rounds]) if dynamic else torch.zeros(0)
+    g_valid = [
+        (r.baseline * r.baseline_valid, r.baseline_valid)
+        for r in rounds
+        if r.baseline is not None and r.baseline_valid is not None  # both set, or neither (ReMax)
+    ]
+    kinds = torch.cat([cast(Tensor, r.kinds) for r in rounds]) if dynamic else torch.zeros(0)
     local = {
         "reward": float((all_R * all_valid).sum()),
         "valid": float(all_valid.sum()),
@@ -145,7 +153,7 @@ def dynamic_sampling_row(tot: dict[str, float], rounds: int, prompts_per_step: i
     }
 
 
-def reward_fn_row(names: list[str], fn: np.ndarray, dist: Any, device: Any) -> dict[str, Any]:
+def reward_fn_row(names: list[str], fn: np.ndarray, dist: Dist, device: torch.device) -> dict[str, Any]:
     """Each reward function on its own, when several are combined: the mean over its valid scores, and its
     failures (``fn``: ``[k, 3]`` sums of :class:`~sppo_rl.llm.stages.collect.Collected`)."""
     if len(names) <= 1:

@@ -7,7 +7,7 @@ the update and counted in ``invalid_rollouts``. A preemption's grace running out
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -15,6 +15,10 @@ from torch import Tensor
 
 from sppo_rl.llm.data.files import Example
 from sppo_rl.runtime.run import Preempted, preemption_stop_now
+
+if TYPE_CHECKING:
+    from sppo_rl.llm.models.engines import Dist
+    from sppo_rl.llm.rewards.scorer import RewardScorer
 
 
 @dataclass
@@ -40,7 +44,7 @@ class Scoring:
     """The run's reward workers, and the first error message of the latest failed verification
     (``last_error``, quoted when the run stops for want of valid rewards)."""
 
-    def __init__(self, scorer: Any) -> None:
+    def __init__(self, scorer: RewardScorer) -> None:
         self.scorer = scorer
         self.last_error: str | None = None
 
@@ -72,7 +76,7 @@ class Scoring:
         self.scorer.close()
 
 
-def give_up_if_cut(cut: bool, dist: Any, device: Any) -> None:
+def give_up_if_cut(cut: bool, dist: Dist, device: torch.device) -> None:
     """Raise :class:`Preempted` on every rank if a preemption's grace ran out during any rank's scoring
     (the scores are incomplete: the update or evaluation is redone on resume)."""
     if dist.all_max([float(cut)], device)[0]:

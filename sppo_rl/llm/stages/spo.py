@@ -19,16 +19,20 @@ have to see every rank's outcomes).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from sppo_rl.agents.learner import forward_rows
+from sppo_rl.agents.learner import Reducer, forward_rows
 from sppo_rl.agents.rivals import ValueTracker, spo_discount
 from sppo_rl.llm.rollout.base import RolloutBatch
 from sppo_rl.llm.stages.collect import PromptOrder
-from sppo_rl.llm.stages.to_batch import cat_rows
+from sppo_rl.llm.stages.to_batch import UpdateBatch, cat_rows
+
+if TYPE_CHECKING:
+    from sppo_rl.llm.build import RowsOf
+    from sppo_rl.llm.plan import Plan
 
 
 class SpoOrder(PromptOrder):
@@ -63,10 +67,10 @@ def contexts(order: SpoOrder, rb: RolloutBatch) -> list[int]:
     return [order.drawn[int(i)] for i in rb.prompt_index.tolist()]
 
 
-def tracker_values(order: SpoOrder, built: Any) -> None:
+def tracker_values(order: SpoOrder, prepared: UpdateBatch) -> None:
     """Put each row's ``p_hat`` into the update's batch (before the estimate)."""
-    batch = built.batch
-    batch.tracker_values = order.tracker.p_hat(contexts(order, built.rb)).to(
+    batch = prepared.batch
+    batch.tracker_values = order.tracker.p_hat(contexts(order, prepared.rb)).to(
         batch.mask.device, batch.mask.dtype
     )
 
@@ -94,12 +98,19 @@ def _stored_rows(order: SpoOrder, seen: list[int], pad_id: int) -> RolloutBatch:
 
 @torch.no_grad()
 def observe(
-    order: SpoOrder, built: Any, valid: Tensor, plan: Any, actor: Any, rows: Any, red: Any, pad_id: int
+    order: SpoOrder,
+    prepared: UpdateBatch,
+    valid: Tensor,
+    plan: Plan,
+    actor: torch.nn.Module,
+    rows: RowsOf,
+    reduction: Reducer,
+    pad_id: int,
 ) -> dict[str, float]:
     """Discount and fold this update's valid outcomes into the tracker, keep each row's response as its
     prompt's last (see the module docstring); returns the metrics ``spo_p_hat``, ``spo_distance``,
     ``spo_rho``. Runs before the actor trains on the update."""
-    rb, batch = built.rb, built.batch
+    rb, batch = prepared.rb, prepared.batch
     ctx = contexts(order, rb)
     keep = [b for b in range(len(ctx)) if bool(valid[b])]
     seen = sorted({ctx[b] for b in keep if ctx[b] in order.last})
@@ -112,7 +123,7 @@ def observe(
         lengths = old.response_lengths.cpu()
         cost = (old.prompt_mask.sum(-1) + old.response_lengths).cpu()
         actor.eval()
-        now = forward_rows(rows(old, actor, True), lengths, cost, plan.learner, red).float()
+        now = forward_rows(rows(old, actor, True), lengths, cost, plan.learner, reduction).float()
         m = old.response_mask.float()
         d = ((old.logprobs.float() - now).abs() * m).sum(-1) / m.sum(-1).clamp(min=1)
         distance.update({c: float(x) for c, x in zip(seen, d.tolist(), strict=True)})

@@ -4,10 +4,14 @@ mode) and gets the actor's state, with LoRA the adapted modules' merged weights 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sppo_rl.llm.build import TrainingEngine
+    from sppo_rl.llm.rollout.base import Rollout
 
 
-def sync(rollout: Any, actor_engine: Any, lora: bool) -> None:
+def sync(rollout: Rollout, actor_engine: TrainingEngine, lora: bool) -> None:
     """Push ``actor_engine``'s weights into ``rollout`` unless it samples from the actor itself."""
     if rollout.shares_actor:
         return

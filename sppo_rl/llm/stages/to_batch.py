@@ -14,23 +14,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from sppo_rl.agents.batch import SequenceBatch, overlong_penalty, terminal_rewards
-from sppo_rl.agents.learner import forward_rows
-from sppo_rl.agents.losses import kl_penalty
+from sppo_rl.agents.learner import Reducer, forward_rows
+from sppo_rl.agents.losses import KLEstimator, kl_penalty
 from sppo_rl.llm.models.core import sequence_logprobs
 from sppo_rl.llm.rollout.base import RolloutBatch
 from sppo_rl.llm.stages.collect import Collected
 
+if TYPE_CHECKING:
+    from sppo_rl.llm.build import RowsOf
+    from sppo_rl.llm.latent.plugin import LatentPolicy
+    from sppo_rl.llm.plan import Plan
+
 
 @dataclass
-class Picked:
+class KeptRows:
     """The rows an update trains on (this rank's): samples, outcomes, validity, ReMax's baselines, the
     number of informative groups (dynamic sampling) and of rows the latent rule calls invalid."""
 
@@ -74,9 +80,9 @@ def cat_rows(parts: list[tuple[RolloutBatch, Tensor]], pad_id: int, prompt_index
     )
 
 
-def pick(got: Collected, G: int, pad_id: int, dynamic: bool, latent: Any) -> Picked:
-    """The rows of ``got.groups`` (see the module docstring); ``latent``: the latent policy or None."""
-    rounds, groups = got.rounds, got.groups
+def pick(collected: Collected, G: int, pad_id: int, dynamic: bool, latent: LatentPolicy | None) -> KeptRows:
+    """The rows of ``collected.groups`` (see the module docstring); ``latent``: the latent policy or None."""
+    rounds, groups = collected.rounds, collected.groups
     if groups == [(0, k) for k in range(len(rounds[0].examples))]:
         r0 = rounds[0]
         rb, R, valid, baseline = r0.rb, r0.R, r0.valid, r0.baseline
@@ -91,19 +97,19 @@ def pick(got: Collected, G: int, pad_id: int, dynamic: bool, latent: Any) -> Pic
         valid = torch.cat([rounds[i].valid[r] for (i, _), r in zip(groups, rows)])
         baseline = None
         if rounds[0].baseline is not None:
-            baseline = torch.cat([rounds[i].baseline[r] for (i, _), r in zip(groups, rows)])
-    informative = sum(int(rounds[i].kinds[k] == 0) for i, k in groups) if dynamic else 0
+            baseline = torch.cat([cast(Tensor, rounds[i].baseline)[r] for (i, _), r in zip(groups, rows)])
+    informative = sum(int(cast(Tensor, rounds[i].kinds)[k] == 0) for i, k in groups) if dynamic else 0
     if dynamic:  # filler: dropped groups standing in for missing ones, no loss
         valid = valid.clone()
         valid[informative * G :] = False
     latent_invalid = None
     if latent is not None:  # Latent-GRPO fix (a): rollouts that left the latent manifold
         valid, latent_invalid = latent.valid(rb, valid)
-    return Picked(rb, R, valid, baseline, informative, latent_invalid)
+    return KeptRows(rb, R, valid, baseline, informative, latent_invalid)
 
 
 @dataclass
-class Built:
+class UpdateBatch:
     """The update's batch and what the later stages read beside it: the samples on the device, the
     rows' costs (prompt + response tokens), the overlong punishment, the KL penalty per token (KL in
     the reward) and the reference's log-probs."""
@@ -116,49 +122,57 @@ class Built:
     kl_tok: Tensor | None
     ref_logp: Tensor | None
 
-    def kl_per_token(self, estimator: str, clamp: float | None = None) -> Tensor | None:
+    def kl_per_token(
+        self, logp_old: Tensor | None, estimator: KLEstimator, clamp: float | None = None
+    ) -> Tensor | None:
         """``KL_t`` to the reference on the response tokens, for the row: the reward's penalty when the KL
-        went in the reward, else ``kl_penalty(logp_old, ref_logp)`` (``logp_old`` the training pass's when
-        the update was fused; None when the actor was left alone then, or without a reference), each
-        value bounded to ``[-clamp, clamp]`` as in :func:`~sppo_rl.agents.losses.kl_penalty`."""
+        went in the reward, else ``kl_penalty(logp_old, ref_logp)`` (``logp_old``: the old log-probs the
+        update's policy loss used, :attr:`~sppo_rl.agents.learner.Trained.logp_old`, the training pass's
+        own when the update was fused; None when the actor was left alone then, or without a reference),
+        each value bounded to ``[-clamp, clamp]`` as in :func:`~sppo_rl.agents.losses.kl_penalty`."""
         if self.kl_tok is not None:
             return self.kl_tok
-        logp = self.batch.logp_old
+        logp = logp_old
         if self.ref_logp is None or logp is None:
             return None
         return kl_penalty(logp, self.ref_logp, estimator, clamp) * self.batch.mask
 
 
 @torch.no_grad()
-def to_batch(p: Picked, plan: Any, actor: Any, ref: Any, critic: Any, rows: Any, red: Any) -> Built:
+def to_batch(
+    p: KeptRows,
+    plan: Plan,
+    actor: torch.nn.Module,
+    ref: torch.nn.Module | None,
+    critic: torch.nn.Module | None,
+    rows: RowsOf,
+    reduction: Reducer,
+) -> UpdateBatch:
     """The :class:`SequenceBatch` of ``p`` (see the module docstring). ``rows(rb, model, policy)`` is the
-    learner's world callable over rows; ``red`` the ranks' reductions on the device; ``ref`` / ``critic``
-    None when off."""
-    cfg, lcfg, device = plan.cfg, plan.learner, plan.device
+    learner's world callable over rows; ``reduction`` the ranks' reductions on the device; ``ref`` /
+    ``critic`` None when off."""
+    lcfg, device, update = plan.learner, plan.device, plan.update
+    max_new_tokens, overlong = plan.rollout.max_new_tokens, plan.rollout.overlong
     rb = p.rb.to(device)
     mask = rb.response_mask.float()
     lengths, cost = rb.response_lengths.cpu(), (rb.prompt_mask.sum(-1) + rb.response_lengths).cpu()
     actor.eval()
-    logp_old = None if plan.fused else forward_rows(rows(rb, actor, True), lengths, cost, lcfg, red)
-    ref_logp = forward_rows(rows(rb, ref, True), lengths, cost, lcfg, red) if ref is not None else None
+    logp_old = None if update.fused else forward_rows(rows(rb, actor, True), lengths, cost, lcfg, reduction)
+    ref_logp = forward_rows(rows(rb, ref, True), lengths, cost, lcfg, reduction) if ref is not None else None
     values = None
     if critic is not None:
         critic.eval()
-        values = forward_rows(rows(rb, critic, False), lengths, cost, lcfg, red).float()
+        values = forward_rows(rows(rb, critic, False), lengths, cost, lcfg, reduction).float()
     R = p.R.to(device)
     token_rewards = terminal_rewards(R, mask)  # plus DAPO's soft overlong punishment, if on
-    penalty = overlong_penalty(
-        rb.response_lengths, cfg.max_new_tokens, cfg.overlong.buffer, cfg.overlong.penalty
-    )
+    penalty = overlong_penalty(rb.response_lengths, max_new_tokens, overlong.buffer, overlong.penalty)
     penalty = penalty.to(R.device)
     token_rewards += terminal_rewards(penalty, mask)
-    kl_tok = (
-        kl_penalty(logp_old, ref_logp, cfg.kl_estimator, cfg.kl_clamp) * mask
-        if plan.kl_reward and ref is not None
-        else None
-    )
+    kl_tok = None  # a KL reward is never fused: logp_old is there with a reference
+    if update.kl_reward and ref_logp is not None and logp_old is not None:
+        kl_tok = kl_penalty(logp_old, ref_logp, update.kl_estimator, update.kl_clamp) * mask
     if kl_tok is not None:
-        token_rewards = token_rewards - cfg.kl_coef * kl_tok
+        token_rewards = token_rewards - update.kl_coef * kl_tok
     batch = SequenceBatch(
         mask=mask,
         logp_old=logp_old,
@@ -167,20 +181,22 @@ def to_batch(p: Picked, plan: Any, actor: Any, ref: Any, critic: Any, rows: Any,
         group_ids=rb.prompt_index,
         values=values,
         baseline_rewards=p.baseline.to(device) if p.baseline is not None else None,
-        ref_logp=ref_logp if cfg.kl_in == "loss" else None,
+        ref_logp=ref_logp if update.kl_in == "loss" else None,
         logp_rollout=rb.logprobs * mask,
         valid=None if bool(p.valid.all()) else p.valid.to(device),
     )
-    return Built(batch, rb, lengths, cost, penalty, kl_tok, ref_logp)
+    return UpdateBatch(batch, rb, lengths, cost, penalty, kl_tok, ref_logp)
 
 
-def rollout_rows(rb: RolloutBatch, model: Any, policy: bool, temperature: float, device: Any) -> Any:
+def rollout_rows(
+    rb: RolloutBatch, model: Any, policy: bool, temperature: float, device: torch.device
+) -> Callable[[Tensor, int], Any]:
     """The learner's world callable over rows of ``rb``: ``(rows, T) ->`` a policy's ``(logp, entropy)``
     (actor or reference; ``policy=True``) or a critic's values (either kind: one call signature), on
     those rows cut to their own columns: the prompt's leading all-padding columns and the response
     past ``T`` are dropped, so a micro-batch costs what its own longest row costs."""
 
-    def fn(rows: Tensor, T: int) -> Any:
+    def forward(rows: Tensor, T: int) -> Any:
         rows = rows.to(device)
         pm = rb.prompt_mask[rows]
         first = int(pm.any(0).float().argmax())
@@ -188,4 +204,4 @@ def rollout_rows(rb: RolloutBatch, model: Any, policy: bool, temperature: float,
         attn = torch.cat([pm[:, first:], rb.response_mask[rows, :T]], 1)
         return sequence_logprobs(model, ids, attn, T, temperature) if policy else model(ids, attn, T)
 
-    return fn
+    return forward
