@@ -19,17 +19,11 @@ from torch import Tensor, nn
 from sppo_rl.agents.learner import Reducer, RowsFn
 from sppo_rl.llm.data.files import Example, fit_prompts
 from sppo_rl.llm.data.prompts import render_examples
-from sppo_rl.llm.models.core import (
-    CRITICS,
-    BaseModelView,
-    SequenceCritic,
-    StepCritic,
-    apply_lora,
-    check_same_tokenizer,
-    load_actor,
-    lora_config,
-)
+from sppo_rl.llm.models.checks import check_same_tokenizer
+from sppo_rl.llm.models.core import load_actor
+from sppo_rl.llm.models.critic import CRITICS, SequenceCritic, StepCritic
 from sppo_rl.llm.models.engines import DeepSpeedEngine, HFTorchEngine, make_engine
+from sppo_rl.llm.models.lora import BaseModelView, apply_lora, lora_config
 from sppo_rl.llm.models.sources import embedded_model, model_context, model_folder
 from sppo_rl.llm.models.tiny import load_tokenizer
 from sppo_rl.llm.rollout.base import Rollout, RolloutBatch
