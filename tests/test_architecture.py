@@ -147,12 +147,7 @@ RANKS = {
 package's own ``__init__`` (``sppo_rl``: ``__version__``, the testbed's registration, the API loaded on
 first use) is outside the layers: Python runs it before any of its modules, whoever imports what."""
 
-UPWARD_ALLOWED: dict[tuple[str, str], str] = {
-    # known, being removed (the command line and the experiments import each other; the latent
-    # warm start's command reuses the CLI's parser): each pair is gone once those modules are reworked
-    ("sppo_rl.experiments.sweep", "sppo_rl.cli"): "known, being removed",
-    ("sppo_rl.llm.latent.__main__", "sppo_rl.cli"): "known, being removed",
-}
+UPWARD_ALLOWED: dict[tuple[str, str], str] = {}
 """Imports that run up the layers on purpose, each with its reason."""
 
 
