@@ -36,6 +36,14 @@ def llm_config(tmp_path: Path, model: Path | str | None, name: str = "run", **kw
     return from_flat(LLMConfig, {**base, **kw})
 
 
+def grpo_pairs_config(tmp_path: Path, model: Path | str | None, name: str = "run", **kw: Any) -> LLMConfig:
+    """:func:`llm_config` with grpo in groups of 2 and 4 validation prompts, validated only before
+    training and at the end (``eval_every`` 0); ``kw`` overrides any of it."""
+    return llm_config(
+        tmp_path, model, name, **{**dict(algo="grpo", group_size=2, val_size=4, eval_every=0), **kw}
+    )
+
+
 def control_config(tmp_path: Path, name: str = "run", **kw: Any) -> ControlConfig:
     """A short-cartpole run from a random policy (no warm start): 256 episodes, no evaluation episodes,
     no progress bar or TensorBoard; ``kw`` overrides any of it."""

@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import sys
 import types
-from functools import partial
 from pathlib import Path
 
 import pytest
-from configs import llm_config
+from configs import grpo_pairs_config
 
 from sppo_rl.config import WandB
 from sppo_rl.control.config import ControlConfig
@@ -168,9 +167,6 @@ def test_resumed_control_run_keeps_the_events_before_its_checkpoint(tmp_path):
     assert steps[0] == full[0] and len(steps) == 2
 
 
-_grpo_pairs = partial(llm_config, algo="grpo", group_size=2, val_size=4, eval_every=0)
-
-
 # ------------------------------------------------------------------------------------- completions
 
 
@@ -182,7 +178,7 @@ def test_clip_text_bounds_a_text_and_says_how_much_it_cut():
 
 
 def test_completions_are_logged_at_evaluations_and_every_n_updates(tmp_path, tiny, rewards):
-    cfg = _grpo_pairs(
+    cfg = grpo_pairs_config(
         tmp_path, tiny, reward_fn=f"{rewards}:even", steps=3, eval_every=3, log_completions_every=2
     )
     run_llm(cfg)
@@ -201,7 +197,7 @@ def test_completions_are_logged_at_evaluations_and_every_n_updates(tmp_path, tin
 def test_completions_reach_tensorboard_as_text(tmp_path, tiny, rewards):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    cfg = _grpo_pairs(
+    cfg = grpo_pairs_config(
         tmp_path, tiny, reward_fn=f"{rewards}:even", steps=1, tensorboard=True, log_completions_every=1
     )
     run_llm(cfg)
@@ -217,7 +213,7 @@ def test_completions_reach_tensorboard_as_text(tmp_path, tiny, rewards):
 
 def test_log_completions_every_0_writes_nothing(tmp_path, tiny, rewards):
     run_llm(
-        _grpo_pairs(
+        grpo_pairs_config(
             tmp_path, tiny, reward_fn=f"{rewards}:even", steps=1, eval_every=1, log_completions_every=0
         )
     )

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 pytest.importorskip("peft")
 
-from configs import llm_config  # noqa: E402
+from configs import grpo_pairs_config, llm_config  # noqa: E402
 
 from sppo_rl.llm.config import LLMConfig  # noqa: E402
 from sppo_rl.llm.models.core import (
@@ -293,9 +293,6 @@ def test_resume_refuses_a_checkpoint_written_without_lora(tiny, tmp_path):
         lora.load(tmp_path / "plain")
 
 
-_grpo_pairs = partial(llm_config, algo="grpo", group_size=2, val_size=4, eval_every=0)
-
-
 # ------------------------------------------------------------------------------------- LoRA
 
 
@@ -339,7 +336,9 @@ def test_export_adapter_writes_a_peft_folder_that_computes_the_merged_actor(tmp_
 
     from sppo_rl.llm.models.core import load_actor
 
-    cfg = _grpo_pairs(tmp_path, tiny, reward_fn=f"{rewards}:even", steps=2, lora_rank=4, export_adapter=True)
+    cfg = grpo_pairs_config(
+        tmp_path, tiny, reward_fn=f"{rewards}:even", steps=2, lora_rank=4, export_adapter=True
+    )
     cfg.actor_lr = 1e-2  # so that the adapters move visibly from B = 0
     run_llm(cfg)
     final = tmp_path / "run" / "final"
@@ -376,7 +375,7 @@ def test_a_gpt2_folder_trains_sppo_with_all_linear_lora(tmp_path, tiny, rewards)
     torch.manual_seed(0)
     GPT2LMHeadModel(config).save_pretrained(folder)
     tok.save_pretrained(folder)
-    cfg = _grpo_pairs(
+    cfg = grpo_pairs_config(
         tmp_path, folder, algo="sppo", group_size=None, reward_fn=f"{rewards}:even", lora_rank=2
     )
     cfg.lora.targets, cfg.export_adapter, cfg.actor_lr = ("all-linear",), True, 1e-2

@@ -8,12 +8,11 @@ import subprocess
 import sys
 import textwrap
 import time
-from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
-from configs import llm_config
+from configs import grpo_pairs_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from paths import MATH_DATA, REPO, outside_a_launcher, write_jsonl
@@ -501,9 +500,6 @@ def test_the_math_reward_on_gsm8k_data_reads_hashes_and_stays_strict_elsewhere(t
     assert scores.tolist() == [1.0, 0.0, 1.0]
 
 
-_grpo_pairs = partial(llm_config, algo="grpo", group_size=2, val_size=4, eval_every=0)
-
-
 # ------------------------------------------------------------------------------------- rewards
 
 
@@ -561,14 +557,16 @@ def test_a_raising_reward_shows_its_first_traceback_once_and_counts_every_call(r
 def test_a_trl_style_reward_trains_without_verifier_errors(tmp_path, tiny, rewards):
     """On the old code the trainer called f(response, answer): every call raised, every rollout was
     invalid and the run still finished."""
-    run_llm(_grpo_pairs(tmp_path, tiny, reward_fn=f"{rewards}:even"))
+    run_llm(grpo_pairs_config(tmp_path, tiny, reward_fn=f"{rewards}:even"))
     rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["step"] > 0]
     assert len(rows) == 2
     assert all(r["verifier_errors"] == 0 and r["invalid_rollouts"] == 0 for r in rows)
 
 
 def test_several_rewards_are_logged_one_by_one(tmp_path, tiny, rewards):
-    cfg = _grpo_pairs(tmp_path, tiny, reward_fn=f"{rewards}:even,{rewards}:always", reward_weights=(1.0, 1.0))
+    cfg = grpo_pairs_config(
+        tmp_path, tiny, reward_fn=f"{rewards}:even,{rewards}:always", reward_weights=(1.0, 1.0)
+    )
     run_llm(cfg)
     rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["step"] > 0]
     for r in rows:
@@ -577,7 +575,7 @@ def test_several_rewards_are_logged_one_by_one(tmp_path, tiny, rewards):
 
 
 def test_a_reward_that_always_fails_stops_the_run(tmp_path, tiny, rewards):
-    cfg = _grpo_pairs(tmp_path, tiny, reward_fn=f"{rewards}:broken", steps=6, reward_fail_limit=2)
+    cfg = grpo_pairs_config(tmp_path, tiny, reward_fn=f"{rewards}:broken", steps=6, reward_fail_limit=2)
     with pytest.raises(RunFailed, match="no response got a valid reward in 2 consecutive updates"):
         run_llm(cfg)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

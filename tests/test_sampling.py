@@ -4,19 +4,14 @@ are checked."""
 
 from __future__ import annotations
 
-from functools import partial
-
 import pytest
-from configs import llm_config
+from configs import grpo_pairs_config
 
 from sppo_rl.config import from_flat
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.rollout.base import SamplingParams
 from sppo_rl.llm.trainer import run_llm
 from sppo_rl.runtime.logging import read_metrics
-
-_grpo_pairs = partial(llm_config, algo="grpo", group_size=2, val_size=4, eval_every=0)
-
 
 # ------------------------------------------------------------------------------------- sampling
 
@@ -104,7 +99,9 @@ def test_repetition_penalty_samples_from_the_penalised_distribution(tiny):
 def test_sampling_flags_reach_the_run_and_are_checked(tmp_path, tiny, rewards):
     from sppo_rl.config import ConfigError
 
-    cfg = _grpo_pairs(tmp_path, tiny, reward_fn=f"{rewards}:even", steps=1, top_k=1, log_completions_every=1)
+    cfg = grpo_pairs_config(
+        tmp_path, tiny, reward_fn=f"{rewards}:even", steps=1, top_k=1, log_completions_every=1
+    )
     run_llm(cfg)
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert rows[-1]["rollout_logp_diff"] < 1e-4  # logp_old still equals the sampler's logprobs
