@@ -1,13 +1,19 @@
 """Where the tests find the paper's math data: ``$SPPO_RL_MATH_DATA``, else ``../shared/data/math`` beside
 the repository. ``FIXTURES`` holds 24 evenly spaced rows of each of the six files, shipped with the
-tests, so the loader and verifier checks run everywhere; the full files are checked where present."""
+tests, so the loader and verifier checks run everywhere; the full files are checked where present.
+
+Beside the paths: the helpers several test modules share (rows without their timing keys, two runs' rows
+compared, the command line run in a child process or in this one, JSONL written, a gradient-recording
+engine)."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,3 +99,92 @@ def outside_a_launcher(env: dict[str, str]) -> dict[str, str]:
         for k, v in env.items()
         if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
     }
+
+
+def strip_timing(rows: list[dict], timing) -> list[dict]:
+    """``rows`` without the keys in ``timing`` (the metrics that measure time, not what was computed)."""
+    return [{k: v for k, v in r.items() if k not in timing} for r in rows]
+
+
+def assert_rows_close(a: list[dict], b: list[dict]) -> None:
+    """Two runs logged the same rows with the same keys: floats equal within rel 1e-4 / abs 1e-5, every
+    other value exactly."""
+    import pytest
+
+    assert len(a) == len(b)
+    for ra, rb in zip(a, b):
+        assert ra.keys() == rb.keys(), (ra.get("step"), set(ra) ^ set(rb))
+        for k, v in ra.items():
+            if isinstance(v, float):
+                assert rb[k] == pytest.approx(v, rel=1e-4, abs=1e-5), (ra.get("step"), k)
+            else:
+                assert rb[k] == v, (ra.get("step"), k)
+
+
+def run_cli(args: list[str]) -> subprocess.CompletedProcess:
+    """``python -m sppo_rl *args`` from the repository root, its output captured as text (10 min at most)."""
+    return subprocess.run(
+        [sys.executable, "-m", "sppo_rl", *args], capture_output=True, text=True, timeout=600, cwd=REPO
+    )
+
+
+def write_jsonl(path: Path, records: list) -> Path:
+    """``records`` written to ``path`` one a line: a dict as JSON, a string as it is (a malformed line)."""
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
+    return path
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment for a child ``python -m sppo_rl``: outside any launcher, this checkout
+    first on ``PYTHONPATH``, one OpenMP thread."""
+    env = outside_a_launcher(dict(os.environ))
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def grpo_cartpole_cmd(out: Path, *flags: str) -> list[str]:
+    """``python -m sppo_rl control``: grpo on short-cartpole from a random policy, 256 episodes (4 updates),
+    4 evaluation episodes, no TensorBoard, in ``out``; ``flags`` appended."""
+    return [sys.executable, "-m", "sppo_rl", "control", "--task", "short-cartpole", "--algo", "grpo",
+            "--total-episodes", "256", "--init-from", "none", "--eval-episodes", "4", "--no-tensorboard",
+            "--out-dir", str(out), *flags]  # fmt: skip
+
+
+class GradRecorder:
+    """An engine that keeps the gradient of ``param`` at each step instead of stepping (the learner's
+    ``boundary`` / ``backward`` / ``step`` protocol)."""
+
+    def __init__(self, param) -> None:
+        self.param, self.grads = param, []
+
+    def boundary(self, last: bool) -> None:
+        pass
+
+    def backward(self, loss) -> None:
+        loss.backward()
+
+    def step(self) -> float:
+        self.grads.append(self.param.grad.clone())
+        self.param.grad = None
+        return 0.0
+
+
+def cli_refusal(capsys, argv: list[str], *needles: str) -> str:
+    """``sppo-rl argv`` run in this process is refused: exit 2 and exactly one stderr line,
+    ``sppo-rl: error: ...``, holding every one of ``needles``; that line."""
+    import pytest
+
+    from sppo_rl.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert exc.value.code == 2, err
+    assert len(lines) == 1, err
+    assert lines[0].startswith("sppo-rl: error: "), err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]

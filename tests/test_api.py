@@ -493,3 +493,174 @@ def test_train_llm_scores_with_the_callable_and_resumes_with_the_same_examples(t
     assert (
         Path(json.loads((out / "config.json").read_text())["task"]).is_file() and again.summary["steps"] == 1
     )
+
+
+# ------------------------------------------------------------------------------- SB3 habits
+
+
+def _policy(H: int = 5):
+    """A continuous policy: its greedy action (the Gaussian mean) moves with every input, the time left too."""
+    from sppo_rl.control.networks import Actor
+
+    torch.manual_seed(0)
+    meta = {"config": {"task": "Pendulum-v1"}, "observation": {"horizon": H, "appended": "(H - t) / H"}}
+    return api.Policy(Actor(5, 1, False), meta=meta)
+
+
+def test_predict_on_the_env_observation_counts_the_steps_itself():
+    policy = _policy(H=5)
+
+    def mean(x, time_left):  # the actor on the task's observation, built by hand
+        with torch.no_grad():
+            return policy.actor(torch.from_numpy(np.r_[x, time_left][None].astype(np.float32))).numpy()[0]
+
+    xs = np.random.default_rng(1).normal(size=(5, 4)).astype(np.float32)
+    ref = [mean(x, (5 - t) / 5) for t, x in enumerate(xs)]
+    assert not np.array_equal(mean(xs[0], 1.0), mean(xs[0], 0.8)), "the time left moves the action"
+    act = lambda x, **kw: policy.predict(x, deterministic=True, **kw)[0]  # noqa: E731
+    own = [act(x, episode_start=t == 0) for t, x in enumerate(xs)]  # the env's own 4 features
+    assert all(np.array_equal(a, b) for a, b in zip(own, ref))  # the time left computed inside
+    with pytest.raises(ValueError, match="step 6 of an episode of horizon 5.*episode_start"):
+        act(xs[0], episode_start=False)
+    assert np.array_equal(act(xs[0], episode_start=True), ref[0])  # a new episode: t = 0
+    assert np.array_equal(act(np.r_[xs[3], 0.4]), ref[3])  # the task's observation: as is
+    # a batch keeps one counter per row; episode_start per row restarts only those rows
+    policy.reset()
+    batch = np.stack([xs[1], xs[1]])
+    act(batch, episode_start=True)
+    second = act(batch, episode_start=[True, False])
+    # (a batch of two rounds differently from one row: equal to float32 precision)
+    assert np.allclose(second[0], mean(xs[1], 1.0), rtol=1e-6, atol=1e-7)
+    assert np.allclose(second[1], mean(xs[1], 0.8), rtol=1e-6, atol=1e-7)
+    assert not np.allclose(second[0], second[1], rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="the env's own 4"):
+        policy.predict(np.zeros(3))
+
+
+SB3_LOOP = """
+obs, info = env.reset(seed=0)
+for _ in range(60):
+    action, _states = model.predict(obs, deterministic=True)
+    obs, reward, terminated, truncated, info = env.step(action)
+    if terminated or truncated:
+        obs, info = env.reset()
+"""
+"""Stable-Baselines3's basic-usage loop (its README and "Getting Started" page, the Gymnasium form)."""
+
+
+def _cartpole_policy(H: int):
+    """A random discrete policy for CartPole's 4 features plus the time left, with horizon ``H``."""
+    from sppo_rl.control.networks import Actor
+
+    torch.manual_seed(1)
+    meta = {"config": {"task": "CartPole-v1"}, "observation": {"horizon": H, "appended": "(H - t) / H"}}
+    return api.Policy(Actor(5, 2, True), meta=meta)
+
+
+def test_sb3s_usage_loop_runs_unchanged_on_a_wrapped_env_and_is_refused_unwrapped():
+    """SB3's loop: ``action, _states = model.predict(obs, deterministic=True)`` with Gymnasium's
+    reset/step. On ``policy.wrap(env)`` it runs as written, the time left restarting at each reset and
+    the episode cut at ``H`` (its actions equal ``predict`` with ``episode_start`` marked by hand on the
+    plain env, across episode ends); on the plain env it is refused at the first call, naming the fix."""
+    import gymnasium as gym
+
+    H = 9
+    policy = _cartpole_policy(H)
+    seen: list = []
+
+    class Recording(gym.Wrapper):
+        def step(self, action):
+            seen.append(int(action))
+            return super().step(action)
+
+    env = policy.wrap(Recording(gym.make("CartPole-v1")))
+    assert env.observation_space.shape == (5,)
+    exec(SB3_LOOP, {"env": env, "model": policy})
+    plain = gym.make("CartPole-v1")
+    obs, _ = plain.reset(seed=0)
+    want, t, ends = [], 0, 0
+    for _ in range(60):
+        action, state = policy.predict(obs, episode_start=t == 0, deterministic=True)
+        assert state is None
+        want.append(int(action))
+        obs, _, terminated, _, _ = plain.step(action)
+        t += 1
+        if terminated or t == H:
+            obs, _ = plain.reset()
+            t, ends = 0, ends + 1
+    assert seen == want and ends >= 6
+    with pytest.raises(ValueError, match="without episode_start.*policy.wrap"):
+        exec(SB3_LOOP, {"env": gym.make("CartPole-v1"), "model": policy})
+
+
+def test_sb3s_own_evaluate_policy_runs_our_policy_on_the_plain_env():
+    """``stable_baselines3.common.evaluation.evaluate_policy`` (a VecEnv, ``predict(obs, state=...,
+    episode_start=..., deterministic=...)``) on the plain env gives the returns of this project's
+    ``evaluate_policy`` (same seeds, deterministic), both calling ``predict`` SB3's way."""
+    import gymnasium as gym
+    from stable_baselines3.common.evaluation import evaluate_policy as sb3_evaluate
+    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    policy = _cartpole_policy(500)
+    vec = DummyVecEnv([lambda: Monitor(gym.make("CartPole-v1"))])
+    vec.seed(3)
+    returns, lengths = sb3_evaluate(
+        policy, vec, n_eval_episodes=1, deterministic=True, return_episode_rewards=True
+    )
+    ours = api.evaluate_policy(policy, "CartPole-v1", n_eval_episodes=1, deterministic=True, seed=3)
+    assert lengths == list(ours.lengths) and returns == list(ours.returns) and 5 < lengths[0] < 500
+
+
+def test_a_trained_policy_predicts_and_evaluates_on_plain_cartpole(tmp_path):
+    policy = api.train_control(
+        "CartPole-v1", algo="grpo", total_episodes=16, init_from="none", eval_episodes=4,
+        out_dir=str(tmp_path / "run"), **QUIET,
+    )  # fmt: skip
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=0)  # 4 features: raised "takes 5 features" before
+    assert policy.predict(obs, episode_start=True)[0] in (0, 1)
+    assert Path(api.Policy.load(tmp_path / "run").run_dir) == tmp_path / "run"
+    ev = api.evaluate_policy(policy, env, n_eval_episodes=3, seed=10)
+    assert ev.returns == tuple(float(n) for n in ev.lengths), "CartPole pays +1 per step"
+    assert ev.success_rate == 0.0 and ev.successes == (False, False, False)  # never 500 steps
+    mean, std = ev  # unpacks like SB3's (mean, std)
+    assert mean == pytest.approx(np.mean(ev.lengths)) and std == pytest.approx(np.std(ev.lengths))
+    # the same seeds on the task env give the same episodes (success from its info)
+    task_env = get_task("CartPole-v1").load()()
+    ev2 = api.evaluate_policy(policy, task_env, n_eval_episodes=3, seed=10)
+    assert ev2.lengths == ev.lengths and ev2.success_rate == 0.0 and ev2.returns == (0.0, 0.0, 0.0)
+
+
+def test_evaluate_policy_on_mountaincar_hand_numbers():
+    from sppo_rl.control.networks import Actor
+
+    torch.manual_seed(0)
+    meta = {"config": {"task": "MountainCar-v0"}, "observation": {"horizon": 200, "appended": "(H - t) / H"}}
+    policy = api.Policy(Actor(3, 3, True), meta=meta)  # untrained: never reaches the flag
+    ev = api.evaluate_policy(policy, "MountainCar-v0", n_eval_episodes=2, seed=0)
+    assert ev.returns == (-200.0, -200.0) and ev.std_return == 0.0 and ev.lengths == (200, 200)
+    assert ev.success_rate == 0.0, "judged by the stock rule (goal reached), not by surviving"
+    with pytest.raises(ValueError, match="n_eval_episodes"):
+        api.evaluate_policy(policy, "MountainCar-v0", n_eval_episodes=0)
+
+
+def test_api_docstring_sb3_example_runs_as_written(tmp_path, monkeypatch):
+    import contextlib
+    import io
+    import re
+
+    monkeypatch.chdir(tmp_path)
+    code = re.findall(r"^```python\n(.*?)^```", api.__doc__, re.S | re.M)[3]
+    assert "evaluate_policy" in code
+    ns: dict = {}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "sppo_rl.api docstring, example 4", "exec"), ns)
+    policy = ns["policy"]
+    assert policy.summary["episodes"] == 32 and "stopped_by_callback" not in policy.summary
+    rows = read_metrics(policy.run_dir / "metrics.jsonl")
+    assert [r["learning_rate"] for r in rows] == pytest.approx([3e-4, 1.5e-4])  # linear over 2 updates
+    action, mean = out.getvalue().split()
+    assert int(action) in (0, 1) and float(mean) == round(ns["mean"], 1)
+    assert api.evaluate_policy(policy, ns["env"], 5, seed=0).mean_return == ns["mean"]  # seeded: repeatable

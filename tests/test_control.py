@@ -6,38 +6,30 @@ import json
 import subprocess
 import sys
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from paths import ALGOS
+from configs import control_config
+from paths import ALGOS, CONTROL_TIMING, strip_timing
 
+from sppo_rl import api
 from sppo_rl.agents.algorithms import compute_advantages, get_algorithm
 from sppo_rl.agents.batch import SequenceBatch
-from sppo_rl.control.config import ControlConfig, WarmstartConfig
+from sppo_rl.control.config import WarmstartConfig
 from sppo_rl.control.networks import Actor
 from sppo_rl.control.rollout import collect
 from sppo_rl.control.trainer import ControlRun, run_control
 from sppo_rl.envs.tasks import get_task, make_episode_env
+from sppo_rl.experiments.config import ReportConfig
+from sppo_rl.experiments.report import run_report
+from sppo_rl.runtime.checkpoint import torch_load
 from sppo_rl.runtime.logging import read_metrics
 from sppo_rl.runtime.run import NonFiniteError, RunError
 
 TIMING = {"wall_time_s", "sps", "update_sps", "collect_frac"}
-
-
-def _cfg(tmp_path: Path, **kw) -> ControlConfig:
-    base = dict(
-        task="short-cartpole",
-        total_episodes=256,
-        init_from="none",
-        out_dir=str(tmp_path / "run"),
-        progress=False,
-        tensorboard=False,
-        eval_episodes=0,
-    )
-    base.update(kw)
-    return ControlConfig(**base)
 
 
 def _strip(rows):
@@ -117,7 +109,7 @@ def test_each_algorithm_solves_the_easy_sparse_task(tmp_path, algo):
     # GSPO's own clip range (3e-4 / 4e-4 on the sequence ratio, for LLM responses) stops most of 4 epochs
     # x 4 minibatches here after the first step (0.27 success after 1536 episodes): PPO's 0.2 instead
     extra = {"clip": 0.2} if algo == "gspo" else {}
-    summary = run_control(_cfg(tmp_path, algo=algo, total_episodes=1536, eval_episodes=64, **extra))
+    summary = run_control(control_config(tmp_path, algo=algo, total_episodes=1536, eval_episodes=64, **extra))
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert rows[0]["success_rate"] < 0.5, "the task must start hard for a random policy"
     last = float(np.mean([r["success_rate"] for r in rows[-3:]]))
@@ -126,7 +118,7 @@ def test_each_algorithm_solves_the_easy_sparse_task(tmp_path, algo):
 
 
 def test_metrics_rows_and_run_folder(tmp_path):
-    run_control(_cfg(tmp_path, algo="sppo", total_episodes=128, tensorboard=True))
+    run_control(control_config(tmp_path, algo="sppo", total_episodes=128, tensorboard=True))
     out = tmp_path / "run"
     rows = read_metrics(out / "metrics.jsonl")
     assert len(rows) == 2
@@ -157,7 +149,7 @@ def test_metrics_rows_and_run_folder(tmp_path):
 
 
 def test_ppo_logs_explained_variance(tmp_path):
-    run_control(_cfg(tmp_path, algo="ppo", total_episodes=128))
+    run_control(control_config(tmp_path, algo="ppo", total_episodes=128))
     row = read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]
     assert "explained_variance" in row and "value_loss" in row
     trace = np.load(tmp_path / "run" / "critic_trace.npz")
@@ -168,9 +160,9 @@ def test_ppo_logs_explained_variance(tmp_path):
 
 
 def test_same_seed_same_metrics_and_different_seed_differs(tmp_path):
-    a = run_control(_cfg(tmp_path / "a", algo="grpo", total_episodes=256))
-    b = run_control(_cfg(tmp_path / "b", algo="grpo", total_episodes=256))
-    c = run_control(_cfg(tmp_path / "c", algo="grpo", total_episodes=256, seed=1))
+    a = run_control(control_config(tmp_path / "a", algo="grpo", total_episodes=256))
+    b = run_control(control_config(tmp_path / "b", algo="grpo", total_episodes=256))
+    c = run_control(control_config(tmp_path / "c", algo="grpo", total_episodes=256, seed=1))
     ra, rb, rc = (read_metrics(tmp_path / x / "run" / "metrics.jsonl") for x in "abc")
     assert _strip(ra) == _strip(rb)
     assert _strip(ra) != _strip(rc)
@@ -183,9 +175,9 @@ def test_same_seed_same_metrics_and_different_seed_differs(tmp_path):
 
 @pytest.mark.parametrize("algo", ["sppo", "ppo", "remax", "spo"])
 def test_resume_equals_uninterrupted(tmp_path, algo):
-    full = _cfg(tmp_path / "full", algo=algo, total_episodes=512, checkpoint_every=2)
+    full = control_config(tmp_path / "full", algo=algo, total_episodes=512, checkpoint_every=2)
     run_control(full)
-    part = _cfg(tmp_path / "part", algo=algo, total_episodes=256, checkpoint_every=2)
+    part = control_config(tmp_path / "part", algo=algo, total_episodes=256, checkpoint_every=2)
     run_control(part)
     run_control(replace(part, total_episodes=512, resume=True))
     r_full = read_metrics(tmp_path / "full" / "run" / "metrics.jsonl")
@@ -197,7 +189,7 @@ def test_resume_equals_uninterrupted(tmp_path, algo):
 def test_equal_outcomes_make_no_update(tmp_path):
     """All 64 episodes fail (random policy, precision task): GRPO's advantages are exactly 0 and the actor
     takes no optimizer step (Adam's momentum would otherwise still move it)."""
-    run = ControlRun(_cfg(tmp_path, algo="grpo", task="precision-cartpole", total_episodes=64))
+    run = ControlRun(control_config(tmp_path, algo="grpo", task="precision-cartpole", total_episodes=64))
     before = {k: v.clone() for k, v in run.actor.state_dict().items() if k.startswith("body")}
     row = run.update()
     assert row["success_rate"] == 0.0 and row["actor_skipped"] == 1
@@ -207,7 +199,7 @@ def test_equal_outcomes_make_no_update(tmp_path):
 
 
 def test_nan_stops_with_named_step_and_keeps_checkpoint(tmp_path):
-    run = ControlRun(_cfg(tmp_path, algo="sppo", total_episodes=256))
+    run = ControlRun(control_config(tmp_path, algo="sppo", total_episodes=256))
     row = run.update()
     run.logger.log(row, step=run.state.episodes)
     ckpt = run.save_checkpoint()
@@ -234,7 +226,7 @@ def test_nan_stops_with_named_step_and_keeps_checkpoint(tmp_path):
 )
 def test_bad_settings_are_refused_before_work(tmp_path, kw, match):
     with pytest.raises((RunError, ValueError), match=match):
-        ControlRun(_cfg(tmp_path, **kw))
+        ControlRun(control_config(tmp_path, **kw))
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
@@ -280,7 +272,7 @@ def test_warmstart_pipeline_gives_imperfect_start(tmp_path):
     assert meta["demo_successes"] > 0
     # stage 3 starts from it
     summary = run_control(
-        _cfg(
+        control_config(
             tmp_path,
             algo="sppo",
             init_from=str(tmp_path / "short-cartpole" / "warmstart.pt"),
@@ -294,7 +286,9 @@ def test_first_ratio_is_exactly_one_with_moving_observation_statistics(tmp_path)
     """Random init normalises observations with running statistics; the update must recompute the
     log-probs on the inputs they were sampled with, so before any step the PPO ratio is exactly 1."""
     run = ControlRun(
-        _cfg(tmp_path, algo="reinforce", total_episodes=128, epochs=1, minibatches=1, actor_lr=1e-12)
+        control_config(
+            tmp_path, algo="reinforce", total_episodes=128, epochs=1, minibatches=1, actor_lr=1e-12
+        )
     )
     run.update()
     row = run.update()
@@ -396,7 +390,7 @@ def test_the_plan_is_a_run_plan_without_the_config(tmp_path):
     from sppo_rl.control.plan import resolve
     from sppo_rl.runtime.plan import RunPlan
 
-    cfg = _cfg(tmp_path, total_episodes=100, episodes_per_update=32)
+    cfg = control_config(tmp_path, total_episodes=100, episodes_per_update=32)
     plan = resolve(cfg)
     assert isinstance(plan, RunPlan) and plan.given is cfg
     assert "cfg" not in {f.name for f in fields(plan)}
@@ -413,6 +407,8 @@ def test_after_planning_the_control_world_reads_only_the_plan(tmp_path, monkeypa
 
     planned, reads = [], []
 
+    from sppo_rl.control.config import ControlConfig
+
     class Watched(ControlConfig):
         def __getattribute__(self, name: str):
             if planned and not name.startswith("__"):
@@ -428,7 +424,7 @@ def test_after_planning_the_control_world_reads_only_the_plan(tmp_path, monkeypa
 
     real = trainer.resolve
     monkeypatch.setattr(trainer, "resolve", resolve)
-    given = _cfg(tmp_path, algo="sppo", total_episodes=64, eval_every=1, eval_episodes=4)
+    given = control_config(tmp_path, algo="sppo", total_episodes=64, eval_every=1, eval_episodes=4)
     given = replace(given, calibration_contexts=2, calibration_samples=2)
     summary = run_control(Watched(**{f.name: getattr(given, f.name) for f in dataclasses.fields(given)}))
     assert summary["updates"] == 1 and "final_eval_success_rate" in summary
@@ -443,7 +439,7 @@ def test_the_run_state_is_what_the_checkpoint_holds(tmp_path):
     from sppo_rl.control.trainer import RunState
     from sppo_rl.runtime.checkpoint import torch_load
 
-    run = ControlRun(_cfg(tmp_path, algo="grpo", total_episodes=128))
+    run = ControlRun(control_config(tmp_path, algo="grpo", total_episodes=128))
     try:
         assert run.state == RunState()
         row = run.update()
@@ -456,12 +452,73 @@ def test_the_run_state_is_what_the_checkpoint_holds(tmp_path):
         run.close()
 
 
+QUIET = dict(progress=False, tensorboard=False)
+
+
+_cfg = partial(control_config, algo="sppo", total_episodes=64, episodes_per_update=16, checkpoint_every=1)
+
+
+def test_control_schedule_callback_stop_and_exact_resume(tmp_path):
+    full = _cfg(tmp_path / "full", lr_schedule="linear")
+    run_control(full)
+    rows = read_metrics(tmp_path / "full" / "run" / "metrics.jsonl")
+    assert [r["learning_rate"] for r in rows] == pytest.approx([3e-4 * f for f in (1.0, 0.75, 0.5, 0.25)])
+    ckpt = sorted((tmp_path / "full" / "run" / "checkpoints").iterdir())[-1]
+    state = torch_load(ckpt / "state.pt")  # the optimizers ran at the scheduled rates
+    assert state["actor_opt"]["param_groups"][0]["lr"] == pytest.approx(3e-4 * 0.25)
+    assert state["critic_opt"]["param_groups"][0]["lr"] == pytest.approx(1e-3 * 0.25)
+
+    seen = []
+
+    def stop_after_two(row):
+        seen.append(row["update"])
+        return row["update"] < 2  # False at update 2
+
+    part = _cfg(tmp_path / "part", lr_schedule="linear")
+    summary = run_control(part, callback=stop_after_two)
+    assert seen == [1, 2] and summary["stopped_by_callback"] == 2 and summary["updates"] == 2
+    assert len(read_metrics(tmp_path / "part" / "run" / "metrics.jsonl")) == 2
+    run_control(replace(part, resume=True))  # continues at update 3 with the schedule's lr, not 1.0
+    resumed = read_metrics(tmp_path / "part" / "run" / "metrics.jsonl")
+    assert strip_timing(resumed, CONTROL_TIMING) == strip_timing(rows, CONTROL_TIMING)
+    a = torch_load(tmp_path / "full" / "run" / "final.pt")["actor"]
+    b = torch_load(tmp_path / "part" / "run" / "final.pt")["actor"]
+    assert all(torch.equal(a[k], b[k]) for k in a), "bit-identical weights"
+
+
+def test_train_control_callback_none_or_true_does_not_stop(tmp_path):
+    calls = []
+    policy = api.train_control(
+        "short-cartpole", algo="grpo", total_episodes=32, episodes_per_update=16, init_from="none",
+        eval_episodes=0, out_dir=str(tmp_path / "r"), callback=lambda row: calls.append(row["episodes"]), **QUIET,
+    )  # fmt: skip
+    assert calls == [16, 32] and "stopped_by_callback" not in policy.summary
+    with pytest.raises(TypeError, match="callback must be a function"):
+        api.train_control("short-cartpole", callback=3, out_dir=str(tmp_path / "x"))
+    assert not (tmp_path / "x").exists()
+
+
+def test_summary_final_is_the_last_tenth_of_the_updates(tmp_path):
+    """20 updates: 18 at 0.0, then 1.0 and 0.5. The protocol's final is the mean of the last
+    ceil(0.1 * 20) = 2: 0.75; the last 10 updates gave 0.15, the last update 0.5."""
+    run = ControlRun(control_config(tmp_path, algo="grpo", total_episodes=64 * 12))
+    try:
+        rows = [{"update": i + 1, "success_rate": y} for i, y in enumerate([0.0] * 18 + [1.0, 0.5])]
+        assert run.finish(rows)["final_success_rate"] == pytest.approx(0.75)
+        # 7 updates (one a row without a success rate, which does not count): the last one
+        rows = [{"update": i + 1, "success_rate": y} for i, y in enumerate([0.0] * 6 + [0.25])]
+        assert run.finish(rows + [{"update": 8}])["final_success_rate"] == 0.25
+        assert run.finish([])["final_success_rate"] is None
+    finally:
+        run.close()
+
+
 def test_the_summary_is_computed_from_rows_state_and_plan(tmp_path):
     from sppo_rl.control.plan import resolve
     from sppo_rl.control.summary import summary_of
     from sppo_rl.control.trainer import RunState
 
-    plan = resolve(_cfg(tmp_path, algo="grpo", seed=7))
+    plan = resolve(control_config(tmp_path, algo="grpo", seed=7))
     rows = [{"update": 1, "success_rate": 0.25}, {"update": 2, "success_rate": 0.75}]
     state = RunState(update=2, episodes=128, env_steps=1000, elapsed=4.0)
     assert summary_of(rows, state, plan) == {
@@ -475,3 +532,14 @@ def test_the_summary_is_computed_from_rows_state_and_plan(tmp_path):
         "sps": 250.0,
         "final_success_rate": 0.75,
     }
+
+
+def test_headline_summary_and_report_agree(tmp_path, capsys):
+    summary = run_control(control_config(tmp_path, algo="grpo", total_episodes=64 * 12))
+    out = capsys.readouterr()
+    assert "(final: last 10% of updates)" in out.out + out.err
+    assert "last 10 updates" not in out.out + out.err
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    report = run_report(ReportConfig(inputs=(str(tmp_path / "run"),), out=str(tmp_path / "report")))
+    (group,) = report["groups"]
+    assert saved["final_success_rate"] == summary["final_success_rate"] == group["final_success_mean"]

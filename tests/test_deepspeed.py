@@ -90,6 +90,13 @@ def _run(cmd: list[str]) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
+def _two_ranks(tiny: Path, out: Path, *flags: str) -> None:
+    """``sppo-rl`` with ``_args`` and then ``flags`` on two ranks under torchrun (a free port)."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    torchrun += ["--master-port", str(free_port())]
+    _run([*torchrun, "-m", "sppo_rl", *_args(tiny, out), *flags])
+
+
 @pytest.fixture(scope="module")
 def reference(tiny, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ref") / "run"
@@ -111,28 +118,7 @@ def test_two_process_zero_matches_one_process(tiny, reference, tmp_path, stage, 
     """Two ranks (each half the prompts), optionally in micro-batches with gradient accumulation
     (DeepSpeed's accumulation boundary at the last one), train like one unsplit process."""
     out = tmp_path / "ds"
-    torchrun = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-port",
-        str(free_port()),
-    ]
-    _run(
-        [
-            *torchrun,
-            "-m",
-            "sppo_rl",
-            *_args(tiny, out),
-            "--engine",
-            "deepspeed",
-            "--zero-stage",
-            str(stage),
-            *split,
-        ]
-    )
+    _two_ranks(tiny, out, "--engine", "deepspeed", "--zero-stage", str(stage), *split)
     a, b = read_metrics(reference / "metrics.jsonl"), read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2]
     assert b[-1]["time_sync_s"] > 0, "the rollout replica is refreshed after every update"
@@ -171,21 +157,7 @@ def test_two_process_zero_with_lora_matches_one_process(tiny, lora_reference, tm
     differs from the base in the adapted projections only; the HF rollout replica gets only those
     modules after each update and still samples what the trainer scores."""
     out = tmp_path / "ds"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    torchrun += ["--master-port", str(free_port())]
-    _run(
-        [
-            *torchrun,
-            "-m",
-            "sppo_rl",
-            *_args(tiny, out),
-            *LORA,
-            "--engine",
-            "deepspeed",
-            "--zero-stage",
-            str(stage),
-        ]
-    )
+    _two_ranks(tiny, out, *LORA, "--engine", "deepspeed", "--zero-stage", str(stage))
     a, b = read_metrics(lora_reference / "metrics.jsonl"), read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2]
     assert a[1]["kl"] == 0.0 and a[2]["kl"] > 0.0, "the reference is the base: KL 0 until the adapters move"

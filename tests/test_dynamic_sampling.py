@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from configs import llm_config
 from paths import LLM_TIMING, reward_file
 
 from sppo_rl.agents.algorithms import GROUP_KINDS, group_signal
@@ -60,27 +61,10 @@ def test_group_signal_classifies_by_the_valid_outcomes():
 
 
 def _cfg(tmp_path: Path, tiny: Path, **kw) -> LLMConfig:
-    base = dict(
-        algo="grpo",
-        group_size=4,
-        model=str(tiny),
-        steps=2,
-        prompts_per_step=4,
-        train_size=32,
-        val_size=4,
-        eval_samples=1,
-        eval_every=0,
-        max_new_tokens=8,
-        temperature=2.0,
-        reward_fn=reward_file(tmp_path / "by_digit.py", MIXED_REWARD),
-        dynamic_sampling_rounds=1,
-        out_dir=str(tmp_path / "run"),
-        progress=False,
-        tensorboard=False,
-        threads=1,
-    )
-    base.update(kw)
-    return LLMConfig(**base)
+    reward = reward_file(tmp_path / "by_digit.py", MIXED_REWARD)
+    base = dict(algo="grpo", group_size=4, train_size=32, val_size=4, eval_samples=1, eval_every=0, temperature=2.0,
+                reward_fn=reward, dynamic_sampling_rounds=1)  # fmt: skip
+    return llm_config(tmp_path, tiny, **{**base, **kw})
 
 
 def test_bad_settings_are_refused_before_the_run_folder(tmp_path, tiny):

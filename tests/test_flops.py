@@ -11,10 +11,12 @@ asserted is a relative 1e-9, i.e. equal integers)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
+from configs import llm_config
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -217,17 +219,7 @@ def test_decode_tail_is_the_sum_of_its_steps_and_a_prompt_is_prefilled_once():
 # ------------------------------------------------------------------------------------- a real run's counter
 
 
-def _cfg(tmp_path: Path, model: Path, **kw):
-    from sppo_rl.config import from_flat
-    from sppo_rl.llm.config import LLMConfig
-
-    base = dict(
-        task="arithmetic", model=str(model), steps=3, prompts_per_step=4, train_size=64, val_size=4,
-        eval_samples=1, eval_every=3, max_new_tokens=8, out_dir=str(tmp_path / "run"), progress=False,
-        tensorboard=False, threads=1, cache_dir=str(tmp_path / "cache"),
-    )  # fmt: skip
-    base.update(kw)
-    return from_flat(LLMConfig, base)
+_cfg = partial(llm_config, steps=3, val_size=4, eval_samples=1, eval_every=3)
 
 
 def _expected(run, got, actor_trained: bool) -> dict[str, int]:

@@ -203,7 +203,8 @@ def test_scorer_marks_verifier_failures_invalid_but_a_wrong_answer_valid(tmp_pat
 def test_llm_run_with_a_reward_that_raises_masks_and_counts_the_failures(tmp_path, tiny):
     """A reward file that raises on every odd-length response: the run trains, counts each failure in
     invalid_rollouts (= verifier_errors: no greedy rollouts) and leaves those rows out of the loss."""
-    from sppo_rl.llm.config import LLMConfig
+    from configs import llm_config
+
     from sppo_rl.llm.trainer import run_llm
     from sppo_rl.runtime.logging import read_metrics
 
@@ -214,24 +215,10 @@ def test_llm_run_with_a_reward_that_raises_masks_and_counts_the_failures(tmp_pat
         "        raise ValueError('cannot verify an odd-length response')\n"
         "    return float(len(response) % 4 == 0)\n"
     )
-    cfg = LLMConfig(
-        algo="grpo",
-        group_size=4,
-        model=str(tiny),
-        steps=2,
-        prompts_per_step=4,
-        train_size=32,
-        val_size=4,
-        eval_samples=1,
-        eval_every=0,
-        max_new_tokens=8,
-        temperature=2.0,
-        reward_fn=f"{fn}:odd",
-        out_dir=str(tmp_path / "run"),
-        progress=False,
-        tensorboard=False,
-        threads=1,
-    )
+    cfg = llm_config(
+        tmp_path, tiny, algo="grpo", group_size=4, train_size=32, val_size=4, eval_samples=1, eval_every=0,
+        temperature=2.0, reward_fn=f"{fn}:odd",
+    )  # fmt: skip
     summary = run_llm(cfg)
     rows = [
         r for r in read_metrics(Path(cfg.out_dir) / "metrics.jsonl") if r["step"] > 0 and "loss_frac" in r

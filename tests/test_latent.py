@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from paths import GradRecorder
 from torch import nn
 
 from sppo_rl.agents.algorithms import compute_advantages, get_algorithm
@@ -186,24 +187,6 @@ def test_latent_grpo_gives_the_lone_valid_member_of_a_group_its_outcome():
     assert batch.advantages[:, 1].tolist() == pytest.approx([0.0, 0, 0, 0, 0, a, -a], abs=1e-5)
 
 
-class _Recorder:
-    """An engine that keeps the gradient of each step instead of stepping."""
-
-    def __init__(self, param: torch.Tensor) -> None:
-        self.param, self.grads = param, []
-
-    def boundary(self, last: bool) -> None:
-        pass
-
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
-
-    def step(self) -> float:
-        self.grads.append(self.param.grad.clone())
-        self.param.grad = None
-        return 0.0
-
-
 def test_masked_rows_give_no_gradient_through_the_learner():
     theta = torch.zeros(4, requires_grad=True)  # one log-prob shift per row
 
@@ -220,7 +203,7 @@ def test_masked_rows_give_no_gradient_through_the_learner():
             valid=valid,
         )
         compute_advantages(batch, get_algorithm("grpo"), std="population")
-        engine = _Recorder(theta)
+        engine = GradRecorder(theta)
         ppo_update(batch, get_algorithm("grpo"), LearnerConfig(), actor, engine)
         return engine.grads[0]
 
@@ -376,30 +359,16 @@ def test_latent_warmstart_is_cached_by_its_settings(tiny, tmp_path):
 
 
 def test_two_updates_of_latent_grpo_and_the_naive_variant(tiny, tmp_path):
-    from sppo_rl.llm.config import Latent, LLMConfig
+    from configs import llm_config
+
     from sppo_rl.llm.trainer import run_llm
     from sppo_rl.runtime.logging import read_metrics
 
     for algo in ("latent-grpo", "latent-grpo-naive"):
-        cfg = LLMConfig(
-            task="arithmetic",
-            model=str(tiny),
-            algo=algo,
-            steps=2,
-            prompts_per_step=2,
-            group_size=4,
-            train_size=64,
-            val_size=4,
-            eval_samples=2,
-            eval_every=2,
-            max_new_tokens=6,
-            latent=Latent(steps=2, topk=4),
-            out_dir=str(tmp_path / algo),
-            progress=False,
-            tensorboard=False,
-            threads=1,
-            cache_dir=str(tmp_path / "cache"),
-        )
+        cfg = llm_config(
+            tmp_path, tiny, algo, algo=algo, prompts_per_step=2, group_size=4, val_size=4, eval_every=2,
+            max_new_tokens=6, latent_steps=2, latent_topk=4,
+        )  # fmt: skip
         summary = run_llm(cfg)
         rows = read_metrics(Path(tmp_path / algo / "metrics.jsonl"))
         assert summary["steps"] == 2 and [r["step"] for r in rows] == [0, 1, 2]

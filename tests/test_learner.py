@@ -8,6 +8,7 @@ import threading
 
 import pytest
 import torch
+from paths import GradRecorder
 
 from sppo_rl.agents.algorithms import compute_advantages, get_algorithm
 from sppo_rl.agents.batch import SequenceBatch
@@ -286,24 +287,6 @@ def test_a_non_finite_loss_reaches_the_guard_before_any_step():
     assert torch.equal(w.weights().nan_to_num(), before.nan_to_num())
 
 
-class _GradOf:
-    """An engine that keeps the gradient of ``param`` at each step instead of stepping."""
-
-    def __init__(self, param: torch.Tensor) -> None:
-        self.param, self.grads = param, []
-
-    def boundary(self, last: bool) -> None:
-        pass
-
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
-
-    def step(self) -> float:
-        self.grads.append(self.param.grad.clone())
-        self.param.grad = None
-        return 0.0
-
-
 def test_truncated_importance_weight_is_pi_old_over_mu_capped_in_the_learner():
     """``ppo_update`` with ``tis_cap = C = 2`` weighs each token's loss by ``min(pi_old / mu, C)``, ``mu``
     the sampler's log-probs. Two tokens, logp = logp_old = 0 (ratio 1), A = 1, token-mean:
@@ -320,7 +303,7 @@ def test_truncated_importance_weight_is_pi_old_over_mu_capped_in_the_learner():
         batch.logp_rollout = torch.tensor([[-math.log(3.0), math.log(2.0)]])
         batch.advantages, batch.loss_mask = torch.ones(1, 2), torch.ones(1, 2)
         batch.returns = torch.ones(1)
-        engine = _GradOf(theta)
+        engine = GradRecorder(theta)
         ppo_update(batch, get_algorithm("grpo"), LearnerConfig(tis_cap=tis_cap), actor, engine)
         return engine.grads[0][0].tolist()
 

@@ -5,17 +5,29 @@ from __future__ import annotations
 import ast
 import json
 import operator
+import subprocess
+import sys
+import time
+import tracemalloc
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from paths import FIXTURES  # noqa: E402
-from paths import MATH_DATA as DATA  # noqa: E402
+from paths import FIXTURES, REPO, run_cli, write_jsonl
+from paths import MATH_DATA as DATA
 
 from sppo_rl.llm.data.arithmetic import LEVELS, capacity, charset, make_arithmetic, reference_response
-from sppo_rl.llm.data.files import DataError, Example, detect_format, load_examples, render_prompt
+from sppo_rl.llm.data.files import (
+    DataError,
+    Example,
+    detect_format,
+    fit_prompts,
+    load_examples,
+    render_prompt,
+)
 from sppo_rl.llm.rewards.verify import verify_integer, verify_math
+from sppo_rl.runtime.logging import read_metrics
 
 ROWS = {
     "dapo-math-17k_dedup.parquet": 17_398,
@@ -26,11 +38,6 @@ ROWS = {
     "math__minerva_math_2025_processed.parquet": 272,
 }
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="the paper's math data is not on this machine")
-
-
-def _jsonl(path: Path, records: list) -> Path:
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
-    return path
 
 
 # ------------------------------------------------------------------------------------ paper data
@@ -71,7 +78,7 @@ def test_limit_reads_only_the_head():
 
 
 def test_gsm8k_style(tmp_path):
-    path = _jsonl(
+    path = write_jsonl(
         tmp_path / "gsm8k.jsonl",
         [
             {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = <<3+4=7>>7\n#### 7"},
@@ -84,7 +91,7 @@ def test_gsm8k_style(tmp_path):
 
 
 def test_math_style(tmp_path):
-    path = _jsonl(
+    path = write_jsonl(
         tmp_path / "math.jsonl",
         [
             {"problem": "Half of 1?", "solution": "It is $\\boxed{\\frac{1}{2}}$.", "level": "Level 1"},
@@ -104,15 +111,15 @@ def test_verl_records_in_jsonl_and_plain_records(tmp_path):
         "abality": "math",
         "reward_model": {"ground_truth": " 2 ", "style": "rule"},
     }
-    (e,) = load_examples(_jsonl(tmp_path / "verl.jsonl", [verl]))
+    (e,) = load_examples(write_jsonl(tmp_path / "verl.jsonl", [verl]))
     assert e.answer == "2" and e.source == "mine" and e.meta["ability"] == "math"
     assert e.prompt == verl["prompt"]
-    (p,) = load_examples(_jsonl(tmp_path / "plain.jsonl", [{"prompt": "2+2=", "answer": 4}]))
+    (p,) = load_examples(write_jsonl(tmp_path / "plain.jsonl", [{"prompt": "2+2=", "answer": 4}]))
     assert (p.prompt, p.answer, p.source) == ("2+2=", "4", "plain")
 
 
 def test_custom_keys_with_dotted_paths(tmp_path):
-    path = _jsonl(tmp_path / "custom.jsonl", [{"q": "What?", "meta": {"gold": "42"}, "other": 1}])
+    path = write_jsonl(tmp_path / "custom.jsonl", [{"q": "What?", "meta": {"gold": "42"}, "other": 1}])
     (e,) = load_examples(path, prompt_key="q", answer_key="meta.gold")
     assert (e.prompt, e.answer, e.meta) == ("What?", "42", {"other": 1})
 
@@ -165,7 +172,7 @@ GOOD = {"prompt": "1+1=", "answer": "2"}
     ],
 )
 def test_a_malformed_line_names_file_and_line(tmp_path, bad_line, message):
-    path = _jsonl(tmp_path / "bad.jsonl", [GOOD, "", bad_line, GOOD])  # line 2 is blank
+    path = write_jsonl(tmp_path / "bad.jsonl", [GOOD, "", bad_line, GOOD])  # line 2 is blank
     with pytest.raises(DataError, match=message):
         load_examples(path)
 
@@ -211,12 +218,12 @@ def test_file_level_errors(tmp_path):
     with pytest.raises(DataError, match="junk.parquet: not a readable Parquet file"):
         load_examples(tmp_path / "junk.parquet")
     with pytest.raises(DataError, match=r"u\.jsonl:1: cannot tell the record layout .*\(text\)"):
-        load_examples(_jsonl(tmp_path / "u.jsonl", [{"text": "x"}]))
+        load_examples(write_jsonl(tmp_path / "u.jsonl", [{"text": "x"}]))
     (tmp_path / "l.json").write_text('{"prompt": "x"}')
     with pytest.raises(DataError, match="expected a JSON list"):
         load_examples(tmp_path / "l.json")
     with pytest.raises(ValueError, match="unknown format"):
-        load_examples(_jsonl(tmp_path / "ok.jsonl", [GOOD]), format="csv")
+        load_examples(write_jsonl(tmp_path / "ok.jsonl", [GOOD]), format="csv")
     with pytest.raises(ValueError, match="limit"):
         load_examples(tmp_path / "ok.jsonl", limit=-1)
 
@@ -365,3 +372,156 @@ def test_a_csv_task_is_refused_for_its_type_first(tmp_path, capsys):
         assert e.value.code == 2 and len(err) == 1, err
         assert f"{csv}: CSV files are not read; use one of .jsonl, .json, .parquet" in err[0]
         assert not (tmp_path / "run").exists()
+
+
+FIXTURE_REWARDS = REPO / "tests" / "fixtures" / "math" / "reward_fns.py"
+
+
+# ================================================================== 6. oversized input
+
+
+def _write_data(path: Path, huge_chars: int = 30 * 2**20) -> None:
+    """Six ordinary problems, one 30 MB question, one 1.5 MB one and one of 100,000 characters."""
+    with path.open("w") as f:
+        for i in range(3):
+            f.write(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n")
+        f.write(json.dumps({"prompt": "1" * huge_chars + "+1=", "answer": "2"}) + "\n")
+        f.write(json.dumps({"prompt": "2" * 1_500_000 + "+1=", "answer": "3"}) + "\n")
+        f.write(json.dumps({"prompt": "3" * 100_000 + "+1=", "answer": "4"}) + "\n")
+        for i in range(3, 6):
+            f.write(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n")
+
+
+def test_oversized_records_are_skipped_and_counted_without_being_read_whole(tmp_path, capsys):
+    path = tmp_path / "data.jsonl"
+    _write_data(path)
+    tracemalloc.start()
+    try:
+        examples = load_examples(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 24 * 2**20, f"the 30 MB line was held in memory ({peak / 2**20:.0f} MiB)"
+    assert [e.answer for e in examples] == ["0", "2", "4", "4", "6", "8", "10"]
+    assert [e.index for e in examples] == list(range(7))
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "skipped 2 oversized record(s)" in err and str(path) in err
+    assert "data.jsonl:4" in err and "data.jsonl:5" in err
+
+
+def test_prompts_longer_than_the_limit_are_dropped_without_tokenizing_the_huge_ones(tiny, capsys):
+    from sppo_rl.llm.data.files import Example
+    from sppo_rl.llm.models.tiny import load_tokenizer
+
+    tok = load_tokenizer(tiny)
+    seen: list[int] = []
+
+    class Spy:
+        chat_template = None
+
+        def __call__(self, texts, **kw):
+            seen.extend(len(t) for t in texts)
+            return tok(texts, **kw)
+
+    examples = [
+        Example("1+1=", "2"),
+        Example("9" * 100_000, "1"),
+        Example("8" * 90, "1"),
+        Example("2+2=", "4"),
+    ]
+    kept = fit_prompts(examples, Spy(), 64, where="d.jsonl", why="test")
+    assert [e.answer for e in kept] == ["2", "4"]
+    assert max(seen) <= 8 * 64, "a prompt over 8 characters per allowed token is never tokenized"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "d.jsonl: skipped 2 of 4 prompt(s) longer than 64 tokens" in err
+
+
+MEASURE = """
+import resource, runpy, sys
+sys.argv = ["sppo_rl", *sys.argv[1:]]
+try:
+    runpy.run_module("sppo_rl", run_name="__main__")
+finally:
+    print("PEAK_RSS_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)
+"""
+
+
+def test_llm_run_on_data_with_a_30mb_question_skips_it_and_stays_small(tmp_path, tiny):
+    data = tmp_path / "data.jsonl"
+    _write_data(data)
+    out = tmp_path / "run"
+    args = [
+        "llm", "--task", str(data), "--val-data", str(data), "--val-size", "4", "--model", str(tiny),
+        "--reward-fn", f"{FIXTURE_REWARDS}:exact", "--steps", "4", "--prompts-per-step", "2", "--algo", "grpo",
+        "--group-size", "2", "--max-new-tokens", "4", "--eval-every", "1000", "--no-progress",
+        "--no-tensorboard", "--out-dir", str(out),
+    ]  # fmt: skip
+
+    def cap_memory() -> None:  # the unfixed code tried to tokenize (and run) a 30 M-token prompt
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (12 * 2**30, 12 * 2**30))
+
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", MEASURE, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        preexec_fn=cap_memory,
+    )
+    took = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    peak_mb = int(proc.stderr.split("PEAK_RSS_KB")[1].split()[0]) / 1024
+    assert peak_mb < 1500, f"peak RSS {peak_mb:.0f} MiB"
+    assert took < 240
+    # the loader skips the 30 MB and 1.5 MB records (in both files), the trainer the 100,000-character
+    # prompt: the model's context is 512 tokens, minus 4 for the response
+    assert proc.stderr.count("skipped 2 oversized record(s)") == 2
+    assert f"{data}: skipped 1 of 7 prompt(s) longer than 508 tokens" in proc.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["resolved"]["train_examples"] == 6
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2, 3, 4]
+
+
+def test_no_prompt_that_fits_is_refused_in_one_line(tmp_path, tiny):
+    data = tmp_path / "long.jsonl"
+    data.write_text("".join(json.dumps({"prompt": "7" * 600, "answer": "1"}) + "\n" for _ in range(3)))
+    proc = run_cli(
+        ["llm", "--task", str(data), "--model", str(tiny), "--no-progress", "--out-dir", str(tmp_path / "r")]
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "none of its 3 prompts fits in 496 tokens" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()
+
+
+# ------------------------------------------------------------------------------------- data columns
+
+
+def test_trl_prompt_and_solution_columns_load_without_flags(tmp_path):
+    from sppo_rl.llm.data.files import load_examples
+
+    path = tmp_path / "trl.jsonl"
+    rows = [
+        {"prompt": [{"role": "user", "content": "Half of 1?"}], "solution": "So it is $\\boxed{\\frac12}$."},
+        {"prompt": "2+2?", "solution": "\\boxed{4}", "level": 1},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    a, b = load_examples(path)
+    assert a.prompt == rows[0]["prompt"] and a.answer == "\\frac12"
+    assert a.meta["solution"] == rows[0]["solution"]  # a TRL-style reward gets the column as it is
+    assert (b.prompt, b.answer, b.meta["level"]) == ("2+2?", "4", 1)
+
+
+def test_an_unknown_layout_names_the_cli_flags(tmp_path):
+    from sppo_rl.llm.data.files import DataError, load_examples
+
+    path = tmp_path / "odd.jsonl"
+    path.write_text(json.dumps({"text": "hi", "gold": "1"}) + "\n")
+    with pytest.raises(DataError, match="--prompt-key and --answer-key") as e:
+        load_examples(path)
+    assert "prompt_key" not in str(e.value)
+    path.write_text(json.dumps({"prompt": "hi"}) + "\n")
+    with pytest.raises(DataError, match=r"missing key 'answer' \(keys: prompt\); --answer-key names"):
+        load_examples(path, format="plain")

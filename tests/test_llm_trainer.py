@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from configs import TINY_LLM_FLAGS, llm_config
 from paths import ALGOS, outside_a_launcher, reward_file
 
 from sppo_rl.agents.algorithms import get_algorithm
-from sppo_rl.config import from_flat
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.models.tiny import TINY_CHARSET
 from sppo_rl.llm.trainer import LLMRun, run_llm
@@ -24,31 +24,10 @@ from sppo_rl.runtime.run import RunError
 TIMING = TIMING_KEYS
 
 
-def _cfg(tmp_path: Path, model: Path | None, **kw) -> LLMConfig:
-    base = dict(
-        task="arithmetic",
-        model=str(model) if model else None,
-        steps=2,
-        prompts_per_step=4,
-        train_size=64,
-        val_size=8,
-        eval_samples=2,
-        eval_every=1,
-        max_new_tokens=8,
-        out_dir=str(tmp_path / "run"),
-        progress=False,
-        tensorboard=False,
-        threads=1,
-        cache_dir=str(tmp_path / "cache"),
-    )
-    base.update(kw)
-    return from_flat(LLMConfig, base)
-
-
 @pytest.mark.parametrize("algo", ALGOS)
 def test_every_algorithm_trains_and_leaves_a_loadable_actor(tmp_path, tiny, algo):
     group = 4 if get_algorithm(algo).requires.groups else None
-    summary = run_llm(_cfg(tmp_path, tiny, algo=algo, group_size=group))
+    summary = run_llm(llm_config(tmp_path, tiny, algo=algo, group_size=group))
     out = tmp_path / "run"
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2]
@@ -86,11 +65,11 @@ def test_every_algorithm_trains_and_leaves_a_loadable_actor(tmp_path, tiny, algo
 
 
 def test_group_rows_and_greedy_baseline(tmp_path, tiny):
-    run = LLMRun(_cfg(tmp_path, tiny, algo="remax"))
+    run = LLMRun(llm_config(tmp_path, tiny, algo="remax"))
     row = run.update()
     run.close()
     assert "greedy_reward_mean" in row
-    run = LLMRun(_cfg(tmp_path / "g", tiny, algo="grpo", group_size=3, temperature=2.0))
+    run = LLMRun(llm_config(tmp_path / "g", tiny, algo="grpo", group_size=3, temperature=2.0))
     row = run.update()
     run.close()
     # 4 prompts x 3 samples: each prompt's 3 responses form one group (group statistics exist only for
@@ -100,9 +79,9 @@ def test_group_rows_and_greedy_baseline(tmp_path, tiny):
 
 
 def test_resume_matches_uninterrupted_within_tolerance(tmp_path, tiny):
-    full = _cfg(tmp_path / "full", tiny, algo="sppo", steps=4, checkpoint_every=2)
+    full = llm_config(tmp_path / "full", tiny, algo="sppo", steps=4, checkpoint_every=2)
     run_llm(full)
-    part = _cfg(tmp_path / "part", tiny, algo="sppo", steps=2, checkpoint_every=2)
+    part = llm_config(tmp_path / "part", tiny, algo="sppo", steps=2, checkpoint_every=2)
     run_llm(part)
     run_llm(replace(part, steps=4, resume=True))
     a = read_metrics(tmp_path / "full" / "run" / "metrics.jsonl")
@@ -132,9 +111,9 @@ def test_spo_resume_is_exact_with_its_tracker_in_the_checkpoint(tmp_path, tiny):
     parity.write_text("def score(response, truth):\n    return float(len(response) % 2 == 0)\n")
     kw = dict(algo="spo", steps=4, checkpoint_every=2, train_size=8, temperature=2.0, actor_lr=1e-3)
     kw["reward_fn"] = f"{parity}:score"
-    run_llm(_cfg(tmp_path / "full", tiny, **kw))
-    run_llm(_cfg(tmp_path / "part", tiny, **{**kw, "steps": 2}))
-    run_llm(_cfg(tmp_path / "part", tiny, **{**kw, "resume": True}))
+    run_llm(llm_config(tmp_path / "full", tiny, **kw))
+    run_llm(llm_config(tmp_path / "part", tiny, **{**kw, "steps": 2}))
+    run_llm(llm_config(tmp_path / "part", tiny, **{**kw, "resume": True}))
     a = read_metrics(tmp_path / "full" / "run" / "metrics.jsonl")
     b = read_metrics(tmp_path / "part" / "run" / "metrics.jsonl")
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]  # noqa: E731
@@ -151,7 +130,9 @@ def test_spo_distance_is_zero_when_the_actor_has_not_moved(tmp_path, tiny):
     ``rho = 0.96`` (a misaligned re-scoring -- prompt padding, a shifted response -- gives ``D > 0``)."""
     parity = tmp_path / "parity.py"
     parity.write_text("def score(response, truth):\n    return float(len(response) % 2 == 0)\n")
-    cfg = _cfg(tmp_path, tiny, algo="spo", steps=3, train_size=4, actor_lr=1e-30, reward_fn=f"{parity}:score")
+    cfg = llm_config(
+        tmp_path, tiny, algo="spo", steps=3, train_size=4, actor_lr=1e-30, reward_fn=f"{parity}:score"
+    )
     run_llm(replace(cfg, eval_every=0))
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     trained = [r for r in rows if "spo_distance" in r]
@@ -161,7 +142,7 @@ def test_spo_distance_is_zero_when_the_actor_has_not_moved(tmp_path, tiny):
 
 def test_reward_function_that_raises_or_hangs_is_counted_and_the_run_goes_on(tmp_path, tiny):
     fn = Path(__file__).parent / "fixtures" / "faulty_reward.py"
-    cfg = _cfg(
+    cfg = llm_config(
         tmp_path, tiny, algo="grpo", group_size=2, reward_fn=f"{fn}:flaky", reward_timeout=0.5, eval_every=0
     )
     summary = run_llm(cfg)
@@ -187,7 +168,7 @@ def test_reward_function_that_raises_or_hangs_is_counted_and_the_run_goes_on(tmp
 )
 def test_bad_settings_are_refused(tmp_path, tiny, kw, match):
     with pytest.raises((RunError, ValueError, FileNotFoundError), match=match):
-        LLMRun(_cfg(tmp_path, tiny, **kw))
+        LLMRun(llm_config(tmp_path, tiny, **kw))
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
@@ -196,21 +177,21 @@ def test_critic_with_another_tokenizer_is_refused(tmp_path, tiny):
 
     other = ensure_tiny_model(tmp_path / "c2", "0123456789+-=", hidden_size=32, layers=1, heads=2, kv_heads=1)
     with pytest.raises(ValueError, match="tokenizer"):
-        LLMRun(_cfg(tmp_path, tiny, algo="sppo", critic_model=str(other)))
+        LLMRun(llm_config(tmp_path, tiny, algo="sppo", critic_model=str(other)))
 
 
 def test_smaller_critic_model(tmp_path, tiny):
     from sppo_rl.llm.models.tiny import ensure_tiny_model
 
     small = ensure_tiny_model(tmp_path / "c3", TINY_CHARSET, hidden_size=16, layers=1, heads=2, kv_heads=1)
-    summary = run_llm(_cfg(tmp_path, tiny, algo="sppo", critic_model=str(small), steps=1))
+    summary = run_llm(llm_config(tmp_path, tiny, algo="sppo", critic_model=str(small), steps=1))
     assert summary["steps"] == 1
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())
     assert cfg["resolved"]["critic"] == str(small)
 
 
 def test_embedded_default_builds_and_warm_starts_once(tmp_path):
-    cfg = _cfg(tmp_path, None, algo="sppo", steps=1, sft_steps=4, sft_target=0.99)
+    cfg = llm_config(tmp_path, None, algo="sppo", steps=1, sft_steps=4, sft_target=0.99)
     s1 = run_llm(cfg)
     assert s1["warmstart"]["steps"] == 4
     assert (
@@ -241,14 +222,7 @@ def test_cli_llm_two_steps(tmp_path, tiny):
             str(out),
             "--model",
             str(tiny),
-            "--prompts-per-step",
-            "4",
-            "--train-size",
-            "64",
-            "--val-size",
-            "8",
-            "--max-new-tokens",
-            "8",
+            *TINY_LLM_FLAGS,
             "--no-progress",
             "--threads",
             "1",
@@ -262,7 +236,7 @@ def test_cli_llm_two_steps(tmp_path, tiny):
 
 
 def test_time_budget_stops_the_run(tmp_path, tiny):
-    summary = run_llm(_cfg(tmp_path, tiny, algo="sppo", steps=10_000, max_seconds=0.5, eval_every=1000))
+    summary = run_llm(llm_config(tmp_path, tiny, algo="sppo", steps=10_000, max_seconds=0.5, eval_every=1000))
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert 1 <= summary["steps"] < 10_000
     assert rows[-1]["wall_time_s"] >= 0.5 and "val_accuracy" in rows[-1]  # the last update is validated
@@ -289,7 +263,7 @@ def test_micro_batches_train_exactly_like_one_pass(tmp_path, tiny, algo):
         "rows": dict(micro_batch_size=1),
         "tokens": dict(max_tokens_per_micro_batch=40),
     }.items():
-        cfg = _cfg(tmp_path / name, tiny, **common, **kw)
+        cfg = llm_config(tmp_path / name, tiny, **common, **kw)
         run_llm(cfg)
         runs[name] = (read_metrics(Path(cfg.out_dir) / "metrics.jsonl"), Path(cfg.out_dir))
     keys = ("policy_loss", "grad_norm", "entropy", "value_loss", "critic_bce", "critic_grad_norm")
@@ -310,7 +284,7 @@ def test_micro_batches_train_exactly_like_one_pass(tmp_path, tiny, algo):
 
 def test_one_on_policy_pass_skips_the_old_log_prob_forward(tmp_path, tiny):
     """1 epoch x 1 minibatch: the ratio is exactly 1 (logp_old is the pass's own, detached)."""
-    cfg = _cfg(
+    cfg = llm_config(
         tmp_path,
         tiny,
         algo="grpo",
@@ -329,7 +303,7 @@ def test_one_on_policy_pass_skips_the_old_log_prob_forward(tmp_path, tiny):
 
 
 def test_truncated_importance_sampling_logs_the_sampler_mismatch(tmp_path, tiny):
-    cfg = _cfg(tmp_path, tiny, algo="grpo", group_size=4, tis_cap=2.0, temperature=2.0, actor_lr=1e-3)
+    cfg = llm_config(tmp_path, tiny, algo="grpo", group_size=4, tis_cap=2.0, temperature=2.0, actor_lr=1e-3)
     run_llm(cfg)
     rows = [r for r in read_metrics(Path(cfg.out_dir) / "metrics.jsonl") if "rollout_mismatch_max" in r]
     assert rows, "every update logs the mismatch"
@@ -339,7 +313,7 @@ def test_truncated_importance_sampling_logs_the_sampler_mismatch(tmp_path, tiny)
 
 def test_kl_to_the_reference_is_logged_and_grows_from_zero(tmp_path, tiny):
     """Update 1 samples from the reference itself (KL exactly 0); once the actor has moved, it is > 0."""
-    cfg = _cfg(
+    cfg = llm_config(
         tmp_path, tiny, algo="sppo", kl_coef=0.1, kl_in="reward", actor_lr=1e-2, temperature=2.0,
         skip_equal_rewards=False,  # its first batch may score all 0, which would leave the actor alone
     )  # fmt: skip
@@ -372,8 +346,8 @@ def test_a_checkpoint_copied_from_a_grpo_run_is_named_not_a_vanished_file(tmp_pa
 
     from sppo_rl.cli import main
 
-    run_llm(_cfg(tmp_path / "g", tiny, algo="grpo", group_size=2, steps=1, eval_every=0))
-    run_llm(_cfg(tmp_path, tiny, algo="sppo", steps=1, eval_every=0))
+    run_llm(llm_config(tmp_path / "g", tiny, algo="grpo", group_size=2, steps=1, eval_every=0))
+    run_llm(llm_config(tmp_path, tiny, algo="sppo", steps=1, eval_every=0))
     (grpo,) = (tmp_path / "g" / "run" / "checkpoints").glob("ckpt-*")
     shutil.copytree(grpo, tmp_path / "run" / "checkpoints" / "ckpt-000000009")
     capsys.readouterr()
@@ -389,7 +363,7 @@ def test_a_default_run_talks_in_plain_lines_and_ends_with_greedy_beside_sampled(
     """Progress is on by default: with stderr not a terminal (here: captured), plain lines labelled with
     the algorithm and the task, no carriage returns; the final line and ``summary.json`` give the greedy
     validation accuracy beside the sampled one; ``--overwrite`` says what it removes."""
-    cfg = replace(_cfg(tmp_path, tiny, algo="grpo", group_size=2), progress=LLMConfig.progress)
+    cfg = replace(llm_config(tmp_path, tiny, algo="grpo", group_size=2), progress=LLMConfig.progress)
     assert cfg.progress
     summary = run_llm(cfg)
     err = capsys.readouterr().err
@@ -442,7 +416,7 @@ def test_run_state_is_saved_and_loaded_whole_and_old_checkpoints_still_load():
 
 
 def test_an_update_returns_its_row_and_the_next_state_and_leaves_the_runs_alone(tmp_path, tiny):
-    run = LLMRun(_cfg(tmp_path, tiny, algo="grpo", group_size=2))
+    run = LLMRun(llm_config(tmp_path, tiny, algo="grpo", group_size=2))
     try:
         before = run.state
         done = run.train_update(before)
@@ -453,3 +427,28 @@ def test_an_update_returns_its_row_and_the_next_state_and_leaves_the_runs_alone(
         assert run.update()["step"] == 1 and run.state.updates == 1  # update() moves the run on
     finally:
         run.close()
+
+
+QUIET = dict(progress=False, tensorboard=False)
+
+
+def test_llm_schedule_and_callback(tmp_path, tiny):
+    from sppo_rl.llm.config import LLMConfig
+    from sppo_rl.llm.trainer import run_llm
+
+    cfg = LLMConfig(task="arithmetic", model=str(tiny), steps=4, prompts_per_step=2, group_size=2, train_size=16,
+                    val_size=4, eval_samples=1, eval_every=0, max_new_tokens=4, algo="grpo", out_dir=str(tmp_path / "run"),
+                    threads=1, cache_dir=str(tmp_path / "cache"), lr_schedule="cosine", warmup_updates=2,
+                    actor_lr=1e-4, **QUIET)  # fmt: skip
+    rows_seen = []
+
+    def stop_at_three(row):
+        rows_seen.append(row["step"])
+        return False if row["step"] == 3 else None
+
+    summary = run_llm(cfg, callback=stop_at_three)
+    assert rows_seen == [1, 2, 3] and summary["stopped_by_callback"] == 3 and summary["steps"] == 3
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "learning_rate" in r]
+    # warm-up 1/2, 2/2, then cosine over K - W = 2 updates: p = 0 -> 1.0
+    assert [r["learning_rate"] for r in rows] == pytest.approx([0.5e-4, 1e-4, 1e-4])
+    assert (tmp_path / "run" / "final" / "actor").is_dir()

@@ -3,14 +3,17 @@ names with the update step on the x-axis (LLM), and wandb runs named, grouped an
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 from pathlib import Path
 
 import pytest
+from configs import grpo_pairs_config
 
 from sppo_rl.config import WandB
 from sppo_rl.control.config import ControlConfig
+from sppo_rl.llm.trainer import run_llm
 from sppo_rl.runtime.logging import RunLogger, read_metrics, start_logging, tb_tag
 
 
@@ -67,18 +70,9 @@ def test_control_run_logs_cleanrl_tags_over_env_steps(tmp_path):
     assert "charts/sps" not in scalars and "charts/return" not in scalars
 
 
-def test_llm_run_logs_verl_tags_over_update_steps(tmp_path, tiny):
-    from sppo_rl.llm.config import LLMConfig
-    from sppo_rl.llm.trainer import run_llm
-
-    cfg = LLMConfig(
-        task="arithmetic", model=str(tiny), algo="sppo", steps=2, prompts_per_step=4, train_size=64,
-        val_size=8, eval_samples=2, eval_every=1, max_new_tokens=8, out_dir=str(tmp_path / "run"),
-        progress=False, tensorboard=True, threads=1, cache_dir=str(tmp_path / "cache"),
-        skip_equal_rewards=False,  # the untrained model may score all 0: the actor's tags must still appear
-    )  # fmt: skip
-    run_llm(cfg)
-    scalars = _tb_scalars(tmp_path / "run" / "tb")
+def test_llm_run_logs_verl_tags_over_update_steps(tiny_run):
+    # tiny_run trains the actor even when every reward is equal: the actor's tags must appear
+    scalars = _tb_scalars(tiny_run / "tb")
     assert [s for s, _ in scalars["actor/policy_loss"]] == [1, 2]
     assert [s for s, _ in scalars["actor/entropy"]] == [1, 2]
     assert [s for s, _ in scalars["val/accuracy"]] == [0, 1, 2]  # before training, then every update
@@ -171,3 +165,56 @@ def test_resumed_control_run_keeps_the_events_before_its_checkpoint(tmp_path):
     steps = [s for s, _ in _tb_scalars(out / "tb")["charts/SPS"]]
     assert steps == [r["env_steps"] for r in read_metrics(out / "metrics.jsonl")]
     assert steps[0] == full[0] and len(steps) == 2
+
+
+# ------------------------------------------------------------------------------------- completions
+
+
+def test_clip_text_bounds_a_text_and_says_how_much_it_cut():
+    from sppo_rl.llm.outputs.completions import clip_text
+
+    assert clip_text("abc", 3) == "abc"
+    assert clip_text("x" * 2500) == "x" * 2000 + " ... [+500 characters]"
+
+
+def test_completions_are_logged_at_evaluations_and_every_n_updates(tmp_path, tiny, rewards):
+    cfg = grpo_pairs_config(
+        tmp_path, tiny, reward_fn=f"{rewards}:even", steps=3, eval_every=3, log_completions_every=2
+    )
+    run_llm(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    by = {(r["split"], r["step"]) for r in rows}
+    assert by == {("val", 0), ("train", 2), ("val", 3)}
+    train = [r for r in rows if r["split"] == "train"]
+    assert len(train) == 8  # 4 prompts x 2 samples, under the cap of 8
+    for r in rows:
+        a, b = r["prompt"].rstrip("=").split("+")  # the row's prompt, answer and reward belong together
+        assert int(r["answer"]) == int(a) + int(b)
+        assert r["reward"] == float(len(r["response"]) % 2 == 0)
+    assert all(r["valid"] for r in train) and all("valid" not in r for r in rows if r["split"] == "val")
+
+
+def test_completions_reach_tensorboard_as_text(tmp_path, tiny, rewards):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = grpo_pairs_config(
+        tmp_path, tiny, reward_fn=f"{rewards}:even", steps=1, tensorboard=True, log_completions_every=1
+    )
+    run_llm(cfg)
+    acc = EventAccumulator(str(tmp_path / "run" / "tb"), size_guidance={"tensors": 0})
+    acc.Reload()
+    tags = acc.Tags()["tensors"]
+    assert "completions/train/text_summary" in tags and "completions/val/text_summary" in tags
+    (event,) = acc.Tensors("completions/train/text_summary")
+    text = event.tensor_proto.string_val[0].decode()
+    assert event.step == 1 and text.startswith("| prompt | response | answer | reward |")
+    assert len(text.splitlines()) == 2 + 8
+
+
+def test_log_completions_every_0_writes_nothing(tmp_path, tiny, rewards):
+    run_llm(
+        grpo_pairs_config(
+            tmp_path, tiny, reward_fn=f"{rewards}:even", steps=1, eval_every=1, log_completions_every=0
+        )
+    )
+    assert not (tmp_path / "run" / "completions.jsonl").exists()

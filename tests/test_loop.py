@@ -4,30 +4,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
+from configs import control_config
 
 from sppo_rl.config import from_flat
 from sppo_rl.control.config import ControlConfig
 from sppo_rl.control.trainer import run_control
 from sppo_rl.runtime.logging import read_metrics
 
-
-def _cfg(tmp_path: Path, **kw) -> ControlConfig:
-    base = dict(
-        task="short-cartpole",
-        algo="grpo",
-        total_episodes=64 * 12,
-        init_from="none",
-        out_dir=str(tmp_path / "run"),
-        progress=False,
-        tensorboard=False,
-        eval_episodes=0,
-        checkpoint_every=4,
-    )
-    base.update(kw)
-    return ControlConfig(**base)
+_cfg = partial(control_config, algo="grpo", total_episodes=64 * 12, checkpoint_every=4)
 
 
 def test_kill_before_the_summary_then_resume_summarises_the_whole_run(tmp_path):

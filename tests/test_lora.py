@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ from safetensors.torch import load_file
 
 pytest.importorskip("peft")
 
-from sppo_rl.config import from_flat
+from configs import grpo_pairs_config, llm_config  # noqa: E402
+
 from sppo_rl.llm.config import LLMConfig  # noqa: E402
 from sppo_rl.llm.models.core import load_actor, sequence_logprobs
 from sppo_rl.llm.models.critic import SequenceCritic
@@ -53,29 +55,14 @@ def _perturb_b(model, std: float = 0.1, seed: int = 1) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * std)
 
 
-def _cfg(tmp_path: Path, model: Path, **kw) -> LLMConfig:
-    base = dict(
-        algo="sppo",
-        task="arithmetic",
-        model=str(model),
-        steps=2,
-        prompts_per_step=4,
-        train_size=64,
-        val_size=8,
-        eval_samples=2,
-        eval_every=1,
-        max_new_tokens=8,
-        temperature=2.0,
-        actor_lr=1e-2,
-        lora_rank=4,
-        skip_equal_rewards=False,  # the untrained model may score all 0; these tests need the adapters to move
-        out_dir=str(tmp_path / "run"),
-        progress=False,
-        tensorboard=False,
-        threads=1,
-    )
-    base.update(kw)
-    return from_flat(LLMConfig, base)
+_cfg = partial(
+    llm_config,
+    algo="sppo",
+    temperature=2.0,
+    actor_lr=1e-2,
+    lora_rank=4,
+    skip_equal_rewards=False,  # the untrained model may score all 0; these tests need the adapters to move
+)
 
 
 # ------------------------------------------------------------------------------------ the adapters
@@ -303,3 +290,106 @@ def test_resume_refuses_a_checkpoint_written_without_lora(tiny, tmp_path):
     lora = HFTorchEngine(_lora_actor(tiny), lr=1e-3)
     with pytest.raises(RuntimeError, match="written without LoRA, loaded with it"):
         lora.load(tmp_path / "plain")
+
+
+# ------------------------------------------------------------------------------------- LoRA
+
+
+def test_all_linear_wraps_every_linear_module_but_the_head(tiny):
+    from sppo_rl.llm.models.core import load_actor
+    from sppo_rl.llm.models.lora import apply_lora, lora_layers
+
+    model = apply_lora(load_actor(tiny, dtype="float32"), 2, 4.0, ("all-linear",), seed=0)
+    names = {n.rsplit(".", 1)[-1] for n in lora_layers(model)}
+    assert names == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert "lm_head" not in {n for n in lora_layers(model)}
+
+
+def test_gpt2_conv1d_layers_take_lora_and_merge_exactly():
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from sppo_rl.llm.models.lora import apply_lora, lora_layers, merged_state_items
+
+    config = GPT2Config(
+        n_embd=16, n_layer=1, n_head=2, vocab_size=50, n_positions=32, bos_token_id=0, eos_token_id=0
+    )
+    torch.manual_seed(0)
+    model = apply_lora(GPT2LMHeadModel(config), 2, 4.0, ("c_attn", "c_proj", "c_fc"), seed=0).eval()
+    assert {n.rsplit(".", 1)[-1] for n in lora_layers(model)} == {"c_attn", "c_proj", "c_fc"}
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    plain = GPT2LMHeadModel(config).eval()
+    state = dict(merged_state_items(model))
+    plain.load_state_dict({**state, "lm_head.weight": state["transformer.wte.weight"]})
+    ids = torch.tensor([[3, 4, 5, 6, 7]])
+    with torch.no_grad():
+        # Conv1D keeps W as [in, out]: the merge must add (B A)^T, else the outputs differ
+        assert float((plain(ids).logits - model(ids).logits).abs().max()) < 1e-5
+
+
+def test_export_adapter_writes_a_peft_folder_that_computes_the_merged_actor(tmp_path, tiny, rewards):
+    import torch
+    from peft import PeftModel
+
+    from sppo_rl.llm.models.core import load_actor
+
+    cfg = grpo_pairs_config(
+        tmp_path, tiny, reward_fn=f"{rewards}:even", steps=2, lora_rank=4, export_adapter=True
+    )
+    cfg.actor_lr = 1e-2  # so that the adapters move visibly from B = 0
+    run_llm(cfg)
+    final = tmp_path / "run" / "final"
+    assert sorted(p.name for p in (final / "actor-adapter").iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        merged = load_actor(final / "actor", dtype="float32").eval()(ids).logits
+        base = load_actor(tiny, dtype="float32").eval()
+        plain = base(ids).logits
+        adapted = PeftModel.from_pretrained(base, str(final / "actor-adapter")).eval()(ids).logits
+    assert float((adapted - merged).abs().max()) < 1e-5
+    assert float((plain - merged).abs().max()) > 1e-4  # the adapters did train
+    with pytest.raises(Exception, match="--export-adapter"):
+        LLMConfig(export_adapter=True).validate()
+
+
+def test_a_gpt2_folder_trains_sppo_with_all_linear_lora(tmp_path, tiny, rewards):
+    """GPT-2's linear layers are Conv1D: before, --lora-targets could name none of them."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from sppo_rl.llm.models.core import load_actor
+    from sppo_rl.llm.models.tiny import load_tokenizer
+
+    tok = load_tokenizer(tiny)
+    folder = tmp_path / "gpt2"
+    config = GPT2Config(
+        n_embd=32, n_layer=1, n_head=2, vocab_size=len(tok), n_positions=64,
+        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    GPT2LMHeadModel(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    cfg = grpo_pairs_config(
+        tmp_path, folder, algo="sppo", group_size=None, reward_fn=f"{rewards}:even", lora_rank=2
+    )
+    cfg.lora.targets, cfg.export_adapter, cfg.actor_lr = ("all-linear",), True, 1e-2
+    run_llm(cfg)
+    adapter = json.loads((tmp_path / "run" / "final" / "actor-adapter" / "adapter_config.json").read_text())
+    assert sorted(adapter["target_modules"]) == ["c_attn", "c_fc", "c_proj"] and adapter["fan_in_fan_out"]
+    base = load_file_dict(folder / "model.safetensors")
+    merged = load_file_dict(tmp_path / "run" / "final" / "actor" / "model.safetensors")
+    changed = {k.rsplit(".", 2)[-2] for k in base if not torch.equal(base[k], merged[k])}
+    assert changed == {"c_attn", "c_fc", "c_proj"}  # only the adapted layers, merged back
+    assert load_actor(tmp_path / "run" / "final" / "actor", dtype="float32") is not None
+
+
+def load_file_dict(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path))

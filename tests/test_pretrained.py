@@ -12,13 +12,14 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
+from configs import llm_config
 
 from sppo_rl.cli import main
-from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.data.files import Example, render_prompt
 from sppo_rl.llm.data.prompts import PromptFormat, has_chat_template, render
 from sppo_rl.llm.models import pretrained
@@ -150,25 +151,9 @@ def test_on_without_a_template_is_refused_and_auto_leaves_the_tiny_model_unchang
     assert render(chat, tiny, PromptFormat("auto")) == "S\n\n1+2="
 
 
-def _cfg(tmp_path: Path, model: Path | str | None, **kw) -> LLMConfig:
-    base = dict(
-        task="arithmetic",
-        model=str(model) if model else None,
-        steps=1,
-        prompts_per_step=2,
-        train_size=16,
-        val_size=2,
-        eval_samples=1,
-        eval_every=1,
-        max_new_tokens=4,
-        out_dir=str(tmp_path / "run"),
-        progress=False,
-        tensorboard=False,
-        threads=1,
-        cache_dir=str(tmp_path / "cache"),
-    )
-    base.update(kw)
-    return LLMConfig(**base)
+_cfg = partial(
+    llm_config, steps=1, prompts_per_step=2, train_size=16, val_size=2, eval_samples=1, max_new_tokens=4
+)
 
 
 def test_a_run_renders_every_prompt_with_the_template_and_trains(tmp_path, llama):
@@ -468,7 +453,7 @@ def test_no_room_while_building_the_tiny_model_is_one_line_exit_74(tmp_path):
 
 
 def _mounts() -> bool:
-    from test_reliability_round3_proc import _can_mount
+    from test_run_dir import _can_mount
 
     return os.geteuid() == 0 and _can_mount()
 
@@ -480,7 +465,7 @@ def test_a_full_disk_while_building_a_named_model_is_a_storage_error_naming_the_
     import dataclasses
 
     from safetensors.torch import save_file
-    from test_reliability_round3_proc import _Tmpfs
+    from test_run_dir import _Tmpfs
 
     from sppo_rl.runtime.storage import StorageError
 

@@ -11,9 +11,11 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
+from configs import llm_config
 
 from sppo_rl.runtime.watch import not_learning
 
@@ -32,15 +34,10 @@ def _never_paid(folder: Path) -> str:
     return f"{path}:score"
 
 
-def _cfg(tmp_path: Path, model: Path, name: str = "run", **kw):
-    from sppo_rl.llm.config import LLMConfig
-
-    base = dict(task="arithmetic", model=str(model), algo="grpo", group_size=2, steps=2, prompts_per_step=2,
-                train_size=16, val_size=2, eval_samples=1, eval_every=0, max_new_tokens=4,
-                out_dir=str(tmp_path / name), progress=False, tensorboard=False, threads=1,
-                cache_dir=str(tmp_path / "cache"))  # fmt: skip
-    base.update(kw)
-    return LLMConfig(**base)
+_cfg = partial(
+    llm_config, algo="grpo", group_size=2, prompts_per_step=2, train_size=16, val_size=2, eval_samples=1,
+    eval_every=0, max_new_tokens=4,
+)  # fmt: skip
 
 
 def _rows(out: Path) -> list[dict]:
@@ -328,10 +325,10 @@ def test_lora_on_a_llamas_projections_trains_only_them_and_exports_a_plain_merge
     import torch
     from safetensors.torch import load_file
 
-    from sppo_rl.llm.config import LORA_TARGETS, LoRA
+    from sppo_rl.llm.config import LORA_TARGETS
     from sppo_rl.llm.trainer import run_llm
 
-    run_llm(_cfg(tmp_path, llama, reward_fn=_parity(tmp_path), actor_lr=1e-2, lora=LoRA(rank=4)))
+    run_llm(_cfg(tmp_path, llama, reward_fn=_parity(tmp_path), actor_lr=1e-2, lora_rank=4))
     final = tmp_path / "run" / "final" / "actor"
     assert not (final / "adapter_config.json").exists()
     start, end = load_file(llama / "model.safetensors"), load_file(final / "model.safetensors")

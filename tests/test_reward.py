@@ -12,17 +12,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from configs import grpo_pairs_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from paths import MATH_DATA, REPO, outside_a_launcher, write_jsonl
 
+from sppo_rl.llm.config import LLMConfig
+from sppo_rl.llm.rewards.answers import last_number
 from sppo_rl.llm.rewards.scorer import RewardScorer
 from sppo_rl.llm.rewards.specs import RewardFnError
-from sppo_rl.llm.rewards.verify import verify_integer
+from sppo_rl.llm.rewards.verify import verify_boxed_or_last_number, verify_integer
+from sppo_rl.llm.trainer import run_llm
+from sppo_rl.runtime.logging import read_metrics
+from sppo_rl.runtime.run import RunFailed
 
-REPO = Path(__file__).resolve().parents[1]
 FNS = REPO / "tests" / "fixtures" / "math" / "reward_fns.py"
-from paths import MATH_DATA  # noqa: E402
-
 MATH500 = MATH_DATA / "math__math_500.parquet"
 
 
@@ -455,3 +459,212 @@ def test_weights_whose_sum_overflows_still_give_the_weighted_mean(tmp_path, weig
     want = (weights[0] * scale) / sum(w * scale for w in weights)
     assert res.scores.tolist() == [pytest.approx(want, rel=1e-12)] and res.scores[0] > 0
     assert res.valid.tolist() == [True]
+
+
+# ---------------------------------------------------------------------------------------- GSM8K
+
+
+@pytest.mark.parametrize(
+    "response, expected",
+    [
+        ("so 24+26 = 50\n#### 50", 1.0),
+        ("#### 1,234", 0.0),  # the reference is 50
+        ("#### $50.", 1.0),
+        ("#### 50.0", 1.0),
+        ("#### 50 or 51", 0.0),
+        ("#### 24+26", 0.0),
+        ("#### 49\n#### 50", 1.0),  # the last one counts
+        ("#### 50\n#### 49", 0.0),
+        (r"\boxed{50}", 1.0),
+        (r"#### 50 but \boxed{49}", 0.0),  # a box wins
+        ("The answer is 50.", 0.0),
+    ],
+)
+def test_gsm8k_reward_reads_the_hashes_answer(response, expected):
+    from sppo_rl.llm.rewards.verify import verify_gsm8k, verify_math
+
+    assert verify_gsm8k(response, "50") == expected
+    if "\\boxed" not in response:
+        assert verify_math(response, "50") == 0.0  # strict stays strict
+
+
+def test_the_math_reward_on_gsm8k_data_reads_hashes_and_stays_strict_elsewhere(tmp_path):
+    from sppo_rl.llm.data.tasks import GSM8K_REWARD, load_task
+    from sppo_rl.llm.rewards.scorer import RewardScorer
+
+    gsm = write_jsonl(tmp_path / "g.jsonl", [{"question": "24+26?", "answer": "24+26=50\n#### 50"}])
+    boxed = write_jsonl(tmp_path / "m.jsonl", [{"prompt": "24+26?", "answer": "50"}])
+    assert load_task(LLMConfig(task=str(gsm), model="m"))[2] == GSM8K_REWARD
+    assert load_task(LLMConfig(task=str(gsm), model="m", reward_fn="math"))[2] == GSM8K_REWARD
+    assert load_task(LLMConfig(task=str(boxed), model="m"))[2] == "math"
+    with RewardScorer(GSM8K_REWARD, timeout_s=10) as scorer:
+        scores = scorer.score(["so 24+26 = 50\n#### 50", "#### 51", r"\boxed{50}"], ["50"] * 3).scores
+    assert scores.tolist() == [1.0, 0.0, 1.0]
+
+
+# ------------------------------------------------------------------------------------- rewards
+
+
+def test_a_trl_style_reward_gets_the_batch_and_the_data_columns(rewards):
+    with RewardScorer(f"{rewards}:matches_solution", timeout_s=5.0) as scorer:
+        res = scorer.score(
+            ["a", "b", "c"],
+            ["-", "-", "-"],
+            columns=[{"prompts": "p", "solution": "a"}, {"prompts": "p", "solution": "x"}, {"prompts": "p"}],
+        )
+    # item 2 lacks the column the function names: an error naming it, not a silent 0
+    assert res.scores.tolist() == [1.0, 0.0, 0.0]
+    assert res.valid.tolist() == [True, True, False] and res.errors == 1
+    assert "needs column(s) solution" in res.error_samples[0]
+
+
+def test_several_rewards_are_a_normalised_weighted_sum_each_kept_apart(rewards):
+    spec = f"{rewards}:has_x,{rewards}:always"
+    with RewardScorer(spec, timeout_s=5.0, weights=[1.0, 3.0]) as scorer:
+        assert scorer.names == ["has_x", "always"]
+        res = scorer.score(["x", "y"], ["-", "-"])
+    # R = (1 * has_x + 3 * always) / 4: "x" -> (1 + 3) / 4, "y" -> (0 + 3) / 4
+    assert res.scores.tolist() == [1.0, 0.75]
+    assert res.parts.tolist() == [[1.0, 1.0], [0.0, 1.0]]
+    with RewardScorer([f"{rewards}:none_for_z", f"{rewards}:always"], timeout_s=5.0) as scorer:
+        res = scorer.score(["z", "q"], ["-", "-"])
+    # one function failing on an item makes the item invalid and counts against that function only
+    assert res.valid.tolist() == [False, True] and res.scores.tolist() == [0.0, 0.75]
+    assert res.fn_errors == [1, 0] and res.errors == 1
+    assert np.isnan(res.parts[0, 0]) and res.parts[0, 1] == 1.0
+    assert res.error_samples[0].startswith("item 0: none_for_z: TypeError")
+
+
+def test_bad_reward_weights_are_refused_before_any_worker(rewards):
+    from sppo_rl.config import ConfigError
+
+    with pytest.raises(ValueError, match="2 reward weights for 1 reward functions"):
+        RewardScorer(f"{rewards}:always", weights=[1, 2])
+    with pytest.raises(ConfigError, match="--reward-weights"):
+        LLMConfig(reward_fn="math,integer", reward_weights=(1.0,)).validate()
+    with pytest.raises(ConfigError, match="--reward-weights"):
+        LLMConfig(reward_fn="math,integer", reward_weights=(0.0, 0.0)).validate()
+
+
+def test_a_raising_reward_shows_its_first_traceback_once_and_counts_every_call(rewards, capfd):
+    with RewardScorer(f"{rewards}:broken", timeout_s=5.0) as scorer:
+        first = scorer.score(["a", "b", "c"], ["-"] * 3)
+        second = scorer.score(["a", "b"], ["-"] * 2)
+    err = capfd.readouterr().err
+    assert (first.errors, second.errors) == (3, 2)
+    assert err.count("Traceback (most recent call last)") == 1
+    assert "ZeroDivisionError: division by zero" in err and "trl_rewards.py" in err
+
+
+def test_a_trl_style_reward_trains_without_verifier_errors(tmp_path, tiny, rewards):
+    """On the old code the trainer called f(response, answer): every call raised, every rollout was
+    invalid and the run still finished."""
+    run_llm(grpo_pairs_config(tmp_path, tiny, reward_fn=f"{rewards}:even"))
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["step"] > 0]
+    assert len(rows) == 2
+    assert all(r["verifier_errors"] == 0 and r["invalid_rollouts"] == 0 for r in rows)
+
+
+def test_several_rewards_are_logged_one_by_one(tmp_path, tiny, rewards):
+    cfg = grpo_pairs_config(
+        tmp_path, tiny, reward_fn=f"{rewards}:even,{rewards}:always", reward_weights=(1.0, 1.0)
+    )
+    run_llm(cfg)
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["step"] > 0]
+    for r in rows:
+        assert r["rewards/always"] == 1.0 and r["reward_errors/even"] == 0
+        assert r["reward_mean"] == pytest.approx((r["rewards/even"] + 1.0) / 2, abs=1e-6)
+
+
+def test_a_reward_that_always_fails_stops_the_run(tmp_path, tiny, rewards):
+    cfg = grpo_pairs_config(tmp_path, tiny, reward_fn=f"{rewards}:broken", steps=6, reward_fail_limit=2)
+    with pytest.raises(RunFailed, match="no response got a valid reward in 2 consecutive updates"):
+        run_llm(cfg)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 2 and "--reward-fail-limit 2" in summary["stopped"]
+    assert "ZeroDivisionError" in summary["last_error"] and summary["verifier_errors"] == 8
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["step"] > 0]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["invalid_rollouts"] == 8 for r in rows)
+    assert summary["flops_total"] == rows[-1]["flops_total"] > 0  # the compute spent so far
+
+
+def test_cli_exits_1_with_one_line_when_the_reward_always_fails(tmp_path, tiny, rewards):
+    out = tmp_path / "cli"
+    argv = ["--task", "arithmetic", "--model", str(tiny), "--algo", "grpo", "--group-size", "2"]
+    argv += ["--steps", "5", "--prompts-per-step", "2", "--train-size", "16", "--val-size", "2"]
+    argv += ["--eval-every", "0", "--max-new-tokens", "4", "--no-progress", "--no-tensorboard"]
+    argv += ["--reward-fn", f"{rewards}:broken", "--reward-fail-limit", "2", "--out-dir", str(out)]
+    env = outside_a_launcher({**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    proc = subprocess.run(
+        [sys.executable, "-m", "sppo_rl", "llm", *argv], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("sppo-rl: error: no response got a valid reward in 2 consecutive updates")
+    assert proc.stderr.count("Traceback (most recent call last)") == 1  # the reward's, shown once
+    assert "stopped" in json.loads((out / "summary.json").read_text())
+
+
+# ------------------------------------------------------------------------------- lenient reward
+
+
+@pytest.mark.parametrize(
+    "response, truth, paid",
+    [
+        ("59 + 63 = 122", "122", 1.0),  # the equation's result is the final number
+        ("The answer is 122.", "122", 1.0),  # a sentence's final period is no decimal point
+        ("122.0", "122", 1.0),  # equal as decimals
+        ("The total is 1,234 apples", "1234", 1.0),  # thousands grouped in threes
+        ("x = -7", "-7", 1.0),  # a sign after '=' belongs to the number
+        ("59 + 63 = 122", "123", 0.0),
+        ("122 or 123", "122", 0.0),  # a hedge: two different final numbers
+        ("122 or 123", "123", 0.0),
+        ("122, 123", "123", 0.0),
+        ("somewhere between 120 and 122", "122", 0.0),
+        ("122 (or maybe 123)", "123", 0.0),
+        ("122 or 122", "122", 1.0),  # the same number twice is no hedge
+        ("12-7", "7", 0.0),  # a range, and no sign: the '-' follows a digit
+        ("the answer is 122 + 1", "122", 0.0),  # an unfinished expression
+        ("122x", "122", 0.0),  # glued to a letter: not a number on its own
+        ("2^122", "122", 0.0),
+        ("1/122", "122", 0.0),
+        ("12,34", "1234", 0.0),  # not thousands in threes
+        ("1.2.3", "3", 0.0),
+        ("", "122", 0.0),
+        ("no digits here", "122", 0.0),
+        ("\u0661\u0662\u0662", "122", 0.0),  # other scripts' digits are not read
+        ("61*2", "122", 0.0),  # never evaluated: eval would give 122, the final number is 2
+        ("__import__('math').floor(122.9)", "122", 0.0),  # code is text: its final number is 122.9
+        ("122", "\\frac{1}{2}", 0.0),  # a non-numeric reference is paid by a box only
+        ("\\boxed{122}", "122", 1.0),  # a box is judged by the strict verifier ...
+        ("\\boxed{123} so 122", "122", 0.0),  # ... and only by it, however the text ends
+        ("\\boxed{2+120} = 122", "122", 0.0),  # the strict rules stand: a restatement scores 0
+        ("so \\boxed{122", "122", 0.0),  # an unclosed box: no fallback to the final number
+        ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}", 1.0),
+    ],
+)
+def test_boxed_or_last_number_pays_clean_final_numbers_only(response, truth, paid):
+    assert verify_boxed_or_last_number(response, truth) == paid
+
+
+def test_last_number_values_and_garbage():
+    assert last_number("59 + 63 = 122") == 122
+    assert last_number("-122") == -122
+    assert last_number("so 122.5.") == 122.5
+    assert last_number("122\n\n<|im_end|>") == 122  # a special token after it is no operator
+    assert last_number("(3)-7") == 7  # after a closing bracket '-' is subtraction, not a sign
+    assert last_number("9" * 2000) is None  # longer than MAX_INT_DIGITS: never converted
+    assert verify_boxed_or_last_number(None, "1") == 0.0  # type: ignore[arg-type]
+    assert verify_boxed_or_last_number("1", None) == 0.0  # type: ignore[arg-type]
+
+
+def test_the_lenient_reward_is_a_builtin_name_scored_in_a_worker_and_never_auto():
+    from sppo_rl.llm.config import LLMConfig
+    from sppo_rl.llm.data.tasks import load_task
+    from sppo_rl.llm.rewards.scorer import RewardScorer
+
+    with RewardScorer("boxed-or-last-number", timeout_s=10.0) as scorer:
+        res = scorer.score(["59 + 63 = 122", "122 or 123", "\\boxed{122}", "nope"], ["122"] * 4)
+    assert res.scores.tolist() == [1.0, 0.0, 1.0, 0.0]
+    _, _, auto = load_task(LLMConfig(task="arithmetic", train_size=8, val_size=2))
+    assert auto == "integer"  # 'auto' keeps the strict boxed reward on boxed data

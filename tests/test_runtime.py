@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -342,3 +343,22 @@ def test_a_replacement_killed_after_staging_recovers_the_old_copy_left_by_earlie
     os.rename(ck / "ckpt-000000003", ck / ".tmp-ckpt-old-000000003")
     (ck / ".tmp-ckpt-abc123").mkdir()
     assert mgr.resume().name == "ckpt-000000003" and mgr.resumed_meta["value"] == 3.0
+
+
+# ------------------------------------------------------------------------------- schedules, callbacks
+
+
+def test_lr_factor_hand_numbers():
+    from sppo_rl.runtime.schedule import lr_factor
+
+    assert [lr_factor("linear", k, 4) for k in range(4)] == [1.0, 0.75, 0.5, 0.25]  # CleanRL's 1 - k/K
+    cos = [lr_factor("cosine", k, 6, warmup_updates=2) for k in range(6)]
+    assert cos == pytest.approx(
+        [0.5, 1.0, 1.0, (1 + math.cos(math.pi / 4)) / 2, 0.5, (1 - math.cos(math.pi / 4)) / 2]
+    )
+    assert [lr_factor("constant", k, 5, warmup_updates=3) for k in range(5)] == pytest.approx(
+        [1 / 3, 2 / 3, 1, 1, 1]
+    )
+    assert [lr_factor("linear", k, 5, warmup_updates=1) for k in range(5)] == [1.0, 1.0, 0.75, 0.5, 0.25]
+    with pytest.raises(ValueError, match="unknown learning-rate schedule"):
+        lr_factor("step", 0, 4)

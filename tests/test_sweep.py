@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from paths import REPO
 
 from sppo_rl.agents.algorithms import ALGORITHMS
 from sppo_rl.control.config import ControlConfig
@@ -569,3 +570,56 @@ def test_the_sweeps_done_line_says_what_follows(tmp_path):
     assert lines[1] == "  short-cartpole / ppo: final success 0.500 (mean of 2 seeds)"
     none = headline(jobs, [JobResult("failed")] * 2, tmp_path).splitlines()
     assert none[0] == "[sppo-rl] done: no finished run with metrics" and all(x.strip() for x in none)
+
+
+# ================================================================== 13. two sweeps on one folder
+
+
+def test_a_sweep_on_a_folder_another_sweep_holds_is_refused_in_one_line_and_writes_nothing(tmp_path):
+    """The folder's ``.sweep.lock`` held (by this test, as a running sweep holds it): the sweep is refused
+    in one line, exit 2, and the folder is left as it was (a second sweep used to run on, rewrite
+    sweep.json and mark the other's runs busy)."""
+    import fcntl
+
+    out = tmp_path / "sweep"
+    out.mkdir()
+    holder = os.open(out / ".sweep.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        proc = subprocess.run(
+            [sys.executable, "-m", "sppo_rl", "sweep", "--algos", "ppo", "--tasks", "short-cartpole", "--seeds",
+             "0", "--total-episodes", "64", "--out-dir", str(out), "--no-progress"],
+            capture_output=True, text=True, timeout=600, cwd=REPO,
+        )  # fmt: skip
+    finally:
+        os.close(holder)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1 and "in use by another sweep" in proc.stderr, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == [".sweep.lock"], "nothing written"
+
+
+@pytest.mark.slow  # two sweeps of two control runs each
+def test_two_sweeps_on_one_folder_one_is_refused_in_one_line_and_sweep_json_stays_true(tmp_path):
+    """Two ``sppo-rl sweep`` started together on one folder: one runs every job and exits 0, the other
+    is refused in one line (exit 2) without writing; sweep.json lists every run finished (both used to
+    exit 2, each marking runs the other finished 'busy')."""
+    import json
+
+    out = tmp_path / "sweep"
+    args = [
+        sys.executable, "-m", "sppo_rl", "sweep", "--algos", "ppo", "grpo", "--tasks", "short-cartpole",
+        "--seeds", "0", "--workers", "1", "--total-episodes", "1280", "--out-dir", str(out), "--no-progress",
+        "--overrides", "tensorboard=false", "eval-episodes=0", "init-from=none", "checkpoint-every=5",
+    ]  # fmt: skip
+    procs = [
+        subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        for _ in range(2)
+    ]
+    results = [(p.wait(timeout=600), *p.communicate()) for p in procs]
+    codes = sorted(rc for rc, _, _ in results)
+    assert codes == [0, 2], [(rc, e[-2000:]) for rc, _, e in results]
+    (_, refused_out, refused_err), (_, _, ok_err) = sorted(results, key=lambda r: -r[0])
+    assert refused_err.count("\n") == 1 and "in use by another sweep" in refused_err, refused_err
+    assert refused_out == "", "the refused sweep printed no table: it ran nothing"
+    manifest = json.loads((out / "sweep.json").read_text())
+    assert [r["status"] for r in manifest["results"]] == ["done", "done"], manifest["results"]

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from paths import cli_refusal
 
-from sppo_rl.cli import main
 from sppo_rl.config import ConfigError, RunConfig
 from sppo_rl.control.config import ControlConfig
 from sppo_rl.llm.config import LLMConfig
@@ -38,18 +38,9 @@ def snapshot(folder: Path) -> dict[str, str] | None:
 def refused(capsys, argv: list[str], out: Path, *needles: str) -> str:
     """Run the CLI; assert exit code 2, exactly one stderr line naming ``needles``, ``out`` untouched."""
     before = snapshot(out)
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exc:
-        main([*argv, "--out-dir", str(out)])
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert exc.value.code == 2, err
-    assert len(lines) == 1, err
-    assert lines[0].startswith("sppo-rl: error: "), err
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
+    line = cli_refusal(capsys, [*argv, "--out-dir", str(out)], *needles)
     assert snapshot(out) == before, "the run folder was created or changed"
-    return lines[0]
+    return line
 
 
 def fake_run(folder: Path) -> None:

@@ -452,20 +452,12 @@ def test_lampo_padding_appended_changes_nothing():
 
 @pytest.mark.parametrize("algo", ["bppo", "lampo"])
 def test_each_variant_solves_the_easy_sparse_control_task(tmp_path, algo):
-    from sppo_rl.control.config import ControlConfig
+    from configs import control_config
+
     from sppo_rl.control.trainer import run_control
     from sppo_rl.runtime.logging import read_metrics
 
-    cfg = ControlConfig(
-        algo=algo,
-        task="short-cartpole",
-        total_episodes=1536,
-        init_from="none",
-        out_dir=str(tmp_path / "run"),
-        progress=False,
-        tensorboard=False,
-        eval_episodes=64,
-    )
+    cfg = control_config(tmp_path, algo=algo, total_episodes=1536, eval_episodes=64)
     summary = run_control(cfg)
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert rows[0]["success_rate"] < 0.5, "the task must start hard for a random policy"
@@ -476,28 +468,12 @@ def test_each_variant_solves_the_easy_sparse_control_task(tmp_path, algo):
 
 @pytest.mark.parametrize("algo", ["bppo", "lampo"])
 def test_each_variant_runs_in_the_llm_world(tmp_path, tiny, algo):
-    from sppo_rl.llm.config import LLMConfig
+    from configs import llm_config
+
     from sppo_rl.llm.trainer import run_llm
     from sppo_rl.runtime.logging import read_metrics
 
-    cfg = LLMConfig(
-        algo=algo,
-        task="arithmetic",
-        model=str(tiny),
-        group_size=4,
-        steps=2,
-        prompts_per_step=4,
-        train_size=64,
-        val_size=8,
-        eval_samples=2,
-        eval_every=1,
-        max_new_tokens=8,
-        out_dir=str(tmp_path / "run"),
-        progress=False,
-        tensorboard=False,
-        threads=1,
-        cache_dir=str(tmp_path / "cache"),
-    )
+    cfg = llm_config(tmp_path, tiny, algo=algo, group_size=4)
     summary = run_llm(cfg)
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert summary["steps"] == 2 and [r["step"] for r in rows] == [0, 1, 2]

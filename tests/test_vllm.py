@@ -16,6 +16,7 @@ import time
 
 import pytest
 import torch
+from configs import TINY_LLM_FLAGS
 from paths import assert_rows_match, reward_file
 
 pytest.importorskip("vllm")
@@ -441,14 +442,7 @@ def test_trainer_runs_with_vllm_rollouts(tiny, tmp_path):
         str(tiny),
         "--steps",
         "3",
-        "--prompts-per-step",
-        "4",
-        "--train-size",
-        "64",
-        "--val-size",
-        "8",
-        "--max-new-tokens",
-        "8",
+        *TINY_LLM_FLAGS,
         "--actor-lr",
         "1e-2",
         "--no-progress",

@@ -1,7 +1,7 @@
-"""Reliability, the input side: recipes are data, model folders are checked before anything
-is built, a reward that cannot pay the data is refused, data rows that contradict each other are
-refused, references that can never be paid are bounded, and GSM8K's ``#### n`` is read where the data is
-GSM8K's. Every refusal: one line on stderr, exit 2, no run folder."""
+"""Untrusted input refused before any work: recipes are data, absurd budgets, model folders checked
+before anything is built, a reward that cannot pay the data, data rows that contradict each other,
+references that can never be paid. Every refusal: one line on stderr, exit 2, no run folder (GSM8K's
+``#### n`` answer is read by the math reward: ``test_reward.py``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from paths import FIXTURES
+from paths import FIXTURES, cli_refusal, write_jsonl
 
 from sppo_rl.cli import main
 from sppo_rl.llm.config import LLMConfig
@@ -23,18 +23,9 @@ MATH500 = FIXTURES / "math__math_500.parquet"
 
 def refused(capsys, argv: list[str], out: Path, *needles: str) -> str:
     """Run the CLI in this process: exit 2, exactly one stderr line holding ``needles``, ``out`` never created."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert exc.value.code == 2, err
-    assert len(lines) == 1, err
-    assert lines[0].startswith("sppo-rl: error: "), err
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
+    line = cli_refusal(capsys, argv, *needles)
     assert not out.exists(), "a run folder was left"
-    return lines[0]
+    return line
 
 
 # ---------------------------------------------------------------------------------- recipes are data
@@ -274,14 +265,9 @@ def test_a_model_that_fits_is_not_refused(tmp_path):
 # ---------------------------------------------------------------------------- reward against the data
 
 
-def _jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 def test_the_integer_reward_on_non_integer_references_is_refused(tmp_path, capsys):
     """Before: the run went to "done" with every rollout invalid and nothing trained."""
-    data = _jsonl(
+    data = write_jsonl(
         tmp_path / "d.jsonl", [{"prompt": f"p{i}", "answer": a} for i, a in enumerate(["3", r"\frac{1}{2}"])]
     )
     model = _model(tmp_path)
@@ -314,7 +300,7 @@ def test_a_prompt_with_two_different_answers_is_refused(tmp_path):
     """Before: accepted silently (no response can be right for both)."""
     from sppo_rl.llm.data.files import DataError, load_examples
 
-    data = _jsonl(
+    data = write_jsonl(
         tmp_path / "d.jsonl",
         [
             {"prompt": "1+1?", "answer": "2"},
@@ -331,7 +317,7 @@ def test_exact_repeats_are_counted_in_one_warning(tmp_path, capsys):
 
     rows = [{"prompt": "1+1?", "answer": "2"}] * 3 + [{"prompt": "2+2?", "answer": "4"}] * 2
     capsys.readouterr()
-    assert len(load_examples(_jsonl(tmp_path / "d.jsonl", rows))) == 5
+    assert len(load_examples(write_jsonl(tmp_path / "d.jsonl", rows))) == 5
     err = capsys.readouterr().err.strip().splitlines()
     assert (
         len(err) == 1
@@ -366,7 +352,7 @@ def test_a_200k_character_reference_is_never_parsed():
 def test_unpayable_references_are_dropped_with_a_warning(tmp_path, capsys):
     from sppo_rl.llm.data.tasks import load_task
 
-    data = _jsonl(
+    data = write_jsonl(
         tmp_path / "d.jsonl", [{"prompt": "a", "answer": "1" * 200_000}, {"prompt": "b", "answer": "2"}]
     )
     capsys.readouterr()
@@ -374,44 +360,3 @@ def test_unpayable_references_are_dropped_with_a_warning(tmp_path, capsys):
     assert [e.answer for e in train] == ["2"] and reward == "math"
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "skipped 1 of 2" in err[0] and "longer than 512 characters" in err[0]
-
-
-# ---------------------------------------------------------------------------------------- GSM8K
-
-
-@pytest.mark.parametrize(
-    "response, expected",
-    [
-        ("so 24+26 = 50\n#### 50", 1.0),
-        ("#### 1,234", 0.0),  # the reference is 50
-        ("#### $50.", 1.0),
-        ("#### 50.0", 1.0),
-        ("#### 50 or 51", 0.0),
-        ("#### 24+26", 0.0),
-        ("#### 49\n#### 50", 1.0),  # the last one counts
-        ("#### 50\n#### 49", 0.0),
-        (r"\boxed{50}", 1.0),
-        (r"#### 50 but \boxed{49}", 0.0),  # a box wins
-        ("The answer is 50.", 0.0),
-    ],
-)
-def test_gsm8k_reward_reads_the_hashes_answer(response, expected):
-    from sppo_rl.llm.rewards.verify import verify_gsm8k, verify_math
-
-    assert verify_gsm8k(response, "50") == expected
-    if "\\boxed" not in response:
-        assert verify_math(response, "50") == 0.0  # strict stays strict
-
-
-def test_the_math_reward_on_gsm8k_data_reads_hashes_and_stays_strict_elsewhere(tmp_path):
-    from sppo_rl.llm.data.tasks import GSM8K_REWARD, load_task
-    from sppo_rl.llm.rewards.scorer import RewardScorer
-
-    gsm = _jsonl(tmp_path / "g.jsonl", [{"question": "24+26?", "answer": "24+26=50\n#### 50"}])
-    boxed = _jsonl(tmp_path / "m.jsonl", [{"prompt": "24+26?", "answer": "50"}])
-    assert load_task(LLMConfig(task=str(gsm), model="m"))[2] == GSM8K_REWARD
-    assert load_task(LLMConfig(task=str(gsm), model="m", reward_fn="math"))[2] == GSM8K_REWARD
-    assert load_task(LLMConfig(task=str(boxed), model="m"))[2] == "math"
-    with RewardScorer(GSM8K_REWARD, timeout_s=10) as scorer:
-        scores = scorer.score(["so 24+26 = 50\n#### 50", "#### 51", r"\boxed{50}"], ["50"] * 3).scores
-    assert scores.tolist() == [1.0, 0.0, 1.0]
