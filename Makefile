@@ -43,7 +43,7 @@ clean:
 # dependencies, the llm CLI and llama-cpp-python, are not used), then a short SPPO run with its 4-layer critic
 # on arithmetic, with the named model's defaults written out (those of the 30-update SPPO runs in docs/llm.md;
 # seed 0); the headline is the last lines.
-DEMO_REAL_ARGS ?= --steps 12 --prompts-per-step 32 --val-size 64 --eval-every 6
+DEMO_REAL_ARGS ?= --updates 12 --prompts-per-step 32 --val-size 64 --eval-every 6
 .PHONY: demo-real
 
 $(VENV)/.installed-real: $(VENV)/.installed

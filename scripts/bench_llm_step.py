@@ -395,7 +395,7 @@ def ours_command(args: argparse.Namespace, model: Path, data: Path, out_dir: Pat
         "--answer-key", "answer",
         "--reward-fn", "integer",
         "--model", str(model),
-        "--steps", str(args.steps),
+        "--updates", str(args.steps),
         "--prompts-per-step", str(args.prompts),
         "--group-size", str(args.group_size),
         "--max-new-tokens", str(args.max_new_tokens),

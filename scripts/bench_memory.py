@@ -247,7 +247,7 @@ CRITIC_RUNS = [  # (configuration, --algo, critic model or None for no critic)
     ("PPO, actor-size token critic", "ppo", "actor"),
 ]
 CRITIC_FLAGS = [  # the same for every run: 4 prompts per update (GRPO: 8 responses each), 2-row passes
-    "--steps", "2", "--prompts-per-step", "4", "--max-new-tokens", "16", "--micro-batch-size", "2",
+    "--updates", "2", "--prompts-per-step", "4", "--max-new-tokens", "16", "--micro-batch-size", "2",
     "--eval-every", "1000", "--val-size", "2", "--eval-samples", "1", "--checkpoint-every", "1000",
     "--no-progress", "--no-tensorboard",
 ]  # fmt: skip

@@ -27,7 +27,7 @@ from pathlib import Path
 from sppo_rl.runtime.logging import TIMING_KEYS as TIMING  # noqa: E402
 
 LLM_COMMON = [
-    "--steps", "3", "--prompts-per-step", "4", "--eval-every", "3", "--val-size", "8", "--eval-samples", "2",
+    "--updates", "3", "--prompts-per-step", "4", "--eval-every", "3", "--val-size", "8", "--eval-samples", "2",
     "--checkpoint-every", "100", "--no-progress", "--no-tensorboard", "--seed", "3",
 ]  # fmt: skip
 LLM_RUNS: dict[str, list[str]] = {
@@ -177,7 +177,7 @@ def run(world: str, args: list[str], out: Path, ignore: frozenset[str] = frozens
     steps = []
     if name.endswith("-resume"):
         if world == "llm":
-            steps = [["--steps", "2"], ["--steps", "3", "--resume"]]
+            steps = [["--updates", "2"], ["--updates", "3", "--resume"]]
         else:
             steps = [["--total-episodes", "64"], ["--total-episodes", "96", "--resume"]]
     for extra in steps or [[]]:

@@ -12,14 +12,14 @@ sigmoid fitted per method, its table in ``compare.md``: :mod:`sppo_rl.experiment
     # the long-horizon comparison: SPPO (N=1), GRPO (N=8), RLOO, PPO, SPPO with a small critic
     python scripts/compare_llm.py --set long --task scratchpad --seconds 600 --out runs/cmp_long
     # the methods: SPPO, GRPO, GSPO, SPPO-seq, GRPO with TIS, DAPO-style GRPO, PPO, PPO with VC-PPO's fixes
-    python scripts/compare_llm.py --set methods --steps 150 --out runs/cmp_methods
+    python scripts/compare_llm.py --set methods --updates 150 --out runs/cmp_methods
     # Latent-GRPO, its unfixed variant, explicit GRPO and SPPO from the curriculum's explicit stage (per seed)
-    python scripts/compare_llm.py --set latent --steps 30 --prompts-per-step 8 --out runs/cmp_latent \
+    python scripts/compare_llm.py --set latent --updates 30 --prompts-per-step 8 --out runs/cmp_latent \
         --llm-args "--val-size 128 --eval-samples 4 --actor-lr 3e-5"
 
 Run sets (``--set``, narrowed by ``--only NAME ...``): ``long``, ``methods``, ``latent``, ``all`` (every method; the
 default). ``--seconds S`` gives every run the same training wall-clock (``--max-seconds`` of ``sppo-rl
-llm``: the last update is the first to end past S; validation is not counted); ``--steps K`` the same
+llm``: the last update is the first to end past S; validation is not counted); ``--updates K`` the same
 number of updates. ``--workers N`` runs N processes at a time: wall-clock figures are only comparable
 on a quiet machine with N no larger than its free cores. ``--reuse`` keeps a run whose folder holds a
 finished run with the same settings and continues (``--resume``) one stopped after a checkpoint (the
@@ -74,7 +74,7 @@ import numpy as np
 from sppo_rl.experiments import decision, protocol
 from sppo_rl.experiments.config import SweepConfig
 from sppo_rl.experiments.sweep import Job, JobResult, llm_config, llm_jobs, sweep
-from sppo_rl.runtime.curves import FINAL_FRAC, final_value
+from sppo_rl.runtime.curves import FINAL_FRAC, tail_value
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -206,7 +206,7 @@ def spread(values: list[float | None]) -> dict:
 
 def seed_figures(rows: list[dict]) -> dict:
     """One seed's raw curve and what it logged: start and final accuracy and pass@k (final: the
-    protocol's :func:`~sppo_rl.runtime.curves.final_value` over the evaluations), the start's
+    protocol's :func:`~sppo_rl.runtime.curves.tail_value` over the evaluations), the start's
     greedy accuracy, the mean response length over the updates, the mean share of responses cut at the
     length limit over the first and over the last :data:`CUT_UPDATES` updates, the totals of its last
     row."""
@@ -219,14 +219,14 @@ def seed_figures(rows: list[dict]) -> dict:
     last = rows[-1] if rows else {}
     return {
         "curve": {
-            "updates": [r["step"] for r in evals],
+            "updates": [r["update"] for r in evals],
             "tokens": [r["generated_tokens"] for r in evals],
             "seconds": [r["wall_time_s"] for r in evals],
             "val_accuracy": acc,
         },
         "format_curve": {key: v for key, v in formats.items() if v and None not in v},
         **{
-            f"{when}_{key}": (v[0] if when == "start" else final_value(v)) if v and None not in v else None
+            f"{when}_{key}": (v[0] if when == "start" else tail_value(v)) if v and None not in v else None
             for key, v in formats.items()
             for when in ("start", "final")
         },
@@ -234,12 +234,12 @@ def seed_figures(rows: list[dict]) -> dict:
         "start_greedy_accuracy": evals[0].get("val_greedy_accuracy") if evals else None,
         "cut_first": statistics.fmean(cut[:CUT_UPDATES]) if cut else None,
         "cut_last": statistics.fmean(cut[-CUT_UPDATES:]) if cut else None,
-        "final_val_accuracy": final_value(acc) if acc else None,
+        "final_val_accuracy": tail_value(acc) if acc else None,
         "k": evals[-1].get("val_k") if evals else None,
         "start_pass_at_k": passk[0] if passk and passk[0] is not None else None,
-        "final_pass_at_k": final_value(passk) if any(p is not None for p in passk) else None,
+        "final_pass_at_k": tail_value(passk) if any(p is not None for p in passk) else None,
         "response_length": statistics.fmean(lengths) if lengths else None,
-        "updates": last.get("step"),
+        "updates": last.get("update"),
         "tokens": last.get("generated_tokens"),
         "seconds": last.get("wall_time_s"),
     }
@@ -251,7 +251,7 @@ CUT_UPDATES = 5
 
 def first_update_at(rows: list[dict], target: float) -> int | None:
     """The update of the first evaluation whose accuracy is at least ``target`` (None: never)."""
-    return next((r["step"] for r in evaluations(rows) if r["val_accuracy"] >= target), None)
+    return next((r["update"] for r in evaluations(rows) if r["val_accuracy"] >= target), None)
 
 
 FORMATS = ("number_rate", "boxed_rate")
@@ -388,7 +388,7 @@ def llm_flags(
 ) -> list[str]:
     """The ``sppo-rl llm`` flags of one (method, seed) run, without ``--seed`` and ``--out-dir`` (the
     sweep's); ``resolve=False`` keeps the ``{explicit}`` placeholder: nothing is built."""
-    budget = ["--steps", str(args.steps)]
+    budget = ["--updates", str(args.updates)]
     if args.seconds is not None:
         budget += ["--max-seconds", str(args.seconds)]
     group = int(flags[flags.index("--group-size") + 1]) if "--group-size" in flags else 1
@@ -461,7 +461,7 @@ def said(job: Job, r: JobResult, out: Path) -> None:
         acc = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
         print(
             f"{name} seed {seed}: val {acc(s['start_val_accuracy'])} -> {acc(s['final_val_accuracy'])} "
-            f"in {s['steps']} updates, {s['wall_time_s']:.0f} s",
+            f"in {s['updates']} updates, {s['wall_time_s']:.0f} s",
             file=sys.stderr,
         )
 
@@ -740,7 +740,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--task", default="arithmetic", help="--task of every run (arithmetic, scratchpad, a file)"
     )
     ap.add_argument(
-        "--steps", type=int, default=None, help="updates per run (default 150; with --seconds: a cap)"
+        "--updates", type=int, default=None, help="updates per run (default 150; with --seconds: a cap)"
     )
     ap.add_argument("--seconds", type=float, default=None, help="equal training wall-clock budget per run")
     ap.add_argument("--prompts-per-step", type=int, default=32)
@@ -780,8 +780,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="keep a run whose folder already holds a finished run with the same settings instead of rerunning it",
     )
     args = ap.parse_args(argv)
-    if args.steps is None:
-        args.steps = 150 if args.seconds is None else 1_000_000
+    if args.updates is None:
+        args.updates = 150 if args.seconds is None else 1_000_000
     seeds, design = set_design(args.set)
     args.seeds = list(range(seeds)) if args.seeds is None else args.seeds
     args.margin = design.margin if args.margin is None else args.margin
@@ -799,7 +799,7 @@ def problems(args: argparse.Namespace, names: list[str]) -> str | None:
     if len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0:
         return f"--seeds {' '.join(map(str, args.seeds))}: distinct integers >= 0"
     for flag, value, ok in (
-        ("--steps", args.steps, args.steps >= 1),
+        ("--updates", args.updates, args.updates >= 1),
         ("--seconds", args.seconds, args.seconds is None or args.seconds > 0),
         ("--prompts-per-step", args.prompts_per_step, args.prompts_per_step >= 1),
         ("--eval-every", args.eval_every, args.eval_every >= 1),
@@ -857,7 +857,7 @@ def main(argv: list[str] | None = None) -> None:
             "only",
             "seeds",
             "task",
-            "steps",
+            "updates",
             "seconds",
             "prompts_per_step",
             "eval_every",

@@ -109,7 +109,7 @@ def llm_run(out: Path) -> None:
     from sppo_rl.llm.trainer import run_llm
 
     names = {f.name for f in dataclasses.fields(LLMConfig)}
-    updates = {"steps": 2} if "steps" in names else {"updates": 2}
+    updates = {"updates": 2} if "steps" in names else {"updates": 2}
     cfg = LLMConfig(
         **updates, prompts_per_step=4, eval_every=2, val_size=8, eval_samples=2, checkpoint_every=100,
         progress=False, tensorboard=False, seed=3, out_dir=str(out),

@@ -31,7 +31,7 @@ def main() -> None:
         "--model", default=None, help="local HF causal-LM folder (default: a random 0.5B-shape Qwen2)"
     )
     ap.add_argument("--gpus", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--updates", type=int, default=4)
     ap.add_argument("--prompts-per-step", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=512)
     ap.add_argument("--data", default=str(FIXTURES / "dapo-math-17k_dedup.parquet"))
@@ -100,8 +100,8 @@ def main() -> None:
         "bfloat16",
         "--temperature",
         "0.6",
-        "--steps",
-        str(args.steps),
+        "--updates",
+        str(args.updates),
         "--prompts-per-step",
         str(args.prompts_per_step),
         "--max-new-tokens",
@@ -121,13 +121,13 @@ def main() -> None:
     print(" ".join(cmd), file=sys.stderr)
     subprocess.run(cmd, check=True, env=dict(os.environ))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = [r for r in rows if r["step"] > 0]
+    steps = [r for r in rows if r["update"] > 0]
     print(
         f"{'step':>4} {'tok/s':>8} {'gen s':>7} {'score s':>8} {'train s':>8} {'sync s':>7} {'peak GiB':>9}"
     )
     for r in steps:
         print(
-            f"{r['step']:4d} {r['gen_tokens_per_s']:8.0f} {r['time_gen_s']:7.2f} {r['time_score_s']:8.2f} "
+            f"{r['update']:4d} {r['gen_tokens_per_s']:8.0f} {r['time_gen_s']:7.2f} {r['time_score_s']:8.2f} "
             f"{r['time_train_s']:8.2f} {r.get('time_sync_s', 0.0):7.2f} {r['peak_memory_mb'] / 1024:9.2f}"
         )
     later = steps[1:] or steps  # the first update includes compilation and warm-up

@@ -62,7 +62,7 @@ PPO_LLM = """\
 # per-token critic instead of SPPO's prompt-only one. From the same seed PPO and SPPO sample the same
 # first responses, and three small updates barely move the policy, so their rewards may coincide here:
 # the difference is in what the critic reads, not in what is sampled.
-ppo_summary = run_llm(LLMConfig(algo="ppo", task="arithmetic", model=str(model), steps=3,
+ppo_summary = run_llm(LLMConfig(algo="ppo", task="arithmetic", model=str(model), updates=3,
                                 prompts_per_step=8, train_size=64, val_size=16, eval_samples=2,
                                 max_new_tokens=8, reward_fn="digit_reward.py:has_digit",
                                 out_dir="tutorial_runs/llm/ppo", cache_dir="tutorial_runs/cache",
@@ -77,9 +77,9 @@ fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
 for algo, rows in llm_runs.items():
     steps = [r for r in rows if "reward_mean" in r]
     style = dict(marker="o", linestyle="--" if algo == "ppo" else "-", label=algo.upper())
-    left.plot([r["step"] for r in steps], [r["reward_mean"] for r in steps], **style)
+    left.plot([r["update"] for r in steps], [r["reward_mean"] for r in steps], **style)
     right.plot([r["generated_tokens"] for r in steps], [r["reward_mean"] for r in steps], **style)
-left.set_xticks([r["step"] for r in steps])
+left.set_xticks([r["update"] for r in steps])
 left.set(xlabel="update", ylabel="mean reward (has a digit)", title="tiny LLM, one seed")
 right.set(xlabel="generated tokens so far", title="the same against the tokens sampled")
 for ax in (left, right):

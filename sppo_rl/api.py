@@ -17,7 +17,7 @@ import gymnasium as gym
 from sppo_rl import Policy, train_control
 policy = train_control("short-cartpole", algo="sppo", total_episodes=128, init_from="none")
 obs, _ = gym.make("sppo_rl/ShortCartPole-v0").reset(seed=0)
-policy.save("policy.pt"); print(Policy.load("policy.pt").predict(obs, deterministic=True)[0], policy.summary["final_success_rate"])
+policy.save("policy.pt"); print(Policy.load("policy.pt").predict(obs, deterministic=True)[0], policy.summary["tail_success_rate"])
 ```
 
 Your own task: any Gymnasium env (an id, or a function returning a new env) with a success test
@@ -33,7 +33,7 @@ from sppo_rl import register_custom_task, train_control
 def upright(obs, info, terminated, truncated): return not terminated and abs(obs[2]) < 0.05
 register_custom_task("cartpole-upright", "CartPole-v1", success=upright, horizon=20)
 policy = train_control("cartpole-upright", algo="grpo", total_episodes=64, init_from="none")
-print(policy.summary["final_success_rate"], policy.predict([[0.0, 0.0, 0.01, 0.0, 1.0]] * 3, deterministic=True)[0])
+print(policy.summary["tail_success_rate"], policy.predict([[0.0, 0.0, 0.01, 0.0, 1.0]] * 3, deterministic=True)[0])
 ```
 
 An LLM, on in-memory ``(prompt, answer)`` pairs (written to a JSONL file in the run folder), with a
@@ -45,7 +45,7 @@ folder (the tests use a tiny one); ``generate`` decodes greedily by default; ``s
 from sppo_rl import LLMPolicy, train_llm
 from sppo_rl.llm.rewards.verify import verify_integer  # any module-level f(response, truth) -> score in [0, 1]
 examples = [(f"{a}+{b}=", str(a + b)) for a in range(10) for b in range(10)]
-policy = train_llm(examples, reward=verify_integer, algo="grpo", model=model_dir, steps=1, prompts_per_step=4)
+policy = train_llm(examples, reward=verify_integer, algo="grpo", model=model_dir, updates=1, prompts_per_step=4)
 policy.save_pretrained("tiny-grpo"); print(LLMPolicy.load("tiny-grpo").generate(["2+3="]), policy.run_dir)
 ```
 
@@ -140,7 +140,7 @@ class Policy:
     Attributes:
         actor: the :class:`~sppo_rl.control.networks.Actor` (a torch module, observation normaliser inside).
         run_dir: the run folder it came from (None when loaded from a lone file).
-        summary: the run's summary (``final_success_rate``, ``episodes``, ...; empty if unknown).
+        summary: the run's summary (``tail_success_rate``, ``episodes``, ...; empty if unknown).
         meta: what the actor file stores beside the weights (``summary``, ``config``).
     """
 
@@ -550,7 +550,7 @@ class LLMPolicy:
     Attributes:
         folder: the model folder (a run's ``final/actor``).
         run_dir: the run folder it came from (None for a lone model folder).
-        summary: the run's summary (``final_val_accuracy``, ``steps``, ...; empty if unknown).
+        summary: the run's summary (``final_val_accuracy``, ``updates``, ...; empty if unknown).
         prompt_format: how the run turned a prompt into the model's text (``--chat-template``,
             ``--system-prompt``, ``--instruction``: :class:`~sppo_rl.llm.data.prompts.PromptFormat`); read from
             the folder's ``prompt_format.json``, else the run's ``config.json``, else the defaults.
@@ -716,7 +716,7 @@ def train_llm(
     ``"arithmetic"``; None: the ``task`` setting (default ``arithmetic``). ``val_examples``: the same for
     the validation set (none by default for examples). ``reward``: see :func:`reward_spec` (None: the
     task's default, math-verify for data). ``settings``: fields of :class:`~sppo_rl.llm.config.LLMConfig`
-    (``model`` is needed for anything but arithmetic, ``steps``, ``group_size``, ``lr_schedule``,
+    (``model`` is needed for anything but arithmetic, ``updates``, ``group_size``, ``lr_schedule``,
     ``out_dir``, ...). ``callback(row)`` is called with each update's metrics row; returning ``False``
     stops the run there (the summary says ``stopped_by_callback``).
     """

@@ -66,7 +66,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
             llm[algo] = run_llm(
                 LLMConfig(
                     algo=algo,
-                    steps=cfg.llm_steps,
+                    updates=cfg.llm_steps,
                     seed=cfg.seed,
                     out_dir=str(out),
                     overwrite=True,
@@ -80,7 +80,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     )
     for algo, s in control.items():
         print(
-            f"{algo:8s} {s['first_success_rate']:11.2f} {s['final_success_rate']:12.2f} "
+            f"{algo:8s} {s['first_success_rate']:11.2f} {s['tail_success_rate']:12.2f} "
             f"{s.get('final_eval_success_rate', float('nan')):11.2f} {s['wall_time_s']:7.1f} {s['sps']:8.0f}"
         )
     if llm:

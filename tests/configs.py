@@ -20,7 +20,7 @@ def llm_config(tmp_path: Path, model: Path | str | None, name: str = "run", **kw
     base = dict(
         task="arithmetic",
         model=str(model) if model else None,
-        steps=2,
+        updates=2,
         prompts_per_step=4,
         train_size=64,
         val_size=8,
@@ -62,7 +62,7 @@ def control_config(tmp_path: Path, name: str = "run", **kw: Any) -> ControlConfi
 def checkpointed_llm_config(model: Path | str, out: Path, **kw: Any) -> LLMConfig:
     """An sppo run in ``out`` that checkpoints after every update (3 kept): 3 updates of 2 prompts drawn
     from 32, 6 new tokens, validation only before training (``eval_every`` 1000); ``kw`` overrides any of it."""
-    base = dict(algo="sppo", steps=3, prompts_per_step=2, train_size=32, val_size=4, eval_every=1000,
+    base = dict(algo="sppo", updates=3, prompts_per_step=2, train_size=32, val_size=4, eval_every=1000,
                 max_new_tokens=6, checkpoint_every=1, keep_checkpoints=3)  # fmt: skip
     return llm_config(out.parent, model, out.name, **{**base, **kw})
 

@@ -54,7 +54,7 @@ def assert_rows_match(
         for key in keys:
             if key in ra:
                 assert rb[key] == pytest.approx(ra[key], rel=rel, abs=abs), (
-                    ra["step"],
+                    ra["update"],
                     key,
                     ra[key],
                     rb[key],
@@ -113,12 +113,12 @@ def assert_rows_close(a: list[dict], b: list[dict]) -> None:
 
     assert len(a) == len(b)
     for ra, rb in zip(a, b):
-        assert ra.keys() == rb.keys(), (ra.get("step"), set(ra) ^ set(rb))
+        assert ra.keys() == rb.keys(), (ra.get("update"), set(ra) ^ set(rb))
         for k, v in ra.items():
             if isinstance(v, float):
-                assert rb[k] == pytest.approx(v, rel=1e-4, abs=1e-5), (ra.get("step"), k)
+                assert rb[k] == pytest.approx(v, rel=1e-4, abs=1e-5), (ra.get("update"), k)
             else:
-                assert rb[k] == v, (ra.get("step"), k)
+                assert rb[k] == v, (ra.get("update"), k)
 
 
 def run_cli(args: list[str]) -> subprocess.CompletedProcess:

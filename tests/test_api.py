@@ -108,7 +108,7 @@ def test_example_1_control_policy_trains_saves_loads_and_predicts(tmp_path, monk
     assert policy.run_dir.parent == Path("runs/api") and (tmp_path / policy.run_dir / "final.pt").is_file()
     assert printed == [
         str(policy.predict(obs, deterministic=True)[0]),
-        str(policy.summary["final_success_rate"]),
+        str(policy.summary["tail_success_rate"]),
     ]
     loaded = api.Policy.load("policy.pt")
     batch = np.stack([obs, obs * 0.5, -obs])
@@ -128,7 +128,7 @@ def test_example_2_own_task_outcomes_come_from_the_predicate(tmp_path, monkeypat
     printed = run_example(1, ns)
     policy = ns["policy"]
     assert policy.summary["task"] == "cartpole-upright" and policy.summary["episodes"] == 64
-    assert printed.split()[0] == str(policy.summary["final_success_rate"])
+    assert printed.split()[0] == str(policy.summary["tail_success_rate"])
     assert policy.predict([[0.0, 0.0, 0.01, 0.0, 1.0]] * 3)[0].shape == (3,)
     saved = json.loads((policy.run_dir / "config.json").read_text())
     assert saved["resolved"]["horizon"] == 20 and saved["resolved"]["task"] == "cartpole-upright"
@@ -154,7 +154,7 @@ def test_example_3_llm_trains_on_in_memory_examples_and_generates(tmp_path, monk
     ns: dict = {"model_dir": str(tiny)}
     printed = run_example(2, ns)
     policy = ns["policy"]
-    assert policy.summary["steps"] == 1 and policy.summary["algo"] == "grpo"
+    assert policy.summary["updates"] == 1 and policy.summary["algo"] == "grpo"
     saved = json.loads((policy.run_dir / "config.json").read_text())
     assert saved["reward_fn"] == "sppo_rl.llm.rewards.verify:verify_integer"
     data = Path(saved["task"])
@@ -189,7 +189,7 @@ def test_llm_policy_renders_plain_prompts_as_the_run_did(tmp_path):
     llama = build_small_llama(tmp_path / "llama")
     train = [(f"{a}+{a}=", str(2 * a)) for a in range(6)]
     out = tmp_path / "run"
-    kw = dict(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4, instruction=INSTRUCTION, **QUIET)
+    kw = dict(updates=1, prompts_per_step=2, group_size=2, max_new_tokens=4, instruction=INSTRUCTION, **QUIET)
     api.train_llm(train, reward=saw_the_data_prompt, algo="grpo", model=str(llama), out_dir=str(out), **kw)
     assert read_metrics(out / "metrics.jsonl")[-1]["reward_mean"] == 1.0
     want = chatml(("user", f"3+4= {INSTRUCTION}"))
@@ -435,8 +435,8 @@ def test_train_llm_refuses_a_lambda_before_touching_anything(tmp_path):
         api.train_llm([("1+1=", "2")], stepz=1, out_dir=str(tmp_path / "run"))
     with pytest.raises(TypeError, match="example 1: expected a \\(prompt, answer\\) pair"):
         api.train_llm([("1+1=", "2"), "3"], out_dir=str(tmp_path / "run"))
-    with pytest.raises(ValueError, match="--steps must be >= 1"):
-        api.train_llm([("1+1=", "2")], steps=0, out_dir=str(tmp_path / "run"))
+    with pytest.raises(ValueError, match="--updates must be >= 1"):
+        api.train_llm([("1+1=", "2")], updates=0, out_dir=str(tmp_path / "run"))
     with pytest.raises(RunError, match="give --model for other data"):
         api.train_llm([("1+1=", "2")], out_dir=str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
@@ -445,7 +445,7 @@ def test_train_llm_refuses_a_lambda_before_touching_anything(tmp_path):
 def test_train_llm_scores_with_the_callable_and_resumes_with_the_same_examples(tmp_path, tiny):
     train = [(f"{a}+{a}=", str(2 * a)) for a in range(10)]
     val = [("7+1=", "8"), ("2+2=", "4")]
-    kw = dict(model=str(tiny), steps=1, prompts_per_step=4, max_new_tokens=4, eval_samples=2, **QUIET)
+    kw = dict(model=str(tiny), updates=1, prompts_per_step=4, max_new_tokens=4, eval_samples=2, **QUIET)
     out = tmp_path / "run"
     policy = api.train_llm(train, reward=always_right, algo="sppo", val_examples=val, out_dir=str(out), **kw)
     saved = json.loads((out / "config.json").read_text())
@@ -484,14 +484,17 @@ def test_train_llm_scores_with_the_callable_and_resumes_with_the_same_examples(t
         val_examples=val,
         out_dir=str(out),
         resume=True,
-        **{**kw, "steps": 2},
+        **{**kw, "updates": 2},
     )
-    assert more.summary["steps"] == 2 and [r["step"] for r in read_metrics(out / "metrics.jsonl")][-1] == 2
+    assert (
+        more.summary["updates"] == 2 and [r["update"] for r in read_metrics(out / "metrics.jsonl")][-1] == 2
+    )
     again = api.train_llm(
         train, reward=first_char_matches, algo="sppo", out_dir=str(out), overwrite=True, **kw
     )  # overwrite clears the folder after the trainer read the data: the data file is put back
     assert (
-        Path(json.loads((out / "config.json").read_text())["task"]).is_file() and again.summary["steps"] == 1
+        Path(json.loads((out / "config.json").read_text())["task"]).is_file()
+        and again.summary["updates"] == 1
     )
 
 

@@ -100,7 +100,7 @@ def test_a_run_under_autocast_trains_and_records_it(tmp_path, llama):
                 name=mode,
                 autocast=mode,
                 reward_fn=_parity(tmp_path),
-                steps=2,
+                updates=2,
                 prompts_per_step=4,
                 max_new_tokens=6,
             )

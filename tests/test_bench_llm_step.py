@@ -106,7 +106,7 @@ def test_ours_command_carries_the_settings(bench, tmp_path):
     flags = dict(zip(cmd[2::1], cmd[3::1]))
     assert cmd[1] == "llm"
     assert flags["--algo"] == "grpo"
-    assert flags["--steps"] == "5"
+    assert flags["--updates"] == "5"
     assert flags["--prompts-per-step"] == "4"
     assert flags["--group-size"] == "6"
     assert flags["--max-new-tokens"] == "3"
@@ -121,12 +121,12 @@ def test_ours_command_carries_the_settings(bench, tmp_path):
 def test_read_ours_keeps_update_rows(bench, tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     rows = [
-        {"step": 0, "val_accuracy": 0.0},
-        {"step": 1, "step_time_s": 2.0},
-        {"step": 2, "step_time_s": 1.0},
+        {"update": 0, "val_accuracy": 0.0},
+        {"update": 1, "step_time_s": 2.0},
+        {"update": 2, "step_time_s": 1.0},
     ]
     metrics.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
-    assert [r["step"] for r in bench.read_ours(metrics)] == [1, 2]
+    assert [r["update"] for r in bench.read_ours(metrics)] == [1, 2]
 
 
 def test_table_shows_medians_minima_and_ratios(bench):

@@ -113,7 +113,7 @@ def test_no_intact_checkpoint_is_one_error_naming_each(tmp_path):
 def test_metrics_shorter_than_recorded_is_refused_naming_both_sizes(tmp_path):
     log = RunLogger(tmp_path, tensorboard=False)
     for step in (1, 2, 3):
-        log.log({"step": step, "x": 0.5}, step=step)
+        log.log({"update": step, "x": 0.5}, step=step)
     pos = log.position()
     log.close()
     path = tmp_path / "metrics.jsonl"
@@ -196,7 +196,7 @@ def test_llm_resume_skips_a_damaged_engine_file(tmp_path, tiny, capsys):
     run_llm(replace(checkpointed_llm_config(tiny, part), resume=True))
     assert f"skipping damaged checkpoint {newest.name}" in capsys.readouterr().err
     a, b = read_metrics(full / "metrics.jsonl"), read_metrics(part / "metrics.jsonl")
-    assert [r["step"] for r in b] == [0, 1, 2, 3]
+    assert [r["update"] for r in b] == [0, 1, 2, 3]
     assert_rows_close(strip_timing(a, LLM_TIMING), strip_timing(b, LLM_TIMING))
 
 
@@ -208,7 +208,7 @@ def test_two_process_deepspeed_resume_skips_a_checkpoint_with_a_damaged_rank_sha
     out = tmp_path / "run"
     args = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
-        "-m", "sppo_rl", "llm", "--algo", "sppo", "--steps", "3", "--model", str(tiny), "--prompts-per-step",
+        "-m", "sppo_rl", "llm", "--algo", "sppo", "--updates", "3", "--model", str(tiny), "--prompts-per-step",
         "4", "--train-size", "32", "--val-size", "4", "--max-new-tokens", "6", "--eval-every", "1000",
         "--checkpoint-every", "1", "--keep-checkpoints", "3", "--no-progress", "--no-tensorboard", "--threads",
         "1", "--engine", "deepspeed", "--zero-stage", "2", "--out-dir", str(out),
@@ -234,7 +234,7 @@ def test_two_process_deepspeed_resume_skips_a_checkpoint_with_a_damaged_rank_sha
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"skipping damaged checkpoint {newest.name}" in again.stderr and "zero_pp_rank_1" in again.stderr
     after = read_metrics(out / "metrics.jsonl")
-    assert [r["step"] for r in after] == [0, 1, 2, 3]
+    assert [r["update"] for r in after] == [0, 1, 2, 3]
     assert_rows_close(strip_timing(before, LLM_TIMING), strip_timing(after, LLM_TIMING))
 
 

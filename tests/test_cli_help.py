@@ -29,7 +29,7 @@ def _help(args: list[str], capsys, monkeypatch) -> list[str]:
 @pytest.mark.parametrize(
     "command, common",
     [
-        ("llm", ["--algo", "--model", "--task", "--reward-fn", "--steps", "--out-dir", "--recipe"]),
+        ("llm", ["--algo", "--model", "--task", "--reward-fn", "--updates", "--out-dir", "--recipe"]),
         (
             "control",
             ["--algo", "--task", "--total-episodes", "--out-dir", "--recipe", "--init-from", "--dense"],
@@ -73,10 +73,10 @@ def test_the_view_parses_to_the_config_and_back():
     from sppo_rl.runtime.flags import from_view, parse, to_view
 
     cfg = parse(
-        LLMConfig, ["--lora-rank", "4", "--top-k", "5", "--wandb", "--kl-coef", "0.1", "--steps", "3"]
+        LLMConfig, ["--lora-rank", "4", "--top-k", "5", "--wandb", "--kl-coef", "0.1", "--updates", "3"]
     )
     assert type(cfg) is LLMConfig
-    assert (cfg.lora.rank, cfg.top_k, cfg.wandb.enabled, cfg.kl_coef, cfg.steps) == (4, 5, True, 0.1, 3)
+    assert (cfg.lora.rank, cfg.top_k, cfg.wandb.enabled, cfg.kl_coef, cfg.updates) == (4, 5, True, 0.1, 3)
     view = flag_view(LLMConfig, "llm")
     assert from_view(LLMConfig, to_view(view, cfg)) == cfg
     with pytest.raises(SystemExit) as e:  # --recipe is read by main, never silently dropped
@@ -128,8 +128,8 @@ def test_a_trl_or_verl_name_gets_our_flag_in_one_line(capsys):
         "llm", LLMConfig, ["--actor_rollout_ref.rollout.n=8"]
     )
     assert (
-        unknown_flag("llm", LLMConfig, ["--stpes", "3"])
-        == "unknown flag --stpes; did you mean --steps? See sppo-rl llm --help"
+        unknown_flag("llm", LLMConfig, ["--updtes", "3"])
+        == "unknown flag --updtes; did you mean --updates? See sppo-rl llm --help"
     )
     assert unknown_flag("control", ControlConfig, ["--total-episode", "3"]).startswith(
         "unknown flag --total-episode; did you mean --total-episodes?"
@@ -141,7 +141,7 @@ def test_a_trl_or_verl_name_gets_our_flag_in_one_line(capsys):
     # known flags, their --no- forms and values that look like flags pass through to tyro
     assert (
         unknown_flag(
-            "llm", LLMConfig, ["--steps", "3", "--no-progress", "--recipe", "x", "--lora-rank", "-1"]
+            "llm", LLMConfig, ["--updates", "3", "--no-progress", "--recipe", "x", "--lora-rank", "-1"]
         )
         is None
     )
@@ -150,10 +150,10 @@ def test_a_trl_or_verl_name_gets_our_flag_in_one_line(capsys):
 def test_recipe_given_with_an_equals_sign_is_read_as_a_recipe():
     from sppo_rl.cli import _split_recipe
 
-    assert _split_recipe(["--recipe=sppo-7b-dapo", "--steps", "3"]) == [
+    assert _split_recipe(["--recipe=sppo-7b-dapo", "--updates", "3"]) == [
         "--recipe",
         "sppo-7b-dapo",
-        "--steps",
+        "--updates",
         "3",
     ]
     assert _split_recipe(["--recipe-file=r.json"]) == ["--recipe-file", "r.json"]

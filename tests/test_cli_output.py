@@ -220,7 +220,7 @@ def test_first_embedded_llm_run_says_up_front_it_builds_the_warm_start(tmp_path,
     from sppo_rl.llm.trainer import run_llm
 
     def run(name: str) -> str:
-        cfg = LLMConfig(task="arithmetic", steps=1, prompts_per_step=2, train_size=16, val_size=4, eval_samples=1,
+        cfg = LLMConfig(task="arithmetic", updates=1, prompts_per_step=2, train_size=16, val_size=4, eval_samples=1,
                         max_new_tokens=4, sft=SFT(steps=1), out_dir=str(tmp_path / name), progress=False,
                         tensorboard=False, cache_dir=str(tmp_path / "cache"))  # fmt: skip
         run_llm(cfg)

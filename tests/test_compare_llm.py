@@ -32,10 +32,10 @@ def rows_of(
 ):
     """Metrics rows as ``sppo-rl llm`` logs them: the start evaluation at step 0, then one row per update,
     ``val_accuracy`` every ``every`` updates (``acc[i]`` at update ``i * every``; None: no evaluation)."""
-    rows = [{"step": 0, "wall_time_s": 0.0, "generated_tokens": 0, "val_accuracy": acc[0]}]
+    rows = [{"update": 0, "wall_time_s": 0.0, "generated_tokens": 0, "val_accuracy": acc[0]}]
     for step in range(1, every * (len(acc) - 1) + 1):
         row = {
-            "step": step,
+            "update": step,
             "wall_time_s": step * seconds_per_update,
             "generated_tokens": step * tokens_per_update,
             "reward_mean": 0.5,
@@ -239,7 +239,7 @@ def test_format_rates_start_final_table_and_figure(cmp, tmp_path):
 def test_latent_set_passes_the_flag_check_without_building_its_warm_start(cmp):
     """The per-seed explicit warm start is a placeholder in the pre-run check: a missing-folder check on
     '{explicit}' would refuse the set; resolving it would build a model before anything is validated."""
-    args = cmp.parse(["--set", "latent", "--steps", "2"])
+    args = cmp.parse(["--set", "latent", "--updates", "2"])
     flags = cmp.llm_flags(dict(cmp.run_sets()["latent"])["grpo"], args, 0, cmp.SMALL, resolve=False)
     assert cmp.EXPLICIT in flags and "--seed" not in flags  # the seed is the sweep's
     assert cmp.flag_problem("grpo", flags) is None
@@ -290,7 +290,7 @@ def _compare(
         str(out),
         "--seeds",
         *seeds,
-        "--steps",
+        "--updates",
         str(steps),
         "--prompts-per-step",
         "4",
@@ -364,7 +364,7 @@ def test_two_seeds_end_to_end_and_finished_runs_are_reused(tmp_path, tiny):
     proc = _compare(out, tiny, tmp_path / "cache", 3, "grpo")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "reusing" not in proc.stderr
-    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [0, 1, 2, 3]
+    assert [json.loads(line)["update"] for line in metrics.read_text().splitlines()] == [0, 1, 2, 3]
 
 
 @pytest.mark.slow  # about a minute on a busy machine: three tiny runs; tests/test_sweep.py has the fast one
@@ -375,7 +375,18 @@ def test_reuse_keeps_a_finished_run_and_resumes_a_stopped_one(cmp, tmp_path, tin
     monkeypatch.setenv("SPPO_RL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("MPLBACKEND", "Agg")
     out = tmp_path / "cmp"
-    argv = ["--out", str(out), "--seeds", "0", "--steps", "2", "--prompts-per-step", "4", "--eval-every", "1"]
+    argv = [
+        "--out",
+        str(out),
+        "--seeds",
+        "0",
+        "--updates",
+        "2",
+        "--prompts-per-step",
+        "4",
+        "--eval-every",
+        "1",
+    ]
     argv += ["--workers", "2", "--reuse", "--only", "sppo", "grpo", "--llm-args"]
     argv += [
         f"--model {tiny} --train-size 32 --val-size 8 --eval-samples 2 --max-new-tokens 6 --checkpoint-every 1"
@@ -442,7 +453,7 @@ def test_a_row_per_seed_says_when_it_took_off_and_whether_it_drifted_to_the_leng
     for rows, first, last in ((took_off, 0.0, 0.0), (drifted, 0.1, 0.9)):
         rows[0]["val_greedy_accuracy"] = 0.0625
         for r in rows[1:]:
-            r["response_clip_frac"] = first if r["step"] <= 5 else last if r["step"] > 25 else 0.5
+            r["response_clip_frac"] = first if r["update"] <= 5 else last if r["update"] > 25 else 0.5
     report = cmp.compare({"sppo": {0: took_off, 1: drifted}}, target=0.3)
     seeds = report["methods"]["sppo"]["per_seed"]
     assert (seeds[0]["first_update_at_target"], seeds[1]["first_update_at_target"]) == (20, None)

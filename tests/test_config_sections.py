@@ -57,8 +57,8 @@ def test_config_json_stays_one_flat_key_per_flag_and_round_trips():
     assert not any(isinstance(v, dict) and k in SECTIONS for k, v in flat.items()), "no nested objects"
     assert from_flat(LLMConfig, flat) == cfg
     assert get_flat(cfg, "vllm_sleep") is True
-    changed = replace_flat(cfg, lora_rank=8, wandb_group="h", steps=3)
-    assert (changed.lora.rank, changed.lora.alpha, changed.wandb.group, changed.steps) == (8, 8.0, "h", 3)
+    changed = replace_flat(cfg, lora_rank=8, wandb_group="h", updates=3)
+    assert (changed.lora.rank, changed.lora.alpha, changed.wandb.group, changed.updates) == (8, 8.0, "h", 3)
     assert cfg.lora.rank == 4, "replace_flat copies, it does not change the config it is given"
     with pytest.raises(TypeError, match="lora_rnk"):
         from_flat(LLMConfig, {"lora_rnk": 2})
@@ -82,7 +82,7 @@ def test_a_bad_section_value_is_refused_by_its_flag():
 
 
 OLD_CONFIG = {  # keys as config.json held them before the sections (a subset; the rest take defaults)
-    "task": "arithmetic", "algo": "sppo", "seed": 3, "steps": 2, "lora_rank": 2, "lora_alpha": 4.0,
+    "task": "arithmetic", "algo": "sppo", "seed": 3, "updates": 2, "lora_rank": 2, "lora_alpha": 4.0,
     "lora_targets": ["q_proj", "v_proj"], "overlong_filter": True, "sft_steps": 5, "latent_topk": 7,
     "vllm_sleep": True, "wandb": False, "wandb_group": "old", "wandb_tags": ["t"],
     "resolved": {"group_size": 1},
@@ -118,31 +118,43 @@ def test_a_recipe_with_flat_section_keys_loads_and_a_misspelt_one_is_refused(tmp
     with pytest.raises(RunError, match="unknown field.*lora_rnk"):
         load_recipe(LLMConfig, file=bad)
     worse = tmp_path / "worse.json"
-    worse.write_text('{\n  "steps": 2,\n  "lora_dropout": 1.5\n}\n')
+    worse.write_text('{\n  "updates": 2,\n  "lora_dropout": 1.5\n}\n')
     with pytest.raises(RunError, match=r"worse.json:3: lora_dropout must be in \[0, 1\), got 1.5"):
         load_recipe(LLMConfig, file=worse)
 
 
 def test_a_run_with_section_flags_saves_them_flat_and_resumes_from_them(tmp_path, tiny, capsys):
     """A 1-update LoRA + overlong-filter run, stopped before its end, resumes from its config.json alone
-    (`--resume --steps 2`): the sections come back from the flat keys and the run goes on."""
+    (`--resume --updates 2`): the sections come back from the flat keys and the run goes on."""
     out = tmp_path / "run"
     common = ["--model", str(tiny), "--task", "arithmetic", "--algo", "grpo", "--group-size", "2"]
     common += ["--prompts-per-step", "2", "--train-size", "16", "--val-size", "2", "--eval-samples", "1"]
     common += ["--max-new-tokens", "4", "--no-progress", "--no-tensorboard", "--out-dir", str(out)]
     main(
-        ["llm", *common, "--steps", "1", "--lora-rank", "2", "--lora-targets", "q_proj", "--overlong-filter"]
+        [
+            "llm",
+            *common,
+            "--updates",
+            "1",
+            "--lora-rank",
+            "2",
+            "--lora-targets",
+            "q_proj",
+            "--overlong-filter",
+        ]
     )
     saved = json.loads((out / "config.json").read_text())
     assert (saved["lora_rank"], saved["lora_targets"], saved["overlong_filter"]) == (2, ["q_proj"], True)
     assert "lora" not in saved and "overlong" not in saved
     (out / "summary.json").unlink()  # as if stopped before its end
-    main(["llm", "--out-dir", str(out), "--resume", "--steps", "2"])
+    main(["llm", "--out-dir", str(out), "--resume", "--updates", "2"])
     saved = json.loads((out / "config.json").read_text())
-    assert (saved["lora_rank"], saved["lora_targets"], saved["overlong_filter"], saved["steps"]) == (
+    assert (saved["lora_rank"], saved["lora_targets"], saved["overlong_filter"], saved["updates"]) == (
         2,
         ["q_proj"],
         True,
         2,
     )
-    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2], "update 2 appended after 1"
+    assert [r["update"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2], (
+        "update 2 appended after 1"
+    )

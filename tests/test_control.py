@@ -348,7 +348,7 @@ def test_the_readme_quickstart_prints_no_warning(tmp_path, capsys):
     """The whole quickstart (640 episodes, about 45 s on a shared 2-core machine): no warning at all."""
     err, summary = _quickstart(tmp_path, capsys, 640)
     assert "warning" not in err and not summary.get("warnings")
-    assert summary["final_success_rate"] > 0.5
+    assert summary["tail_success_rate"] > 0.5
 
 
 def test_spo_start_states_draw_by_uncertainty_and_discount_by_distance():
@@ -504,11 +504,11 @@ def test_summary_final_is_the_last_tenth_of_the_updates(tmp_path):
     run = ControlRun(control_config(tmp_path, algo="grpo", total_episodes=64 * 12))
     try:
         rows = [{"update": i + 1, "success_rate": y} for i, y in enumerate([0.0] * 18 + [1.0, 0.5])]
-        assert run.finish(rows)["final_success_rate"] == pytest.approx(0.75)
+        assert run.finish(rows)["tail_success_rate"] == pytest.approx(0.75)
         # 7 updates (one a row without a success rate, which does not count): the last one
         rows = [{"update": i + 1, "success_rate": y} for i, y in enumerate([0.0] * 6 + [0.25])]
-        assert run.finish(rows + [{"update": 8}])["final_success_rate"] == 0.25
-        assert run.finish([])["final_success_rate"] is None
+        assert run.finish(rows + [{"update": 8}])["tail_success_rate"] == 0.25
+        assert run.finish([])["tail_success_rate"] is None
     finally:
         run.close()
 
@@ -530,7 +530,7 @@ def test_the_summary_is_computed_from_rows_state_and_plan(tmp_path):
         "env_steps": 1000,
         "wall_time_s": 4.0,
         "sps": 250.0,
-        "final_success_rate": 0.75,
+        "tail_success_rate": 0.75,
     }
 
 
@@ -542,4 +542,4 @@ def test_headline_summary_and_report_agree(tmp_path, capsys):
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     report = run_report(ReportConfig(inputs=(str(tmp_path / "run"),), out=str(tmp_path / "report")))
     (group,) = report["groups"]
-    assert saved["final_success_rate"] == summary["final_success_rate"] == group["final_success_mean"]
+    assert saved["tail_success_rate"] == summary["tail_success_rate"] == group["final_success_mean"]

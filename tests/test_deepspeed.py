@@ -40,7 +40,7 @@ def _args(tiny: Path, out: Path) -> list[str]:
         "sppo",
         "--task",
         "arithmetic",
-        "--steps",
+        "--updates",
         "2",
         "--seed",
         "0",
@@ -120,7 +120,7 @@ def test_two_process_zero_matches_one_process(tiny, reference, tmp_path, stage, 
     out = tmp_path / "ds"
     _two_ranks(tiny, out, "--engine", "deepspeed", "--zero-stage", str(stage), *split)
     a, b = read_metrics(reference / "metrics.jsonl"), read_metrics(out / "metrics.jsonl")
-    assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2]
+    assert [r["update"] for r in a] == [r["update"] for r in b] == [0, 1, 2]
     assert b[-1]["time_sync_s"] > 0, "the rollout replica is refreshed after every update"
     assert 0.0 < a[1]["reward_mean"] < 1.0 or a[2]["policy_loss"] != 0.0, "the run should learn something"
     assert_rows_match(a, b, COMPARED)
@@ -159,7 +159,7 @@ def test_two_process_zero_with_lora_matches_one_process(tiny, lora_reference, tm
     out = tmp_path / "ds"
     _two_ranks(tiny, out, *LORA, "--engine", "deepspeed", "--zero-stage", str(stage))
     a, b = read_metrics(lora_reference / "metrics.jsonl"), read_metrics(out / "metrics.jsonl")
-    assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2]
+    assert [r["update"] for r in a] == [r["update"] for r in b] == [0, 1, 2]
     assert a[1]["kl"] == 0.0 and a[2]["kl"] > 0.0, "the reference is the base: KL 0 until the adapters move"
     assert_rows_match(a, b, (*COMPARED, "kl"))
     for r in b[1:]:
@@ -208,8 +208,8 @@ def test_a_rank_ends_past_the_interpreters_teardown_with_everything_written(tiny
     assert done.returncode == 0, done.stderr[-3000:]
     assert "exit hooks ran" not in done.stdout
     assert "[sppo-rl] done: sppo, seed 0" in done.stdout + done.stderr, "the last lines were flushed"
-    assert json.loads((out / "summary.json").read_text())["steps"] == 2
-    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2]
+    assert json.loads((out / "summary.json").read_text())["updates"] == 2
+    assert [r["update"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2]
 
 
 def test_bad_input_in_a_rank_is_one_line_and_exit_2(tiny, tmp_path):

@@ -93,7 +93,7 @@ def _check_row(r: dict, cfg: LLMConfig) -> None:
 
 
 def test_dynamic_sampling_refills_the_batch_from_the_data_order_and_counts_the_cost(tmp_path, tiny):
-    cfg = _cfg(tmp_path, tiny, dynamic_sampling_rounds=2, steps=1, train_size=64)
+    cfg = _cfg(tmp_path, tiny, dynamic_sampling_rounds=2, updates=1, train_size=64)
     run = LLMRun(cfg)
     try:
         left = len(run.train_set)  # the first epoch's order is drawn at the first prompt
@@ -118,17 +118,17 @@ def test_dynamic_sampling_refills_the_batch_from_the_data_order_and_counts_the_c
 
 
 def test_the_cap_trains_on_what_was_found_and_an_empty_batch_does_not_crash(tmp_path, tiny):
-    cfg = _cfg(tmp_path, tiny, steps=3)
+    cfg = _cfg(tmp_path, tiny, updates=3)
     run_llm(cfg)
-    rows = [r for r in read_metrics(Path(cfg.out_dir) / "metrics.jsonl") if r["step"] > 0]
+    rows = [r for r in read_metrics(Path(cfg.out_dir) / "metrics.jsonl") if r["update"] > 0]
     for r in rows:
         _check_row(r, cfg)
     assert any(r[DS + "short"] > 0 for r in rows), "with one extra round this task leaves some updates short"
     # every group all correct: nothing informative anywhere; the update is skipped, not a crash
     ones = reward_file(tmp_path / "ones.py", "def one(response, truth):\n    return 1.0\n")
-    cfg = _cfg(tmp_path, tiny, steps=1, reward_fn=ones, out_dir=str(tmp_path / "ones"))
+    cfg = _cfg(tmp_path, tiny, updates=1, reward_fn=ones, out_dir=str(tmp_path / "ones"))
     run_llm(cfg)
-    (r,) = [r for r in read_metrics(Path(cfg.out_dir) / "metrics.jsonl") if r["step"] > 0]
+    (r,) = [r for r in read_metrics(Path(cfg.out_dir) / "metrics.jsonl") if r["update"] > 0]
     assert r[DS + "groups_kept"] == 0 and r[DS + "short"] == 4 and r[DS + "dropped_all_correct"] == 8
     assert r["actor_skipped"] == 1 and r[DS + "extra_rounds"] == 1
 
@@ -136,14 +136,18 @@ def test_the_cap_trains_on_what_was_found_and_an_empty_batch_does_not_crash(tmp_
 def test_resume_with_dynamic_sampling_equals_the_uninterrupted_run(tmp_path, tiny):
     (tmp_path / "full").mkdir()
     (tmp_path / "part").mkdir()
-    full = _cfg(tmp_path / "full", tiny, steps=4, checkpoint_every=2, out_dir=str(tmp_path / "full" / "run"))
+    full = _cfg(
+        tmp_path / "full", tiny, updates=4, checkpoint_every=2, out_dir=str(tmp_path / "full" / "run")
+    )
     run_llm(full)
-    part = _cfg(tmp_path / "part", tiny, steps=2, checkpoint_every=2, out_dir=str(tmp_path / "part" / "run"))
+    part = _cfg(
+        tmp_path / "part", tiny, updates=2, checkpoint_every=2, out_dir=str(tmp_path / "part" / "run")
+    )
     run_llm(part)
-    run_llm(replace(part, steps=4, resume=True))
+    run_llm(replace(part, updates=4, resume=True))
     a = read_metrics(tmp_path / "full" / "run" / "metrics.jsonl")
     b = read_metrics(tmp_path / "part" / "run" / "metrics.jsonl")
-    assert [r["step"] for r in b] == [0, 1, 2, 3, 4]
+    assert [r["update"] for r in b] == [0, 1, 2, 3, 4]
     assert sum(r.get(DS + "extra_rounds", 0) for r in a[3:]) > 0, "the resumed steps drew extra rounds"
     for ra, rb in zip(a, b):
         assert ra.keys() == rb.keys()
@@ -151,7 +155,7 @@ def test_resume_with_dynamic_sampling_equals_the_uninterrupted_run(tmp_path, tin
             if k in LLM_TIMING:
                 continue
             assert rb[k] == (pytest.approx(v, rel=1e-4, abs=1e-5) if isinstance(v, float) else v), (
-                ra["step"],
+                ra["update"],
                 k,
             )
     from safetensors.torch import load_file
@@ -167,11 +171,11 @@ def test_two_deepspeed_ranks_agree_on_the_rounds(tmp_path, tiny):
     rounds (the shortfall is summed over ranks), so no collective is left waiting; the run ends and its
     counters (summed over ranks) add up."""
     pytest.importorskip("deepspeed")
-    cfg = _cfg(tmp_path, tiny, steps=2)
+    cfg = _cfg(tmp_path, tiny, updates=2)
     args = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
         "-m", "sppo_rl", "llm", "--algo", "grpo", "--group-size", "4", "--model", str(tiny),
-        "--steps", "2", "--prompts-per-step", "4", "--train-size", "32", "--val-size", "4",
+        "--updates", "2", "--prompts-per-step", "4", "--train-size", "32", "--val-size", "4",
         "--eval-samples", "1", "--eval-every", "0", "--max-new-tokens", "8", "--temperature", "2.0",
         "--reward-fn", cfg.reward_fn, "--dynamic-sampling-rounds", "1", "--engine", "deepspeed",
         "--out-dir", cfg.out_dir, "--no-progress", "--no-tensorboard", "--threads", "1",
@@ -181,7 +185,7 @@ def test_two_deepspeed_ranks_agree_on_the_rounds(tmp_path, tiny):
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / "build" / "torch_extensions"))
     proc = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    rows = [r for r in read_metrics(Path(cfg.out_dir) / "metrics.jsonl") if r["step"] > 0]
+    rows = [r for r in read_metrics(Path(cfg.out_dir) / "metrics.jsonl") if r["update"] > 0]
     assert len(rows) == 2
     for r in rows:
         _check_row(r, cfg)

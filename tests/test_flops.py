@@ -219,7 +219,7 @@ def test_decode_tail_is_the_sum_of_its_steps_and_a_prompt_is_prefilled_once():
 # ------------------------------------------------------------------------------------- a real run's counter
 
 
-_cfg = partial(llm_config, steps=3, val_size=4, eval_samples=1, eval_every=3)
+_cfg = partial(llm_config, updates=3, val_size=4, eval_samples=1, eval_every=3)
 
 
 def _expected(run, got, actor_trained: bool) -> dict[str, int]:
@@ -285,7 +285,7 @@ def test_a_runs_flops_are_the_model_applied_to_what_it_sampled(tmp_path, tiny, m
     run = LLMRun(_cfg(tmp_path, tiny, **CASES[case]))
     summary = run.run()
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [0, 1, 2, 3] and rows[0]["flops_total"] == 0
+    assert [r["update"] for r in rows] == [0, 1, 2, 3] and rows[0]["flops_total"] == 0
     if case == "sppo":
         assert (
             run.models.ref is not None and not run.plan.fused and run.plan.algo.requires.critic == "sequence"
@@ -296,7 +296,7 @@ def test_a_runs_flops_are_the_model_applied_to_what_it_sampled(tmp_path, tiny, m
     for got, row in zip(seen, rows[1:]):
         for k, v in _expected(run, got, not row["actor_skipped"]).items():
             total[k] += v
-        assert {k: row[f"flops_{k}"] for k in F.PARTS} == total, row["step"]
+        assert {k: row[f"flops_{k}"] for k in F.PARTS} == total, row["update"]
         assert row["flops_total"] == sum(total.values())
     assert all(b["flops_total"] > a["flops_total"] for a, b in zip(rows, rows[1:]))
     assert summary["flops_total"] == rows[-1]["flops_total"]
@@ -311,9 +311,9 @@ def test_the_counters_survive_resume_exactly(tmp_path, tiny):
 
     kw = dict(algo="sppo", epochs=2, kl_coef=0.05, checkpoint_every=2)
     run_llm(_cfg(tmp_path / "full", tiny, **kw))
-    part = _cfg(tmp_path / "part", tiny, **kw, steps=2)
+    part = _cfg(tmp_path / "part", tiny, **kw, updates=2)
     run_llm(part)
-    resumed = run_llm(replace(part, steps=3, resume=True))
+    resumed = run_llm(replace(part, updates=3, resume=True))
     a = read_metrics(tmp_path / "full" / "run" / "metrics.jsonl")
     b = read_metrics(tmp_path / "part" / "run" / "metrics.jsonl")
     keys = ["flops_total", *(f"flops_{k}" for k in F.PARTS)]
@@ -349,6 +349,6 @@ def test_spo_counts_its_re_scoring_pass(tmp_path, tiny, monkeypatch):
         for k, v in _expected(run, got, not row["actor_skipped"]).items():
             total[k] += v
         total["actor"] += extra
-        assert {k: row[f"flops_{k}"] for k in F.PARTS} == total, row["step"]
+        assert {k: row[f"flops_{k}"] for k in F.PARTS} == total, row["update"]
         last.update(zip(prompts, lengths))
     assert rescored > 0

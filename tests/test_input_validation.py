@@ -77,11 +77,11 @@ def test_unsafe_recipe_fields_pass_when_given_on_the_command_line_or_trusted(tmp
 
 def test_trust_recipe_and_command_line_flags_from_the_cli(tmp_path, capsys):
     """With --trust-recipe, or with every unsafe field's flag given, the recipe loads and the run goes on
-    to its next check (here --steps 0, refused before anything is touched)."""
+    to its next check (here --updates 0, refused before anything is touched)."""
     victim, mark, recipe = _victim(tmp_path)
     own = tmp_path / "mine"
     line = refused(
-        capsys, ["llm", "--recipe-file", str(recipe), "--trust-recipe", "--steps", "0"], own, "--steps"
+        capsys, ["llm", "--recipe-file", str(recipe), "--trust-recipe", "--updates", "0"], own, "--updates"
     )
     assert "recipe" not in line
     argv = [
@@ -94,7 +94,7 @@ def test_trust_recipe_and_command_line_flags_from_the_cli(tmp_path, capsys):
         "--reward-fn",
         "math",
     ]
-    line = refused(capsys, [*argv, "--steps", "0"], own, "--steps")
+    line = refused(capsys, [*argv, "--updates", "0"], own, "--updates")
     assert "recipe" not in line
     assert (victim / "metrics.jsonl").exists() and not mark.exists()
 
@@ -112,7 +112,7 @@ def test_trust_recipe_and_command_line_flags_from_the_cli(tmp_path, capsys):
 )
 def test_each_unsafe_field_is_refused_from_a_recipe_file(tmp_path, field, value):
     recipe = tmp_path / "r.json"
-    recipe.write_text(json.dumps({"steps": 3, field: value}))
+    recipe.write_text(json.dumps({"updates": 3, field: value}))
     with pytest.raises(RunError, match=field):
         load_recipe(LLMConfig, file=recipe)
 
@@ -121,11 +121,17 @@ def test_harmless_values_of_those_fields_load(tmp_path):
     recipe = tmp_path / "r.json"
     recipe.write_text(
         json.dumps(
-            {"steps": 3, "reward_fn": "math", "overwrite": False, "critic_model": "none", "task": "x.parquet"}
+            {
+                "updates": 3,
+                "reward_fn": "math",
+                "overwrite": False,
+                "critic_model": "none",
+                "task": "x.parquet",
+            }
         )
     )
     cfg = load_recipe(LLMConfig, file=recipe)
-    assert (cfg.steps, cfg.reward_fn, cfg.critic_model) == (3, "math", "none")
+    assert (cfg.updates, cfg.reward_fn, cfg.critic_model) == (3, "math", "none")
 
 
 def test_the_shipped_recipes_still_load_though_they_name_models():
@@ -138,34 +144,36 @@ def test_the_shipped_recipes_still_load_though_they_name_models():
 def test_a_key_given_twice_in_a_recipe_is_refused_naming_the_line(tmp_path, capsys):
     """Before: the last value won silently."""
     recipe = tmp_path / "r.json"
-    recipe.write_text('{\n  "steps": 5,\n  "algo": "grpo",\n  "steps": 500\n}\n')
+    recipe.write_text('{\n  "updates": 5,\n  "algo": "grpo",\n  "updates": 500\n}\n')
     refused(
         capsys,
         ["llm", "--recipe-file", str(recipe), "--out-dir", str(tmp_path / "run")],
         tmp_path / "run",
         f"{recipe}:4",
-        "steps is given twice",
+        "updates is given twice",
     )
 
 
-@pytest.mark.parametrize("argv", [["--steps", str(10**30)], ["--prompts-per-step", str(10**12)]])
+@pytest.mark.parametrize("argv", [["--updates", str(10**30)], ["--prompts-per-step", str(10**12)]])
 def test_an_absurd_budget_is_refused(tmp_path, capsys, argv):
-    """Before: ``--steps 10^30`` was accepted."""
+    """Before: ``--updates 10^30`` was accepted."""
     out = tmp_path / "run"
     refused(capsys, ["llm", *argv, "--out-dir", str(out)], out, "must be at most 1,000,000,000")
 
 
 def test_an_absurd_budget_in_a_recipe_names_the_line(tmp_path, capsys):
     recipe = tmp_path / "r.json"
-    recipe.write_text('{\n  "algo": "grpo",\n  "steps": 1000000000000000000000000000000\n}\n')
+    recipe.write_text('{\n  "algo": "grpo",\n  "updates": 1000000000000000000000000000000\n}\n')
     out = tmp_path / "run"
-    refused(capsys, ["llm", "--recipe-file", str(recipe), "--out-dir", str(out)], out, f"{recipe}:3", "steps")
+    refused(
+        capsys, ["llm", "--recipe-file", str(recipe), "--out-dir", str(out)], out, f"{recipe}:3", "updates"
+    )
 
 
 def test_seeds_are_not_budgets():
     assert LLMConfig(seed=2**40, data_seed=2**40).problems() == []
-    assert LLMConfig(steps=10**9).problems() == []
-    assert LLMConfig(steps=10**9 + 1).problems() != []
+    assert LLMConfig(updates=10**9).problems() == []
+    assert LLMConfig(updates=10**9 + 1).problems() != []
 
 
 # ------------------------------------------------------------------------------- model folder checks

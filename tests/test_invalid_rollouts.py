@@ -221,9 +221,9 @@ def test_llm_run_with_a_reward_that_raises_masks_and_counts_the_failures(tmp_pat
     )  # fmt: skip
     summary = run_llm(cfg)
     rows = [
-        r for r in read_metrics(Path(cfg.out_dir) / "metrics.jsonl") if r["step"] > 0 and "loss_frac" in r
+        r for r in read_metrics(Path(cfg.out_dir) / "metrics.jsonl") if r["update"] > 0 and "loss_frac" in r
     ]
-    assert summary["steps"] == 2 and len(rows) == 2
+    assert summary["updates"] == 2 and len(rows) == 2
     assert all(r["invalid_rollouts"] == r["verifier_errors"] for r in rows)
     assert sum(r["invalid_rollouts"] for r in rows) > 0
     for r in rows:

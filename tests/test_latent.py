@@ -371,7 +371,7 @@ def test_two_updates_of_latent_grpo_and_the_naive_variant(tiny, tmp_path):
         )  # fmt: skip
         summary = run_llm(cfg)
         rows = read_metrics(Path(tmp_path / algo / "metrics.jsonl"))
-        assert summary["steps"] == 2 and [r["step"] for r in rows] == [0, 1, 2]
+        assert summary["updates"] == 2 and [r["update"] for r in rows] == [0, 1, 2]
         last = rows[-1]
         assert last["rollout_logp_diff"] < 1e-4, "the learner's latent log-probs must equal the sampler's"
         assert last["response_length"] > 2  # two latent steps, then answer tokens

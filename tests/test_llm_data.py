@@ -452,7 +452,7 @@ def test_llm_run_on_data_with_a_30mb_question_skips_it_and_stays_small(tmp_path,
     out = tmp_path / "run"
     args = [
         "llm", "--task", str(data), "--val-data", str(data), "--val-size", "4", "--model", str(tiny),
-        "--reward-fn", f"{FIXTURE_REWARDS}:exact", "--steps", "4", "--prompts-per-step", "2", "--algo", "grpo",
+        "--reward-fn", f"{FIXTURE_REWARDS}:exact", "--updates", "4", "--prompts-per-step", "2", "--algo", "grpo",
         "--group-size", "2", "--max-new-tokens", "4", "--eval-every", "1000", "--no-progress",
         "--no-tensorboard", "--out-dir", str(out),
     ]  # fmt: skip
@@ -482,7 +482,7 @@ def test_llm_run_on_data_with_a_30mb_question_skips_it_and_stays_small(tmp_path,
     assert f"{data}: skipped 1 of 7 prompt(s) longer than 508 tokens" in proc.stderr
     config = json.loads((out / "config.json").read_text())
     assert config["resolved"]["train_examples"] == 6
-    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2, 3, 4]
+    assert [r["update"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2, 3, 4]
 
 
 def test_no_prompt_that_fits_is_refused_in_one_line(tmp_path, tiny):

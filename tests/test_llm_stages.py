@@ -98,7 +98,7 @@ def test_update_sums_and_row_are_the_hand_counts():
         1 / 6
     )
     assert row["gen_tokens_per_s"] == pytest.approx(12 / 2.0) and row["invalid_rollouts"] == 1
-    assert row["step"] == 3 and row["generated_tokens"] == 100 and row["learning_rate"] == 1e-4
+    assert row["update"] == 3 and row["generated_tokens"] == 100 and row["learning_rate"] == 1e-4
     ds = dynamic_sampling_row(tot, rounds=2, prompts_per_step=3)
     assert ds["dynamic_sampling/groups_sampled"] == 3 and ds["dynamic_sampling/groups_kept"] == 2
     assert ds["dynamic_sampling/short"] == 1 and ds["dynamic_sampling/extra_rounds"] == 1
@@ -151,7 +151,7 @@ def test_resolve_leaves_the_users_config_alone_and_fills_the_methods_defaults(tm
     from sppo_rl.runtime.plan import RunPlan
 
     # the plan shape both worlds share, and the LLM world's sections: resolved once
-    assert isinstance(plan, RunPlan) and plan.loop.updates == cfg.steps and plan.loop.seed == cfg.seed
+    assert isinstance(plan, RunPlan) and plan.loop.updates == cfg.updates and plan.loop.seed == cfg.seed
     assert plan.rollout.max_new_tokens == 16 and plan.rollout.group_size == plan.group_size == 4
     assert plan.models.cache == default_cache_dir() and plan.update.kl_in == "loss"
     assert plan.data.prompt_format.instruction == plan.cfg.instruction

@@ -30,7 +30,7 @@ def test_every_algorithm_trains_and_leaves_a_loadable_actor(tmp_path, tiny, algo
     summary = run_llm(llm_config(tmp_path, tiny, algo=algo, group_size=group))
     out = tmp_path / "run"
     rows = read_metrics(out / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert [r["update"] for r in rows] == [0, 1, 2]
     for key in (
         "reward_mean",
         "response_length",
@@ -49,7 +49,7 @@ def test_every_algorithm_trains_and_leaves_a_loadable_actor(tmp_path, tiny, algo
             key in ("clipfrac", "approx_kl", "entropy") and rows[-1]["actor_skipped"]
         ), key
     assert rows[-1]["rollout_logp_diff"] < 1e-4, "trainer log-probs must equal the sampler's"
-    assert summary["steps"] == 2
+    assert summary["updates"] == 2
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(out / "final" / "actor", local_files_only=True)
@@ -79,19 +79,19 @@ def test_group_rows_and_greedy_baseline(tmp_path, tiny):
 
 
 def test_resume_matches_uninterrupted_within_tolerance(tmp_path, tiny):
-    full = llm_config(tmp_path / "full", tiny, algo="sppo", steps=4, checkpoint_every=2)
+    full = llm_config(tmp_path / "full", tiny, algo="sppo", updates=4, checkpoint_every=2)
     run_llm(full)
-    part = llm_config(tmp_path / "part", tiny, algo="sppo", steps=2, checkpoint_every=2)
+    part = llm_config(tmp_path / "part", tiny, algo="sppo", updates=2, checkpoint_every=2)
     run_llm(part)
-    run_llm(replace(part, steps=4, resume=True))
+    run_llm(replace(part, updates=4, resume=True))
     a = read_metrics(tmp_path / "full" / "run" / "metrics.jsonl")
     b = read_metrics(tmp_path / "part" / "run" / "metrics.jsonl")
-    assert [r["step"] for r in b] == [0, 1, 2, 3, 4]
+    assert [r["update"] for r in b] == [0, 1, 2, 3, 4]
     for ra, rb in zip(a, b):
         for k, v in ra.items():
             if k in TIMING or not isinstance(v, float):
                 continue
-            assert rb[k] == pytest.approx(v, rel=1e-4, abs=1e-5), (ra["step"], k)
+            assert rb[k] == pytest.approx(v, rel=1e-4, abs=1e-5), (ra["update"], k)
     wa = torch.load  # final weights agree
     from safetensors.torch import load_file
 
@@ -109,10 +109,10 @@ def test_spo_resume_is_exact_with_its_tracker_in_the_checkpoint(tmp_path, tiny):
 
     parity = tmp_path / "parity.py"  # pays an even length: a reward that varies, so that the actor moves
     parity.write_text("def score(response, truth):\n    return float(len(response) % 2 == 0)\n")
-    kw = dict(algo="spo", steps=4, checkpoint_every=2, train_size=8, temperature=2.0, actor_lr=1e-3)
+    kw = dict(algo="spo", updates=4, checkpoint_every=2, train_size=8, temperature=2.0, actor_lr=1e-3)
     kw["reward_fn"] = f"{parity}:score"
     run_llm(llm_config(tmp_path / "full", tiny, **kw))
-    run_llm(llm_config(tmp_path / "part", tiny, **{**kw, "steps": 2}))
+    run_llm(llm_config(tmp_path / "part", tiny, **{**kw, "updates": 2}))
     run_llm(llm_config(tmp_path / "part", tiny, **{**kw, "resume": True}))
     a = read_metrics(tmp_path / "full" / "run" / "metrics.jsonl")
     b = read_metrics(tmp_path / "part" / "run" / "metrics.jsonl")
@@ -131,7 +131,7 @@ def test_spo_distance_is_zero_when_the_actor_has_not_moved(tmp_path, tiny):
     parity = tmp_path / "parity.py"
     parity.write_text("def score(response, truth):\n    return float(len(response) % 2 == 0)\n")
     cfg = llm_config(
-        tmp_path, tiny, algo="spo", steps=3, train_size=4, actor_lr=1e-30, reward_fn=f"{parity}:score"
+        tmp_path, tiny, algo="spo", updates=3, train_size=4, actor_lr=1e-30, reward_fn=f"{parity}:score"
     )
     run_llm(replace(cfg, eval_every=0))
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
@@ -147,7 +147,7 @@ def test_reward_function_that_raises_or_hangs_is_counted_and_the_run_goes_on(tmp
     )
     summary = run_llm(cfg)
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
-    assert summary["steps"] == 2
+    assert summary["updates"] == 2
     errors = sum(r.get("verifier_errors", 0) + r.get("val_verifier_errors", 0) for r in rows)
     assert errors > 0
 
@@ -184,14 +184,14 @@ def test_smaller_critic_model(tmp_path, tiny):
     from sppo_rl.llm.models.tiny import ensure_tiny_model
 
     small = ensure_tiny_model(tmp_path / "c3", TINY_CHARSET, hidden_size=16, layers=1, heads=2, kv_heads=1)
-    summary = run_llm(llm_config(tmp_path, tiny, algo="sppo", critic_model=str(small), steps=1))
-    assert summary["steps"] == 1
+    summary = run_llm(llm_config(tmp_path, tiny, algo="sppo", critic_model=str(small), updates=1))
+    assert summary["updates"] == 1
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())
     assert cfg["resolved"]["critic"] == str(small)
 
 
 def test_embedded_default_builds_and_warm_starts_once(tmp_path):
-    cfg = llm_config(tmp_path, None, algo="sppo", steps=1, sft_steps=4, sft_target=0.99)
+    cfg = llm_config(tmp_path, None, algo="sppo", updates=1, sft_steps=4, sft_target=0.99)
     s1 = run_llm(cfg)
     assert s1["warmstart"]["steps"] == 4
     assert (
@@ -214,7 +214,7 @@ def test_cli_llm_two_steps(tmp_path, tiny):
             "sppo",
             "--task",
             "arithmetic",
-            "--steps",
+            "--updates",
             "2",
             "--seed",
             "0",
@@ -236,9 +236,11 @@ def test_cli_llm_two_steps(tmp_path, tiny):
 
 
 def test_time_budget_stops_the_run(tmp_path, tiny):
-    summary = run_llm(llm_config(tmp_path, tiny, algo="sppo", steps=10_000, max_seconds=0.5, eval_every=1000))
+    summary = run_llm(
+        llm_config(tmp_path, tiny, algo="sppo", updates=10_000, max_seconds=0.5, eval_every=1000)
+    )
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
-    assert 1 <= summary["steps"] < 10_000
+    assert 1 <= summary["updates"] < 10_000
     assert rows[-1]["wall_time_s"] >= 0.5 and "val_accuracy" in rows[-1]  # the last update is validated
 
 
@@ -277,7 +279,7 @@ def test_micro_batches_train_exactly_like_one_pass(tmp_path, tiny, algo):
         for ra, rb in zip(ref_rows, rows):
             for k in keys:
                 if k in ra:
-                    assert rb[k] == pytest.approx(ra[k], abs=1e-5), (name, ra["step"], k)
+                    assert rb[k] == pytest.approx(ra[k], abs=1e-5), (name, ra["update"], k)
         w = load_file(out / "final" / "actor" / "model.safetensors")
         assert max(float((ref_w[k] - w[k]).abs().max()) for k in ref_w) < 1e-5, name
 
@@ -318,7 +320,7 @@ def test_kl_to_the_reference_is_logged_and_grows_from_zero(tmp_path, tiny):
         skip_equal_rewards=False,  # its first batch may score all 0, which would leave the actor alone
     )  # fmt: skip
     run_llm(cfg)
-    rows = [r for r in read_metrics(Path(cfg.out_dir) / "metrics.jsonl") if r["step"] > 0]
+    rows = [r for r in read_metrics(Path(cfg.out_dir) / "metrics.jsonl") if r["update"] > 0]
     assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-6) and rows[1]["kl"] > 1e-6
 
 
@@ -346,13 +348,13 @@ def test_a_checkpoint_copied_from_a_grpo_run_is_named_not_a_vanished_file(tmp_pa
 
     from sppo_rl.cli import main
 
-    run_llm(llm_config(tmp_path / "g", tiny, algo="grpo", group_size=2, steps=1, eval_every=0))
-    run_llm(llm_config(tmp_path, tiny, algo="sppo", steps=1, eval_every=0))
+    run_llm(llm_config(tmp_path / "g", tiny, algo="grpo", group_size=2, updates=1, eval_every=0))
+    run_llm(llm_config(tmp_path, tiny, algo="sppo", updates=1, eval_every=0))
     (grpo,) = (tmp_path / "g" / "run" / "checkpoints").glob("ckpt-*")
     shutil.copytree(grpo, tmp_path / "run" / "checkpoints" / "ckpt-000000009")
     capsys.readouterr()
     with pytest.raises(SystemExit) as exc:
-        main(["llm", "--out-dir", str(tmp_path / "run"), "--resume", "--steps", "3"])
+        main(["llm", "--out-dir", str(tmp_path / "run"), "--resume", "--updates", "3"])
     lines = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2, lines
     assert lines[-1].startswith("sppo-rl: error: --resume: ") and "written by a grpo run" in lines[-1], lines
@@ -381,7 +383,7 @@ def test_a_default_run_talks_in_plain_lines_and_ends_with_greedy_beside_sampled(
     assert f"; greedy {g0:.3f} -> {g1:.3f};" in done and "val accuracy sampled " in done
     card = (tmp_path / "run" / "final" / "actor" / "README.md").read_text()
     assert f"greedy: start {g0:.4f}, final {g1:.4f}" in card
-    run_llm(replace(cfg, steps=1, overwrite=True, progress=False))
+    run_llm(replace(cfg, updates=1, overwrite=True, progress=False))
     err = capsys.readouterr().err
     assert f"--overwrite: removing the previous run in {tmp_path / 'run'}: " in err and "metrics.jsonl" in err
 
@@ -403,7 +405,7 @@ def test_run_state_is_saved_and_loaded_whole_and_old_checkpoints_still_load():
         order, updates=3, elapsed=1.5, generated_tokens=42, flops=flops, critic_init_p0=0.25, fail_streak=2
     )
     saved = state.saved(torch.get_rng_state())
-    assert saved["step"] == 3  # the key old checkpoints have
+    assert saved["update"] == 3  # the key old checkpoints have
     fresh = PromptOrder(10, seed=7)
     loaded = RunState.load(saved, fresh)
     assert loaded == RunState(fresh, 3, 1.5, 42, flops, 0.25, 2) and loaded.order is fresh
@@ -421,10 +423,10 @@ def test_an_update_returns_its_row_and_the_next_state_and_leaves_the_runs_alone(
         before = run.state
         done = run.train_update(before)
         assert run.state is before and before.updates == 0 and before.generated_tokens == 0
-        assert done.failure is None and done.state.updates == 1 and done.row["step"] == 1
+        assert done.failure is None and done.state.updates == 1 and done.row["update"] == 1
         assert done.state.generated_tokens == done.row["generated_tokens"] > 0
         assert done.state.elapsed == done.row["wall_time_s"] > 0
-        assert run.update()["step"] == 1 and run.state.updates == 1  # update() moves the run on
+        assert run.update()["update"] == 1 and run.state.updates == 1  # update() moves the run on
     finally:
         run.close()
 
@@ -436,18 +438,18 @@ def test_llm_schedule_and_callback(tmp_path, tiny):
     from sppo_rl.llm.config import LLMConfig
     from sppo_rl.llm.trainer import run_llm
 
-    cfg = LLMConfig(task="arithmetic", model=str(tiny), steps=4, prompts_per_step=2, group_size=2, train_size=16,
+    cfg = LLMConfig(task="arithmetic", model=str(tiny), updates=4, prompts_per_step=2, group_size=2, train_size=16,
                     val_size=4, eval_samples=1, eval_every=0, max_new_tokens=4, algo="grpo", out_dir=str(tmp_path / "run"),
                     threads=1, cache_dir=str(tmp_path / "cache"), lr_schedule="cosine", warmup_updates=2,
                     actor_lr=1e-4, **QUIET)  # fmt: skip
     rows_seen = []
 
     def stop_at_three(row):
-        rows_seen.append(row["step"])
-        return False if row["step"] == 3 else None
+        rows_seen.append(row["update"])
+        return False if row["update"] == 3 else None
 
     summary = run_llm(cfg, callback=stop_at_three)
-    assert rows_seen == [1, 2, 3] and summary["stopped_by_callback"] == 3 and summary["steps"] == 3
+    assert rows_seen == [1, 2, 3] and summary["stopped_by_callback"] == 3 and summary["updates"] == 3
     rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "learning_rate" in r]
     # warm-up 1/2, 2/2, then cosine over K - W = 2 updates: p = 0 -> 1.0
     assert [r["learning_rate"] for r in rows] == pytest.approx([0.5e-4, 1e-4, 1e-4])

@@ -179,11 +179,11 @@ def test_clip_text_bounds_a_text_and_says_how_much_it_cut():
 
 def test_completions_are_logged_at_evaluations_and_every_n_updates(tmp_path, tiny, rewards):
     cfg = grpo_pairs_config(
-        tmp_path, tiny, reward_fn=f"{rewards}:even", steps=3, eval_every=3, log_completions_every=2
+        tmp_path, tiny, reward_fn=f"{rewards}:even", updates=3, eval_every=3, log_completions_every=2
     )
     run_llm(cfg)
     rows = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
-    by = {(r["split"], r["step"]) for r in rows}
+    by = {(r["split"], r["update"]) for r in rows}
     assert by == {("val", 0), ("train", 2), ("val", 3)}
     train = [r for r in rows if r["split"] == "train"]
     assert len(train) == 8  # 4 prompts x 2 samples, under the cap of 8
@@ -198,7 +198,7 @@ def test_completions_reach_tensorboard_as_text(tmp_path, tiny, rewards):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     cfg = grpo_pairs_config(
-        tmp_path, tiny, reward_fn=f"{rewards}:even", steps=1, tensorboard=True, log_completions_every=1
+        tmp_path, tiny, reward_fn=f"{rewards}:even", updates=1, tensorboard=True, log_completions_every=1
     )
     run_llm(cfg)
     acc = EventAccumulator(str(tmp_path / "run" / "tb"), size_guidance={"tensors": 0})
@@ -214,7 +214,7 @@ def test_completions_reach_tensorboard_as_text(tmp_path, tiny, rewards):
 def test_log_completions_every_0_writes_nothing(tmp_path, tiny, rewards):
     run_llm(
         grpo_pairs_config(
-            tmp_path, tiny, reward_fn=f"{rewards}:even", steps=1, eval_every=1, log_completions_every=0
+            tmp_path, tiny, reward_fn=f"{rewards}:even", updates=1, eval_every=1, log_completions_every=0
         )
     )
     assert not (tmp_path / "run" / "completions.jsonl").exists()

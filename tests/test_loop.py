@@ -33,8 +33,8 @@ def test_kill_before_the_summary_then_resume_summarises_the_whole_run(tmp_path):
     expected = float(np.mean([r["success_rate"] for r in rows[-2:]]))
     text = (out / "summary.json").read_text()
     assert "NaN" not in text
-    assert json.loads(text)["final_success_rate"] == again["final_success_rate"] == expected
-    assert first["final_success_rate"] == expected
+    assert json.loads(text)["tail_success_rate"] == again["tail_success_rate"] == expected
+    assert first["tail_success_rate"] == expected
     assert (out / "final.pt").exists()
 
 

@@ -220,9 +220,9 @@ def test_kl_reference_is_the_base_model_with_the_adapters_off(tiny, tmp_path):
 
 
 def test_checkpoint_holds_the_adapters_and_the_resume_is_exact(tiny, tmp_path):
-    full = _cfg(tmp_path / "full", tiny, steps=4, checkpoint_every=2)
+    full = _cfg(tmp_path / "full", tiny, updates=4, checkpoint_every=2)
     run_llm(full)
-    part = _cfg(tmp_path / "part", tiny, steps=2, checkpoint_every=2)
+    part = _cfg(tmp_path / "part", tiny, updates=2, checkpoint_every=2)
     run_llm(part)
     ckpt = tmp_path / "part" / "run" / "checkpoints" / "ckpt-000000002"
     actor = torch.load(ckpt / "actor" / "engine.pt", weights_only=False)
@@ -232,15 +232,15 @@ def test_checkpoint_holds_the_adapters_and_the_resume_is_exact(tiny, tmp_path):
     critic = torch.load(ckpt / "critic" / "engine.pt", weights_only=False)
     assert {"head.weight", "head.bias"} <= set(critic["module"])
     assert all(n.startswith("head.") or ".lora_" in n for n in critic["module"])
-    run_llm(replace(part, steps=4, resume=True))
+    run_llm(replace(part, updates=4, resume=True))
     a = read_metrics(tmp_path / "full" / "run" / "metrics.jsonl")
     b = read_metrics(tmp_path / "part" / "run" / "metrics.jsonl")
     timing = {k for k in a[-1] if k.startswith("time_") or k.endswith("_s") or "per_s" in k or "memory" in k}
-    assert [r["step"] for r in b] == [0, 1, 2, 3, 4]
+    assert [r["update"] for r in b] == [0, 1, 2, 3, 4]
     for ra, rb in zip(a, b):
         assert {k: v for k, v in ra.items() if k not in timing} == {
             k: v for k, v in rb.items() if k not in timing
-        }, ra["step"]
+        }, ra["update"]
     for folder in ("actor", "critic"):
         name = "model.safetensors"
         fa = load_file(tmp_path / "full" / "run" / "final" / folder / name)
@@ -249,7 +249,7 @@ def test_checkpoint_holds_the_adapters_and_the_resume_is_exact(tiny, tmp_path):
 
 
 def test_final_actor_is_a_merged_plain_folder_loadable_without_peft(tiny, tmp_path):
-    cfg = _cfg(tmp_path, tiny, steps=2, eval_every=0)
+    cfg = _cfg(tmp_path, tiny, updates=2, eval_every=0)
     run = LLMRun(cfg)
     try:
         run.run()
@@ -337,7 +337,7 @@ def test_export_adapter_writes_a_peft_folder_that_computes_the_merged_actor(tmp_
     from sppo_rl.llm.models.core import load_actor
 
     cfg = grpo_pairs_config(
-        tmp_path, tiny, reward_fn=f"{rewards}:even", steps=2, lora_rank=4, export_adapter=True
+        tmp_path, tiny, reward_fn=f"{rewards}:even", updates=2, lora_rank=4, export_adapter=True
     )
     cfg.actor_lr = 1e-2  # so that the adapters move visibly from B = 0
     run_llm(cfg)

@@ -325,7 +325,7 @@ def test_overlong_filtering_leaves_truncated_responses_out_of_the_loss(tmp_path,
     from sppo_rl.runtime.logging import read_metrics
 
     common = dict(
-        task="arithmetic", model=str(tiny), steps=1, prompts_per_step=4, train_size=32, val_size=4,
+        task="arithmetic", model=str(tiny), updates=1, prompts_per_step=4, train_size=32, val_size=4,
         eval_samples=1, eval_every=0, max_new_tokens=8, algo="grpo", group_size=4, temperature=2.0,
         reward_fn=reward_file(tmp_path / "parity.py"), progress=False, tensorboard=False,
     )  # fmt: skip
@@ -333,7 +333,7 @@ def test_overlong_filtering_leaves_truncated_responses_out_of_the_loss(tmp_path,
     for name, extra in {"plain": {}, "filtered": {"overlong_filter": True}}.items():
         cfg = from_flat(LLMConfig, {**common, **extra, "out_dir": str(tmp_path / name)})
         run_llm(cfg)
-        rows[name] = [r for r in read_metrics(tmp_path / name / "metrics.jsonl") if r["step"] == 1][0]
+        rows[name] = [r for r in read_metrics(tmp_path / name / "metrics.jsonl") if r["update"] == 1][0]
     cut = rows["filtered"]["response_clip_frac"] * 16
     assert cut > 0, "the tiny model must be cut off for the test to mean anything"
     assert rows["filtered"]["overlong_filtered"] == cut

@@ -98,7 +98,7 @@ def _llm_args(tiny: Path, out: Path) -> list[str]:
         "sppo",
         "--model",
         str(tiny),
-        "--steps",
+        "--updates",
         "40",
         *TINY_LLM_FLAGS,
         "--eval-every",
@@ -123,13 +123,13 @@ def test_llm_preempted_then_resumed_matches_within_tolerance(tmp_path, tiny):
     assert "resume with: sppo-rl llm" in proc.stderr
     subprocess.run([*_llm_args(tiny, part), "--resume"], check=True, capture_output=True, timeout=600)
     a, b = read_metrics(full / "metrics.jsonl"), read_metrics(part / "metrics.jsonl")
-    assert [r["step"] for r in b] == list(range(0, 41)), "every step once, in order"
+    assert [r["update"] for r in b] == list(range(0, 41)), "every step once, in order"
     for ra, rb in zip(strip_timing(a, LLM_TIMING), strip_timing(b, LLM_TIMING)):
         for k, v in ra.items():
             if isinstance(v, float):
-                assert rb[k] == pytest.approx(v, rel=1e-4, abs=1e-5), (ra["step"], k)
+                assert rb[k] == pytest.approx(v, rel=1e-4, abs=1e-5), (ra["update"], k)
             else:
-                assert rb[k] == v, (ra["step"], k)
+                assert rb[k] == v, (ra["update"], k)
 
 
 HANG_REWARD = """
@@ -160,7 +160,7 @@ def _hang_task(tmp_path: Path) -> tuple[Path, Path, str]:
 
 def _hang_cfg(tiny: Path, tmp_path: Path, out: Path, **kw) -> LLMConfig:
     train, val, fn = _hang_task(tmp_path)
-    base = dict(task=str(train), val_data=str(val), reward_fn=fn, reward_timeout=600.0, steps=4)
+    base = dict(task=str(train), val_data=str(val), reward_fn=fn, reward_timeout=600.0, updates=4)
     base.update(kw)
     return checkpointed_llm_config(tiny, out, **base)
 
@@ -213,15 +213,15 @@ def test_sigterm_during_hanging_scoring_saves_and_exits_and_the_resume_matches(
         assert 1 <= step < 4 and "deferred_row" not in meta, (
             "the step in flight was given up, not trained on zeros"
         )
-        assert [r["step"] for r in rows] == list(range(step + 1))
+        assert [r["update"] for r in rows] == list(range(step + 1))
     else:
-        assert step in (2, 4) and meta["deferred_row"]["row"]["step"] == step
+        assert step in (2, 4) and meta["deferred_row"]["row"]["update"] == step
         assert "val_accuracy" not in meta["deferred_row"]["row"]
-        assert [r["step"] for r in rows] == list(range(step)), "the step's row waits for its evaluation"
+        assert [r["update"] for r in rows] == list(range(step)), "the step's row waits for its evaluation"
     (tmp_path / "HANG").unlink()
     run_llm(replace(_hang_cfg(tiny, tmp_path, out, eval_every=eval_every), resume=True))
     a, b = read_metrics(full / "metrics.jsonl"), read_metrics(metrics)
-    assert [r["step"] for r in b] == [0, 1, 2, 3, 4]
+    assert [r["update"] for r in b] == [0, 1, 2, 3, 4]
     assert_rows_close(strip_timing(a, LLM_TIMING), strip_timing(b, LLM_TIMING))
     assert all(r.get("verifier_errors", 0) == 0 for r in b), "no cut-off score was kept"
 
@@ -235,7 +235,7 @@ def test_sigterm_to_a_run_stuck_in_a_600s_reward_exits_143_within_a_minute_and_r
     train, val, fn = _hang_task(tmp_path)
     args = [
         sys.executable, "-m", "sppo_rl", "llm", "--task", str(train), "--val-data", str(val), "--model",
-        str(tiny), "--reward-fn", fn, "--reward-timeout", "600", "--steps", "4", "--prompts-per-step", "2",
+        str(tiny), "--reward-fn", fn, "--reward-timeout", "600", "--updates", "4", "--prompts-per-step", "2",
         "--max-new-tokens", "6", "--eval-every", "1000", "--checkpoint-every", "1", "--no-progress",
         "--no-tensorboard", "--out-dir", str(out),
     ]  # fmt: skip
@@ -262,12 +262,12 @@ def test_sigterm_to_a_run_stuck_in_a_600s_reward_exits_143_within_a_minute_and_r
     (tmp_path / "HANG").unlink()
     done = subprocess.run([*args, "--resume"], capture_output=True, text=True, timeout=600, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2, 3, 4]
+    assert [r["update"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2, 3, 4]
 
 
 def _llm_cmd(tiny: Path, out: Path, steps: int = 60) -> list[str]:
     return [
-        sys.executable, "-m", "sppo_rl", "llm", "--model", str(tiny), "--steps", str(steps),
+        sys.executable, "-m", "sppo_rl", "llm", "--model", str(tiny), "--updates", str(steps),
         "--prompts-per-step", "4", "--train-size", "64", "--val-size", "4", "--eval-samples", "1",
         "--eval-every", "5", "--checkpoint-every", "5", "--max-new-tokens", "8", "--no-progress", "--threads", "1", "--out-dir", str(out),
     ]  # fmt: skip
@@ -326,4 +326,4 @@ def test_signal_to_the_process_group_always_saves_and_exits_128_plus_signal(tmp_
         [*_llm_cmd(tiny, out), "--resume"], capture_output=True, text=True, timeout=600, cwd=REPO
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(61)), "every step once"
+    assert [r["update"] for r in read_metrics(out / "metrics.jsonl")] == list(range(61)), "every step once"

@@ -152,7 +152,7 @@ def test_on_without_a_template_is_refused_and_auto_leaves_the_tiny_model_unchang
 
 
 _cfg = partial(
-    llm_config, steps=1, prompts_per_step=2, train_size=16, val_size=2, eval_samples=1, max_new_tokens=4
+    llm_config, updates=1, prompts_per_step=2, train_size=16, val_size=2, eval_samples=1, max_new_tokens=4
 )
 
 
@@ -166,7 +166,7 @@ def test_a_run_renders_every_prompt_with_the_template_and_trains(tmp_path, llama
                 " Answer with just the number.<|im_end|>\n<|im_start|>assistant\n"
             ), e.prompt
         row = run.update()
-        assert row["step"] == 1
+        assert row["update"] == 1
     finally:
         run.close()
     off = LLMRun(_cfg(tmp_path / "off", llama, algo="grpo", group_size=2, chat_template="off"))
@@ -313,7 +313,17 @@ def test_a_cached_cut_model_is_used_without_the_full_model_or_its_package(
     cut = pretrained._ensure(ref, cache, lambda folder: shutil.copytree(llama, folder, dirs_exist_ok=True))
     assert pretrained.resolve(ref, cache) == cut and sorted(p.name for p in cache.iterdir()) == [cut.name]
     out = tmp_path / "run"
-    flags = ["--task", "arithmetic", "--train-size", "8", "--val-size", "2", "--steps", "1", "--no-progress"]
+    flags = [
+        "--task",
+        "arithmetic",
+        "--train-size",
+        "8",
+        "--val-size",
+        "2",
+        "--updates",
+        "1",
+        "--no-progress",
+    ]
     flags += ["--no-tensorboard", "--max-new-tokens", "4", "--prompts-per-step", "2", "--eval-every", "0"]
     main(["llm", "--model", str(llama), "--algo", "sppo", "--critic-model", "smollm2-135m:layers=4",
           "--cache-dir", str(cache), "--out-dir", str(out), *flags])  # fmt: skip
@@ -400,7 +410,7 @@ def test_smollm2_builds_loads_and_trains_two_sppo_steps(tmp_path):
     del model
     out = tmp_path / "run"
     argv = ["llm", "--model", "smollm2-135m", "--critic-model", "smollm2-135m:layers=4", "--algo", "sppo"]
-    argv += ["--steps", "2", "--prompts-per-step", "2", "--max-new-tokens", "8", "--val-size", "4"]
+    argv += ["--updates", "2", "--prompts-per-step", "2", "--max-new-tokens", "8", "--val-size", "4"]
     argv += ["--eval-samples", "1", "--train-size", "16", "--instruction", "Answer with just the number."]
     argv += ["--no-progress", "--no-tensorboard", "--threads", "1", "--out-dir", str(out)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -409,7 +419,7 @@ def test_smollm2_builds_loads_and_trains_two_sppo_steps(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "reward_mean" in r] == [1, 2]
+    assert [r["update"] for r in rows if "reward_mean" in r] == [1, 2]
     resolved = json.loads((out / "config.json").read_text())
     assert (
         resolved["resolved"]["actor"] == str(folder) and resolved["critic_model"] == "smollm2-135m:layers=4"
@@ -443,7 +453,7 @@ def test_no_room_while_building_the_tiny_model_is_one_line_exit_74(tmp_path):
     script = tmp_path / "limited.py"
     script.write_text(FSIZE_CLI)
     cache, out = tmp_path / "cache", tmp_path / "run"
-    args = ["llm", "--steps", "1", "--cache-dir", str(cache), "--out-dir", str(out), "--no-progress"]
+    args = ["llm", "--updates", "1", "--cache-dir", str(cache), "--out-dir", str(out), "--no-progress"]
     proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 74, proc.stderr[-3000:]

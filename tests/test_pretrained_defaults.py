@@ -35,7 +35,7 @@ def _reward_file(folder, paid: int):
 
 
 _cfg = partial(
-    llm_config, algo="sppo", steps=6, val_size=2, eval_samples=1, eval_every=0, max_new_tokens=4,
+    llm_config, algo="sppo", updates=6, val_size=2, eval_samples=1, eval_every=0, max_new_tokens=4,
     actor_lr=1e-2, critic_lr=1e-2,
 )  # fmt: skip
 
@@ -127,7 +127,7 @@ def test_init_critic_bias_is_the_logit_of_the_success_rate(tmp_path, llama):
 
 def test_sppo_starts_its_critic_at_the_first_batch_rate_with_a_model_and_resumes_exactly(tmp_path, llama):
     three = _reward_file(tmp_path, 3)
-    kw = dict(reward_fn=three, prompts_per_step=50, steps=2, checkpoint_every=1)
+    kw = dict(reward_fn=three, prompts_per_step=50, updates=2, checkpoint_every=1)
     from sppo_rl.llm.trainer import LLMRun
 
     run = LLMRun(_cfg(tmp_path, llama, "init", **kw))
@@ -181,7 +181,7 @@ def test_keep_checkpoints_resume_is_bit_identical_and_no_optimizer_state_is_smal
     from sppo_rl.runtime.logging import read_metrics
     from sppo_rl.runtime.run import RunError
 
-    kw = dict(reward_fn=_parity_reward(tmp_path), checkpoint_every=1, keep_checkpoints=1, steps=6)
+    kw = dict(reward_fn=_parity_reward(tmp_path), checkpoint_every=1, keep_checkpoints=1, updates=6)
     whole = _cfg(tmp_path, llama, "whole", **kw)
     run_llm(whole)
     ckpts = sorted(p.name for p in (tmp_path / "whole" / "checkpoints").iterdir())
@@ -191,7 +191,7 @@ def test_keep_checkpoints_resume_is_bit_identical_and_no_optimizer_state_is_smal
         r.get("actor_skipped") == 0 for r in rows
     )  # the actor did move: the comparison means something
     # 3 updates, then resumed to 6 from the one checkpoint kept: the same weights, bit for bit
-    run_llm(_cfg(tmp_path, llama, "split", **{**kw, "steps": 3}))
+    run_llm(_cfg(tmp_path, llama, "split", **{**kw, "updates": 3}))
     assert sorted(p.name for p in (tmp_path / "split" / "checkpoints").iterdir()) == ["ckpt-000000003"]
     run_llm(_cfg(tmp_path, llama, "split", resume=True, **kw))
     a, b = _final_actor(tmp_path / "whole"), _final_actor(tmp_path / "split")
@@ -199,7 +199,7 @@ def test_keep_checkpoints_resume_is_bit_identical_and_no_optimizer_state_is_smal
     with_adam = _folder_bytes(tmp_path / "whole" / "checkpoints" / "ckpt-000000006")
 
     # without the optimizer states: about a third of the size (weights only, Adam's two moments gone)
-    lean = _cfg(tmp_path, llama, "lean", optimizer_state=False, **{**kw, "steps": 2})
+    lean = _cfg(tmp_path, llama, "lean", optimizer_state=False, **{**kw, "updates": 2})
     run_llm(lean)
     ckpt = tmp_path / "lean" / "checkpoints" / "ckpt-000000002"
     state = torch.load(ckpt / "actor" / "engine.pt", weights_only=True)
@@ -208,15 +208,17 @@ def test_keep_checkpoints_resume_is_bit_identical_and_no_optimizer_state_is_smal
     # resuming it would not be exact: refused before anything is written, unless asked for
     metrics = (tmp_path / "lean" / "metrics.jsonl").read_bytes()
     with pytest.raises(RunError, match="--resume-without-optimizer"):
-        LLMRun(_cfg(tmp_path, llama, "lean", optimizer_state=False, resume=True, **{**kw, "steps": 3}))
+        LLMRun(_cfg(tmp_path, llama, "lean", optimizer_state=False, resume=True, **{**kw, "updates": 3}))
     assert (tmp_path / "lean" / "metrics.jsonl").read_bytes() == metrics
     run_llm(
         _cfg(
             tmp_path, llama, "lean", optimizer_state=False, resume=True, resume_without_optimizer=True,
-            **{**kw, "steps": 3},
+            **{**kw, "updates": 3},
         )
     )  # fmt: skip
-    assert [r["step"] for r in read_metrics(tmp_path / "lean" / "metrics.jsonl") if r["step"] > 0][-1] == 3
+    assert [r["update"] for r in read_metrics(tmp_path / "lean" / "metrics.jsonl") if r["update"] > 0][
+        -1
+    ] == 3
 
 
 # ------------------------------------------------------------------------------- defaults of a named model

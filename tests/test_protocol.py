@@ -15,7 +15,7 @@ from paths import script_module
 from scipy import stats as sps
 
 from sppo_rl.experiments import protocol as P
-from sppo_rl.runtime.curves import FINAL_FRAC, final_value
+from sppo_rl.runtime.curves import FINAL_FRAC, tail_value
 
 
 def curve(seconds, acc, tokens_per_second: float = 100.0) -> P.Curve:
@@ -27,13 +27,13 @@ def curve(seconds, acc, tokens_per_second: float = 100.0) -> P.Curve:
 
 
 def test_final_is_the_mean_of_the_last_tenth_at_least_one():
-    assert final_value(range(1, 21)) == 19.5  # last 2 of 20
-    assert final_value(range(1, 31)) == 29  # last 3 of 30 (0.1 * 30 = 3.0000000000000004 in floats)
-    assert final_value([0.4, 0.9]) == 0.9  # at least one: not the mean 0.65, not the best
-    assert final_value([0.2, None, 0.6, math.nan, 0.8], frac=0.5) == 0.7  # rows without a value do not count
-    assert math.isnan(final_value([]))
+    assert tail_value(range(1, 21)) == 19.5  # last 2 of 20
+    assert tail_value(range(1, 31)) == 29  # last 3 of 30 (0.1 * 30 = 3.0000000000000004 in floats)
+    assert tail_value([0.4, 0.9]) == 0.9  # at least one: not the mean 0.65, not the best
+    assert tail_value([0.2, None, 0.6, math.nan, 0.8], frac=0.5) == 0.7  # rows without a value do not count
+    assert math.isnan(tail_value([]))
     # the sweep used the last 10 updates: over 20 updates rising 0.05 per update it said 0.725
-    assert final_value([0.05 * i for i in range(1, 21)]) == pytest.approx(0.975)
+    assert tail_value([0.05 * i for i in range(1, 21)]) == pytest.approx(0.975)
 
 
 def test_value_and_first_crossing_are_interpolated_between_raw_evaluations():
@@ -163,7 +163,7 @@ def test_protocol_decides_by_the_paired_test_with_a_primary_and_holm_per_table()
 def test_flops_are_an_axis_where_every_run_logs_them():
     rows = lambda scale: [  # noqa: E731
         {
-            "step": i,
+            "update": i,
             "wall_time_s": 2.0 * i,
             "generated_tokens": 100 * i,
             "flops_total": scale * i,

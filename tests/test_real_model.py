@@ -160,7 +160,7 @@ def test_final_actor_loads_in_transformers_and_gives_the_trained_actors_numbers(
         paid.append(float(len(text) % 2 == 0))
     # the final evaluation's greedy accuracy, from the folder alone
     last = [r for r in rows if "val_greedy_accuracy" in r][-1]
-    assert last["step"] == 2 and len(paid) == 4 and sum(paid) / 4 == last["val_greedy_accuracy"]
+    assert last["update"] == 2 and len(paid) == 4 and sum(paid) / 4 == last["val_greedy_accuracy"]
     assert summary["final_val_accuracy"] == last["val_accuracy"]
 
 
@@ -176,7 +176,7 @@ def test_smollm2_final_actor_of_a_one_update_run_loads_in_transformers_and_gener
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "run"
-    argv = ["llm", "--model", "smollm2-135m", "--algo", "grpo", "--group-size", "2", "--steps", "1"]
+    argv = ["llm", "--model", "smollm2-135m", "--algo", "grpo", "--group-size", "2", "--updates", "1"]
     argv += ["--prompts-per-step", "2", "--max-new-tokens", "8", "--val-size", "2", "--eval-samples", "1"]
     argv += ["--eval-every", "0", "--train-size", "16", "--instruction", "Answer with just the number."]
     argv += ["--reward-fn", "boxed-or-last-number", "--actor-lr", "2e-5", "--no-skip-equal-rewards"]
@@ -306,7 +306,7 @@ def test_validation_logs_the_share_of_sampled_responses_in_each_format(tmp_path,
     logged = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     seen = set()
     for row in evals:
-        texts = [c["response"] for c in logged if c["split"] == "val" and c["step"] == row["step"]]
+        texts = [c["response"] for c in logged if c["split"] == "val" and c["update"] == row["update"]]
         assert len(texts) == 8
         formats = [answer_format(t) for t in texts]
         assert row["val_boxed_rate"] == formats.count("boxed") / 8

@@ -90,7 +90,7 @@ def test_recipe_runs_on_cpu_with_overrides(tmp_path):
         "--dtype",
         "float32",
         "--no-gradient-checkpointing",
-        "--steps",
+        "--updates",
         "1",
         "--prompts-per-step",
         "2",
@@ -110,7 +110,7 @@ def test_recipe_runs_on_cpu_with_overrides(tmp_path):
     assert cfg["actor_lr"] == 1e-6 and cfg["critic_lr"] == 1e-5 and cfg["temperature"] == 0.6
     assert cfg["resolved"]["reward_fn"] == "math" and cfg["resolved"]["train_examples"] == 24
     rows = read_metrics(out / "metrics.jsonl")
-    assert rows[-1]["step"] == 1 and "val_accuracy" in rows[0]
+    assert rows[-1]["update"] == 1 and "val_accuracy" in rows[0]
     assert Path(out / "final" / "actor" / "config.json").exists()
 
 
@@ -127,7 +127,7 @@ def _downloaded(tmp_path: Path) -> tuple[Path, Path, Path]:
     evil = tmp_path / "evil_reward.py"
     evil.write_text(f"open({str(mark)!r}, 'w').write('ran')\ndef f(response, truth):\n    return 1.0\n")
     (tmp_path / "downloaded.json").write_text(
-        json.dumps({"out_dir": str(victim), "overwrite": True, "reward_fn": f"{evil}:f", "steps": 1})
+        json.dumps({"out_dir": str(victim), "overwrite": True, "reward_fn": f"{evil}:f", "updates": 1})
     )
     return victim, mark, tmp_path / "downloaded"
 
@@ -187,7 +187,7 @@ def test_a_recipe_file_is_passed_explicitly_and_read_as_data(tmp_path, capsys):
         main(["llm", "--recipe-file", f"{path}.json"])
     lines = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(lines) == 1 and "hyperparameters only" in lines[0], lines
-    assert load_recipe(LLMConfig, file=f"{path}.json", trust=True).steps == 1
+    assert load_recipe(LLMConfig, file=f"{path}.json", trust=True).updates == 1
     with pytest.raises(RunError, match="--recipe-file sppo-7b-dapo: no such file"):
         load_recipe(LLMConfig, file="sppo-7b-dapo")
     with pytest.raises(RunError, match="give one recipe"):

@@ -522,14 +522,14 @@ def test_runs_that_differ_in_a_setting_are_separate_groups(tmp_path):
 
 
 def write_llm_run(folder: Path, algo, seed, evals, *, config=None, finished=True):
-    """An LLM run folder as the trainer writes it: one row per update (``step`` 1..), 100 generated tokens
+    """An LLM run folder as the trainer writes it: one row per update (``update`` 1..), 100 generated tokens
     and 2 s per update, ``val_accuracy`` at step 0 (its own row) and at the steps in ``evals``."""
     folder.mkdir(parents=True)
     cfg = {
         "algo": algo,
         "task": "arithmetic",
         "seed": seed,
-        "steps": max(evals),
+        "updates": max(evals),
         "prompts_per_step": 8,
         "actor_lr": 1e-4,
         "out_dir": str(folder),
@@ -537,9 +537,9 @@ def write_llm_run(folder: Path, algo, seed, evals, *, config=None, finished=True
         **(config or {}),
     }
     (folder / "config.json").write_text(json.dumps({**cfg, "resolved": {"model": "tiny"}}))
-    rows = [{"step": 0, "wall_time_s": 0.0, "generated_tokens": 0, "val_accuracy": evals[0]}]
+    rows = [{"update": 0, "wall_time_s": 0.0, "generated_tokens": 0, "val_accuracy": evals[0]}]
     for step in range(1, max(evals) + 1):
-        row = {"step": step, "reward_mean": 0.5, "generated_tokens": 100 * step, "wall_time_s": 2.0 * step}
+        row = {"update": step, "reward_mean": 0.5, "generated_tokens": 100 * step, "wall_time_s": 2.0 * step}
         if step in evals:
             row["val_accuracy"] = evals[step]
         rows.append(row)
@@ -582,11 +582,11 @@ def test_llm_runs_get_curves_a_table_and_aggregates(tmp_path):
     assert (sppo["seeds"], sppo["finished"], sppo["iqm"]) == (2, 1, 1.0)
     # curves: on the step grid 0, 1, 2, 3, 4 (grid_points=5) the mean of the two seeds, interpolated
     (c,) = [c for c in report["llm_curves"] if c["label"] == "grpo"]
-    assert c["step"]["x"] == [0, 1, 2, 3, 4]
-    assert c["step"]["mean"] == pytest.approx([0.25, 0.3125, 0.375, 0.5, 0.625])
+    assert c["update"]["x"] == [0, 1, 2, 3, 4]
+    assert c["update"]["mean"] == pytest.approx([0.25, 0.3125, 0.375, 0.5, 0.625])
     assert c["generated_tokens"]["x"] == [0, 100, 200, 300, 400] and c["wall_time_s"]["x"][-1] == 8.0
     # no band from two seeds
-    assert all(math.isnan(v) for v in c["step"]["half"] + c["step"]["lo"] + c["step"]["hi"])
+    assert all(math.isnan(v) for v in c["update"]["half"] + c["update"]["lo"] + c["update"]["hi"])
     agg = {e["label"]: e for e in report["aggregates"]["llm"]["table"]}
     assert agg["sppo"]["optimality_gap"]["value"] == 0 and agg["grpo"]["mean"]["value"] == 0.625
     out = root / "report"
@@ -692,7 +692,7 @@ def _layout_runs(root: Path) -> Path:
         json.dumps({"algo": "sppo", "task": "arithmetic", "seed": 0, "prompts_per_step": 8})
     )
     (f / "metrics.jsonl").write_text(
-        "".join(json.dumps({"step": s, "reward_mean": 0.5}) + "\n" for s in (1, 2))
+        "".join(json.dumps({"update": s, "reward_mean": 0.5}) + "\n" for s in (1, 2))
     )
     return root
 

@@ -560,7 +560,7 @@ def test_a_trl_style_reward_trains_without_verifier_errors(tmp_path, tiny, rewar
     """On the old code the trainer called f(response, answer): every call raised, every rollout was
     invalid and the run still finished."""
     run_llm(grpo_pairs_config(tmp_path, tiny, reward_fn=f"{rewards}:even"))
-    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["step"] > 0]
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["update"] > 0]
     assert len(rows) == 2
     assert all(r["verifier_errors"] == 0 and r["invalid_rollouts"] == 0 for r in rows)
 
@@ -570,28 +570,28 @@ def test_several_rewards_are_logged_one_by_one(tmp_path, tiny, rewards):
         tmp_path, tiny, reward_fn=f"{rewards}:even,{rewards}:always", reward_weights=(1.0, 1.0)
     )
     run_llm(cfg)
-    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["step"] > 0]
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["update"] > 0]
     for r in rows:
         assert r["rewards/always"] == 1.0 and r["reward_errors/even"] == 0
         assert r["reward_mean"] == pytest.approx((r["rewards/even"] + 1.0) / 2, abs=1e-6)
 
 
 def test_a_reward_that_always_fails_stops_the_run(tmp_path, tiny, rewards):
-    cfg = grpo_pairs_config(tmp_path, tiny, reward_fn=f"{rewards}:broken", steps=6, reward_fail_limit=2)
+    cfg = grpo_pairs_config(tmp_path, tiny, reward_fn=f"{rewards}:broken", updates=6, reward_fail_limit=2)
     with pytest.raises(RunFailed, match="no response got a valid reward in 2 consecutive updates"):
         run_llm(cfg)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["steps"] == 2 and "--reward-fail-limit 2" in summary["stopped"]
+    assert summary["updates"] == 2 and "--reward-fail-limit 2" in summary["stopped"]
     assert "ZeroDivisionError" in summary["last_error"] and summary["verifier_errors"] == 8
-    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["step"] > 0]
-    assert [r["step"] for r in rows] == [1, 2] and all(r["invalid_rollouts"] == 8 for r in rows)
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["update"] > 0]
+    assert [r["update"] for r in rows] == [1, 2] and all(r["invalid_rollouts"] == 8 for r in rows)
     assert summary["flops_total"] == rows[-1]["flops_total"] > 0  # the compute spent so far
 
 
 def test_cli_exits_1_with_one_line_when_the_reward_always_fails(tmp_path, tiny, rewards):
     out = tmp_path / "cli"
     argv = ["--task", "arithmetic", "--model", str(tiny), "--algo", "grpo", "--group-size", "2"]
-    argv += ["--steps", "5", "--prompts-per-step", "2", "--train-size", "16", "--val-size", "2"]
+    argv += ["--updates", "5", "--prompts-per-step", "2", "--train-size", "16", "--val-size", "2"]
     argv += ["--eval-every", "0", "--max-new-tokens", "4", "--no-progress", "--no-tensorboard"]
     argv += ["--reward-fn", f"{rewards}:broken", "--reward-fail-limit", "2", "--out-dir", str(out)]
     env = outside_a_launcher({**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})

@@ -93,7 +93,7 @@ def _control_cmd(out: Path, *extra: str) -> list[str]:
 
 def _fs_llm_cmd(tiny: Path, out: Path, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "sppo_rl", "llm", "--model", str(tiny), "--steps", "100000",
+        sys.executable, "-m", "sppo_rl", "llm", "--model", str(tiny), "--updates", "100000",
         "--prompts-per-step", "2", "--train-size", "64", "--val-size", "4", "--eval-samples", "1",
         "--eval-every", "5", "--checkpoint-every", "2", "--max-new-tokens", "8", "--no-progress",
         "--threads", "1", "--out-dir", str(out), *extra,
@@ -349,7 +349,7 @@ def test_control_run_files_follow_the_umask(tmp_path):
 
 def test_llm_run_files_follow_the_umask(tmp_path, tiny):
     out = tmp_path / "run"
-    args = ["llm", "--task", "arithmetic", "--model", str(tiny), "--steps", "1", "--prompts-per-step", "2",
+    args = ["llm", "--task", "arithmetic", "--model", str(tiny), "--updates", "1", "--prompts-per-step", "2",
             "--train-size", "16", "--val-size", "4", "--eval-samples", "1", "--max-new-tokens", "4",
             "--no-progress", "--no-tensorboard", "--cache-dir", str(tmp_path / "cache"), "--out-dir", str(out)]  # fmt: skip
     modes, output = _run_with_umask(tmp_path, args)

@@ -98,19 +98,19 @@ def test_sigkill_mid_save_keeps_previous_checkpoint_loadable(tmp_path):
 
 def test_logger_resume_keeps_earlier_rows_and_drops_redone_ones(tmp_path):
     log = RunLogger(tmp_path, tensorboard=False)
-    log.log({"step": 1, "x": 1.0}, step=1)
-    log.log({"step": 2, "x": float("nan")}, step=2)
+    log.log({"update": 1, "x": 1.0}, step=1)
+    log.log({"update": 2, "x": float("nan")}, step=2)
     pos = log.position()
-    log.log({"step": 3, "x": 3.0}, step=3)  # written after the checkpoint at step 2: redone on resume
+    log.log({"update": 3, "x": 3.0}, step=3)  # written after the checkpoint at step 2: redone on resume
     log.close()
     before = (tmp_path / "metrics.jsonl").read_bytes()
     log = RunLogger(tmp_path, tensorboard=False, resume_position=pos, resume_step=2)
-    log.log({"step": 3, "x": 3.5}, step=3)
+    log.log({"update": 3, "x": 3.5}, step=3)
     log.close()
     after = (tmp_path / "metrics.jsonl").read_bytes()
     assert after[:pos] == before[:pos]
     rows = read_metrics(tmp_path / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["update"] for r in rows] == [1, 2, 3]
     assert rows[1]["x"] is None and rows[2]["x"] == 3.5
 
 

@@ -100,7 +100,7 @@ def test_sampling_flags_reach_the_run_and_are_checked(tmp_path, tiny, rewards):
     from sppo_rl.config import ConfigError
 
     cfg = grpo_pairs_config(
-        tmp_path, tiny, reward_fn=f"{rewards}:even", steps=1, top_k=1, log_completions_every=1
+        tmp_path, tiny, reward_fn=f"{rewards}:even", updates=1, top_k=1, log_completions_every=1
     )
     run_llm(cfg)
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")

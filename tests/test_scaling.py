@@ -86,13 +86,15 @@ def test_the_mean_curve_reads_each_seed_between_its_evaluations_on_the_common_wi
 def test_the_section_prints_the_table_saves_the_figure_and_names_what_it_left_out(tmp_path):
     def rows(C, R):
         return [
-            {"step": i, "flops_total": float(c), "val_accuracy": float(r)}
+            {"update": i, "flops_total": float(c), "val_accuracy": float(r)}
             for i, (c, r) in enumerate(zip(C, R))
         ]
 
     good = [rows(C, R) for C, R in seeds(n=3)]
     flat = [rows(np.linspace(0, 1e15, 10), np.full(10, 0.3))] * 2
-    old = [[{"step": 0, "val_accuracy": 0.1}, {"step": 5, "val_accuracy": 0.2}]]  # before FLOPs were counted
+    old = [
+        [{"update": 0, "val_accuracy": 0.1}, {"update": 5, "val_accuracy": 0.2}]
+    ]  # before FLOPs were counted
     lines, fits = S.scaling_section({"good": good, "flat": flat, "old": old}, tmp_path / "fig.png", reps=20)
     text = "\n".join(lines)
     assert (tmp_path / "fig.png").stat().st_size > 10_000
@@ -113,11 +115,17 @@ def test_sppo_rl_report_draws_accuracy_against_flops_with_the_fits(tmp_path):
         for k, (C, R) in enumerate(seeds(n=2, A=A, seed=len(algo) + (A > 0.6))):
             folder = root / algo / f"seed{k}"
             folder.mkdir(parents=True)
-            cfg = {"algo": algo, "task": "arithmetic", "seed": k, "steps": len(C) - 1, "prompts_per_step": 8}
+            cfg = {
+                "algo": algo,
+                "task": "arithmetic",
+                "seed": k,
+                "updates": len(C) - 1,
+                "prompts_per_step": 8,
+            }
             (folder / "config.json").write_text(json.dumps(cfg))
             rows = [
                 {
-                    "step": i,
+                    "update": i,
                     "wall_time_s": float(i),
                     "generated_tokens": 10 * i,
                     "flops_total": float(c),

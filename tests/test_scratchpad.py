@@ -203,7 +203,7 @@ def test_bad_level_exits_2_with_one_line_before_any_file(tmp_path):
 def test_cli_trains_on_the_scratchpad_and_resumes(tmp_path, tiny):
     out = tmp_path / "run"
     proc = _cli(
-        *("--task", "scratchpad", "--algo", "sppo", "--model", str(tiny), "--steps", "1"),
+        *("--task", "scratchpad", "--algo", "sppo", "--model", str(tiny), "--updates", "1"),
         *("--prompts-per-step", "4", "--train-size", "32", "--val-size", "4", "--eval-samples", "1"),
         *("--out-dir", str(out), "--no-progress", "--threads", "1", "--no-tensorboard"),
     )
@@ -211,10 +211,10 @@ def test_cli_trains_on_the_scratchpad_and_resumes(tmp_path, tiny):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["task"] == "scratchpad" and cfg["max_new_tokens"] == 100  # level 1's default budget, saved
     # resuming takes the saved settings: the resolved budget must equal the one resolved again
-    proc = _cli("--out-dir", str(out), "--resume", "--steps", "2", "--no-progress")
+    proc = _cli("--out-dir", str(out), "--resume", "--updates", "2", "--no-progress")
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = read_metrics(out / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert [r["update"] for r in rows] == [0, 1, 2]
     # an untrained model rarely stops early: its responses run far past arithmetic's 16 tokens
     assert rows[-1]["response_length"] > 16
 
@@ -226,7 +226,7 @@ def test_embedded_model_warm_starts_on_the_scratchpad(tmp_path):
 
     cfg = LLMConfig(
         task="scratchpad",
-        steps=1,
+        updates=1,
         prompts_per_step=2,
         train_size=16,
         val_size=2,

@@ -351,7 +351,7 @@ def test_the_end_of_a_sweep_says_what_came_out_and_where(tmp_path, capsys):
 # ----------------------------------------------------------------------------------- the LLM world
 
 LLM_ARGS = (
-    "--train-size 32 --val-size 8 --eval-samples 2 --max-new-tokens 6 --steps 2 --prompts-per-step 4 "
+    "--train-size 32 --val-size 8 --eval-samples 2 --max-new-tokens 6 --updates 2 --prompts-per-step 4 "
     "--eval-every 1 --checkpoint-every 1 --threads 1 --no-tensorboard"
 )
 
@@ -382,8 +382,8 @@ def test_llm_sweep_runs_named_runs_resumes_a_stopped_one_and_skips_a_finished_on
     for name, run in (("sppo", sppo), ("grpo", grpo)):
         assert "done" in _line(proc.stdout, name, 0)
         saved = json.loads((run / "config.json").read_text())
-        assert (saved["algo"], saved["seed"], saved["steps"], saved["wandb_group"]) == (name, 0, 2, "sweep")
-        assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 2]
+        assert (saved["algo"], saved["seed"], saved["updates"], saved["wandb_group"]) == (name, 0, 2, "sweep")
+        assert [r["update"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 2]
         assert "-m sppo_rl llm --algo" in (run / "log.txt").read_text()
         assert "--no-progress" in (run / "log.txt").read_text()
     assert json.loads((grpo / "config.json").read_text())["resolved"]["group_size"] == 2
@@ -442,7 +442,7 @@ def _llm(out: Path, **kw) -> SweepConfig:
         (dict(runs={}, algos=("sppo", "bogus")), "unknown algorithm\\(s\\): bogus"),
         (dict(tasks=("hopper",), overrides={"epochs": "2"}), "--tasks, --overrides: control settings"),
         (
-            dict(world="control", runs={}, llm_args="--steps 2"),
+            dict(world="control", runs={}, llm_args="--updates 2"),
             "--runs and --llm-args are settings of --world llm",
         ),
         (dict(seeds=()), "at least one run and one seed"),
@@ -468,11 +468,11 @@ def test_cli_refuses_bad_llm_flags_in_one_line_exit_2_and_no_folder(tmp_path):
 
 
 def test_llm_jobs_from_algos_and_a_folder_with_other_settings(tmp_path):
-    jobs = plan(_llm(tmp_path, runs={}, algos=("sppo", "grpo"), seeds=(0, 1), llm_args="--steps 2"))
+    jobs = plan(_llm(tmp_path, runs={}, algos=("sppo", "grpo"), seeds=(0, 1), llm_args="--updates 2"))
     assert [j.name for j in jobs] == ["sppo/seed0", "grpo/seed0", "sppo/seed1", "grpo/seed1"]
     run = tmp_path.resolve() / "sppo" / "seed0"
     assert jobs[0].args == [
-        "--algo", "sppo", "--steps", "2", "--seed", "0", "--out-dir", str(run), "--wandb-group", tmp_path.name,
+        "--algo", "sppo", "--updates", "2", "--seed", "0", "--out-dir", str(run), "--wandb-group", tmp_path.name,
     ]  # fmt: skip
     assert (jobs[0].command, jobs[0].task, jobs[0].out_dir, jobs[0].overwrite) == (
         "llm",
@@ -488,27 +488,27 @@ def test_llm_jobs_from_algos_and_a_folder_with_other_settings(tmp_path):
 
     # as a run writes its config.json: flat, the defaults it fills in (max_new_tokens, actor_lr) filled
     saved = config_dict(
-        as_given(llm_config("sppo", ["--algo", "sppo", "--steps", "3", "--threads", "4"], 0, str(run)))
+        as_given(llm_config("sppo", ["--algo", "sppo", "--updates", "3", "--threads", "4"], 0, str(run)))
     )
     run.mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({**saved, "resolved": {"group_size": 1}}))
-    cfg = _llm(tmp_path, llm_args="--steps 2")
+    cfg = _llm(tmp_path, llm_args="--updates 2")
     with pytest.raises(
-        ValueError, match=re.escape(f"{run} holds a run with other settings (steps: 3 there, 2 now)")
+        ValueError, match=re.escape(f"{run} holds a run with other settings (updates: 3 there, 2 now)")
     ):
         plan(cfg)
-    (job,) = llm_jobs([("sppo", 0, ["--algo", "sppo", "--steps", "2"])], tmp_path, other="overwrite")
+    (job,) = llm_jobs([("sppo", 0, ["--algo", "sppo", "--updates", "2"])], tmp_path, other="overwrite")
     assert job.overwrite
-    (job,) = plan(_llm(tmp_path, llm_args="--steps 3"))  # the same settings: kept (skipped or resumed)
+    (job,) = plan(_llm(tmp_path, llm_args="--updates 3"))  # the same settings: kept (skipped or resumed)
     assert not job.overwrite
-    (job,) = llm_jobs([("sppo", 0, ["--algo", "sppo", "--steps", "3"])], tmp_path, overwrite=True)
+    (job,) = llm_jobs([("sppo", 0, ["--algo", "sppo", "--updates", "3"])], tmp_path, overwrite=True)
     assert job.overwrite
 
 
 @pytest.mark.slow
 def test_sigterm_stops_an_llm_sweep_and_the_rerun_resumes(tmp_path, tiny):
     out, run = tmp_path / "sweep", tmp_path / "sweep" / "sppo" / "seed0"
-    llm_args = f"--model {tiny} {LLM_ARGS}".replace("--steps 2", "--steps 200").replace(
+    llm_args = f"--model {tiny} {LLM_ARGS}".replace("--updates 2", "--updates 200").replace(
         "--eval-every 1", "--eval-every 100"
     )
     args = ["--world", "llm", "--runs", "sppo=--algo sppo", "--seeds", "0", "--out-dir", str(out)]
@@ -526,12 +526,12 @@ def test_sigterm_stops_an_llm_sweep_and_the_rerun_resumes(tmp_path, tiny):
     stdout, _ = proc.communicate(timeout=300)
     assert proc.returncode == 128 + signal.SIGTERM and "interrupted" in _line(stdout, "sppo", 0), stdout
     assert not (run / "summary.json").exists(), "the run finished before the signal; give it more steps"
-    done = [r["step"] for r in read_metrics(run / "metrics.jsonl")]
+    done = [r["update"] for r in read_metrics(run / "metrics.jsonl")]
 
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resumed" in _line(again.stdout, "sppo", 0)
-    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == list(range(201))
+    assert [r["update"] for r in read_metrics(run / "metrics.jsonl")] == list(range(201))
     assert 1 < len(done) < 201
 
 

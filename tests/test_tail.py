@@ -278,7 +278,7 @@ def write_llm_run(folder: Path, algo: str, trace: dict[str, np.ndarray], seed: i
         "resolved": {"group_size": 1},
     }
     (folder / "config.json").write_text(json.dumps(cfg))
-    rows = [{"step": 0, "val_accuracy": 0.5}, {"step": 1, "reward_mean": 0.5, "val_accuracy": 0.5}]
+    rows = [{"update": 0, "val_accuracy": 0.5}, {"update": 1, "reward_mean": 0.5, "val_accuracy": 0.5}]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (folder / "summary.json").write_text("{}")
     np.savez_compressed(folder / "critic_trace.npz", **trace)
@@ -477,7 +477,7 @@ def test_report_on_real_llm_runs(tmp_path):
             LLMConfig(
                 algo=algo,
                 model=str(model),
-                steps=2,
+                updates=2,
                 prompts_per_step=4,
                 train_size=32,
                 val_size=16,

@@ -100,8 +100,8 @@ def test_the_control_runs(executed):
 def test_the_llm_run(executed):
     ns, outputs = executed
     rows = ns["llm_rows"]
-    assert [r["step"] for r in rows] == [0, 1, 2, 3]
-    assert ns["llm_summary"]["steps"] == 3 and ns["llm_summary"]["algo"] == "sppo"
+    assert [r["update"] for r in rows] == [0, 1, 2, 3]
+    assert ns["llm_summary"]["updates"] == 3 and ns["llm_summary"]["algo"] == "sppo"
     rewards = [r["reward_mean"] for r in rows[1:]]
     assert any(0.0 < x < 1.0 for x in rewards), "the digit reward must give both outcomes"
     assert (ns["__work__"] / "tutorial_runs" / "llm" / "sppo" / "final" / "actor" / "config.json").is_file()

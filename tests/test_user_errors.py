@@ -93,7 +93,7 @@ def test_control_numbers_out_of_range_are_refused(tmp_path, capsys, flags, named
     "flags, named",
     [
         (["--epochs", "0"], "--epochs must be >= 1"),
-        (["--steps", "0"], "--steps must be >= 1"),
+        (["--updates", "0"], "--updates must be >= 1"),
         (["--prompts-per-step", "0"], "--prompts-per-step must be >= 1"),
         (["--temperature", "0"], "--temperature must be > 0"),
         (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
@@ -190,9 +190,9 @@ def test_defaults_and_shipped_recipes_are_valid():
 
 def test_a_recipe_value_of_the_wrong_type_names_file_and_line(tmp_path, capsys):
     recipe = tmp_path / "r.json"
-    recipe.write_text('{\n  "algo": "grpo",\n  "steps": "ten"\n}\n')
+    recipe.write_text('{\n  "algo": "grpo",\n  "updates": "ten"\n}\n')
     refused(
-        capsys, ["llm", "--recipe-file", str(recipe)], tmp_path / "run", f"{recipe}:3", "steps", "integer"
+        capsys, ["llm", "--recipe-file", str(recipe)], tmp_path / "run", f"{recipe}:3", "updates", "integer"
     )
 
 
@@ -207,7 +207,7 @@ def test_a_recipe_value_out_of_range_names_file_and_line(tmp_path, capsys):
 @pytest.mark.parametrize(
     "command, body, named",
     [
-        ("llm", '"steps": 2,\n  "epochs": ' + "9" * 5000, ":3: epochs is an integer of 5,000 digits"),
+        ("llm", '"updates": 2,\n  "epochs": ' + "9" * 5000, ":3: epochs is an integer of 5,000 digits"),
         ("control", '"hidden_sizes": [64, -' + "1" * 5000 + "]", ":2: hidden_sizes holds an integer of 5,000 digits"),
         ("control", '"seed": ' + "1" * 31, ":2: seed is an integer of 31 digits"),
         ("llm", '"epochs": ' + "9" * 30, ":2: epochs must be at most 1,000,000,000"),

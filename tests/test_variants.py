@@ -476,7 +476,7 @@ def test_each_variant_runs_in_the_llm_world(tmp_path, tiny, algo):
     cfg = llm_config(tmp_path, tiny, algo=algo, group_size=4)
     summary = run_llm(cfg)
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
-    assert summary["steps"] == 2 and [r["step"] for r in rows] == [0, 1, 2]
+    assert summary["updates"] == 2 and [r["update"] for r in rows] == [0, 1, 2]
     assert rows[-1]["rollout_logp_diff"] < 1e-4
     assert "reward_mean" in rows[-1] and "val_accuracy" in rows[-1]
     assert (tmp_path / "run" / "final" / "actor" / "model.safetensors").exists()

@@ -440,7 +440,7 @@ def test_trainer_runs_with_vllm_rollouts(tiny, tmp_path):
         "vllm",
         "--model",
         str(tiny),
-        "--steps",
+        "--updates",
         "3",
         *TINY_LLM_FLAGS,
         "--actor-lr",
@@ -455,7 +455,7 @@ def test_trainer_runs_with_vllm_rollouts(tiny, tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert [r["update"] for r in rows] == [0, 1, 2, 3]
     for r in rows[1:]:
         assert r["time_sync_s"] > 0
         assert r["rollout_logp_diff"] < 1e-4, r["rollout_logp_diff"]  # after syncs that moved the weights
@@ -518,7 +518,7 @@ def _trainer_run(tiny, out, launch: tuple[str, ...] = (), extra: tuple[str, ...]
     # DeepSpeed JIT-builds a CPU op against this venv's torch: kept apart from the main venv's build
     env.setdefault("TORCH_EXTENSIONS_DIR", str(repo / "build" / "torch_extensions-vllm"))
     args = (
-        f"llm --algo sppo --task arithmetic --rollout vllm --model {tiny} --out-dir {out} --steps 2 "
+        f"llm --algo sppo --task arithmetic --rollout vllm --model {tiny} --out-dir {out} --updates 2 "
         f"--seed 0 --prompts-per-step 8 --train-size 64 --val-size 8 --max-new-tokens 8 --minibatches 1 "
         f"--epochs 2 --eval-every 2 --actor-lr 1e-2 --critic-lr 1e-3 --temperature 2.0 --reward-fn "
         f"{reward} --no-progress --threads 1 --no-tensorboard --critic-init none --no-skip-equal-rewards"
@@ -568,7 +568,7 @@ def test_two_ranks_with_vllm_rollouts_train_like_one_process(tiny, one_process_v
     out = tmp_path / "ranks"
     torchrun = ("-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()))
     rows = _trainer_run(tiny, out, torchrun, ("--engine", "deepspeed", "--zero-stage", str(stage)))
-    assert [r["step"] for r in ref] == [r["step"] for r in rows] == [0, 1, 2]
+    assert [r["update"] for r in ref] == [r["update"] for r in rows] == [0, 1, 2]
     assert 0.0 < ref[1]["reward_mean"] < 1.0 or 0.0 < ref[2]["reward_mean"] < 1.0, "rewards should vary"
     assert_rows_match(ref, rows, RANKS_COMPARED)
     for r in rows[1:]:
@@ -654,7 +654,7 @@ def test_trainer_with_lora_and_vllm_rollouts(tiny, tmp_path):
     pytest.importorskip("peft")
     out = tmp_path / "run"
     rows = _trainer_run(tiny, out, extra=("--lora-rank", "4", "--lora-alpha", "8"))
-    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert [r["update"] for r in rows] == [0, 1, 2]
     for r in rows[1:]:
         assert r["time_sync_s"] > 0
         assert r["rollout_mismatch_max"] < 1e-4, r["rollout_mismatch_max"]
@@ -703,7 +703,7 @@ def test_a_bfloat16_sampler_beside_a_float32_trainer_shows_the_mismatch_tis_corr
     the float32 sampler's < 1e-4) and the run trains with --tis-cap weighing it."""
     out = tmp_path / "run"
     rows = _trainer_run(tiny, out, extra=("--vllm-dtype", "bfloat16", "--tis-cap", "2"))
-    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert [r["update"] for r in rows] == [0, 1, 2]
     for r in rows[1:]:
         # a float32 sampler stays below 1e-4 at every token (the tests above); bfloat16 keeps 8 bits of
         # mantissa: several times that on average, over ten times at the worst token (measured: 4e-4, 2e-3)
@@ -738,7 +738,7 @@ def test_vllm_loads_an_exported_final_actor_and_generates(tiny, tmp_path):
 
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "sppo_rl", "llm", "--algo", "grpo", "--group-size", "2", "--model", str(tiny),
-           "--steps", "1", "--prompts-per-step", "4", "--train-size", "16", "--val-size", "2", "--eval-every", "0",
+           "--updates", "1", "--prompts-per-step", "4", "--train-size", "16", "--val-size", "2", "--eval-every", "0",
            "--max-new-tokens", "8", "--actor-lr", "1e-2", "--no-progress", "--no-tensorboard", "--threads", "1",
            "--out-dir", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -795,7 +795,7 @@ def test_vllm_loads_an_exported_smollm2_actor_and_generates(tmp_path):
 
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "sppo_rl", "llm", "--algo", "grpo", "--group-size", "2", "--model", "smollm2-135m",
-           "--steps", "1", "--prompts-per-step", "2", "--train-size", "16", "--val-size", "2", "--eval-every", "0",
+           "--updates", "1", "--prompts-per-step", "2", "--train-size", "16", "--val-size", "2", "--eval-every", "0",
            "--max-new-tokens", "8", "--no-progress", "--no-tensorboard", "--threads", "1",
            "--no-skip-equal-rewards", "--out-dir", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)

@@ -23,7 +23,7 @@ def test_not_learning_rules_on_hand_made_rows():
     # the signal differs within the first 10 updates: no warning, though it is constant after them
     assert kinds([{"success_rate": 0.5}] + [{"success_rate": 0.0}] * 20) == []
     # the LLM's evaluation-only row (no reward) does not count as an update
-    llm = [{"step": 0, "val_accuracy": 0.1}] + [
+    llm = [{"update": 0, "val_accuracy": 0.1}] + [
         {"reward_mean": r, "response_clip_frac": 0.5} for r in (0, 1, 0)
     ]
     assert kinds(llm) == []  # a clip fraction of exactly one half is not "most"
@@ -64,7 +64,7 @@ def test_llm_run_whose_responses_are_all_cut_warns(tmp_path, tiny, capsys):
     from sppo_rl.llm.config import LLMConfig
     from sppo_rl.llm.trainer import run_llm
 
-    cfg = LLMConfig(task="arithmetic", model=str(tiny), algo="grpo", group_size=2, steps=2, prompts_per_step=2,
+    cfg = LLMConfig(task="arithmetic", model=str(tiny), algo="grpo", group_size=2, updates=2, prompts_per_step=2,
                     train_size=16, val_size=4, eval_samples=1, eval_every=0, max_new_tokens=1,
                     out_dir=str(tmp_path / "run"), progress=False, tensorboard=False,
                     cache_dir=str(tmp_path / "cache"))  # fmt: skip

@@ -15,7 +15,7 @@ from sppo_rl.control.actor_files import save_actor_file
 from sppo_rl.control.evaluate import calibration, critic_trace
 from sppo_rl.control.networks import Actor, Critic
 from sppo_rl.control.plan import Plan
-from sppo_rl.runtime.curves import final_value
+from sppo_rl.runtime.curves import tail_value
 from sppo_rl.runtime.files import atomic_write_text
 from sppo_rl.runtime.trace import TRACE_FILE
 
@@ -25,10 +25,10 @@ if TYPE_CHECKING:
 
 def summary_of(rows: list[dict[str, Any]], state: RunState, plan: Plan) -> dict[str, Any]:
     """The run's summary: who and what (algorithm, task, seed), the counters of ``state``, and
-    ``final_success_rate``, the comparison protocol's final (:func:`sppo_rl.runtime.curves.final_value`:
+    ``tail_success_rate``, the comparison protocol's final (:func:`sppo_rl.runtime.curves.tail_value`:
     the mean ``success_rate`` of the last ``max(1, ceil(0.1 n))`` of the ``n`` updates in ``rows``; None
     when no row has one), the number ``sppo-rl sweep`` and ``sppo-rl report`` print for the same run."""
-    final = final_value([r.get("success_rate") for r in rows])
+    final = tail_value([r.get("success_rate") for r in rows])
     return {
         "algo": plan.algo.name,
         "task": plan.spec.name,
@@ -38,7 +38,7 @@ def summary_of(rows: list[dict[str, Any]], state: RunState, plan: Plan) -> dict[
         "env_steps": state.env_steps,
         "wall_time_s": state.elapsed,
         "sps": state.env_steps / max(state.elapsed, 1e-9),
-        "final_success_rate": None if math.isnan(final) else final,
+        "tail_success_rate": None if math.isnan(final) else final,
     }
 
 
@@ -60,7 +60,7 @@ def headline(s: dict[str, Any]) -> str:
     """The summary's headline numbers in one line (the console's ``done:`` line)."""
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     return (
-        f"{s['algo']} on {s['task']}, seed {s['seed']}: success {fmt(s['final_success_rate'])} (final: last 10% of updates)"
+        f"{s['algo']} on {s['task']}, seed {s['seed']}: success {fmt(s['tail_success_rate'])} (final: last 10% of updates)"
         + (f", greedy {fmt(s['final_eval_success_rate'])}" if "final_eval_success_rate" in s else "")
         + f"; {s['updates']} updates, {s['episodes']} episodes in {s['wall_time_s']:.1f} s of training"
     )

@@ -68,7 +68,7 @@ class SweepConfig:
     grpo="--algo grpo --group-size 8"; none: one run per --algos, named after it (--algo NAME)."""
     llm_args: str = ""
     """LLM world: sppo-rl llm flags of every run, one string after each run's own, given with '=', e.g.
-    --llm-args="--task scratchpad --steps 100" (not --seed, --out-dir, --resume, --overwrite, --progress)."""
+    --llm-args="--task scratchpad --updates 100" (not --seed, --out-dir, --resume, --overwrite, --progress)."""
     workers: int | None = None
     """Runs at a time (default: the number of CPU cores)."""
     backend: Literal["local", "ray"] = "local"

@@ -11,7 +11,7 @@ the axes ``("seconds", "episodes")`` instead of ``("seconds", "tokens")`` (:func
 - **Window** ``[lo, hi]`` on an axis: ``lo`` = the latest first evaluation, ``hi`` = the earliest last
   evaluation over all runs of the comparison (:func:`window`); :func:`on_grid` puts every curve on
   ``points`` equally spaced x in it.
-- **Final** (:func:`~sppo_rl.runtime.curves.final_value`, the one definition used by ``sppo-rl sweep``, ``sppo-rl report``,
+- **Final** (:func:`~sppo_rl.runtime.curves.tail_value`, the one definition used by ``sppo-rl sweep``, ``sppo-rl report``,
   ``scripts/compare_llm.py`` and a control run's own ``summary.json``): the mean of a run's last ``k = max(1, ceil(FINAL_FRAC * n))`` of its ``n``
   logged values, in log order (control: the per-update ``success_rate``; LLM: the validation
   evaluations, the start one counted in ``n``). With ``FINAL_FRAC = 0.1``: the last 2 of 20, the last 1
@@ -62,7 +62,7 @@ import numpy as np
 
 from sppo_rl.experiments import decision
 from sppo_rl.experiments.decision import Design
-from sppo_rl.runtime.curves import final_value
+from sppo_rl.runtime.curves import tail_value
 
 TARGET_GAIN = 0.5  # the target: half of the median improvement from the warm start
 CONFIDENCE = 0.95
@@ -96,12 +96,12 @@ class Curve:
 
     @staticmethod
     def of_rows(rows: list[dict], key: str = "val_accuracy") -> Curve:
-        """The rows of a ``metrics.jsonl`` that carry ``key`` (``step``, ``wall_time_s``,
+        """The rows of a ``metrics.jsonl`` that carry ``key`` (``update``, ``wall_time_s``,
         ``generated_tokens``, and ``flops_total`` where every one of them has it)."""
         ev = [r for r in rows if r.get(key) is not None]
         col = lambda k: np.array([float(r[k]) for r in ev], dtype=float)  # noqa: E731
         flops = col("flops_total") if ev and all(r.get("flops_total") is not None for r in ev) else None
-        return Curve(col("wall_time_s"), col("generated_tokens"), col("step"), col(key), flops=flops)
+        return Curve(col("wall_time_s"), col("generated_tokens"), col("update"), col(key), flops=flops)
 
     @staticmethod
     def of_control_rows(rows: list[dict]) -> Curve:
@@ -209,7 +209,7 @@ def time_below(x, y, level: float, lo: float, hi: float) -> float:
 
 def target_of(starts, finals, gain: float = TARGET_GAIN) -> float:
     """``s0 + gain * (median(finals) - s0)`` with ``s0 = mean(starts)``: the start evaluations and the
-    :func:`final_value` of every run of every method, pooled."""
+    :func:`tail_value` of every run of every method, pooled."""
     s0 = float(np.mean(np.asarray(starts, dtype=float)))
     return s0 + gain * (float(np.median(np.asarray(finals, dtype=float))) - s0)
 
@@ -231,7 +231,7 @@ def run_statistics(
     lo, hi = windows["seconds"]
     out["auc_seconds"] = area(curve.seconds, curve.accuracy, lo, hi)
     out["start"] = float(curve.accuracy[0])
-    out["final"] = final_value(curve.accuracy)
+    out["final"] = tail_value(curve.accuracy)
     return out
 
 
@@ -385,7 +385,7 @@ def protocol(
     windows = {axis: window(runs, axis) for axis in axes}
     rule = "given"
     if target is None:
-        target = target_of([c.accuracy[0] for c in runs], [final_value(c.accuracy) for c in runs], gain)
+        target = target_of([c.accuracy[0] for c in runs], [tail_value(c.accuracy) for c in runs], gain)
         rule = f"s0 + {gain:g} * (median of pooled finals - s0)"
     per_run = {
         name: {k: run_statistics(c, windows, target, axes) for k, c in sorted(seeds.items())}

@@ -31,7 +31,7 @@ def run_numbers(run: Run, cfg: ReportConfig) -> dict[str, Any]:
     y = _col(run.rows, "success_rate")
     eps = _col(run.rows, "episodes")
     last = run.rows[-1]
-    final = protocol.final_value(y, cfg.final_frac)
+    final = protocol.tail_value(y, cfg.final_frac)
     return {
         **_identity(run),
         "updates": len(run.rows),
@@ -62,11 +62,11 @@ def llm_run_numbers(run: Run, cfg: ReportConfig) -> dict[str, Any]:
     """Per-run numbers of an LLM run: final validation accuracy (mean over the last ``final_frac`` of its
     evaluations, at least one), and updates, generated tokens and training seconds of its last row."""
     y = _col(run.rows, "val_accuracy")
-    final = protocol.final_value(y, cfg.final_frac)
+    final = protocol.tail_value(y, cfg.final_frac)
     return {
         **_identity(run),
         "evaluations": len(run.rows),
-        "updates": run.last.get("step"),
+        "updates": run.last.get("update"),
         "start_val_accuracy": float(y[0]),
         "final_val_accuracy": final,
         "score": final,
@@ -228,7 +228,7 @@ def _protocol_curve(run: Run) -> protocol.Curve:
     """The run's raw curve for the protocol; a missing axis value is NaN (the task is then skipped)."""
     if run.world == "control":
         return protocol.Curve.of_control_rows(run.rows)
-    cols = [_col(run.rows, k) for k in ("wall_time_s", "generated_tokens", "step", "val_accuracy")]
+    cols = [_col(run.rows, k) for k in ("wall_time_s", "generated_tokens", "update", "val_accuracy")]
     evals = [r for r in run.rows if r.get("val_accuracy") is not None]
     logged = evals and all(r.get("flops_total") is not None for r in evals)
     return protocol.Curve(*cols, flops=_col(run.rows, "flops_total") if logged else None)

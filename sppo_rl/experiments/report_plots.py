@@ -20,13 +20,13 @@ X_AXES = {"episodes": "episodes", "wall_time_s": "wall-clock seconds (training)"
 
 
 LLM_X_AXES = {
-    "step": "updates",
+    "update": "updates",
     "generated_tokens": "generated tokens (training rollouts)",
     "wall_time_s": "wall-clock seconds (training)",
 }
 
 
-INTEGER_X = {"episodes", "step", "generated_tokens"}
+INTEGER_X = {"episodes", "update", "generated_tokens"}
 """x-axes that count things: their ticks are whole numbers (no update 1.5)."""
 
 

@@ -96,7 +96,7 @@ def read_json(path: Path) -> Any:
 
 NUMBER_KEYS = (
     "update",
-    "step",
+    "update",
     "episodes",
     "success_rate",
     "val_accuracy",

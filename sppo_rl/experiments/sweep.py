@@ -290,7 +290,7 @@ def _plan_llm(cfg: SweepConfig) -> list[Job]:
     if control:
         raise ValueError(
             f"{', '.join(control)}: control settings; an LLM run's task and budget are sppo-rl llm flags "
-            '(e.g. --llm-args="--task scratchpad --steps 100")'
+            '(e.g. --llm-args="--task scratchpad --updates 100")'
         )
     if cfg.workers is not None and cfg.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {cfg.workers}")
@@ -702,10 +702,10 @@ def _sweep(
 
 def headline(jobs: list[Job], results: list[JobResult], root: Path) -> str:
     """The sweep's end: final success of each (task, algorithm) over its finished seeds (the protocol's
-    :func:`~sppo_rl.runtime.curves.final_value` of each run's logged ``success_rate``, as
+    :func:`~sppo_rl.runtime.curves.tail_value` of each run's logged ``success_rate``, as
     ``sppo-rl report`` computes it; LLM runs: of ``val_accuracy``, sampled, and beside it of
     ``val_greedy_accuracy``, greedy, per run name), the folder and the next commands."""
-    from sppo_rl.runtime.curves import final_value
+    from sppo_rl.runtime.curves import tail_value
     from sppo_rl.runtime.logging import read_metrics
 
     llm = any(j.command == "llm" for j in jobs)
@@ -716,11 +716,11 @@ def headline(jobs: list[Job], results: list[JobResult], root: Path) -> str:
         if r.status in FINISHED and metrics.is_file():
             key = "val_accuracy" if job.command == "llm" else "success_rate"
             rows = read_metrics(metrics)
-            value = final_value([row.get(key) for row in rows])
+            value = tail_value([row.get(key) for row in rows])
             if not math.isnan(value):
                 finals.setdefault((job.task, job.algo), []).append(value)
                 g = (
-                    final_value([row.get("val_greedy_accuracy") for row in rows])
+                    tail_value([row.get("val_greedy_accuracy") for row in rows])
                     if job.command == "llm"
                     else math.nan
                 )

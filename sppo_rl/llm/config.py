@@ -128,7 +128,7 @@ class LLMConfig(RunConfig):
     """Validation problems (arithmetic: generated; files: the first N rows)."""
     data_seed: int = 1234
     """Seed of the generated arithmetic / scratchpad splits."""
-    steps: int = 60
+    updates: int = 60
     """RL updates."""
     prompts_per_step: int = 32
     """Prompts per update; each gets --group-size samples (SPPO/PPO: 1)."""
@@ -295,7 +295,7 @@ class LLMConfig(RunConfig):
             ),
             ("train_size", ge(1), ">= 1"),
             ("val_size", ge(0), ">= 0"),
-            ("steps", ge(1), ">= 1"),
+            ("updates", ge(1), ">= 1"),
             ("prompts_per_step", ge(1), ">= 1"),
             ("sft_steps", ge(0), ">= 0"),
             ("sft_lr", gt(0), "> 0"),

@@ -174,7 +174,7 @@ class Plan(RunPlan):
     """Everything an LLM run derives from its config, computed once by :func:`resolve`: the shared
     :class:`~sppo_rl.runtime.plan.RunPlan` (``given``, ``algo`` -- a latent one with its selector as
     ``--latent-first-token`` sets it --, ``learner``, ``estimator``, ``loop``: ``loop.updates`` is
-    ``--steps``) and the LLM world's sections; stages and builders read these.
+    ``--updates``) and the LLM world's sections; stages and builders read these.
 
     Attributes:
         cfg: ``given`` with the settings left unset (None) replaced by the algorithm's own. Read only by
@@ -319,8 +319,8 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
         raise RunError(
             f"{algo.name} keeps one value tracker of every prompt: one process only ({dist.world} launched)"
         )
-    if cfg.steps < 1 or cfg.prompts_per_step < 1:
-        raise RunError("--steps and --prompts-per-step must be >= 1")
+    if cfg.updates < 1 or cfg.prompts_per_step < 1:
+        raise RunError("--updates and --prompts-per-step must be >= 1")
     if dist.world > 1 and cfg.engine != "deepspeed":
         raise RunError(
             f"{dist.world} processes were launched; multi-process training needs --engine deepspeed"
@@ -374,7 +374,7 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
     )
     unset = {k: get_flat(cfg, k) for k, v in flat_dict(given).items() if v is None}
     loop = LoopSettings(
-        out_dir=Path(cfg.out_dir), seed=cfg.seed, updates=cfg.steps, eval_every=cfg.eval_every,
+        out_dir=Path(cfg.out_dir), seed=cfg.seed, updates=cfg.updates, eval_every=cfg.eval_every,
         checkpoint_every=cfg.checkpoint_every, keep_checkpoints=cfg.keep_checkpoints, max_seconds=cfg.max_seconds,
         resume=cfg.resume, overwrite=cfg.overwrite, progress=cfg.progress, tensorboard=cfg.tensorboard,
         threads=cfg.threads,

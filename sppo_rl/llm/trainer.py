@@ -97,7 +97,7 @@ class RunState:
         return {
             **self.order.state(),
             "torch_rng": torch_rng,
-            "step": self.updates,
+            "update": self.updates,
             "elapsed": self.elapsed,
             "generated_tokens": self.generated_tokens,
             "flops": dict(self.flops),
@@ -113,7 +113,7 @@ class RunState:
         order.load(saved)
         return cls(
             order,
-            updates=saved["step"],
+            updates=saved["update"],
             elapsed=saved["elapsed"],
             generated_tokens=saved["generated_tokens"],
             flops={**dict.fromkeys(PARTS, 0), **saved.get("flops", {})},
@@ -133,7 +133,7 @@ class UpdateResult:
 
 
 class LLMRun:
-    """State and loop of one LLM run. ``run()`` trains for ``steps`` updates and returns the summary.
+    """State and loop of one LLM run. ``run()`` trains for ``cfg.updates`` updates and returns the summary.
 
     Under a launcher (``torchrun`` / ``deepspeed``) with ``--engine deepspeed`` every rank runs this
     class on its share of the prompts (data parallel): rollouts, scoring and the forward passes are
@@ -351,7 +351,7 @@ class LLMRun:
         )
 
     def _schedule_lr(self, update: int) -> float:
-        """Set both engines' learning rates for update ``update`` (0-based; ``--lr-schedule`` over ``--steps``:
+        """Set both engines' learning rates for update ``update`` (0-based; ``--lr-schedule`` over ``--updates``:
         :mod:`sppo_rl.runtime.schedule`); returns the actor's."""
         settings, models, m = self.plan.update, self.plan.models, self.models
         f = lr_factor(settings.lr_schedule, update, self.plan.loop.updates, settings.warmup_updates)
@@ -429,7 +429,7 @@ class LLMRun:
         return summary_of(self.plan, self.state, rows, self.models.warmstart, self.dist, self.out)
 
     def run(self, callback: Any = None) -> dict[str, Any]:
-        """Train for ``steps`` updates; ``callback(row)`` after each (rank 0), ``False`` stops (:func:`run_loop`)."""
+        """Train for ``cfg.updates`` updates; ``callback(row)`` after each (rank 0), ``False`` stops (:func:`run_loop`)."""
         loop = self.plan.loop
 
         def postfix(row: dict[str, Any]) -> dict[str, str]:
@@ -438,10 +438,10 @@ class LLMRun:
                 post["val"] = f"{row['val_accuracy']:.2f}"
             return post
 
-        first = {"step": 0, "wall_time_s": 0.0, "generated_tokens": 0, **flops_row(dict.fromkeys(PARTS, 0))}
+        first = {"update": 0, "wall_time_s": 0.0, "generated_tokens": 0, **flops_row(dict.fromkeys(PARTS, 0))}
         schedule = Schedule(
             loop.updates, loop.eval_every, loop.checkpoint_every, loop.max_seconds, eval_first=first, eval_last=True,
-            log_step=lambda r: r["step"],
+            log_step=lambda r: r["update"],
         )  # fmt: skip
         try:
             summary = run_loop(
@@ -462,7 +462,7 @@ class LLMRun:
         except RunFailed as e:
             if self.dist.main:
                 if e.row:
-                    self.logger.log(e.row, step=e.row["step"])
+                    self.logger.log(e.row, step=e.row["update"])
                 stopped_summary(self.out, self.plan, self.state, e.row, str(e), self.scoring.last_error)
             self.close()
             raise
@@ -490,7 +490,7 @@ def headline_of(s: dict[str, Any]) -> str:
         greedy = f"; greedy {fmt(s.get('start_greedy_accuracy'))} -> {fmt(s.get('final_greedy_accuracy'))}"
     return (
         f"{s['algo']}, seed {s['seed']}: val accuracy sampled {fmt(s.get('start_val_accuracy'))} -> "
-        f"{fmt(s.get('final_val_accuracy'))} (best {fmt(s.get('best_val_accuracy'))}){greedy}; {s['steps']} "
+        f"{fmt(s.get('final_val_accuracy'))} (best {fmt(s.get('best_val_accuracy'))}){greedy}; {s['updates']} "
         f"updates, {s['generated_tokens']} generated tokens in {s['wall_time_s']:.1f} s of training"
     )
 

@@ -12,7 +12,7 @@ import numpy as np
 FINAL_FRAC = 0.1  # "final": the mean over the last 10 % of a run's logged values, at least one
 
 
-def final_value(values, frac: float = FINAL_FRAC) -> float:
+def tail_value(values, frac: float = FINAL_FRAC) -> float:
     """A run's final value: ``mean(v_{n-k+1..n})`` with ``k = max(1, ceil(frac * n))`` over its ``n``
     logged values (None and NaN are rows that logged none; NaN if no value); the ceiling ignores float
     noise (0.1 * 30 gives k = 3)."""

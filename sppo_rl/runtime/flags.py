@@ -15,7 +15,7 @@ COMMON = "common"
 
 HELP_LAYOUT: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
     "llm": [
-        (COMMON, "", ("algo", "model", "task", "steps", "out_dir", "recipe", "recipe_file", "trust_recipe", "reward_fn", "seed")),
+        (COMMON, "", ("algo", "model", "task", "updates", "out_dir", "recipe", "recipe_file", "trust_recipe", "reward_fn", "seed")),
         ("data", "Prompts and answers: the task's data, its columns and how a prompt is rendered.", (
             "val_data", "prompt_key", "answer_key", "level", "arithmetic_prompt", "train_size", "val_size",
             "data_seed", "chat_template", "system_prompt", "instruction", "max_prompt_tokens")),

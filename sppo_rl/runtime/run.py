@@ -345,7 +345,7 @@ def prepare_run_dir(out_dir: str | Path, *, resume: bool, overwrite: bool = Fals
 
 RESUMABLE = frozenset(
     {
-        "resume", "overwrite", "out_dir", "total_episodes", "steps", "max_seconds", "progress", "tensorboard",
+        "resume", "overwrite", "out_dir", "total_episodes", "updates", "max_seconds", "progress", "tensorboard",
         "wandb", "wandb_mode", "wandb_project", "checkpoint_every", "keep_checkpoints", "eval_every",
         "eval_episodes", "calibration_contexts", "calibration_samples", "threads", "extra", "cache_dir",
         "reward_timeout", "collective_timeout", "wandb_entity", "wandb_group", "wandb_tags", "exp_name",

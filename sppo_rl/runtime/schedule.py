@@ -3,7 +3,7 @@
 Pure and stateless: the factor is recomputed from the update index before every update, so a resumed
 run uses exactly the learning rates of an uninterrupted one with nothing extra in its checkpoints.
 
-With ``K`` updates in the run (``--total-episodes / episodes per update``, rounded up, or ``--steps``),
+With ``K`` updates in the run (``--total-episodes / episodes per update``, rounded up, or ``--updates``),
 ``W`` warm-up updates and ``k = 0 .. K-1`` the index of the update about to run:
 
 - warm-up, ``k < W``: ``f = (k + 1) / W`` (linear up to 1 at ``k = W - 1``; unlike Hugging Face's

@@ -38,7 +38,7 @@ def model_card(
         f"- algorithm: `{summary['algo']}`; seed {summary['seed']}",
         f"- started from: {start}",
         f"- training data: {data}; validation: {cfg.val_data or ('generated' if cfg.task == 'arithmetic' else 'none')}",
-        f"- updates: {summary['steps']} of {cfg.prompts_per_step} prompts x {summary['group_size']} samples; "
+        f"- updates: {summary['updates']} of {cfg.prompts_per_step} prompts x {summary['group_size']} samples; "
         f"{summary['generated_tokens']} generated tokens; max_new_tokens {cfg.max_new_tokens}",
         f"- validation accuracy, sampled: start {fmt(summary.get('start_val_accuracy'))}, final "
         f"{fmt(summary.get('final_val_accuracy'))}, best {fmt(summary.get('best_val_accuracy'))}; greedy: start "

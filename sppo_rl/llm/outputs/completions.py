@@ -4,10 +4,10 @@ Every ``--log-completions-every N`` updates (the training samples of that update
 (the validation samples), :meth:`CompletionLog.write` appends at most ``max_rows`` rows, the first rows of
 the batch in order (a group's samples are adjacent, so a group method shows its first prompts' groups)::
 
-    {"step": 10, "split": "train", "prompt": "12+35=", "response": "\\\\boxed{47}", "answer": "47",
+    {"update": 10, "split": "train", "prompt": "12+35=", "response": "\\\\boxed{47}", "answer": "47",
      "reward": 1.0, "valid": true}
 
-``step`` is the number of updates done; ``valid`` is false where the reward function failed (its
+``update`` is the number of updates done; ``valid`` is false where the reward function failed (its
 ``reward`` is then a placeholder 0), absent where the caller does not say. A text longer than
 ``max_chars`` characters is cut to its first ``max_chars`` and marked ``" ... [+N characters]"``, so a
 row is bounded whatever the model writes. The same rows go to TensorBoard as one markdown table per call
@@ -101,7 +101,7 @@ class CompletionLog:
         rows = []
         for i in range(min(self.max_rows, len(responses))):
             row: dict[str, Any] = {
-                "step": int(step),
+                "update": int(step),
                 "split": split,
                 "prompt": clip_text(str(prompts[i]), self.max_chars),
                 "response": clip_text(str(responses[i]), self.max_chars),

@@ -66,7 +66,7 @@ def summary_of(
     summary = {
         "algo": plan.algo.name,
         "seed": plan.loop.seed,
-        "steps": state.updates,
+        "updates": state.updates,
         "group_size": plan.rollout.group_size,
         "ranks": dist.world,
         "wall_time_s": state.elapsed,
@@ -103,7 +103,7 @@ def stopped_summary(
     summary = {
         "algo": plan.algo.name,
         "seed": plan.loop.seed,
-        "steps": state.updates,
+        "updates": state.updates,
         "stopped": reason,
         "flops_total": sum(state.flops.values()),
         "reward_failed_updates": state.fail_streak,

@@ -112,7 +112,7 @@ def update_row(
     the learner's statistics and the entries computed elsewhere (``learning_rate``, ``peak_memory_mb``,
     ``rollout_logp_diff``)."""
     return {
-        "step": step,
+        "update": step,
         "reward_mean": tot["reward"] / max(tot["valid"], 1.0),
         "response_length": tot["response_tokens"] / tot["rows"],
         "response_clip_frac": tot["cut"] / tot["rows"],
