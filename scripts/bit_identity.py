@@ -5,6 +5,9 @@ on the new one (exit 1 and the first differing run, update and key where they di
 A run's fingerprint is two SHA-256 digests: of its ``metrics.jsonl`` rows without the keys that measure
 time or memory (:data:`TIMING`), floats written with ``repr`` (exact), and of its final weights (every
 tensor of ``final/`` in name order, its dtype, shape and bytes). Equal digests mean bit-identical numbers.
+A row key renamed since (:data:`~sppo_rl.runtime.logging.OLD_ROW_KEYS`: the LLM world's ``step``, now
+``update``) is digested under its name now, on both sides: the stored rows (``kept``) of a fingerprint
+file written before the rename are digested again.
 The LLM runs use the embedded tiny model (built and warm-started once into the cache), 3 updates of 4
 prompts; the control runs 3 updates of ``ShortCartPole``. Each run is one process (``sppo-rl ...``), as a
 user runs it, with one torch thread. ``--ignore KEY ...`` leaves more keys out of the rows' digest (the
@@ -24,7 +27,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from sppo_rl.runtime.logging import OLD_ROW_KEYS  # noqa: E402
 from sppo_rl.runtime.logging import TIMING_KEYS as TIMING  # noqa: E402
+from sppo_rl.runtime.run import renamed  # noqa: E402
 
 LLM_COMMON = [
     "--updates", "3", "--prompts-per-step", "4", "--eval-every", "3", "--val-size", "8", "--eval-samples", "2",
@@ -125,6 +130,13 @@ def rows_digest(path: Path, ignore: frozenset[str] = frozenset()) -> tuple[str, 
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     left_out = set(TIMING) | ignore
     kept = [{k: _float(v) for k, v in sorted(r.items()) if k not in left_out} for r in rows]
+    return kept_digest(kept)
+
+
+def kept_digest(kept: list[dict]) -> tuple[str, list[dict]]:
+    """The digest of kept rows, each key under its name now (:data:`OLD_ROW_KEYS`: a fingerprint file
+    written before a rename compares equal when only the names changed), and those rows."""
+    kept = [dict(sorted(renamed(r, OLD_ROW_KEYS).items())) for r in kept]
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest(), kept
 
 
@@ -216,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     before = json.loads(a.against.read_text()) if a.against else None
     if before is not None and sorted(before.pop("_ignore", [])) != sorted(ignore):
         ap.error(f"{a.against} was written with another --ignore list")
+    for b in (before or {}).values():  # its rows' keys under their names now, as this run's are
+        if "kept" in b:
+            b["rows"], b["kept"] = kept_digest(b["kept"])
+            b["last"] = b["kept"][-1] if b["kept"] else {}
     result: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)

@@ -75,6 +75,7 @@ from sppo_rl.experiments import decision, protocol
 from sppo_rl.experiments.config import SweepConfig
 from sppo_rl.experiments.sweep import Job, JobResult, llm_config, llm_jobs, sweep
 from sppo_rl.runtime.curves import FINAL_FRAC, tail_value
+from sppo_rl.runtime.logging import read_metrics, read_summary
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -329,7 +330,7 @@ def model_state_mib(folder: Path) -> float:
 def run_facts(dirs: list[Path]) -> dict:
     """What a method's run folders say beside its curves: the group size, the peak RSS over seeds and
     the model state (actor, plus the critic if any) of the first seed's resolved models."""
-    summaries = [json.loads((d / "summary.json").read_text()) for d in dirs]
+    summaries = [read_summary(d / "summary.json") for d in dirs]
     config = json.loads((dirs[0] / "config.json").read_text())
     resolved = config["resolved"]
     models = [resolved["actor"]] + ([resolved["critic"]] if resolved["critic"] != "none" else [])
@@ -457,7 +458,7 @@ def said(job: Job, r: JobResult, out: Path) -> None:
     if r.status == "skipped":
         print(f"{name} seed {seed}: reusing the finished run in {run_dir}", file=sys.stderr)
     elif r.status in ("done", "resumed"):
-        s = json.loads((run_dir / "summary.json").read_text())
+        s = read_summary(run_dir / "summary.json")
         acc = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
         print(
             f"{name} seed {seed}: val {acc(s['start_val_accuracy'])} -> {acc(s['final_val_accuracy'])} "
@@ -476,7 +477,7 @@ def error(job: Job, r: JobResult) -> str:
 
 
 def read_rows(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return read_metrics(run_dir / "metrics.jsonl")
 
 
 # --------------------------------------------------------------------------------------- the outputs

@@ -151,10 +151,12 @@ class Policy:
         summary: dict[str, Any] | None = None,
         meta: dict[str, Any] | None = None,
     ) -> None:
+        from sppo_rl.runtime.logging import summary_now
+
         self.actor = actor.eval()
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.meta = dict(meta or {})
-        self.summary = dict(summary if summary is not None else self.meta.get("summary") or {})
+        self.summary = dict(summary_now(summary if summary is not None else self.meta.get("summary") or {}))
         self._t: np.ndarray | None = None  # predict's step counter, one per batch row
 
     @property
@@ -567,10 +569,11 @@ class LLMPolicy:
         prompt_format: Any = None,
     ) -> None:
         from sppo_rl.llm.data.prompts import load_format
+        from sppo_rl.runtime.logging import summary_now
 
         self.folder = Path(folder)
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.summary = dict(summary or {})
+        self.summary = dict(summary_now(summary or {}))
         self.max_new_tokens = max_new_tokens
         self.device = device
         self.prompt_format = prompt_format if prompt_format is not None else load_format(folder, run_dir)

@@ -17,7 +17,7 @@ import numpy as np
 
 from sppo_rl.experiments.sweep import BOOKKEEPING
 from sppo_rl.runtime.logging import read_metrics
-from sppo_rl.runtime.run import RunError
+from sppo_rl.runtime.run import RunError, config_now
 
 # one colour per algorithm, the same in every figure; other names get EXTRA colours in sorted order
 PALETTE = {
@@ -140,6 +140,7 @@ def find_runs(inputs: tuple[str, ...], skip: Path | None = None) -> list[Run]:
             cfg = read_json(folder / "config.json")
             if not isinstance(cfg, dict) or "algo" not in cfg:
                 continue
+            cfg = config_now(cfg)  # keys under their names now (a run saved before a rename)
             seen.add(folder)
             rows = read_metrics(metrics)
             bad = _bad_value(rows, cfg)

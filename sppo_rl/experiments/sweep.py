@@ -192,8 +192,10 @@ def _unique(items: tuple) -> list:
 def other_settings(out: Path, config: Any, bookkeeping: set[str] = BOOKKEEPING) -> str:
     """The settings (``config``'s fields outside ``bookkeeping``) on which the run saved in
     ``out/config.json`` differs, as ``"k: <there> there, <now> now; ..."``; "" if none or no config."""
+    from sppo_rl.runtime.run import config_now
+
     try:
-        saved = json.loads((out / "config.json").read_text())
+        saved = config_now(json.loads((out / "config.json").read_text()))
     except (OSError, json.JSONDecodeError):
         return ""
     want = json.loads(json.dumps(flat_dict(config), default=str))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sppo_rl.config import WandB
-from sppo_rl.runtime.run import RunError
+from sppo_rl.runtime.run import RunError, renamed
 
 if TYPE_CHECKING:
     from sppo_rl.config import RunConfig
@@ -270,8 +270,19 @@ def check_metrics_length(path: Path, recorded: int) -> None:
         )
 
 
+OLD_ROW_KEYS = {"step": "update"}  # vocab: old name
+"""Metrics-row keys written under another name before both worlds shared one vocabulary (the LLM world's
+``step``), each with its name now."""
+
+OLD_SUMMARY_KEYS = {"steps": "updates", "final_success_rate": "tail_success_rate"}  # vocab: old name
+"""``summary.json`` keys written under another name before both worlds shared one vocabulary (the LLM
+world's ``steps``; the control world's mean success of the last 10 % of updates, once called final), each
+with its name now."""
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a ``metrics.jsonl`` (a torn last line, from a crash mid-write, is skipped)."""
+    """Rows of a ``metrics.jsonl`` (a torn last line, from a crash mid-write, is skipped), with the keys
+    of :data:`OLD_ROW_KEYS` read under their names now (an LLM run's ``step`` is its ``update``)."""
     rows = []
     with open(path) as f:
         for line in f:
@@ -279,10 +290,23 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
             if not line:
                 continue
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError:
                 continue
+            rows.append(renamed(row, OLD_ROW_KEYS) if isinstance(row, dict) else row)
     return rows
+
+
+def read_summary(path: str | Path) -> dict[str, Any]:
+    """A run's ``summary.json``, with the keys of :data:`OLD_SUMMARY_KEYS` read under their names now
+    (``steps`` is ``updates``; a control run's mean success over its last 10 % of updates is
+    ``tail_success_rate``)."""
+    return summary_now(json.loads(Path(path).read_text()))
+
+
+def summary_now(summary: dict[str, Any]) -> dict[str, Any]:
+    """A summary (from ``summary.json`` or an actor file's metadata) with its keys under the names now."""
+    return renamed(summary, OLD_SUMMARY_KEYS)
 
 
 def start_logging(

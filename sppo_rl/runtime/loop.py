@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
 from sppo_rl.runtime.files import atomic_write_text
-from sppo_rl.runtime.logging import json_safe, read_metrics
+from sppo_rl.runtime.logging import json_safe, read_metrics, read_summary
 from sppo_rl.runtime.run import Preempted, Preemption, check_run_dir, exit_preempted
 from sppo_rl.runtime.storage import storage_error
 from sppo_rl.runtime.watch import FIRST_UPDATES, Bar, ProgressLines, not_learning, warn
@@ -170,8 +170,7 @@ def _run_loop(
         run.close()
         if bar is not None:
             bar.close()
-        summary: dict[str, Any] = json.loads((run.out / "summary.json").read_text())
-        return summary
+        return read_summary(run.out / "summary.json")
     ckpts = getattr(run, "ckpts", None)
     deferred = ((ckpts.resumed_meta if ckpts is not None else None) or {}).get(DEFERRED)
     stopped = None  # the update after which the callback stopped the run

@@ -357,8 +357,28 @@ RESUMABLE = frozenset(
 continue one run as another."""
 
 
+OLD_CONFIG_KEYS = {"steps": "updates"}  # vocab: old name
+"""``config.json`` keys saved under another name before both worlds shared one vocabulary (the LLM
+world's budget of updates, once ``steps``), each with its name now."""
+
+
+def renamed(record: dict[str, Any], old: dict[str, str]) -> dict[str, Any]:
+    """``record`` with each key of ``old`` under its name now, where the record lacks that name (a file
+    written before the rename); in place of the old key, so the order stays. A record written since comes
+    back unchanged (the same object)."""
+    if not any(k in record and new not in record for k, new in old.items()):
+        return record
+    return {(old[k] if k in old and old[k] not in record else k): v for k, v in record.items()}
+
+
+def config_now(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved config (``config.json``) with its keys under the names now (:data:`OLD_CONFIG_KEYS`)."""
+    return renamed(saved, OLD_CONFIG_KEYS)
+
+
 def saved_config(out_dir: str | Path) -> dict[str, Any] | None:
-    """The config a run saved in ``out_dir/config.json`` (without its ``resolved`` part), or None."""
+    """The config a run saved in ``out_dir/config.json`` (without its ``resolved`` part; keys under
+    their names now, :func:`config_now`), or None."""
     path = Path(out_dir) / "config.json"
     if not path.is_file():
         return None
@@ -369,7 +389,7 @@ def saved_config(out_dir: str | Path) -> dict[str, Any] | None:
     if not isinstance(saved, dict):
         raise RunError(f"{path}: not a config object")
     saved.pop("resolved", None)
-    return saved
+    return config_now(saved)
 
 
 def check_resume(out_dir: str | Path, cfg: RunConfig) -> None:
