@@ -537,7 +537,7 @@ def test_the_summary_is_computed_from_rows_state_and_plan(tmp_path):
 def test_headline_summary_and_report_agree(tmp_path, capsys):
     summary = run_control(control_config(tmp_path, algo="grpo", total_episodes=64 * 12))
     out = capsys.readouterr()
-    assert "(final: last 10% of updates)" in out.out + out.err
+    assert "(tail: mean of the last 10% of updates)" in out.out + out.err
     assert "last 10 updates" not in out.out + out.err
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     report = run_report(ReportConfig(inputs=(str(tmp_path / "run"),), out=str(tmp_path / "report")))

@@ -60,7 +60,7 @@ def headline(s: dict[str, Any]) -> str:
     """The summary's headline numbers in one line (the console's ``done:`` line)."""
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     return (
-        f"{s['algo']} on {s['task']}, seed {s['seed']}: success {fmt(s['tail_success_rate'])} (final: last 10% of updates)"
+        f"{s['algo']} on {s['task']}, seed {s['seed']}: success {fmt(s['tail_success_rate'])} (tail: mean of the last 10% of updates)"
         + (f", greedy {fmt(s['final_eval_success_rate'])}" if "final_eval_success_rate" in s else "")
         + f"; {s['updates']} updates, {s['episodes']} episodes in {s['wall_time_s']:.1f} s of training"
     )
