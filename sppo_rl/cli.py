@@ -211,9 +211,12 @@ FOREIGN_FLAGS: dict[str, tuple[str, str]] = {
     "rollout.name": ("--rollout", "verl's actor_rollout_ref.rollout.name"),
     "model.lora_rank": ("--lora-rank", "verl's actor_rollout_ref.model.lora_rank"),
     "data.prompt_key": ("--prompt-key", "verl's data.prompt_key"),
+    # this project's own names before both worlds shared one vocabulary
+    "steps": ("--updates", "its name before, --steps"),  # vocab: old name
 }  # fmt: skip
 """TRL's (``GRPOConfig``) and verl's names, each with this project's flag and whose name it is: the table
-of docs/llm.md ("Coming from TRL or verl"), read when ``sppo-rl llm`` meets a flag it does not know."""
+of docs/llm.md ("Coming from TRL or verl"), read when ``sppo-rl llm`` meets a flag it does not know; and
+this project's own flags before a rename."""
 
 
 def _split_recipe(args: list[str]) -> list[str]:
@@ -253,6 +256,7 @@ def unknown_flag(command: str, cls: type, args: list[str]) -> str | None:
                 FOREIGN_FLAGS[".".join(parts[i:])]
                 for i in range(len(parts))
                 if ".".join(parts[i:]) in FOREIGN_FLAGS
+                and FOREIGN_FLAGS[".".join(parts[i:])][0].split()[0] in known
             ),
             None,
         )
