@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 def summary_of(rows: list[dict[str, Any]], state: RunState, plan: Plan) -> dict[str, Any]:
     """The run's summary: who and what (algorithm, task, seed), the counters of ``state``, and
-    ``tail_success_rate``, the comparison protocol's final (:func:`sppo_rl.runtime.curves.tail_value`:
+    ``tail_success_rate``, the comparison protocol's tail (:func:`sppo_rl.runtime.curves.tail_value`:
     the mean ``success_rate`` of the last ``max(1, ceil(0.1 n))`` of the ``n`` updates in ``rows``; None
     when no row has one), the number ``sppo-rl sweep`` and ``sppo-rl report`` print for the same run."""
     final = tail_value([r.get("success_rate") for r in rows])
