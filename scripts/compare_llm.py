@@ -74,7 +74,7 @@ import numpy as np
 from sppo_rl.experiments import decision, protocol
 from sppo_rl.experiments.config import SweepConfig
 from sppo_rl.experiments.sweep import Job, JobResult, llm_config, llm_jobs, sweep
-from sppo_rl.runtime.curves import FINAL_FRAC, tail_value
+from sppo_rl.runtime.curves import TAIL_FRAC, tail_value
 from sppo_rl.runtime.logging import read_metrics, read_summary
 
 REPO = Path(__file__).resolve().parents[1]
@@ -606,7 +606,7 @@ def markdown(report: dict) -> str:
         "evaluations: acc @ equal s (tokens) at the window's end, AUC the mean accuracy over the seconds "
         "window, s (tokens) to target the time spent below the target in the window (a run that never "
         "reaches it counts the whole window; reached: seeds whose curve reaches it). final: mean over the "
-        f"last {FINAL_FRAC:.0%} of a run's evaluations (at least one). A vs B: over the seeds "
+        f"last {TAIL_FRAC:.0%} of a run's evaluations (at least one). A vs B: over the seeds "
         "both have, a paired t-test (sppo_rl.experiments.decision); 'difference' when Holm's p < alpha, "
         "'equivalent within ±margin' when TOST shows it, else 'inconclusive' with the difference the "
         "seeds could have detected (80% power). The time below the target is secondary: biased by how "

@@ -15,7 +15,7 @@ from paths import script_module
 from scipy import stats as sps
 
 from sppo_rl.experiments import protocol as P
-from sppo_rl.runtime.curves import FINAL_FRAC, tail_value
+from sppo_rl.runtime.curves import TAIL_FRAC, tail_value
 
 
 def curve(seconds, acc, tokens_per_second: float = 100.0) -> P.Curve:
@@ -252,7 +252,7 @@ def test_aa_protocol_finds_no_difference_between_identical_curves(aa):
 def test_report_s_default_final_is_the_protocol_s():
     from sppo_rl.experiments.config import ReportConfig
 
-    assert ReportConfig(inputs=("x",)).final_frac == FINAL_FRAC
+    assert ReportConfig(inputs=("x",)).final_frac == TAIL_FRAC
 
 
 def test_a_run_without_evaluations_is_refused_not_dropped():

@@ -406,7 +406,7 @@ def ppo_update(
                     logp, ent = actor(rows, T)
                     if fill_old:
                         b.logp_old = logp.detach() * b.mask
-                        logp_old[rows.to(batch.mask.device), :T] = b.logp_old
+                        logp_old[rows.to(batch.mask.device), :T] = b.logp_old  # type: ignore[index]  # zeros, set above
                     tis = None
                     assert b.logp_old is not None  # given, or filled just above
                     if cfg.tis_cap is not None and b.logp_rollout is not None:

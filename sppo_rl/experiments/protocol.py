@@ -12,9 +12,9 @@ the axes ``("seconds", "episodes")`` instead of ``("seconds", "tokens")`` (:func
   evaluation over all runs of the comparison (:func:`window`); :func:`on_grid` puts every curve on
   ``points`` equally spaced x in it.
 - **Tail** (:func:`~sppo_rl.runtime.curves.tail_value`, the one definition used by ``sppo-rl sweep``, ``sppo-rl report``,
-  ``scripts/compare_llm.py`` and a control run's own ``summary.json``): the mean of a run's last ``k = max(1, ceil(FINAL_FRAC * n))`` of its ``n``
+  ``scripts/compare_llm.py`` and a control run's own ``summary.json``): the mean of a run's last ``k = max(1, ceil(TAIL_FRAC * n))`` of its ``n``
   logged values, in log order (control: the per-update ``success_rate``; LLM: the validation
-  evaluations, the start one counted in ``n``). With ``FINAL_FRAC = 0.1``: the last 2 of 20, the last 1
+  evaluations, the start one counted in ``n``). With ``TAIL_FRAC = 0.1``: the last 2 of 20, the last 1
   of 10.
 - **Target** (:func:`target_of`), one value for every method, fixed by a rule that no method's own
   maximum can move: ``target = s0 + gain * (median(finals) - s0)``, ``s0`` the mean start evaluation

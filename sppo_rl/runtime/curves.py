@@ -6,14 +6,15 @@ It sits below both worlds and the experiments so that a trainer need not import 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import numpy as np
 
-FINAL_FRAC = 0.1  # "final": the mean over the last 10 % of a run's logged values, at least one
+TAIL_FRAC = 0.1  # "tail": the mean over the last 10 % of a run's logged values, at least one
 
 
-def tail_value(values, frac: float = FINAL_FRAC) -> float:
-    """A run's final value: ``mean(v_{n-k+1..n})`` with ``k = max(1, ceil(frac * n))`` over its ``n``
+def tail_value(values: Iterable[float | None], frac: float = TAIL_FRAC) -> float:
+    """A run's tail value: ``mean(v_{n-k+1..n})`` with ``k = max(1, ceil(frac * n))`` over its ``n``
     logged values (None and NaN are rows that logged none; NaN if no value); the ceiling ignores float
     noise (0.1 * 30 gives k = 3)."""
     v = np.asarray([math.nan if x is None else x for x in values], dtype=float)

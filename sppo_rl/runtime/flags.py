@@ -6,6 +6,7 @@ flags into the config. Below the worlds and the command line: it names no config
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import tyro
 
@@ -116,7 +117,7 @@ def field_docs(cls: type) -> dict[str, str]:
         if klass is object or "__dataclass_fields__" not in vars(klass):
             continue
         try:
-            body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body  # type: ignore[attr-defined]
+            body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body  # type: ignore[attr-defined]  # a class body
         except (OSError, TypeError, IndexError, SyntaxError):  # a class built at run time: no source
             continue
         for node, after in zip(body, body[1:]):
@@ -147,7 +148,7 @@ def flat_fields(cls: type) -> dict[str, tuple[object, object, str]]:
         if inner is None:
             out[key] = (hints[name], top[name], overrides.get(key, docs.get(name, "")))
         else:
-            section = top[name].default_factory
+            section: Any = top[name].default_factory  # the section's class
             g = next(g for g in dataclasses.fields(section) if g.name == inner)
             out[key] = (
                 get_type_hints(section, include_extras=True)[inner],
@@ -169,7 +170,7 @@ def flag_view(cls: type, command: str | None = None) -> type:
     suppressed = getattr(cls, "__sppo_suppress__", ())
     layout = HELP_LAYOUT.get(command or "", [])
 
-    def entry(key: str, named: bool) -> tuple:
+    def entry(key: str, named: bool) -> tuple[str, Any, Any]:
         if key in VIEW_ONLY:
             tp, default, text = VIEW_ONLY[key]
             f = dataclasses.field(default=default)
@@ -202,7 +203,7 @@ def flag_view(cls: type, command: str | None = None) -> type:
                 view += [entry(k, named=True) for k in keys]
                 continue
             group = dataclasses.make_dataclass(f"{cls.__name__}_{name}", [entry(k, named=True) for k in keys])
-            group.__doc__, group.__sppo_group__ = text, True  # type: ignore[attr-defined]
+            group.__doc__, group.__sppo_group__ = text, True  # type: ignore[attr-defined]  # our mark on the class
             arg = tyro.conf.arg(name=name, help=text)
             view.append(
                 (
@@ -213,7 +214,7 @@ def flag_view(cls: type, command: str | None = None) -> type:
             )
         out = dataclasses.make_dataclass(cls.__name__, view)
     out.__doc__, out.__module__ = cls.__doc__, cls.__module__
-    out.__sppo_config__ = cls  # type: ignore[attr-defined]
+    out.__sppo_config__ = cls  # type: ignore[attr-defined]  # our mark on the class
     return out
 
 
@@ -222,7 +223,7 @@ def _view_values(value: object) -> dict[str, object]:
     import dataclasses
 
     out: dict[str, object] = {}
-    for f in dataclasses.fields(value):  # type: ignore[arg-type]
+    for f in dataclasses.fields(value):  # type: ignore[arg-type]  # a view is a dataclass
         v = getattr(value, f.name)
         if (
             dataclasses.is_dataclass(v)
@@ -252,7 +253,7 @@ def to_view(view: type, cfg: object) -> object:
     flat = flat_dict(cfg)
     values = {}
     for f in dataclasses.fields(view):
-        kind = f.default_factory
+        kind: Any = f.default_factory  # a section's class, or MISSING
         if getattr(kind, "__sppo_group__", False):
             values[f.name] = kind(**{g.name: flat[g.name] for g in dataclasses.fields(kind)})
         elif f.name in flat:
@@ -295,6 +296,6 @@ def parse(cls: type, args: list[str], *, default: object | None = None, prog: st
 def _same_default(f: object) -> object:
     import dataclasses
 
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[attr-defined]
-        return dataclasses.field(default_factory=f.default_factory)  # type: ignore[attr-defined]
-    return dataclasses.field(default=f.default)  # type: ignore[attr-defined]
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[attr-defined]  # f: a dataclasses.Field
+        return dataclasses.field(default_factory=f.default_factory)  # type: ignore[attr-defined]  # likewise
+    return dataclasses.field(default=f.default)  # type: ignore[attr-defined]  # likewise

@@ -141,7 +141,7 @@ def load_recipe(
         file = builtin_recipe(name)
         trust = True
     else:
-        file = Path(file)  # type: ignore[arg-type]
+        file = Path(file)  # type: ignore[arg-type]  # one of name and file is given
         if not file.is_file():
             raise RunError(f"--recipe-file {file}: no such file")
     try:
@@ -149,8 +149,8 @@ def load_recipe(
         values = json.loads(text, object_pairs_hook=_no_duplicates, parse_int=_recipe_int)
     except _DuplicateKey as e:
         key = re.compile(rf'"{re.escape(str(e))}"\s*:')
-        lines = [i for i, t in enumerate(text.splitlines(), 1) if key.search(t)]
-        at = f":{lines[1]}" if len(lines) > 1 else ""
+        found = [i for i, t in enumerate(text.splitlines(), 1) if key.search(t)]
+        at = f":{found[1]}" if len(found) > 1 else ""
         raise RunError(f"{file}{at}: {e} is given twice (a recipe names each field once)") from None
     except json.JSONDecodeError as e:
         raise RunError(f"{file}:{e.lineno}: not valid JSON ({e.msg})") from None

@@ -34,6 +34,8 @@ from sppo_rl.llm.stages.row import StageTimer
 from sppo_rl.llm.stages.score import Scoring, give_up_if_cut
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from sppo_rl.llm.models.engines import Dist
     from sppo_rl.llm.outputs.completions import CompletionLog
     from sppo_rl.llm.plan import Plan
@@ -133,7 +135,7 @@ class Collector:
         plan: Plan,
         dist: Dist,
         device: torch.device,
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerBase,
         completions: CompletionLog,
     ) -> None:
         self.train, self.order, self.sampler, self.scoring = train, order, sampler, scoring

@@ -20,12 +20,15 @@ from sppo_rl.llm.stages.score import give_up_if_cut
 from sppo_rl.runtime.trace import write_trace
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from sppo_rl.agents.algorithms import Algorithm
     from sppo_rl.llm.build import RowsOf, TrainingEngine
     from sppo_rl.llm.data.files import Example
     from sppo_rl.llm.models.engines import Dist
     from sppo_rl.llm.outputs.completions import CompletionLog
     from sppo_rl.llm.plan import Plan
+    from sppo_rl.llm.rollout.base import RolloutBatch
     from sppo_rl.llm.stages.collect import Sampler
     from sppo_rl.llm.stages.score import Scoring
 
@@ -51,7 +54,7 @@ class Evaluator:
     rows: RowsOf
     dist: Dist
     device: torch.device
-    tokenizer: Any  # transformers' tokenizer
+    tokenizer: PreTrainedTokenizerBase
     completions: CompletionLog
 
     @property
@@ -70,6 +73,8 @@ def evaluate(self: Evaluator, step: int) -> dict[str, Any]:
         return {}
     k = self.plan.rollout.eval_samples
     mine = list(range(self.dist.rank, len(self.val_set), self.dist.world))
+    rb: RolloutBatch | None = None
+    per_prompt: Tensor | None = None
     if mine:
         prompts = [render_prompt(self.val_set[i], self.tokenizer) for i in mine]
         truths = [self.val_set[i].answer for i in mine]
@@ -107,6 +112,7 @@ def evaluate(self: Evaluator, step: int) -> dict[str, Any]:
     }
     pairs: list[tuple[float, float]] = []
     if self.critic_engine is not None and mine:
+        assert rb is not None and per_prompt is not None  # sampled above: this rank has prompts
         # a per-prompt critic's P(R = 1 | prompt) against the prompt's mean@k (calibration)
         first = torch.arange(0, len(rb.texts), k)
         v = cast(
@@ -121,7 +127,7 @@ def evaluate(self: Evaluator, step: int) -> dict[str, Any]:
         emp = np.array([e for _, e in pairs])
         out["val_critic_brier"] = float(np.mean((pred_all - emp) ** 2))
         if np.std(emp) > 0 and np.std(pred_all) > 0:
-            from scipy.stats import pearsonr, spearmanr  # type: ignore[import-untyped]
+            from scipy.stats import pearsonr, spearmanr  # type: ignore[import-untyped]  # scipy ships no types
 
             out["val_critic_pearson"] = float(pearsonr(pred_all, emp)[0])
             out["val_critic_spearman"] = float(spearmanr(pred_all, emp)[0])

@@ -14,16 +14,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from sppo_rl.agents.batch import SequenceBatch, overlong_penalty, terminal_rewards
-from sppo_rl.agents.learner import Reducer, forward_rows
+from sppo_rl.agents.learner import Reducer, RowsFn, forward_rows
 from sppo_rl.agents.losses import KLEstimator, kl_penalty
 from sppo_rl.llm.models.core import sequence_logprobs
 from sppo_rl.llm.rollout.base import RolloutBatch
@@ -189,14 +188,14 @@ def to_batch(
 
 
 def rollout_rows(
-    rb: RolloutBatch, model: Any, policy: bool, temperature: float, device: torch.device
-) -> Callable[[Tensor, int], Any]:
+    rb: RolloutBatch, model: nn.Module, policy: bool, temperature: float, device: torch.device
+) -> RowsFn:
     """The learner's world callable over rows of ``rb``: ``(rows, T) ->`` a policy's ``(logp, entropy)``
     (actor or reference; ``policy=True``) or a critic's values (either kind: one call signature), on
     those rows cut to their own columns: the prompt's leading all-padding columns and the response
     past ``T`` are dropped, so a micro-batch costs what its own longest row costs."""
 
-    def forward(rows: Tensor, T: int) -> Any:
+    def forward(rows: Tensor, T: int) -> tuple[Tensor, Tensor] | Tensor:
         rows = rows.to(device)
         pm = rb.prompt_mask[rows]
         first = int(pm.any(0).float().argmax())
@@ -204,4 +203,4 @@ def rollout_rows(
         attn = torch.cat([pm[:, first:], rb.response_mask[rows, :T]], 1)
         return sequence_logprobs(model, ids, attn, T, temperature) if policy else model(ids, attn, T)
 
-    return forward
+    return cast(RowsFn, forward)  # a policy's (logp, entropy) if policy, else a critic's values

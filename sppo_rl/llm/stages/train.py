@@ -8,12 +8,12 @@ another. Minibatches are drawn with a generator seeded by ``seed * 7919 + update
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor
 
-from sppo_rl.agents.learner import Reducer, Trained, outcomes_equal, ppo_update
+from sppo_rl.agents.learner import ActorFn, CriticFn, Reducer, Trained, outcomes_equal, ppo_update
 from sppo_rl.runtime.run import check_finite
 
 if TYPE_CHECKING:
@@ -55,9 +55,9 @@ def train(
         prepared.batch,
         plan.algo,
         plan.learner,
-        rows(prepared.rb, actor, True),
+        cast(ActorFn, rows(prepared.rb, actor, True)),
         actor_engine,
-        rows(prepared.rb, critic, False) if critic is not None else None,
+        cast(CriticFn, rows(prepared.rb, critic, False)) if critic is not None else None,
         critic_engine,
         train_actor=update >= plan.update.critic_warmup and not skip,
         generator=torch.Generator().manual_seed(plan.loop.seed * 7919 + update),
@@ -68,5 +68,5 @@ def train(
     actor.eval()
     if critic is not None:
         critic.eval()
-    stats: dict = {**trained.stats, "actor_skipped": int(trained.stats["actor_skipped"])}
+    stats: dict[str, Any] = {**trained.stats, "actor_skipped": int(trained.stats["actor_skipped"])}
     return Trained(stats, trained.logp_old)
