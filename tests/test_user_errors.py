@@ -405,7 +405,8 @@ def test_a_critic_with_another_tokenizer_is_refused_before_the_run_folder(tmp_pa
 
 def test_a_read_only_cache_is_refused_when_a_model_must_be_built_and_used_when_it_holds_it(tmp_path, capsys):
     from sppo_rl.llm.models.pretrained import CHECKSUMS
-    from sppo_rl.llm.models.sources import cache_folder, check_cache, models_to_build
+    from sppo_rl.llm.models.sources import check_cache, models_to_build
+    from sppo_rl.llm.plan import warm_start_of
 
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -419,14 +420,15 @@ def test_a_read_only_cache_is_refused_when_a_model_must_be_built_and_used_when_i
             "embedded tiny model",
         )
     named = LLMConfig(model="smollm2-135m:layers=4", algo="grpo", cache_dir=str(cache))
-    assert models_to_build(named, cache_folder(named)) == ["smollm2-135m-layers4-v1"]
+    ws = warm_start_of(named, cache)
+    assert models_to_build(named, cache, ws) == ["smollm2-135m-layers4-v1"]
     (cache / "smollm2-135m-layers4-v1").mkdir()
     (cache / "smollm2-135m-layers4-v1" / CHECKSUMS).write_text("{}")
-    assert models_to_build(named, cache) == []
+    assert models_to_build(named, cache, ws) == []
     with read_only(cache):
-        check_cache(named, cache)  # everything the run needs is there: a read-only cache serves it
+        check_cache(named, cache, ws)  # everything the run needs is there: a read-only cache serves it
         with pytest.raises(RunError, match="is not writable .* smollm2-135m-v1 must be built"):
-            check_cache(dataclasses.replace(named, model="smollm2-135m"), cache)
+            check_cache(dataclasses.replace(named, model="smollm2-135m"), cache, ws)
 
 
 # ------------------------------------------------------------------------------------- launcher variables

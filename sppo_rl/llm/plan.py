@@ -47,6 +47,7 @@ from sppo_rl.agents.learner import LearnerConfig
 from sppo_rl.agents.losses import KLEstimator
 from sppo_rl.config import flat_dict, get_flat
 from sppo_rl.llm.config import (
+    SFT,
     VLLM,
     LLMConfig,
     LoRA,
@@ -62,10 +63,39 @@ from sppo_rl.runtime.run import RunError
 
 if TYPE_CHECKING:
     from sppo_rl.llm.data.prompts import PromptFormat
-    from sppo_rl.llm.models.sources import WarmStart
 
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """What the embedded tiny model's warm starts read (:func:`~sppo_rl.llm.models.sources.embedded_model`,
+    and the latent ones of :mod:`sppo_rl.llm.latent.warmstart`): the generated ``task`` and its data (``level``, ``data_seed``,
+    ``train_size``), ``max_new_tokens``, the fine-tuning's own settings (``sft``; ``latent_sft_steps`` per
+    latent stage), the sampling ``temperature`` of its accuracy checks, the run's ``seed``, ``progress``
+    bars, and the model ``cache`` it is built into (resolved once, by the plan)."""
+
+    task: str
+    level: tuple[int, ...]
+    data_seed: int
+    train_size: int
+    max_new_tokens: int | None
+    sft: SFT
+    latent_sft_steps: int
+    temperature: float
+    seed: int
+    progress: bool
+    cache: Path
+
+
+def warm_start_of(cfg: LLMConfig, cache: Path) -> WarmStart:
+    """The warm starts' settings of ``cfg``, built into ``cache``."""
+    return WarmStart(
+        task=cfg.task, level=tuple(cfg.level), data_seed=cfg.data_seed, train_size=cfg.train_size,
+        max_new_tokens=cfg.max_new_tokens, sft=cfg.sft, latent_sft_steps=cfg.latent.sft_steps,
+        temperature=cfg.temperature, seed=cfg.seed, progress=cfg.progress, cache=cache,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -324,7 +354,6 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
         check_critic_tokenizer,
         check_model_paths,
         model_folder,
-        warm_start_of,
     )
     from sppo_rl.llm.rollout.factory import sampler_context, sampling_params
 
@@ -389,7 +418,8 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
         )
     algo, latent = configure_latent(cfg, algo, train)  # None: a token policy
     # a cache that is a file, or read-only with a model to build:
-    check_cache(cfg, cache, latent=latent is not None)
+    warmstart = warm_start_of(cfg, cache)
+    check_cache(cfg, cache, warmstart, latent=latent is not None)
     check_context(cfg, cache)  # --max-new-tokens against the actor's context
     if req.critic != "none":
         check_critic_tokenizer(cfg, cache)
@@ -411,7 +441,7 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
     )  # fmt: skip
     models = ModelSettings(
         model=cfg.model, critic_model=cfg.critic_model, actor_folder=actor_folder, critic_folder=critic_folder,
-        cache=cache, warmstart=warm_start_of(cfg, cache), dtype=cfg.dtype,
+        cache=cache, warmstart=warmstart, dtype=cfg.dtype,
         autocast=cfg.autocast, engine=cfg.engine, zero_stage=cfg.zero_stage, offload=cfg.offload,
         collective_timeout=cfg.collective_timeout, actor_lr=actor_lr, critic_lr=cfg.critic_lr,
         weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, lora=cfg.lora,

@@ -21,7 +21,7 @@ from sppo_rl.llm.models.sft import fine_tune, holdout_split, right_pad, save_cac
 from sppo_rl.llm.rollout.base import left_pad
 
 if TYPE_CHECKING:
-    from sppo_rl.llm.models.sources import WarmStart
+    from sppo_rl.llm.plan import WarmStart
 
 STEP_SEPARATOR = "; "
 """Between two reasoning lines (the scratchpad task's separator: the tiny tokenizer has no newline)."""

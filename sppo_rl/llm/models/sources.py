@@ -6,17 +6,19 @@ critic's tokenizer; each refuses a user's mistake in one line."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sppo_rl.llm.config import SFT, LLMConfig
+from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.data.files import Example
 from sppo_rl.llm.data.tasks import GENERATED_TASKS, generated_task, readable_type
 from sppo_rl.llm.models.checks import check_model_config, check_weight_files
 from sppo_rl.llm.models.tiny import TINY_CHARSET, tiny_settings
 from sppo_rl.llm.rewards.scorer import RewardScorer
 from sppo_rl.runtime.run import RunError
+
+if TYPE_CHECKING:
+    from sppo_rl.llm.plan import WarmStart
 
 SFT_SETTINGS: dict[str, dict[str, int]] = {
     "arithmetic": {},
@@ -26,36 +28,6 @@ SFT_SETTINGS: dict[str, dict[str, int]] = {
 :func:`sppo_rl.llm.models.sft.supervised_warmstart`; arithmetic: its defaults, 64 pairs a step, a check every 25
 steps). Scratchpad: 32 pairs a step, which reached the target in fewer CPU-seconds than 64 (see docs/llm.md),
 and a check every 10 steps, since its sampled accuracy jumps (0.15 -> 0.49 within 25 steps)."""
-
-
-@dataclass(frozen=True)
-class WarmStart:
-    """What the embedded tiny model's warm starts read (:func:`embedded_model`, and the latent ones of
-    :mod:`sppo_rl.llm.latent.warmstart`): the generated ``task`` and its data (``level``, ``data_seed``,
-    ``train_size``), ``max_new_tokens``, the fine-tuning's own settings (``sft``; ``latent_sft_steps`` per
-    latent stage), the sampling ``temperature`` of its accuracy checks, the run's ``seed``, ``progress``
-    bars, and the model ``cache`` it is built into (resolved once, by the plan)."""
-
-    task: str
-    level: tuple[int, ...]
-    data_seed: int
-    train_size: int
-    max_new_tokens: int | None
-    sft: SFT
-    latent_sft_steps: int
-    temperature: float
-    seed: int
-    progress: bool
-    cache: Path
-
-
-def warm_start_of(cfg: LLMConfig, cache: Path) -> WarmStart:
-    """The warm starts' settings of ``cfg``, built into ``cache``."""
-    return WarmStart(
-        task=cfg.task, level=tuple(cfg.level), data_seed=cfg.data_seed, train_size=cfg.train_size,
-        max_new_tokens=cfg.max_new_tokens, sft=cfg.sft, latent_sft_steps=cfg.latent.sft_steps,
-        temperature=cfg.temperature, seed=cfg.seed, progress=cfg.progress, cache=cache,
-    )  # fmt: skip
 
 
 def default_cache_dir() -> Path:
@@ -190,8 +162,9 @@ def cache_folder(cfg: LLMConfig) -> Path:
     return Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
 
 
-def models_to_build(cfg: LLMConfig, cache: Path, latent: bool = False) -> list[str]:
-    """What a run of ``cfg`` would build into the model cache, as names for a message: the embedded
+def models_to_build(cfg: LLMConfig, cache: Path, ws: WarmStart, latent: bool = False) -> list[str]:
+    """What a run of ``cfg`` (warm starts ``ws``) would build into the model cache ``cache``, as names for a
+    message: the embedded
     tiny model and its warm start (a latent policy's own warm start is not foreseen here), and a named
     ``--model`` / ``--critic-model`` (:mod:`sppo_rl.llm.models.pretrained`) that is not cached; empty when every
     model it needs is there."""
@@ -202,7 +175,7 @@ def models_to_build(cfg: LLMConfig, cache: Path, latent: bool = False) -> list[s
     out = []
     if cfg.model is None and cfg.task in GENERATED_TASKS:
         base = tiny_model_folder(cache, TINY_CHARSET, **tiny_settings(cfg.task))
-        key, own = _warmstart_settings(warm_start_of(cfg, cache))
+        key, own = _warmstart_settings(ws)
         if not tiny_model_built(base):
             out.append(f"the embedded tiny model ({base.name})")
         elif not latent and not sft_done(sft_folder(base, cache, key, **own)):
@@ -214,7 +187,7 @@ def models_to_build(cfg: LLMConfig, cache: Path, latent: bool = False) -> list[s
     return out
 
 
-def check_cache(cfg: LLMConfig, cache: Path, latent: bool = False) -> None:
+def check_cache(cfg: LLMConfig, cache: Path, ws: WarmStart, latent: bool = False) -> None:
     """Refuse, before the run folder is touched, a model cache that cannot serve the run: a path that
     is (or lies under) a file, or a folder that cannot be written while a model must be built into it
     (:func:`models_to_build`). A read-only cache that holds every model the run needs is fine."""
@@ -228,7 +201,7 @@ def check_cache(cfg: LLMConfig, cache: Path, latent: bool = False) -> None:
         there = there.parent
     if not there.is_dir():
         raise RunError(f"{what}: {there} is a file, not a folder")
-    build = models_to_build(cfg, cache, latent)
+    build = models_to_build(cfg, cache, ws, latent)
     if build and not os.access(there, os.W_OK | os.X_OK):
         raise RunError(
             f"{what}: {there} is not writable (read-only or not yours), and {' and '.join(build)} must be "
