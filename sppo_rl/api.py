@@ -724,7 +724,7 @@ def train_llm(
     stops the run there (the summary says ``stopped_by_callback``).
     """
     from sppo_rl.llm.config import LLMConfig
-    from sppo_rl.llm.models.sources import check_model_paths
+    from sppo_rl.llm.models.sources import cache_folder, check_model_paths
     from sppo_rl.llm.trainer import run_llm
     from sppo_rl.runtime.run import RunError, _has_run
 
@@ -751,7 +751,7 @@ def train_llm(
     settings.update({key: str(path) for key, path in files.items()})
     cfg = _config(LLMConfig, "train_llm", {"algo": algo, **settings})
     cfg.validate()  # every setting checked, and the model folders found, before a file is written
-    check_model_paths(cfg)
+    check_model_paths(cfg, cache_folder(cfg))
     for key, path in files.items():
         _write_data(path, texts[key])
     summary = run_llm(cfg, callback=callback)

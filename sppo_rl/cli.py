@@ -327,11 +327,11 @@ def main(argv: list[str] | None = None) -> None:
     for command, (cls, run) in commands.items():
         if type(cfg) is cls:
             try:
-                if hasattr(cfg, "validate"):
-                    cfg.validate()  # every setting's type and range, before any work
-                if command in ("llm", "control"):
+                if command in ("llm", "control"):  # their plan validates every setting first, once
                     run(cfg, command=True)  # the wall time printed at the end is the process's
                 else:
+                    if hasattr(cfg, "validate"):
+                        cfg.validate()  # every setting's type and range, before any work
                     run(cfg)
             except (RunError, ValueError) as e:
                 print(f"sppo-rl: error: {e}", file=sys.stderr)

@@ -139,7 +139,7 @@ def test_resolve_leaves_the_users_config_alone_and_fills_the_methods_defaults(tm
     cfg = LLMConfig(algo="gspo", group_size=4, prompts_per_step=4, out_dir=str(tmp_path / "run"))
     plan, task = resolve(cfg, OneRank())
     assert cfg.max_new_tokens is None and cfg.clip is None  # as given
-    assert plan.given.max_new_tokens == 16 and plan.cfg.max_new_tokens == 16  # arithmetic's default
+    assert plan.given.max_new_tokens == 16 and plan.rollout.max_new_tokens == 16  # arithmetic's default
     assert plan.learner.clip == pytest.approx(3e-4)  # GSPO's own clip range
     assert (
         plan.unset["clip"] == pytest.approx(3e-4)
@@ -154,7 +154,8 @@ def test_resolve_leaves_the_users_config_alone_and_fills_the_methods_defaults(tm
     assert isinstance(plan, RunPlan) and plan.loop.updates == cfg.updates and plan.loop.seed == cfg.seed
     assert plan.rollout.max_new_tokens == 16 and plan.rollout.group_size == plan.group_size == 4
     assert plan.models.cache == default_cache_dir() and plan.update.kl_in == "loss"
-    assert plan.data.prompt_format.instruction == plan.cfg.instruction
+    assert plan.data.prompt_format.instruction == plan.given.instruction
+    assert not hasattr(plan, "cfg")  # the sections own every setting
 
 
 def test_spo_order_draws_distinct_prompts_by_the_trackers_uncertainty_and_restores():

@@ -190,6 +190,21 @@ def test_smaller_critic_model(tmp_path, tiny):
     assert cfg["resolved"]["critic"] == str(small)
 
 
+def test_the_run_resolves_its_model_folders_and_its_pad_id_once(tmp_path, tiny):
+    """Folders given as paths are the plan's (the build does not resolve them again), and one pad id
+    serves the sampler and the stages."""
+    from sppo_rl.llm.models.tiny import ensure_tiny_model
+    from sppo_rl.llm.rollout.base import pad_id_of
+
+    small = ensure_tiny_model(tmp_path / "c3", TINY_CHARSET, hidden_size=16, layers=1, heads=2, kv_heads=1)
+    run = LLMRun(_cfg(tmp_path, tiny, algo="sppo", critic_model=str(small)))
+    settings, m = run.plan.models, run.models
+    assert settings.actor_folder == m.actor_path == Path(tiny)
+    assert settings.critic_folder == m.critic_path == small
+    run.close()
+    assert m.pad_id == pad_id_of(m.tokenizer) == m.rollout.pad_token_id
+
+
 def test_embedded_default_builds_and_warm_starts_once(tmp_path):
     cfg = llm_config(tmp_path, None, algo="sppo", updates=1, sft_steps=4, sft_target=0.99)
     s1 = run_llm(cfg)

@@ -250,11 +250,11 @@ def test_the_plan_resolves_an_unset_learning_rate_and_keeps_a_given_one(tmp_path
     from sppo_rl.llm.plan import resolve
 
     plan, _ = resolve(_cfg(tmp_path, llama, "lr", actor_lr=None), launcher_dist())
-    assert plan.cfg.actor_lr == plan.given.actor_lr == 1e-4, (
+    assert plan.models.actor_lr == plan.given.actor_lr == 1e-4, (
         "a model folder: the tiny model's rate, saved as such"
     )
     plan, _ = resolve(_cfg(tmp_path, llama, "lr2", actor_lr=3e-6), launcher_dist())
-    assert plan.cfg.actor_lr == 3e-6
+    assert plan.models.actor_lr == 3e-6
 
 
 def test_a_named_model_trains_in_token_budget_micro_batches_unless_a_micro_batch_flag_is_given():

@@ -16,7 +16,7 @@ from sppo_rl.llm.latent.rollout import LatentRollout
 from sppo_rl.llm.models.core import load_actor
 from sppo_rl.llm.models.tiny import load_tokenizer
 from sppo_rl.llm.rollout.base import Rollout, SamplingParams
-from sppo_rl.llm.rollout.factory import context_limit, make_rollout, sampling_params
+from sppo_rl.llm.rollout.factory import context_limit, make_rollout, sampler_context, sampling_params
 from sppo_rl.llm.rollout.hf import HFRollout
 
 
@@ -98,22 +98,30 @@ def test_sampling_params_of_the_run_and_its_greedy_decode():
         p.n = 2  # type: ignore[misc]
 
 
-def test_the_factory_picks_the_backend_from_the_run_settings(tiny):
+def test_the_factory_picks_the_backend_from_the_run_settings(tiny, tmp_path):
+    from sppo_rl.llm.models.engines import launcher_dist
+    from sppo_rl.llm.plan import resolve
+
     actor, tok = load_actor(tiny), load_tokenizer(tiny)
-    kw = dict(dtype=torch.float32, device=torch.device("cpu"))
-    shared = make_rollout(LLMConfig(engine="torch"), actor, tok, tiny, **kw)
+    cfg = LLMConfig(model=str(tiny), algo="grpo", train_size=8, val_size=4, out_dir=str(tmp_path / "run"))
+    plan = resolve(cfg, launcher_dist())[0]
+    kw = dict(dtype=torch.float32, device=torch.device("cpu"), pad_id=7)
+    shared = make_rollout(plan, actor, tok, tiny, **kw)
     assert type(shared) is HFRollout and shared.shares_actor and shared.model is actor
-    replica = make_rollout(LLMConfig(engine="deepspeed"), actor, tok, tiny, **kw)
+    assert shared.pad_token_id == 7  # the run's pad id, handed in
+    on_replica = dataclasses.replace(plan, models=dataclasses.replace(plan.models, engine="deepspeed"))
+    replica = make_rollout(on_replica, actor, tok, tiny, **kw)
     assert type(replica) is HFRollout and not replica.shares_actor and replica.model is not actor
     assert not replica.model.training and not any(p.requires_grad for p in replica.model.parameters())
     policy = LatentPolicy(LatentSettings(steps=2, topk=3))
-    latent = make_rollout(LLMConfig(engine="torch"), actor, tok, tiny, latent=policy, **kw)
+    latent = make_rollout(dataclasses.replace(plan, latent=policy), actor, tok, tiny, **kw)
     assert type(latent) is LatentRollout and latent.shares_actor and latent.settings.steps == 2
     assert not latent.add_special_tokens  # prompts arrive rendered
     # the sampler's context: vLLM's --vllm-max-model-len caps the model's
-    assert context_limit(LLMConfig(), 512) == 512
-    assert context_limit(LLMConfig(rollout="vllm", vllm=VLLM(max_model_len=256)), 512) == 256
-    assert context_limit(LLMConfig(rollout="vllm", vllm=VLLM(max_model_len=256)), None) == 256
+    assert sampler_context(LLMConfig()) is None and plan.rollout.context_cap is None
+    assert context_limit(sampler_context(LLMConfig()), 512) == 512
+    capped = sampler_context(LLMConfig(rollout="vllm", vllm=VLLM(max_model_len=256)))
+    assert context_limit(capped, 512) == 256 and context_limit(capped, None) == 256
 
 
 def test_the_latent_backend_refuses_what_it_does_not_sample_with(tiny):

@@ -160,7 +160,7 @@ def test_max_new_tokens_defaults_per_task_and_level():
         cfg = from_flat(LLMConfig, dict(train_size=8, val_size=4, **kw))
         plan = resolve(cfg, launcher_dist())[0]
         assert cfg.max_new_tokens == kw.get("max_new_tokens")
-        return plan.cfg.max_new_tokens
+        return plan.rollout.max_new_tokens
 
     assert resolved(task="arithmetic") == 16
     assert resolved(task="scratchpad") == LEVELS[1].max_chars + 1 + MARGIN == 100

@@ -397,6 +397,7 @@ def test_a_critic_with_another_tokenizer_is_refused_before_the_run_folder(tmp_pa
 def test_a_read_only_cache_is_refused_when_a_model_must_be_built_and_used_when_it_holds_it(tmp_path, capsys):
     from sppo_rl.llm.models.pretrained import CHECKSUMS
     from sppo_rl.llm.models.sources import check_cache, models_to_build
+    from sppo_rl.llm.plan import warm_start_of
 
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -410,14 +411,15 @@ def test_a_read_only_cache_is_refused_when_a_model_must_be_built_and_used_when_i
             "embedded tiny model",
         )
     named = LLMConfig(model="smollm2-135m:layers=4", algo="grpo", cache_dir=str(cache))
-    assert models_to_build(named) == ["smollm2-135m-layers4-v1"]
+    ws = warm_start_of(named, cache)
+    assert models_to_build(named, cache, ws) == ["smollm2-135m-layers4-v1"]
     (cache / "smollm2-135m-layers4-v1").mkdir()
     (cache / "smollm2-135m-layers4-v1" / CHECKSUMS).write_text("{}")
-    assert models_to_build(named) == []
+    assert models_to_build(named, cache, ws) == []
     with read_only(cache):
-        check_cache(named)  # everything the run needs is there: a read-only cache serves it
+        check_cache(named, cache, ws)  # everything the run needs is there: a read-only cache serves it
         with pytest.raises(RunError, match="is not writable .* smollm2-135m-v1 must be built"):
-            check_cache(dataclasses.replace(named, model="smollm2-135m"))
+            check_cache(dataclasses.replace(named, model="smollm2-135m"), cache, ws)
 
 
 # ------------------------------------------------------------------------------------- launcher variables
@@ -499,3 +501,28 @@ def test_a_reward_outside_0_1_is_an_error_scored_0_with_one_warning(tmp_path, ca
     assert "outside [0, 1]" in res.error_samples[0]
     warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert len(warnings) == 1 and "-5" in warnings[0] and "[0, 1]" in warnings[0]
+
+
+def test_each_world_validates_its_settings_once_per_run(tmp_path, capsys, monkeypatch):
+    """The plan's ``resolve`` is the one place a run's settings are validated: the command leaves it to
+    it (still one line, exit 2, nothing written), and a bad setting is still refused before any other
+    check."""
+    from sppo_rl.config import RunConfig
+
+    calls: list[str] = []
+    validate = RunConfig.validate
+
+    def counted(self: RunConfig) -> None:
+        calls.append(type(self).__name__)
+        validate(self)
+
+    monkeypatch.setattr(RunConfig, "validate", counted)
+    missing = str(tmp_path / "nowhere")
+    refused(capsys, ["llm", "--model", missing], tmp_path / "run", f"--model {missing}: not a Hugging Face")
+    assert calls == ["LLMConfig"]
+    calls.clear()
+    refused(capsys, ["control", "--algo", "latent-grpo"], tmp_path / "run", "trains a language model only")
+    assert calls == ["ControlConfig"]
+    calls.clear()
+    refused(capsys, ["llm", "--model", missing, "--temperature", "-1"], tmp_path / "run", "--temperature")
+    assert calls == ["LLMConfig"]

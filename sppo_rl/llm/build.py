@@ -26,7 +26,7 @@ from sppo_rl.llm.models.engines import DeepSpeedEngine, HFTorchEngine, make_engi
 from sppo_rl.llm.models.lora import BaseModelView, apply_lora, lora_config
 from sppo_rl.llm.models.sources import embedded_model, model_context, model_folder
 from sppo_rl.llm.models.tiny import load_tokenizer
-from sppo_rl.llm.rollout.base import Rollout, RolloutBatch
+from sppo_rl.llm.rollout.base import Rollout, RolloutBatch, pad_id_of
 from sppo_rl.llm.rollout.factory import context_limit, make_rollout
 from sppo_rl.llm.rollout.hf import autocast_to
 from sppo_rl.llm.stages.to_batch import rollout_rows
@@ -49,8 +49,9 @@ MainFirst = Callable[[Callable[[], Any]], Any]
 class Models:
     """The run's models: the actor's folder, its tokenizer, the actor, the KL reference (None: off), the
     critic (None: none), their training engines, the rollout (:mod:`sppo_rl.llm.rollout`), the LoRA adapter
-    config (None: full fine-tuning), what the embedded model's warm start reported, and the critic's
-    backbone folder (None: no critic)."""
+    config (None: full fine-tuning), what the embedded model's warm start reported, the critic's
+    backbone folder (None: no critic), and ``pad_id``: the one id that pads the run's rows, in its sampler
+    and its stages (:func:`~sppo_rl.llm.rollout.base.pad_id_of` its tokenizer)."""
 
     actor_path: Path
     tokenizer: Any  # transformers' tokenizer
@@ -62,18 +63,23 @@ class Models:
     rollout: Rollout
     adapter_config: Any  # peft's LoraConfig
     warmstart: dict[str, Any]
-    critic_path: Path | None = None
+    critic_path: Path | None
+    pad_id: int
 
 
 def actor_folder(
     plan: Plan, train: list[Example], scorer: RewardScorer, main_first: MainFirst
 ) -> tuple[Path, dict[str, Any]]:
-    """The actor's folder (built on rank 0 first) and the warm start's report (empty for ``--model``)."""
+    """The actor's folder (built on rank 0 first) and the warm start's report (empty for ``--model``): the
+    plan's folder where planning resolved it (:attr:`~sppo_rl.llm.plan.ModelSettings.actor_folder`), else
+    resolved here once."""
     latent, models = plan.latent, plan.models
     if models.model is None:
         build = latent.embedded_model if latent else embedded_model
-        return main_first(lambda: build(plan.cfg, train, scorer))
-    path = main_first(lambda: model_folder(models.cache, models.model))  # a named model: built once
+        return main_first(lambda: build(models.warmstart, train, scorer))
+    path = models.actor_folder
+    if path is None:  # a named model: built once
+        path = main_first(lambda: model_folder(models.cache, models.model))
     if not (path / "config.json").is_file():
         raise RunError(f"--model {path}: not a Hugging Face model folder (no config.json)")
     return path, {}
@@ -90,7 +96,7 @@ def prepare_prompts(
         train, val = (render_examples(s, tokenizer, data.prompt_format) for s in (train, val))
     except ValueError as e:
         raise RunError(str(e)) from None
-    ctx = context_limit(plan.cfg, model_context(actor_path))
+    ctx = context_limit(plan.rollout.context_cap, model_context(actor_path))
     limit, why = data.max_prompt_tokens, "--max-prompt-tokens"
     if ctx is not None:
         room = ctx - max_new_tokens
@@ -136,9 +142,11 @@ def build_models(
     kind = plan.algo.requires.critic
     if kind != "none":
         critic_model = settings.critic_model
-        critic_path = (
-            main_first(lambda: model_folder(settings.cache, critic_model)) if critic_model else actor_path
-        )
+        critic_path = settings.critic_folder  # where planning resolved it, else here once
+        if critic_path is None:
+            critic_path = (
+                main_first(lambda: model_folder(settings.cache, critic_model)) if critic_model else actor_path
+            )
         if critic_model:
             check_same_tokenizer(tokenizer, load_tokenizer(critic_path))
         critic = CRITICS[kind].from_backbone(critic_path, dtype=dtype, device=device)
@@ -164,9 +172,8 @@ def build_models(
     critic_engine = make_engine(settings.engine, critic, settings.critic_lr, **kw) if critic else None
     if kl_coef > 0 and lora.rank:
         ref = BaseModelView(actor_engine.module)
-    rollout = make_rollout(
-        plan.cfg, actor, tokenizer, actor_path, dtype=dtype, device=device, latent=plan.latent
-    )
+    pad_id = pad_id_of(tokenizer)  # resolved once: the sampler's and the stages'
+    rollout = make_rollout(plan, actor, tokenizer, actor_path, dtype=dtype, device=device, pad_id=pad_id)
     return Models(
         actor_path,
         tokenizer,
@@ -179,6 +186,7 @@ def build_models(
         adapter_config,
         warmstart,
         critic_path,
+        pad_id,
     )
 
 

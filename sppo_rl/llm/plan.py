@@ -4,16 +4,18 @@
 this order (each step may refuse the run in one line, :class:`~sppo_rl.runtime.run.RunError` or
 ``ValueError``; nothing has been written yet):
 
-1. every setting's type and range (:meth:`LLMConfig.validate`), ``max_new_tokens`` and ``actor_lr`` left
-   at None becoming the task's and the model's defaults (:func:`~sppo_rl.llm.config.default_max_new_tokens`,
+1. every setting's type and range (:meth:`LLMConfig.validate`: the one check per run; the ``sppo-rl``
+   command leaves it to this step), ``max_new_tokens`` and ``actor_lr`` left at None becoming the task's and the model's defaults (:func:`~sppo_rl.llm.config.default_max_new_tokens`,
    :func:`~sppo_rl.llm.config.default_actor_lr`);
 2. the algorithm, and the settings left unset becoming its own
    (:func:`~sppo_rl.agents.algorithms.with_algorithm_defaults`: GSPO's clip range, REINFORCE++'s KL);
 3. group size ``G`` (``--group-size``, else the method's), the batch's shape (``prompts_per_step``
    prompts x ``G`` samples, ``prompts_per_step / ranks`` prompts per rank, minibatches within a rank's
    rows), the launcher's ranks against ``--engine``, DeepSpeed's config;
-4. the model folders, the data and the reward function (:func:`~sppo_rl.llm.models.sources.check_model_paths`,
-   :func:`~sppo_rl.llm.data.tasks.load_task`), LoRA targets against the models' ``config.json``;
+4. the model cache (:func:`~sppo_rl.llm.models.sources.cache_folder`, resolved here once), the model folders,
+   the data and the reward function (:func:`~sppo_rl.llm.models.sources.check_model_paths`,
+   :func:`~sppo_rl.llm.data.tasks.load_task`), LoRA targets against the models' ``config.json`` (the one
+   place a named model's folder is resolved before the build: :attr:`ModelSettings.actor_folder`);
 5. the latent policy's settings for a latent algorithm (:func:`~sppo_rl.llm.latent.plugin.configure_latent`);
    the model cache (:func:`~sppo_rl.llm.models.sources.check_cache`), ``--max-new-tokens`` against the actor's
    context (:func:`~sppo_rl.llm.models.sources.check_context`), the critic's tokenizer against the actor's
@@ -45,6 +47,8 @@ from sppo_rl.agents.learner import LearnerConfig
 from sppo_rl.agents.losses import KLEstimator
 from sppo_rl.config import flat_dict, get_flat
 from sppo_rl.llm.config import (
+    SFT,
+    VLLM,
     LLMConfig,
     LoRA,
     Overlong,
@@ -65,13 +69,49 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
+class WarmStart:
+    """What the embedded tiny model's warm starts read (:func:`~sppo_rl.llm.models.sources.embedded_model`,
+    and the latent ones of :mod:`sppo_rl.llm.latent.warmstart`): the generated ``task`` and its data (``level``, ``data_seed``,
+    ``train_size``), ``max_new_tokens``, the fine-tuning's own settings (``sft``; ``latent_sft_steps`` per
+    latent stage), the sampling ``temperature`` of its accuracy checks, the run's ``seed``, ``progress``
+    bars, and the model ``cache`` it is built into (resolved once, by the plan)."""
+
+    task: str
+    level: tuple[int, ...]
+    data_seed: int
+    train_size: int
+    max_new_tokens: int | None
+    sft: SFT
+    latent_sft_steps: int
+    temperature: float
+    seed: int
+    progress: bool
+    cache: Path
+
+
+def warm_start_of(cfg: LLMConfig, cache: Path) -> WarmStart:
+    """The warm starts' settings of ``cfg``, built into ``cache``."""
+    return WarmStart(
+        task=cfg.task, level=tuple(cfg.level), data_seed=cfg.data_seed, train_size=cfg.train_size,
+        max_new_tokens=cfg.max_new_tokens, sft=cfg.sft, latent_sft_steps=cfg.latent.sft_steps,
+        temperature=cfg.temperature, seed=cfg.seed, progress=cfg.progress, cache=cache,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
 class ModelSettings:
     """What the run trains and how: its models, their training engines and their exports.
 
     Attributes:
         model, critic_model: ``--model`` / ``--critic-model`` as given (None: the embedded tiny model /
             the actor's backbone; 'none': no critic).
+        actor_folder, critic_folder: their folders where planning resolved them, so the build does not
+            resolve them again: a folder given as a path, and a named model when the LoRA check read its
+            ``config.json`` (built into the cache and verified by SHA-256 then); None: the build resolves
+            it, on rank 0 first (a named model, built on first use), or the embedded model / the actor's
+            backbone / no critic.
         cache: the model cache (``--cache-dir``, else ``$SPPO_RL_CACHE``), resolved once.
+        warmstart: the embedded model's warm-start settings (read when ``model`` is None).
         dtype: the weights' torch dtype name; autocast: ``--autocast`` (None: off).
         engine, zero_stage, offload, collective_timeout: the training engine (torch or DeepSpeed).
         actor_lr, critic_lr, weight_decay, max_grad_norm: the optimizers.
@@ -85,7 +125,10 @@ class ModelSettings:
 
     model: str | None
     critic_model: str | None
+    actor_folder: Path | None
+    critic_folder: Path | None
     cache: Path
+    warmstart: WarmStart
     dtype: str
     autocast: str | None
     engine: str
@@ -110,7 +153,9 @@ class RolloutSettings:
     """How an update samples: ``prompts_per_step`` prompts x ``group_size`` samples over ``ranks``
     processes (``local_prompts`` each), at ``sampling``'s settings, up to ``max_new_tokens``; DAPO's
     ``dynamic_sampling_rounds`` (0: off) and ``overlong`` shaping; ``eval_samples`` per validation prompt;
-    ``log_completions_every`` (0: never)."""
+    ``log_completions_every`` (0: never); the sampler (``backend``: 'hf' or 'vllm', ``vllm``: its
+    settings) and ``context_cap``, the longest prompt + response it takes whatever the model
+    (:func:`~sppo_rl.llm.rollout.factory.sampler_context`; None: the model's context)."""
 
     group_size: int
     prompts_per_step: int
@@ -123,6 +168,9 @@ class RolloutSettings:
     overlong: Overlong
     eval_samples: int
     log_completions_every: int
+    backend: str
+    vllm: VLLM
+    context_cap: int | None
 
 
 @dataclass(frozen=True)
@@ -159,11 +207,13 @@ class RewardSettings:
 
 @dataclass(frozen=True)
 class DataSettings:
-    """The prompts: ``task`` (a generated task's name or a data file), ``val_data`` (None: the task's own
-    split), ``max_prompt_tokens`` (None: the model's context minus ``max_new_tokens``) and
+    """The prompts: ``task`` (a generated task's name or a data file; a generated one's ``level`` and
+    ``data_seed``), ``val_data`` (None: the task's own split), ``max_prompt_tokens`` (None: the model's context minus ``max_new_tokens``) and
     ``prompt_format``: how a prompt is rendered for the model (:class:`~sppo_rl.llm.data.prompts.PromptFormat`)."""
 
     task: str
+    level: tuple[int, ...]
+    data_seed: int
     val_data: str | None
     max_prompt_tokens: int | None
     prompt_format: PromptFormat
@@ -177,10 +227,6 @@ class Plan(RunPlan):
     ``--updates``) and the LLM world's sections; stages and builders read these.
 
     Attributes:
-        cfg: ``given`` with the settings left unset (None) replaced by the algorithm's own. Read only by
-            the builders that still take a whole config: the rollout factory
-            (:func:`~sppo_rl.llm.rollout.factory.make_rollout`, ``context_limit``), the embedded model's
-            warm starts and the model card.
         latent: the latent policy's settings (None: a token policy).
         device: where the models train.
         models, rollout, update, rewards, data: the sections (:class:`ModelSettings`,
@@ -188,7 +234,6 @@ class Plan(RunPlan):
         unset: the settings the user left unset and what they became.
     """
 
-    cfg: LLMConfig
     latent: Any
     device: torch.device
     models: ModelSettings
@@ -276,6 +321,16 @@ def as_given(cfg: LLMConfig) -> LLMConfig:
     return cfg
 
 
+def _path_folder(value: str | None) -> Path | None:
+    """The folder of a ``--model`` / ``--critic-model`` given as a path; None for a named model (built
+    on first use, so resolved where it may be built), for None and for 'none'."""
+    from sppo_rl.llm.models import pretrained
+
+    if value is None or value == "none" or pretrained.parse_ref(value) is not None:
+        return None
+    return Path(value)
+
+
 def _trains_a_critic(name: str) -> bool:
     """Whether algorithm ``name`` trains a critic (False for an unknown name: ``validate`` refuses it)."""
     try:
@@ -300,10 +355,10 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
         check_model_paths,
         model_folder,
     )
-    from sppo_rl.llm.rollout.factory import sampling_params
+    from sppo_rl.llm.rollout.factory import sampler_context, sampling_params
 
-    cfg = as_given(cfg)
     cfg.validate()
+    cfg = as_given(cfg)
     given = cfg
     algo = get_algorithm(cfg.algo)
     cfg = with_algorithm_defaults(cfg, algo)
@@ -341,13 +396,16 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
         )  # validates
         if not cfg.optimizer_state:
             raise RunError("--no-optimizer-state: not with --engine deepspeed (its shards hold them)")
-    check_model_paths(cfg)  # and the data and the reward function
+    cache = cache_folder(cfg)
+    check_model_paths(cfg, cache)  # and the data and the reward function
+    no_critic = req.critic == "none" or cfg.critic_model == "none"
+    actor_folder = _path_folder(cfg.model)  # a named model's: resolved below with LoRA, else by the build
+    critic_folder = None if no_critic else _path_folder(cfg.critic_model)
     if cfg.lora.rank:  # LoRA targets against the models' config.json (no weights read)
         try:
-            no_critic = req.critic == "none" or cfg.critic_model == "none"
-            cache = cache_folder(cfg)
-            critic_folder = False if no_critic else model_folder(cache, cfg.critic_model)
-            check_lora_targets_of(cfg.lora.targets, model_folder(cache, cfg.model), critic_folder)
+            actor_folder = model_folder(cache, cfg.model)
+            critic_folder = None if no_critic else model_folder(cache, cfg.critic_model)
+            check_lora_targets_of(cfg.lora.targets, actor_folder, False if no_critic else critic_folder)
         except ValueError as e:
             raise RunError(str(e)) from None
     train, val, reward_fn = load_task(cfg)
@@ -359,10 +417,12 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
             f"the task has {len(train)}"
         )
     algo, latent = configure_latent(cfg, algo, train)  # None: a token policy
-    check_cache(cfg, latent=latent is not None)  # a cache that is a file, or read-only with a model to build
-    check_context(cfg)  # --max-new-tokens against the actor's context
+    # a cache that is a file, or read-only with a model to build:
+    warmstart = warm_start_of(cfg, cache)
+    check_cache(cfg, cache, warmstart, latent=latent is not None)
+    check_context(cfg, cache)  # --max-new-tokens against the actor's context
     if req.critic != "none":
-        check_critic_tokenizer(cfg)
+        check_critic_tokenizer(cfg, cache)
     sampling = sampling_params(cfg)
     if cfg.device == "auto":
         device = torch.device(f"cuda:{dist.local_rank}" if torch.cuda.is_available() else "cpu")
@@ -380,7 +440,8 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
         threads=cfg.threads,
     )  # fmt: skip
     models = ModelSettings(
-        model=cfg.model, critic_model=cfg.critic_model, cache=cache_folder(cfg), dtype=cfg.dtype,
+        model=cfg.model, critic_model=cfg.critic_model, actor_folder=actor_folder, critic_folder=critic_folder,
+        cache=cache, warmstart=warmstart, dtype=cfg.dtype,
         autocast=cfg.autocast, engine=cfg.engine, zero_stage=cfg.zero_stage, offload=cfg.offload,
         collective_timeout=cfg.collective_timeout, actor_lr=actor_lr, critic_lr=cfg.critic_lr,
         weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, lora=cfg.lora,
@@ -393,6 +454,7 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
         max_new_tokens=max_new_tokens, temperature=cfg.temperature, sampling=sampling,
         dynamic_sampling_rounds=cfg.dynamic_sampling_rounds, overlong=cfg.overlong,
         eval_samples=cfg.eval_samples, log_completions_every=cfg.log_completions_every,
+        backend=cfg.rollout, vllm=cfg.vllm, context_cap=sampler_context(cfg),
     )  # fmt: skip
     kl_reward = _set(cfg.kl_coef) > 0 and cfg.kl_in == "reward"
     fused = learner.epochs * learner.minibatches == 1 and not algo.requires.logprobs and not kl_reward
@@ -410,15 +472,15 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
     except ValueError as e:
         raise RunError(str(e)) from None
     data = DataSettings(
-        task=cfg.task, val_data=cfg.val_data, max_prompt_tokens=cfg.max_prompt_tokens, prompt_format=fmt
-    )
+        task=cfg.task, level=tuple(cfg.level), data_seed=cfg.data_seed, val_data=cfg.val_data,
+        max_prompt_tokens=cfg.max_prompt_tokens, prompt_format=fmt,
+    )  # fmt: skip
     plan = Plan(
         given=given,
         algo=algo,
         learner=learner,
         estimator=estimator_params(cfg),
         loop=loop,
-        cfg=cfg,
         latent=latent,
         device=device,
         models=models,

@@ -239,7 +239,7 @@ class LLMRun:
             raise
         m.rollout.sleep()  # frees the sampler's memory while training (vLLM with --vllm-sleep)
         with timer("train"):
-            pad = m.tokenizer.pad_token_id if m.tokenizer.pad_token_id is not None else 0
+            pad = m.pad_id
             dynamic = bool(plan.rollout.dynamic_sampling_rounds)
             kept = pick(collected, self.group_size, pad, dynamic, plan.latent)
             p0 = state.critic_init_p0

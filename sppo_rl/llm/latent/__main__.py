@@ -35,10 +35,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     scorer = start_scorer(plan.rewards.fn, plan.rewards.timeout)
     try:
         if what == "explicit-model":
-            folder = explicit_model(plan.cfg, task.train, scorer)[0]
+            folder = explicit_model(plan.models.warmstart, task.train, scorer)[0]
         else:
             assert plan.latent is not None
-            folder = plan.latent.embedded_model(plan.cfg, task.train, scorer)[0]
+            folder = plan.latent.embedded_model(plan.models.warmstart, task.train, scorer)[0]
     finally:
         scorer.close()
     print(folder)

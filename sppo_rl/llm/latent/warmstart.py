@@ -9,7 +9,7 @@ import json
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -19,6 +19,9 @@ from sppo_rl.llm.latent.rollout import LatentRollout
 from sppo_rl.llm.models.core import load_actor, positions_from_mask
 from sppo_rl.llm.models.sft import fine_tune, holdout_split, right_pad, save_cached, supervised_warmstart
 from sppo_rl.llm.rollout.base import left_pad
+
+if TYPE_CHECKING:
+    from sppo_rl.llm.plan import WarmStart
 
 STEP_SEPARATOR = "; "
 """Between two reasoning lines (the scratchpad task's separator: the tiny tokenizer has no newline)."""
@@ -205,37 +208,35 @@ def latent_warmstart(
 
 
 def _warmstart_inputs(
-    cfg: Any, train: list[Any], scorer: Any
+    ws: WarmStart, train: list[Any], scorer: Any
 ) -> tuple[Path, list[str], list[str], dict[str, Any], Callable[[list[str], list[str]], list[float]]]:
-    """What both warm starts of ``cfg`` take: the cache folder, the prompts and answers of ``train``, the
+    """What both warm starts of ``ws`` take: the cache folder, the prompts and answers of ``train``, the
     data part of their cache keys and ``scorer`` as ``score(texts, truths) -> list[float]``."""
-    from sppo_rl.llm.models.sources import cache_folder
 
     def score(texts: list[str], truths: list[str]) -> list[float]:
         return scorer.score(texts, truths).scores.tolist()
 
-    cache = cache_folder(cfg)
-    key = {"level": list(cfg.level), "data_seed": cfg.data_seed, "train_size": cfg.train_size}
-    return cache, [str(e.prompt) for e in train], [e.answer for e in train], key, score
+    key = {"level": list(ws.level), "data_seed": ws.data_seed, "train_size": ws.train_size}
+    return ws.cache, [str(e.prompt) for e in train], [e.answer for e in train], key, score
 
 
 def explicit_model(
-    cfg: Any, train: list[Any], scorer: Any
+    ws: WarmStart, train: list[Any], scorer: Any
 ) -> tuple[Path, dict[str, Any], list[list[str]], list[str]]:
-    """Stage 0 of the curriculum: the embedded tiny model fine-tuned on responses with explicit reasoning
-    lines (:func:`reasoning_lines`), cached by :func:`sppo_rl.llm.models.sft.supervised_warmstart`; also the
+    """Stage 0 of the curriculum (settings ``ws``): the embedded tiny model fine-tuned on responses with
+    explicit reasoning lines (:func:`reasoning_lines`), cached by :func:`sppo_rl.llm.models.sft.supervised_warmstart`; also the
     lines and boxes of ``train``. For ``scratchpad`` it is the task's own embedded warm start."""
     from sppo_rl.llm.data.tasks import generated_task
     from sppo_rl.llm.models.tiny import TINY_CHARSET, ensure_tiny_model, tiny_settings
 
-    cache, prompts, answers, key, score = _warmstart_inputs(cfg, train, scorer)
-    base = ensure_tiny_model(cache, TINY_CHARSET, **tiny_settings(cfg.task))
-    generated_task(cfg.task)  # refuses a task without an embedded model
-    lines, boxes = zip(*[reasoning_lines(cfg.task, e) for e in train]) if train else ((), ())
+    cache, prompts, answers, key, score = _warmstart_inputs(ws, train, scorer)
+    base = ensure_tiny_model(cache, TINY_CHARSET, **tiny_settings(ws.task))
+    generated_task(ws.task)  # refuses a task without an embedded model
+    lines, boxes = zip(*[reasoning_lines(ws.task, e) for e in train]) if train else ((), ())
     responses = [stage_response(ln, b, 0) for ln, b in zip(lines, boxes)]
-    if cfg.task != "arithmetic":
+    if ws.task != "arithmetic":
         key["task"] = (
-            cfg.task
+            ws.task
         )  # scratchpad: stage 0 is its own reference response; the task keeps the key apart
     else:
         key["reasoning"] = "column-sums"
@@ -247,25 +248,25 @@ def explicit_model(
         responses,
         answers,
         score,
-        steps=cfg.sft.steps,
-        lr=cfg.sft.lr,
-        target=cfg.sft.target,
-        temperature=cfg.temperature,
-        max_new_tokens=max(cfg.max_new_tokens or 0, max_len) if cfg.task == "scratchpad" else max_len,
-        seed=cfg.seed,
+        steps=ws.sft.steps,
+        lr=ws.sft.lr,
+        target=ws.sft.target,
+        temperature=ws.temperature,
+        max_new_tokens=max(ws.max_new_tokens or 0, max_len) if ws.task == "scratchpad" else max_len,
+        seed=ws.seed,
         key_settings=key,
-        progress=cfg.progress,
+        progress=ws.progress,
     )
     return folder, record, [list(x) for x in lines], list(boxes)
 
 
 def embedded_latent_model(
-    cfg: Any, train: list[Any], scorer: Any, settings: LatentSettings
+    ws: WarmStart, train: list[Any], scorer: Any, settings: LatentSettings
 ) -> tuple[Path, dict[str, Any]]:
     """The embedded tiny model made a latent reasoner: stage 0 (:func:`explicit_model`), then stages
     ``1..L`` (:func:`latent_warmstart`), each built once into the cache."""
-    folder0, record0, lines, boxes = explicit_model(cfg, train, scorer)
-    cache, prompts, answers, key, score = _warmstart_inputs(cfg, train, scorer)
+    folder0, record0, lines, boxes = explicit_model(ws, train, scorer)
+    cache, prompts, answers, key, score = _warmstart_inputs(ws, train, scorer)
     folder, record = latent_warmstart(
         folder0,
         cache,
@@ -275,12 +276,12 @@ def embedded_latent_model(
         answers,
         score,
         settings,
-        steps=cfg.latent.sft_steps,
-        lr=cfg.sft.lr,
-        target=cfg.sft.target,
-        temperature=cfg.temperature,
-        seed=cfg.seed,
-        key_settings={"task": cfg.task, **key},
-        progress=cfg.progress,
+        steps=ws.latent_sft_steps,
+        lr=ws.sft.lr,
+        target=ws.sft.target,
+        temperature=ws.temperature,
+        seed=ws.seed,
+        key_settings={"task": ws.task, **key},
+        progress=ws.progress,
     )
     return folder, {"explicit": {"folder": str(folder0), **record0}, "latent": record}

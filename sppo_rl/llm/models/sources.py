@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sppo_rl.llm.config import LLMConfig
 from sppo_rl.llm.data.files import Example
@@ -16,6 +16,9 @@ from sppo_rl.llm.models.checks import check_model_config, check_weight_files
 from sppo_rl.llm.models.tiny import TINY_CHARSET, tiny_settings
 from sppo_rl.llm.rewards.scorer import RewardScorer
 from sppo_rl.runtime.run import RunError
+
+if TYPE_CHECKING:
+    from sppo_rl.llm.plan import WarmStart
 
 SFT_SETTINGS: dict[str, dict[str, int]] = {
     "arithmetic": {},
@@ -31,12 +34,13 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("SPPO_RL_CACHE", Path.home() / ".cache" / "sppo_rl"))
 
 
-def check_model_paths(cfg: LLMConfig) -> None:
+def check_model_paths(cfg: LLMConfig, cache: Path) -> None:
     """Refuse, before the run folder is touched, model folders that are not there: ``--model`` and
     ``--critic-model`` must be Hugging Face model folders or named models that are cached or can be built
     (:func:`sppo_rl.llm.models.pretrained.check_available`), the embedded default is for the generated tasks
     (arithmetic, scratchpad), and ``--chat-template on`` needs an actor tokenizer with a template. A data
-    file of a type the loader does not read (a CSV) is refused first, whatever the model."""
+    file of a type the loader does not read (a CSV) is refused first, whatever the model. ``cache``: the
+    model cache (:func:`cache_folder`)."""
     for flag, value in (("--task", cfg.task), ("--val-data", cfg.val_data)):
         if value and value not in GENERATED_TASKS:
             readable_type(flag, value)
@@ -47,7 +51,6 @@ def check_model_paths(cfg: LLMConfig) -> None:
     from sppo_rl.llm.data.prompts import has_chat_template
     from sppo_rl.llm.models import pretrained
 
-    cache = cache_folder(cfg)
     for flag, value in (("--model", cfg.model), ("--critic-model", cfg.critic_model)):
         if value is None or (flag == "--critic-model" and value == "none"):
             continue
@@ -107,26 +110,26 @@ def model_context(folder: Path) -> int | None:
     return None
 
 
-def embedded_model(cfg: LLMConfig, train: list[Example], scorer: RewardScorer) -> tuple[Path, dict[str, Any]]:
+def embedded_model(ws: WarmStart, train: list[Example], scorer: RewardScorer) -> tuple[Path, dict[str, Any]]:
     """The tiny Qwen2 model (:func:`tiny_settings` of the task), built once into the cache, then warm-started
     on the task's reference responses (also cached, keyed by the task's settings)."""
     from sppo_rl.llm.models.sft import supervised_warmstart
     from sppo_rl.llm.models.tiny import ensure_tiny_model
 
-    if cfg.task not in GENERATED_TASKS:
+    if ws.task not in GENERATED_TASKS:
         raise RunError(
             "the embedded tiny model is for --task arithmetic or scratchpad; give --model for other data"
         )
-    reference_response = generated_task(cfg.task).reference_response
-    cache = cache_folder(cfg)
-    base = ensure_tiny_model(cache, TINY_CHARSET, **tiny_settings(cfg.task))
+    reference_response = generated_task(ws.task).reference_response
+    cache = ws.cache
+    base = ensure_tiny_model(cache, TINY_CHARSET, **tiny_settings(ws.task))
     prompts = [str(e.prompt) for e in train]
     answers = [e.answer for e in train]
 
     def score(texts: list[str], truths: list[str]) -> list[float]:
         return scorer.score(texts, truths).scores.tolist()
 
-    key, settings = _warmstart_settings(cfg)
+    key, settings = _warmstart_settings(ws)
     return supervised_warmstart(
         base,
         cache,
@@ -134,22 +137,22 @@ def embedded_model(cfg: LLMConfig, train: list[Example], scorer: RewardScorer) -
         [reference_response(e) for e in train],
         answers,
         score,
-        max_new_tokens=cfg.max_new_tokens,
+        max_new_tokens=ws.max_new_tokens,
         key_settings=key,
-        progress=cfg.progress,
+        progress=ws.progress,
         **settings,
-        **SFT_SETTINGS[cfg.task],
+        **SFT_SETTINGS[ws.task],
     )
 
 
-def _warmstart_settings(cfg: LLMConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+def _warmstart_settings(ws: WarmStart) -> tuple[dict[str, Any], dict[str, Any]]:
     """The embedded model's warm start: the settings that key its cache folder beyond its own
     (``key_settings``), and its own (``steps``, ``lr``, ``target``, ``temperature``, ``seed``)."""
-    key: dict[str, Any] = {"level": list(cfg.level), "data_seed": cfg.data_seed, "train_size": cfg.train_size}
-    if cfg.task != "arithmetic":  # (arithmetic keeps its cache key) the budget of the accuracy checks too
-        key.update(task=cfg.task, max_new_tokens=cfg.max_new_tokens, **SFT_SETTINGS[cfg.task])
+    key: dict[str, Any] = {"level": list(ws.level), "data_seed": ws.data_seed, "train_size": ws.train_size}
+    if ws.task != "arithmetic":  # (arithmetic keeps its cache key) the budget of the accuracy checks too
+        key.update(task=ws.task, max_new_tokens=ws.max_new_tokens, **SFT_SETTINGS[ws.task])
     own = dict(
-        steps=cfg.sft.steps, lr=cfg.sft.lr, target=cfg.sft.target, temperature=cfg.temperature, seed=cfg.seed
+        steps=ws.sft.steps, lr=ws.sft.lr, target=ws.sft.target, temperature=ws.temperature, seed=ws.seed
     )
     return key, own
 
@@ -159,8 +162,9 @@ def cache_folder(cfg: LLMConfig) -> Path:
     return Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
 
 
-def models_to_build(cfg: LLMConfig, latent: bool = False) -> list[str]:
-    """What a run of ``cfg`` would build into the model cache, as names for a message: the embedded
+def models_to_build(cfg: LLMConfig, cache: Path, ws: WarmStart, latent: bool = False) -> list[str]:
+    """What a run of ``cfg`` (warm starts ``ws``) would build into the model cache ``cache``, as names for a
+    message: the embedded
     tiny model and its warm start (a latent policy's own warm start is not foreseen here), and a named
     ``--model`` / ``--critic-model`` (:mod:`sppo_rl.llm.models.pretrained`) that is not cached; empty when every
     model it needs is there."""
@@ -168,10 +172,10 @@ def models_to_build(cfg: LLMConfig, latent: bool = False) -> list[str]:
     from sppo_rl.llm.models.sft import sft_done, sft_folder
     from sppo_rl.llm.models.tiny import tiny_model_built, tiny_model_folder
 
-    cache, out = cache_folder(cfg), []
+    out = []
     if cfg.model is None and cfg.task in GENERATED_TASKS:
         base = tiny_model_folder(cache, TINY_CHARSET, **tiny_settings(cfg.task))
-        key, own = _warmstart_settings(cfg)
+        key, own = _warmstart_settings(ws)
         if not tiny_model_built(base):
             out.append(f"the embedded tiny model ({base.name})")
         elif not latent and not sft_done(sft_folder(base, cache, key, **own)):
@@ -183,11 +187,10 @@ def models_to_build(cfg: LLMConfig, latent: bool = False) -> list[str]:
     return out
 
 
-def check_cache(cfg: LLMConfig, latent: bool = False) -> None:
+def check_cache(cfg: LLMConfig, cache: Path, ws: WarmStart, latent: bool = False) -> None:
     """Refuse, before the run folder is touched, a model cache that cannot serve the run: a path that
     is (or lies under) a file, or a folder that cannot be written while a model must be built into it
     (:func:`models_to_build`). A read-only cache that holds every model the run needs is fine."""
-    cache = cache_folder(cfg)
     what = (
         f"--cache-dir {cfg.cache_dir}"
         if cfg.cache_dir
@@ -198,7 +201,7 @@ def check_cache(cfg: LLMConfig, latent: bool = False) -> None:
         there = there.parent
     if not there.is_dir():
         raise RunError(f"{what}: {there} is a file, not a folder")
-    build = models_to_build(cfg, latent)
+    build = models_to_build(cfg, cache, ws, latent)
     if build and not os.access(there, os.W_OK | os.X_OK):
         raise RunError(
             f"{what}: {there} is not writable (read-only or not yours), and {' and '.join(build)} must be "
@@ -206,7 +209,7 @@ def check_cache(cfg: LLMConfig, latent: bool = False) -> None:
         )
 
 
-def _tokenizer_folder(cfg: LLMConfig, value: str | None) -> Path | None:
+def _tokenizer_folder(cfg: LLMConfig, cache: Path, value: str | None) -> Path | None:
     """The folder whose tokenizer ``--model`` / ``--critic-model`` ``value`` uses, where it exists before
     anything is built (a folder, a cached named model, the built embedded model); None otherwise."""
     from sppo_rl.llm.models import pretrained
@@ -215,14 +218,14 @@ def _tokenizer_folder(cfg: LLMConfig, value: str | None) -> Path | None:
     if value is None:
         if cfg.task not in GENERATED_TASKS:
             return None
-        folder = tiny_model_folder(cache_folder(cfg), TINY_CHARSET, **tiny_settings(cfg.task))
+        folder = tiny_model_folder(cache, TINY_CHARSET, **tiny_settings(cfg.task))
         return folder if tiny_model_built(folder) else None
     ref = pretrained.parse_ref(value)
-    folder = Path(value) if ref is None else cache_folder(cfg) / ref.folder_name
+    folder = Path(value) if ref is None else cache / ref.folder_name
     return folder if (folder / "config.json").is_file() else None
 
 
-def check_critic_tokenizer(cfg: LLMConfig) -> None:
+def check_critic_tokenizer(cfg: LLMConfig, cache: Path) -> None:
     """Refuse, before the run folder is touched, a ``--critic-model`` whose tokenizer differs from the
     actor's (:func:`sppo_rl.llm.models.checks.check_same_tokenizer`), where both exist already (a model still
     to be built is checked once built, by :func:`sppo_rl.llm.build.build_models`)."""
@@ -231,7 +234,7 @@ def check_critic_tokenizer(cfg: LLMConfig) -> None:
 
     if cfg.critic_model in (None, "none"):
         return
-    actor, critic = _tokenizer_folder(cfg, cfg.model), _tokenizer_folder(cfg, cfg.critic_model)
+    actor, critic = _tokenizer_folder(cfg, cache, cfg.model), _tokenizer_folder(cfg, cache, cfg.critic_model)
     if actor is None or critic is None:
         return
     try:
@@ -240,19 +243,19 @@ def check_critic_tokenizer(cfg: LLMConfig) -> None:
         raise ValueError(f"--critic-model {cfg.critic_model}: {e}") from None  # as build_models raised it
 
 
-def check_context(cfg: LLMConfig) -> None:
+def check_context(cfg: LLMConfig, cache: Path) -> None:
     """Refuse, before the run folder is touched, a ``--max-new-tokens`` that leaves no room for a prompt
     in the actor's context (the embedded model's, or its folder's ``config.json``; a named model not
     yet built is checked once built, by :func:`sppo_rl.llm.build.prepare_prompts`)."""
     from sppo_rl.llm.models import pretrained
-    from sppo_rl.llm.rollout.factory import context_limit
+    from sppo_rl.llm.rollout.factory import context_limit, sampler_context
 
     if cfg.model is None:
         ctx = tiny_settings(cfg.task)["max_position_embeddings"] if cfg.task in GENERATED_TASKS else None
     else:
         ref = pretrained.parse_ref(cfg.model)
-        ctx = model_context(Path(cfg.model) if ref is None else cache_folder(cfg) / ref.folder_name)
-    ctx = context_limit(cfg, ctx)
+        ctx = model_context(Path(cfg.model) if ref is None else cache / ref.folder_name)
+    ctx = context_limit(sampler_context(cfg), ctx)
     if ctx is not None and ctx - cfg.max_new_tokens < 1:
         raise RunError(
             f"--max-new-tokens {cfg.max_new_tokens} leaves no room for a prompt in the model's context of "

@@ -5,15 +5,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sppo_rl.runtime.files import atomic_write_text
 
+if TYPE_CHECKING:
+    from sppo_rl.llm.data.prompts import PromptFormat
+    from sppo_rl.llm.plan import Plan
+
 
 def model_card(
-    cfg: Any, summary: dict[str, Any], rows: list[dict[str, Any]], warnings: list[str], template: bool = False
+    plan: Plan,
+    summary: dict[str, Any],
+    rows: list[dict[str, Any]],
+    warnings: list[str],
+    template: bool = False,
 ) -> str:
-    """Markdown: the algorithm, the starting model, the data, the updates and samples, the summary's
+    """Markdown (of the run ``plan``): the algorithm, the starting model, the data, the updates and samples, the summary's
     validation accuracies and the last update's mean reward, the run's not-learning warnings, and how
     its prompts were rendered (``template``: through the tokenizer's chat template) with a use example
     that renders them the same way."""
@@ -23,10 +31,11 @@ def model_card(
         return "n/a" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))
 
     updates = [r for r in rows if r.get("reward_mean") is not None]
-    start = cfg.model or "the embedded tiny Qwen2 model, warm-started on the task"
-    data = cfg.task if cfg.task in ("arithmetic", "scratchpad") else Path(cfg.task).name
-    if cfg.task in ("arithmetic", "scratchpad"):
-        data += f" (generated: level {', '.join(map(str, cfg.level))}, data seed {cfg.data_seed})"
+    d, rollout = plan.data, plan.rollout
+    start = plan.models.model or "the embedded tiny Qwen2 model, warm-started on the task"
+    data = d.task if d.task in ("arithmetic", "scratchpad") else Path(d.task).name
+    if d.task in ("arithmetic", "scratchpad"):
+        data += f" (generated: level {', '.join(map(str, d.level))}, data seed {d.data_seed})"
     lines = [
         "---",
         "library_name: transformers",
@@ -37,9 +46,9 @@ def model_card(
         "",
         f"- algorithm: `{summary['algo']}`; seed {summary['seed']}",
         f"- started from: {start}",
-        f"- training data: {data}; validation: {cfg.val_data or ('generated' if cfg.task == 'arithmetic' else 'none')}",
-        f"- updates: {summary['updates']} of {cfg.prompts_per_step} prompts x {summary['group_size']} samples; "
-        f"{summary['generated_tokens']} generated tokens; max_new_tokens {cfg.max_new_tokens}",
+        f"- training data: {data}; validation: {d.val_data or ('generated' if d.task == 'arithmetic' else 'none')}",
+        f"- updates: {summary['updates']} of {rollout.prompts_per_step} prompts x {summary['group_size']} samples; "
+        f"{summary['generated_tokens']} generated tokens; max_new_tokens {rollout.max_new_tokens}",
         f"- validation accuracy, sampled: start {fmt(summary.get('start_val_accuracy'))}, final "
         f"{fmt(summary.get('final_val_accuracy'))}, best {fmt(summary.get('best_val_accuracy'))}; greedy: start "
         f"{fmt(summary.get('start_greedy_accuracy'))}, final {fmt(summary.get('final_greedy_accuracy'))}",
@@ -47,8 +56,13 @@ def model_card(
     ]
     if warnings:
         lines += ["", "## Warnings of the run", "", *(f"- {w}" for w in warnings)]
-    settings = {k: v for k, v in vars(cfg).items() if k in ("actor_lr", "clip", "kl_coef", "temperature")}
-    lines += ["", *prompt_lines(cfg, template)]
+    settings = {
+        "clip": plan.learner.clip,
+        "temperature": rollout.temperature,
+        "actor_lr": plan.models.actor_lr,
+        "kl_coef": plan.update.kl_coef,
+    }
+    lines += ["", *prompt_lines(d.prompt_format, template)]
     lines += [
         "",
         f"Some settings: `{json.dumps(settings, default=str)}`; all of them are in the run folder's config.json.",
@@ -57,11 +71,11 @@ def model_card(
     return "\n".join(lines)
 
 
-def prompt_lines(cfg: Any, template: bool) -> list[str]:
+def prompt_lines(fmt: PromptFormat, template: bool) -> list[str]:
     """The card's "Prompts" and "Use" sections: how the run turned a prompt into the model's text
-    (:func:`sppo_rl.llm.data.prompts.render` with ``cfg``'s options; ``template``: whether the chat template
+    (:func:`sppo_rl.llm.data.prompts.render` with ``fmt``; ``template``: whether the chat template
     was applied), and the same rendering with ``transformers`` and with ``LLMPolicy``."""
-    instruction, system = cfg.instruction, cfg.system_prompt
+    instruction, system = fmt.instruction, fmt.system_prompt
     how = [
         "## Prompts",
         "",
@@ -109,11 +123,11 @@ def prompt_lines(cfg: Any, template: bool) -> list[str]:
 
 
 def write_model_card(
-    folder: Path, cfg: Any, summary: dict[str, Any], rows: list[dict[str, Any]], warnings: list[str]
+    folder: Path, plan: Plan, summary: dict[str, Any], rows: list[dict[str, Any]], warnings: list[str]
 ) -> Path:
     from sppo_rl.llm.data.prompts import has_chat_template
 
     path = Path(folder) / "README.md"
-    template = cfg.chat_template != "off" and has_chat_template(folder)
-    atomic_write_text(path, model_card(cfg, summary, rows, warnings, template))
+    template = plan.data.prompt_format.chat_template != "off" and has_chat_template(folder)
+    atomic_write_text(path, model_card(plan, summary, rows, warnings, template))
     return path

@@ -86,7 +86,7 @@ def summary_of(
         from sppo_rl.runtime.watch import not_learning
 
         warnings = [w["message"] for w in not_learning(rows)]
-        write_model_card(out / "final" / "actor", plan.cfg, summary, rows, warnings)
+        write_model_card(out / "final" / "actor", plan, summary, rows, warnings)
         follow_umask(out / "final")
     return summary
 

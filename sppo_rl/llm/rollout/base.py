@@ -202,14 +202,23 @@ def left_pad(
     return ids.to(device), mask.to(device)
 
 
-def pad_and_stop_ids(
-    tokenizer: PreTrainedTokenizerBase, stop_token_ids: Iterable[int | None]
-) -> tuple[int, list[int]]:
-    """``(pad id, stop ids)``: the tokenizer's pad token (else its eos) and the sorted distinct
-    ``stop_token_ids`` (None entries dropped); ``ValueError`` when either is missing."""
+def pad_id_of(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The id that pads a run's rows (always masked out): the tokenizer's pad token, else its eos;
+    ``ValueError`` when it has neither. A run resolves it once, where it loads the tokenizer
+    (:attr:`sppo_rl.llm.build.Models.pad_id`), and hands it to its sampler and its stages."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad_id is None:
         raise ValueError("the tokenizer needs a pad or an eos token")
+    return int(pad_id)
+
+
+def pad_and_stop_ids(
+    tokenizer: PreTrainedTokenizerBase, stop_token_ids: Iterable[int | None], pad_id: int | None = None
+) -> tuple[int, list[int]]:
+    """``(pad id, stop ids)``: ``pad_id`` (None: :func:`pad_id_of` the tokenizer) and the sorted distinct
+    ``stop_token_ids`` (None entries dropped); ``ValueError`` when either is missing."""
+    if pad_id is None:
+        pad_id = pad_id_of(tokenizer)
     stops = sorted({int(s) for s in stop_token_ids if s is not None})
     if not stops:
         raise ValueError("no stop token: the tokenizer has no eos token and none was given")

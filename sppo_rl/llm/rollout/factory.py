@@ -18,7 +18,7 @@ a latent algorithm                      the latent plug-in's backend in place of
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -26,6 +26,9 @@ from transformers import PreTrainedTokenizerBase
 
 from sppo_rl.llm.rollout.base import Rollout, SamplingParams
 from sppo_rl.llm.rollout.hf import HFRollout
+
+if TYPE_CHECKING:
+    from sppo_rl.llm.plan import Plan
 
 
 def sampling_params(cfg: Any) -> SamplingParams:
@@ -41,54 +44,65 @@ def sampling_params(cfg: Any) -> SamplingParams:
     )
 
 
-def context_limit(cfg: Any, model_context: int | None) -> int | None:
+def sampler_context(cfg: Any) -> int | None:
+    """The longest prompt + response the run's sampler takes whatever the model: ``--vllm-max-model-len``
+    with vLLM rollouts (None: the model's context, or no cap)."""
+    return cfg.vllm.max_model_len if cfg.rollout == "vllm" and cfg.vllm.max_model_len else None
+
+
+def context_limit(sampler_cap: int | None, model_context: int | None) -> int | None:
     """The longest prompt + response the run's sampler takes: the model's context (None: unknown),
-    capped by ``--vllm-max-model-len`` with vLLM rollouts."""
-    if cfg.rollout == "vllm" and cfg.vllm.max_model_len:
-        return min(model_context or cfg.vllm.max_model_len, cfg.vllm.max_model_len)
+    capped by ``sampler_cap`` (:func:`sampler_context`; None: no cap)."""
+    if sampler_cap:
+        return min(model_context or sampler_cap, sampler_cap)
     return model_context
 
 
 def make_rollout(
-    cfg: Any,
+    plan: Plan,
     actor: nn.Module,
     tokenizer: PreTrainedTokenizerBase,
     actor_path: Path,
     *,
     dtype: torch.dtype,
     device: torch.device,
-    latent: Any = None,
+    pad_id: int,
 ) -> Rollout:
-    """The run's sampler (see the module's table). ``actor`` is the trained module (the LoRA-wrapped
-    one with ``--lora-rank``), ``actor_path`` its model folder, ``latent`` the run's latent plug-in
-    (:class:`sppo_rl.llm.latent.plugin.LatentPolicy`; None for a token policy). Prompts are taken as
-    rendered (``add_special_tokens=False``). With vLLM and LoRA, refuses (``ValueError``) adapted
-    modules that would leave one of vLLM's fused layers part-synced."""
-    if cfg.rollout == "vllm":
+    """The sampler of ``plan`` (see the module's table). ``actor`` is the trained module (the LoRA-wrapped
+    one with ``--lora-rank``), ``actor_path`` its model folder, ``pad_id`` the run's
+    (:func:`~sppo_rl.llm.rollout.base.pad_id_of`); the plan's latent plug-in
+    (:class:`sppo_rl.llm.latent.plugin.LatentPolicy`; None for a token policy) gives its backend. Prompts
+    are taken as rendered (``add_special_tokens=False``). With vLLM and LoRA, refuses (``ValueError``)
+    adapted modules that would leave one of vLLM's fused layers part-synced."""
+    models, vllm, latent = plan.models, plan.rollout.vllm, plan.latent
+    if plan.rollout.backend == "vllm":
         from sppo_rl.llm.rollout.vllm import VLLMRollout
 
         # the engine restores the RNG states, thread count and signal handlers it changes when it starts
         engine = VLLMRollout(
             actor_path,
             tokenizer,
-            dtype=cfg.vllm.dtype or cfg.dtype,
-            seed=cfg.seed,
+            dtype=vllm.dtype or models.dtype,
+            seed=plan.loop.seed,
             add_special_tokens=False,
-            max_model_len=cfg.vllm.max_model_len,
-            gpu_memory_utilization=cfg.vllm.gpu_memory_utilization,
-            enable_sleep_mode=cfg.vllm.sleep,
-            sync_timeout_s=cfg.collective_timeout,
+            max_model_len=vllm.max_model_len,
+            gpu_memory_utilization=vllm.gpu_memory_utilization,
+            enable_sleep_mode=vllm.sleep,
+            sync_timeout_s=models.collective_timeout,
+            pad_id=pad_id,
         )
-        if cfg.lora.rank:  # each vLLM layer a sync touches must get all its parts
+        if models.lora.rank:  # each vLLM layer a sync touches must get all its parts
             from sppo_rl.llm.models.lora import adapted_tensor_names
 
             engine.check_partial_sync(adapted_tensor_names(actor))
         return engine
     backend = latent.rollout if latent is not None else HFRollout
-    if cfg.engine == "torch":
-        autocast = torch.bfloat16 if cfg.autocast == "bfloat16" else None
-        return backend(actor, tokenizer, add_special_tokens=False, shares_actor=True, autocast=autocast)
+    if models.engine == "torch":
+        autocast = torch.bfloat16 if models.autocast == "bfloat16" else None
+        return backend(
+            actor, tokenizer, add_special_tokens=False, shares_actor=True, autocast=autocast, pad_id=pad_id
+        )
     from sppo_rl.llm.models.core import load_actor
 
     replica = load_actor(actor_path, dtype=dtype, device=device).eval().requires_grad_(False)
-    return backend(replica, tokenizer, add_special_tokens=False)
+    return backend(replica, tokenizer, add_special_tokens=False, pad_id=pad_id)

@@ -83,6 +83,8 @@ class HFRollout:
         add_special_tokens: passed to the tokenizer for prompts (False for prompts that already went
             through a chat template which adds BOS).
         stop_token_ids: token ids that end a response; default as described above.
+        pad_id: the id that pads prompts and responses (None: :func:`~sppo_rl.llm.rollout.base.pad_id_of`
+            the tokenizer; a run hands its own).
         shares_actor: ``model`` is the trained module itself (no weight sync is ever needed).
         autocast: run the model's forward passes under ``torch.autocast`` with this dtype (``--autocast``;
             None: the model's own dtype). Log-probs and sampling stay float32.
@@ -97,6 +99,7 @@ class HFRollout:
         stop_token_ids: Iterable[int] | None = None,
         shares_actor: bool = False,
         autocast: torch.dtype | None = None,
+        pad_id: int | None = None,
     ) -> None:
         self.model = model
         self.shares_actor = shares_actor
@@ -108,7 +111,7 @@ class HFRollout:
             gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
             stops |= set(gen_eos) if isinstance(gen_eos, (list, tuple)) else {gen_eos}
             stop_token_ids = stops
-        self.pad_token_id, self.stop_token_ids = pad_and_stop_ids(tokenizer, stop_token_ids)
+        self.pad_token_id, self.stop_token_ids = pad_and_stop_ids(tokenizer, stop_token_ids, pad_id)
         self._cache_key = "cache" if accepts_kwarg(model, "cache") else "past_key_values"
         self._logits_to_keep = accepts_kwarg(model, "logits_to_keep")
 

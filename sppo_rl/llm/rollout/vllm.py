@@ -122,6 +122,8 @@ class VLLMRollout:
         add_special_tokens: passed to the tokenizer for prompts (False after a chat template).
         stop_token_ids: tokens that end a response; default the tokenizer's eos plus the model's
             ``generation_config.eos_token_id``.
+        pad_id: the id that pads prompts and responses (None: :func:`~sppo_rl.llm.rollout.base.pad_id_of`
+            the tokenizer; a run hands its own).
         max_model_len: longest prompt + response; default the model's ``max_position_embeddings``.
         kv_cache_memory_bytes: KV cache size. Default: ``DEFAULT_CPU_KV_CACHE_BYTES`` on CPU; on GPUs
             vLLM sizes it from ``gpu_memory_utilization``.
@@ -177,6 +179,7 @@ class VLLMRollout:
         clone_weights: bool = True,
         external_launcher: bool | None = None,
         engine_kwargs: dict[str, Any] | None = None,
+        pad_id: int | None = None,
     ) -> None:
         self.model_path = Path(model_path)
         if tokenizer is None:
@@ -186,7 +189,7 @@ class VLLMRollout:
         self.tokenizer = tokenizer
         self.add_special_tokens = add_special_tokens
         stops = _stop_ids(self.model_path, tokenizer) if stop_token_ids is None else stop_token_ids
-        self.pad_token_id, self.stop_token_ids = pad_and_stop_ids(tokenizer, stops)
+        self.pad_token_id, self.stop_token_ids = pad_and_stop_ids(tokenizer, stops, pad_id)
         self.threads = threads
         self.generate_timeout_s = float(generate_timeout_s)
         self.sync_timeout_s = float(sync_timeout_s)
