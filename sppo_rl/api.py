@@ -754,7 +754,7 @@ def train_llm(
     check_model_paths(cfg, cache_folder(cfg))
     for key, path in files.items():
         _write_data(path, texts[key])
-    summary = run_llm(cfg, callback=callback)
+    summary = run_llm(cfg, callback=callback, validated=True)  # validated above: once per run
     for key, path in files.items():  # --overwrite cleared the folder after the trainer read them: put back
         _write_data(path, texts[key])
     from sppo_rl.llm.config import default_max_new_tokens

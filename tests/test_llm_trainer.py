@@ -197,7 +197,7 @@ def test_the_run_resolves_its_model_folders_and_its_pad_id_once(tmp_path, tiny):
     from sppo_rl.llm.rollout.base import pad_id_of
 
     small = ensure_tiny_model(tmp_path / "c3", TINY_CHARSET, hidden_size=16, layers=1, heads=2, kv_heads=1)
-    run = LLMRun(_cfg(tmp_path, tiny, algo="sppo", critic_model=str(small)))
+    run = LLMRun(llm_config(tmp_path, tiny, algo="sppo", critic_model=str(small)))
     settings, m = run.plan.models, run.models
     assert settings.actor_folder == m.actor_path == Path(tiny)
     assert settings.critic_folder == m.critic_path == small

@@ -503,7 +503,7 @@ def test_a_reward_outside_0_1_is_an_error_scored_0_with_one_warning(tmp_path, ca
     assert len(warnings) == 1 and "-5" in warnings[0] and "[0, 1]" in warnings[0]
 
 
-def test_each_world_validates_its_settings_once_per_run(tmp_path, capsys, monkeypatch):
+def test_each_world_validates_its_settings_once_per_run(tmp_path, capsys, monkeypatch, tiny):
     """The plan's ``resolve`` is the one place a run's settings are validated: the command leaves it to
     it (still one line, exit 2, nothing written), and a bad setting is still refused before any other
     check."""
@@ -525,4 +525,15 @@ def test_each_world_validates_its_settings_once_per_run(tmp_path, capsys, monkey
     assert calls == ["ControlConfig"]
     calls.clear()
     refused(capsys, ["llm", "--model", missing, "--temperature", "-1"], tmp_path / "run", "--temperature")
+    assert calls == ["LLMConfig"]
+    calls.clear()  # the Python API validates before it writes its data files, and the run does not again
+    from sppo_rl import api
+
+    with pytest.raises(RunError, match="not a Hugging Face"):
+        api.train_llm([{"prompt": "1+1=", "answer": "2"}], model=missing, out_dir=str(tmp_path / "api"))
+    assert calls == ["LLMConfig"] and not (tmp_path / "api").exists()
+    calls.clear()
+    api.train_llm(model=str(tiny), updates=1, prompts_per_step=2, train_size=8, val_size=2, eval_every=0,
+                  max_new_tokens=4, out_dir=str(tmp_path / "api-run"), progress=False, tensorboard=False,
+                  threads=1)  # fmt: skip
     assert calls == ["LLMConfig"]

@@ -339,10 +339,12 @@ def _trains_a_critic(name: str) -> bool:
         return False
 
 
-def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
+def resolve(cfg: LLMConfig, dist: Any, validated: bool = False) -> tuple[Plan, Task]:
     """The frozen :class:`Plan` of ``cfg`` for a run on ``dist``'s ranks (the launcher's, read from its
     environment), and the data it loaded; every refusal of the run's settings happens here, in the order
-    of the module docstring. ``cfg`` itself is left unchanged."""
+    of the module docstring. ``cfg`` itself is left unchanged. ``validated``: the caller has just run
+    ``cfg.validate()`` on this config (the Python API does, before it writes its data files), so it is
+    not run twice."""
     from sppo_rl.llm.data.prompts import prompt_format
     from sppo_rl.llm.data.tasks import load_task
     from sppo_rl.llm.latent.plugin import configure_latent
@@ -357,7 +359,8 @@ def resolve(cfg: LLMConfig, dist: Any) -> tuple[Plan, Task]:
     )
     from sppo_rl.llm.rollout.factory import sampler_context, sampling_params
 
-    cfg.validate()
+    if not validated:
+        cfg.validate()
     cfg = as_given(cfg)
     given = cfg
     algo = get_algorithm(cfg.algo)

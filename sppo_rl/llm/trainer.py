@@ -143,10 +143,10 @@ class LLMRun:
 
     waits_on = "reward scoring"  # what a preemption's grace period may give up (:class:`Preemption`)
 
-    def __init__(self, cfg: LLMConfig) -> None:
+    def __init__(self, cfg: LLMConfig, validated: bool = False) -> None:
         quiet_transformers()
         self.dist = launcher_dist()
-        self.plan, task = plan, task = resolve(cfg, self.dist)
+        self.plan, task = plan, task = resolve(cfg, self.dist, validated)
         self.algo, self.group_size, self.device = plan.algo, plan.rollout.group_size, plan.device
         models, loop, rewards = plan.models, plan.loop, plan.rewards
         if models.engine == "deepspeed":
@@ -495,12 +495,15 @@ def headline_of(s: dict[str, Any]) -> str:
     )
 
 
-def run_llm(cfg: LLMConfig, callback: Any = None, command: bool = False) -> dict[str, Any]:
+def run_llm(
+    cfg: LLMConfig, callback: Any = None, command: bool = False, validated: bool = False
+) -> dict[str, Any]:
     """Entry point of ``sppo-rl llm``; ends with the headline numbers and where to look next.
     ``callback(row) -> False`` stops the run after that update (:func:`~sppo_rl.runtime.loop.run_loop`);
     ``command``: called by the ``sppo-rl`` command (the wall time printed is the process's:
-    :func:`~sppo_rl.runtime.loop.announce`)."""
-    run = LLMRun(cfg)
+    :func:`~sppo_rl.runtime.loop.announce`); ``validated``: the caller validated ``cfg`` already
+    (:func:`~sppo_rl.llm.plan.resolve`)."""
+    run = LLMRun(cfg, validated)
     s = run.run(callback)
     announce(run.out, headline_of(s), run.plan.loop.tensorboard, main=run.dist.main, command=command)
     return s
