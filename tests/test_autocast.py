@@ -53,7 +53,10 @@ def test_the_trainers_rows_compute_in_bfloat16_under_autocast_and_in_float32_wit
         got = {}
         for mode in ("off", "bfloat16"):
             plan = SimpleNamespace(
-                cfg=SimpleNamespace(autocast=mode, temperature=1.0), latent=None, device=torch.device("cpu")
+                models=SimpleNamespace(autocast=mode),
+                rollout=SimpleNamespace(temperature=1.0),
+                latent=None,
+                device=torch.device("cpu"),
             )
             logp = row_fn(plan)(rb, model, True)(rows, T)[0]
             assert logp.dtype == torch.float32  # the log-softmax stays float32

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -161,6 +162,10 @@ def test_resumed_control_run_keeps_the_events_before_its_checkpoint(tmp_path):
     full = [r["env_steps"] for r in read_metrics(out / "metrics.jsonl")]
     (out / "summary.json").unlink()  # as if killed after the first checkpoint: the second update is redone
     shutil.rmtree(out / "checkpoints" / "ckpt-000000002")
+    # TensorBoard reads event files in name order, and a name holds the second it was opened: a resumed
+    # run's file opened within the same second as the first may sort before it (then its purge comes
+    # first and purges nothing). A user's resume comes seconds later at least.
+    time.sleep(1.1)
     run_control(ControlConfig(**kw, total_episodes=128, checkpoint_every=1, resume=True))
     steps = [s for s, _ in _tb_scalars(out / "tb")["charts/SPS"]]
     assert steps == [r["env_steps"] for r in read_metrics(out / "metrics.jsonl")]
