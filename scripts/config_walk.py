@@ -16,7 +16,9 @@ What is counted: every read of a *setting*, i.e. of a dataclass field (not a met
 Each read is charged to the module whose code made it (``sys._getframe``: the caller of the attribute
 access; reads from outside ``sppo_rl`` -- ``dataclasses.replace``, ``copy`` -- are left out). In the order
 they happen, consecutive reads from one module make one *stay*; the walk prints the distinct modules, the
-stays, and the *returns* (stays minus modules: how often the reading came back to a module it had left).
+stays, and the *returns* (stays minus modules: how often the reading came back to a module it had left),
+once for every setting read and once for the reads of a config alone (the user's object and its copies,
+not the plan's sections: where the config itself travels).
 
 Usage (from a checkout, with its ``sppo_rl`` first on the path)::
 
@@ -34,10 +36,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-READS: list[str] = []
+READS: list[tuple[str, bool]] = []
+"""(reading module, whether the object read is a config: not a plan's section), in order."""
 
 
-def _record(cls: type) -> None:
+def _record(cls: type, config: bool) -> None:
     names = {f.name for f in dataclasses.fields(cls)}
     inner = cls.__getattribute__
 
@@ -45,7 +48,7 @@ def _record(cls: type) -> None:
         if name in names:
             module = sys._getframe(1).f_globals.get("__name__", "")
             if module.startswith("sppo_rl"):
-                READS.append(module)
+                READS.append((module, config))
         return inner(self, name)
 
     cls.__getattribute__ = getattribute  # type: ignore[method-assign]
@@ -66,16 +69,17 @@ def _nested(cls: type, seen: set[type]) -> None:
             _nested(type(v), seen)
 
 
-def watched_classes() -> list[type]:
-    """The config classes and the plans' settings sections (see the module docstring)."""
+def watched_classes() -> list[tuple[type, bool]]:
+    """The config classes (True) and the plans' settings sections (False; see the module docstring)."""
     import importlib
 
     from sppo_rl.control.config import ControlConfig
     from sppo_rl.llm.config import LLMConfig
 
-    classes: set[type] = set()
+    configs: set[type] = set()
     for cls in (LLMConfig, ControlConfig):
-        _nested(cls, classes)
+        _nested(cls, configs)
+    classes: set[type] = set()
     for name in ("sppo_rl.runtime.plan", "sppo_rl.llm.plan", "sppo_rl.control.plan"):
         try:
             module = importlib.import_module(name)
@@ -89,7 +93,8 @@ def watched_classes() -> list[type]:
                 and value.__name__ not in ("Plan", "RunPlan", "Task")
             ):
                 classes.add(value)
-    return sorted(classes, key=lambda c: (c.__module__, c.__name__))
+    watched = [(c, True) for c in configs] + [(c, False) for c in classes - configs]
+    return sorted(watched, key=lambda cw: (cw[0].__module__, cw[0].__name__))
 
 
 def walk(reads: list[str]) -> tuple[int, int, int, list[tuple[str, int]]]:
@@ -109,7 +114,9 @@ def llm_run(out: Path) -> None:
     from sppo_rl.llm.trainer import run_llm
 
     names = {f.name for f in dataclasses.fields(LLMConfig)}
-    updates = {"updates": 2} if "steps" in names else {"updates": 2}
+    updates = (
+        {"steps": 2} if "steps" in names else {"updates": 2}
+    )  # vocab: old name (the walk also runs on older code)
     cfg = LLMConfig(
         **updates, prompts_per_step=4, eval_every=2, val_size=8, eval_samples=2, checkpoint_every=100,
         progress=False, tensorboard=False, seed=3, out_dir=str(out),
@@ -135,16 +142,19 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    for cls in watched_classes():
-        _record(cls)
+    for cls, config in watched_classes():
+        _record(cls, config)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for world, run in (("llm", llm_run), ("control", control_run)):
             READS.clear()
             run(Path(tmp) / world)
-            results[world] = walk(list(READS))
-    for world, (modules, stays, returns, order) in results.items():
-        print(f"{world}: {modules} modules, {stays} stays, {returns} returns")
+            results[world] = (walk([m for m, _ in READS]), walk([m for m, config in READS if config]))
+    for world, ((modules, stays, returns, order), (c_modules, c_stays, c_returns, _)) in results.items():
+        print(
+            f"{world}: settings {modules} modules, {stays} stays, {returns} returns; "
+            f"the config alone {c_modules} modules, {c_stays} stays, {c_returns} returns"
+        )
         if args.verbose:
             for m, n in order:
                 print(f"    {m} ({n})")
