@@ -138,15 +138,14 @@ def test_resume_takes_the_saved_config_and_refuses_another_run(tmp_path, capsys)
         run_control(from_flat(ControlConfig, {**saved, "seed": 1, "resume": True, "progress": False}))
 
 
-def test_the_command_says_so_by_argument_not_by_a_module_global(capsys, monkeypatch):
+def test_the_command_says_so_by_argument_not_by_a_module_global(capsys):
     """``announce(command=True)`` (the ``sppo-rl`` command) times the whole process even after a run loop
     in this process; without it, the run loop. Nothing in :mod:`sppo_rl.runtime.loop` is set at run time
     to choose."""
     import sppo_rl.runtime.loop as loop
 
-    assert not hasattr(loop, "COMMAND")
-    monkeypatch.setattr(loop, "_LOOP_STARTED", [0.0])  # a run loop ran in this process
-    loop.announce(Path("x"), "h", False, command=True)
+    assert not hasattr(loop, "COMMAND") and not hasattr(loop, "_LOOP_STARTED")
+    loop.announce(Path("x"), "h", False, command=True, loop_seconds=2.0)  # after a run loop of 2 s
     assert "wall time of the command" in capsys.readouterr().err
-    loop.announce(Path("x"), "h", False)
-    assert "wall time of the run loop" in capsys.readouterr().err
+    loop.announce(Path("x"), "h", False, loop_seconds=2.0)
+    assert "wall time of the run loop: 2.0 s" in capsys.readouterr().err

@@ -424,6 +424,8 @@ def run_control(cfg: ControlConfig, callback: Any = None, command: bool = False)
     """Entry point of ``sppo-rl control``; ends with the headline numbers and where to look next.
     ``callback(row) -> False`` stops the run after that update (:func:`~sppo_rl.runtime.loop.run_loop`)."""
     run = ControlRun(cfg)
+    started = time.monotonic()
     summary = run.run(callback)
-    announce(run.out, headline(summary), run.plan.loop.tensorboard, command=command)
+    seconds = time.monotonic() - started
+    announce(run.out, headline(summary), run.plan.loop.tensorboard, command=command, loop_seconds=seconds)
     return summary

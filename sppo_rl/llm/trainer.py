@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -504,6 +505,8 @@ def run_llm(
     :func:`~sppo_rl.runtime.loop.announce`); ``validated``: the caller validated ``cfg`` already
     (:func:`~sppo_rl.llm.plan.resolve`)."""
     run = LLMRun(cfg, validated)
+    started = time.monotonic()
     s = run.run(callback)
-    announce(run.out, headline_of(s), run.plan.loop.tensorboard, main=run.dist.main, command=command)
+    seconds = time.monotonic() - started
+    announce(run.out, headline_of(s), run.plan.loop.tensorboard, run.dist.main, command, seconds)
     return s

@@ -106,7 +106,6 @@ def run_loop(
     for want of space, permission or the folder itself becomes a
     :class:`~sppo_rl.runtime.storage.StorageError` naming the cause (the run's workers and logger
     closed, the earlier checkpoints intact)."""
-    _LOOP_STARTED[:] = [time.monotonic()]
     hook = threading.excepthook
 
     def quiet_writer_thread(args: threading.ExceptHookArgs) -> None:
@@ -277,7 +276,6 @@ def _run_loop(
 
 
 STARTED = time.monotonic()  # when this process imported the run plumbing (after Python and torch started)
-_LOOP_STARTED: list[float] = []  # when run_loop last began, in this process
 
 
 def command_seconds() -> float:
@@ -292,17 +290,24 @@ def command_seconds() -> float:
         return time.monotonic() - STARTED
 
 
-def announce(out: Path, headline: str, tensorboard: bool, main: bool = True, command: bool = False) -> None:
+def announce(
+    out: Path,
+    headline: str,
+    tensorboard: bool,
+    main: bool = True,
+    command: bool = False,
+    loop_seconds: float | None = None,
+) -> None:
     """The end of a command on stderr: the headline numbers, the run folder, the wall time (of the
-    whole process with ``command``, in the ``sppo-rl`` command, or when no run loop ran; else since the
-    run loop began: called from Python, ``train_control``, a notebook) and the commands that look further
-    (a report, TensorBoard)."""
+    whole process with ``command``, in the ``sppo-rl`` command, or when no ``loop_seconds`` are given;
+    else ``loop_seconds``, the caller's measure of its run loop: called from Python, ``train_control``,
+    a notebook) and the commands that look further (a report, TensorBoard)."""
     if not main:
         return
-    if command or not _LOOP_STARTED:
+    if command or loop_seconds is None:
         wall = f"wall time of the command: {command_seconds():.1f} s"
     else:
-        wall = f"wall time of the run loop: {time.monotonic() - _LOOP_STARTED[0]:.1f} s"
+        wall = f"wall time of the run loop: {loop_seconds:.1f} s"
     lines = [
         f"[sppo-rl] done: {headline}",
         f"[sppo-rl] run folder: {out} (summary.json, metrics.jsonl, config.json)",
