@@ -27,7 +27,7 @@ From there both are measured with the same functions as ``sppo-rl report``
 is :func:`sppo_rl.experiments.protocol.crossing` of the raw (unsmoothed) per-row success rate against
 ``episodes``: ``e_0`` if ``y_0 >= x``, else ``e_{j-1} + (x - y_{j-1}) / (y_j - y_{j-1}) (e_j - e_{j-1})`` for
 the first row ``j`` with ``y_j >= x``, None if no row reaches x; "wall s to x" is the same crossing read on
-``wall_time_s``; "final success" the mean raw success over the last ``--final-frac`` of the rows (at least
+``wall_time_s``; "tail success" the mean raw success over the last ``--tail-frac`` of the rows (at least
 one). (Until this version the script read the first row of a trailing mean over ``--smooth`` rows, which
 lags the raw curve by about half the window; ``--smooth`` is now refused.)
 
@@ -47,7 +47,7 @@ Written to ``--out``: ``sb3/<task>/seed<k>/`` per SB3 run (``config.json``, ``me
 ``sb3-ppo``; a finished run with the same settings is reused, ``--fresh`` retrains it), ``peer_sb3.md``
 (the table, also printed) and ``peer_sb3.json`` (every number; its compact form is the last line printed).
 Table columns: per task and algorithm, episodes to 0.5 and 0.9 (median over the seeds that reach it,
-[min-max], reached/seeds), wall-clock seconds to 0.9 (the same), final success (mean +- 95% t half-width
+[min-max], reached/seeds), wall-clock seconds to 0.9 (the same), tail success (mean +- 95% t half-width
 over seeds) and training seconds per 1,000 episodes (mean over seeds).
 """
 
@@ -107,7 +107,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--smooth", type=int, default=None, help=argparse.SUPPRESS
     )  # removed: refused in validate
-    ap.add_argument("--final-frac", type=float, default=0.1, help="final success: last fraction of the rows")
+    ap.add_argument("--tail-frac", type=float, default=0.1, help="tail success: last fraction of the rows")
     ap.add_argument("--fresh", action="store_true", help="retrain SB3 runs that finished before")
     ap.add_argument("--out", default="runs/peer_sb3", help="output folder")
     return ap.parse_args(argv)
@@ -188,8 +188,8 @@ def validate(args: argparse.Namespace) -> dict[str, int]:
         raise UsageError(
             "--smooth was removed: crossings are the report's, interpolated between raw rows (protocol.crossing)"
         )
-    if not 0 < args.final_frac <= 1:
-        raise UsageError(f"--final-frac must be in (0, 1], got {args.final_frac}")
+    if not 0 < args.tail_frac <= 1:
+        raise UsageError(f"--tail-frac must be in (0, 1], got {args.tail_frac}")
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise UsageError(f"--out: {args.out} is a file")
     return budgets
@@ -472,7 +472,7 @@ def _spread(values: list[float | None], seeds: int) -> dict[str, Any]:
 
 
 def group_summary(per_run: list[dict[str, Any]], cfg) -> dict[str, Any]:
-    """The report's group numbers (:func:`~sppo_rl.experiments.report_numbers.group_numbers`: final success mean,
+    """The report's group numbers (:func:`~sppo_rl.experiments.report_numbers.group_numbers`: tail success mean,
     t half-width and IQM; episodes to each threshold, median over the seeds that reach it) plus min-max of
     episodes and wall-clock to each threshold, and seconds per 1,000 episodes (mean over seeds)."""
     from sppo_rl.experiments.report_numbers import group_numbers
@@ -499,12 +499,12 @@ def markdown(groups: list[dict[str, Any]], cfg) -> str:
     head = (
         "| task | algo | seeds | episodes | "
         + " | ".join(f"episodes to {t}" for t in ts)
-        + f" | wall s to {ts[-1]} | final success | s / 1k episodes |"
+        + f" | wall s to {ts[-1]} | tail success | s / 1k episodes |"
     )
     lines = [head, "|---|---|---:|---:|" + "---:|" * len(ts) + "---:|---:|---:|"]
     for g in groups:
-        half = g["final_success_half"]
-        final = f"{g['final_success_mean']:.2f}" + (
+        half = g["tail_success_half"]
+        final = f"{g['tail_success_mean']:.2f}" + (
             "" if half is None or math.isnan(half) else f" ± {half:.2f}"
         )
         lines.append(
@@ -517,7 +517,7 @@ def markdown(groups: list[dict[str, Any]], cfg) -> str:
         "episodes / wall s to x: where the raw success rate (blocks of one update's episodes), read as "
         "straight lines between rows, first reaches x (the report's crossing); median [min-max] over the "
         "seeds that reach it "
-        f"(reached/seeds). final success: mean raw success over the last {cfg.final_frac:.0%} of the rows, "
+        f"(reached/seeds). tail success: mean raw success over the last {cfg.tail_frac:.0%} of the rows, "
         "mean ± 95% t half-width over seeds. s / 1k episodes: training seconds per 1,000 episodes, mean "
         "over seeds.",
     ]
@@ -535,7 +535,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from sppo_rl.experiments.config import ReportConfig
     from sppo_rl.runtime.logging import json_safe
 
-    cfg = ReportConfig(inputs=(args.out,), final_frac=args.final_frac)
+    cfg = ReportConfig(inputs=(args.out,), tail_frac=args.tail_frac)
     found = find_ours(args.ours, list(budgets), args.seeds, args.algos) if args.ours else []
     if args.skip_sb3 and not args.run_ours and not found:
         print(
@@ -579,7 +579,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {
         "budgets": budgets,
         "crossing": "protocol.crossing: interpolated between raw rows",
-        "final_frac": cfg.final_frac,
+        "tail_frac": cfg.tail_frac,
         "groups": groups,
         "runs": per_run,
     }

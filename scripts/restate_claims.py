@@ -358,7 +358,7 @@ def main() -> dict:
     print("## Exact: per-seed finals the docs print")
     rows = []
     for task, f in CONTROL_FINALS.items():
-        rows.append({**exact(f["ppo"], f["sppo"]), "what": f"{task}: ppo vs sppo, final success"})
+        rows.append({**exact(f["ppo"], f["sppo"]), "what": f"{task}: ppo vs sppo, tail success"})
     for m in ("grpo", "ppo"):
         a = [x[1] for x in REAL_START_FINAL[m]]
         b = [x[1] for x in REAL_START_FINAL["sppo"]]

@@ -213,6 +213,7 @@ FOREIGN_FLAGS: dict[str, tuple[str, str]] = {
     "data.prompt_key": ("--prompt-key", "verl's data.prompt_key"),
     # this project's own names before both worlds shared one vocabulary
     "steps": ("--updates", "its name before, --steps"),  # vocab: old name
+    "final_frac": ("--tail-frac", "its name before, --final-frac"),  # vocab: old name
 }  # fmt: skip
 """TRL's (``GRPOConfig``) and verl's names, each with this project's flag and whose name it is: the table
 of docs/llm.md ("Coming from TRL or verl"), read when ``sppo-rl llm`` meets a flag it does not know; and

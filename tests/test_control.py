@@ -542,4 +542,4 @@ def test_headline_summary_and_report_agree(tmp_path, capsys):
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     report = run_report(ReportConfig(inputs=(str(tmp_path / "run"),), out=str(tmp_path / "report")))
     (group,) = report["groups"]
-    assert saved["tail_success_rate"] == summary["tail_success_rate"] == group["final_success_mean"]
+    assert saved["tail_success_rate"] == summary["tail_success_rate"] == group["tail_success_mean"]

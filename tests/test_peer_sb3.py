@@ -115,16 +115,16 @@ def test_first_reach_and_group_summary_by_hand(peer):
     episode 8 (2 s); 0.9 between rows 1 and 2: 8 + (0.9 - 0.5) / (1 - 0.5) * 4 = 11.2 episodes,
     2 + 0.8 * 1 = 2.8 s. The old rule (first row of a trailing mean over 2: 0, .25, .75, 1) said 12 and 16
     episodes (3 and 4 s). Seed 1: raw .5 throughout (2-8 s): 0.5 at its first row, episode 4 (2 s), never
-    0.9. Final success (last half of the rows): 1.0 and 0.5 -> mean 0.75, and no interval from two seeds
+    0.9. Tail success (last half of the rows): 1.0 and 0.5 -> mean 0.75, and no interval from two seeds
     (the t half-width would be 12.706 * 0.3536 / 1.414 = 3.18). Seconds per 1,000 episodes: 4/16 and 8/16
     s per episode -> 250 and 500, mean 375."""
-    cfg = ReportConfig(inputs=("x",), final_frac=0.5)
+    cfg = ReportConfig(inputs=("x",), tail_frac=0.5)
     a = peer.run_summary(_run(0, [0.0, 0.5, 1.0, 1.0], [1, 2, 3, 4]), cfg)
     b = peer.run_summary(_run(1, [0.5] * 4, [2, 4, 6, 8]), cfg)
     assert a["episodes_to"] == {"0.5": 8.0, "0.9": pytest.approx(11.2)}
     assert a["wall_to"] == {"0.5": 2.0, "0.9": pytest.approx(2.8)}
     assert b["episodes_to"] == {"0.5": 4.0, "0.9": None} and b["wall_to"] == {"0.5": 2.0, "0.9": None}
-    assert (a["final_success"], b["final_success"]) == (1.0, 0.5)
+    assert (a["tail_success"], b["tail_success"]) == (1.0, 0.5)
     assert (a["s_per_1k_episodes"], b["s_per_1k_episodes"]) == (250.0, 500.0)
 
     g = peer.group_summary([a, b], cfg)
@@ -133,9 +133,9 @@ def test_first_reach_and_group_summary_by_hand(peer):
         g["episodes_to"]["0.9"]["median"] == pytest.approx(11.2) and g["episodes_to"]["0.9"]["reached"] == 1
     )
     assert g["wall_to"]["0.9"]["median"] == pytest.approx(2.8) and g["wall_to"]["0.9"]["reached"] == 1
-    assert g["final_success_mean"] == 0.75
+    assert g["tail_success_mean"] == 0.75
     assert math.isnan(
-        g["final_success_half"]
+        g["tail_success_half"]
     )  # two seeds: fewer runs than an interval needs (report.MIN_RUNS)
     assert g["s_per_1k_episodes"] == 375.0
 

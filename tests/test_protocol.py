@@ -252,7 +252,7 @@ def test_aa_protocol_finds_no_difference_between_identical_curves(aa):
 def test_report_s_default_final_is_the_protocol_s():
     from sppo_rl.experiments.config import ReportConfig
 
-    assert ReportConfig(inputs=("x",)).final_frac == TAIL_FRAC
+    assert ReportConfig(inputs=("x",)).tail_frac == TAIL_FRAC
 
 
 def test_a_run_without_evaluations_is_refused_not_dropped():

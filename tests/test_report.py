@@ -241,9 +241,9 @@ def test_report_numbers_on_known_runs(runs):
 
     ppo = groups["short-cartpole", "ppo"]
     # final (last 2 of 20 updates): 1.0, 0.625, 0.25 -> mean 0.625, s = 0.375
-    assert ppo["final_success_per_seed"] == [1.0, 0.625, 0.25]
-    assert ppo["final_success_mean"] == pytest.approx(0.625)
-    assert ppo["final_success_half"] == pytest.approx(4.3027 * 0.375 / math.sqrt(3), rel=1e-4)
+    assert ppo["tail_success_per_seed"] == [1.0, 0.625, 0.25]
+    assert ppo["tail_success_mean"] == pytest.approx(0.625)
+    assert ppo["tail_success_half"] == pytest.approx(4.3027 * 0.375 / math.sqrt(3), rel=1e-4)
     # crossings of the raw curve, interpolated between updates (smoothed over 3 they were 800 and 1088):
     # seed 0 goes 0.25 (update 10, 640 episodes) -> 0.75 (704): 0.5 at 640 + 0.25/0.5 * 64 = 672, and
     # 0.75 (960) -> 1.0 (1024): 0.9 at 960 + 0.15/0.25 * 64 = 998.4; seed 1 0 (640) -> 0.625 (704): 0.5
@@ -255,8 +255,8 @@ def test_report_numbers_on_known_runs(runs):
     sppo = groups["short-cartpole", "sppo"]
     assert (sppo["seeds"], sppo["finished"]) == (2, 1)  # the run without rows is left out
     # final: 0.75 and 1.0 (last 1 of 10 rows; the torn line is skipped) -> s = 0.17678
-    assert sppo["final_success_mean"] == pytest.approx(0.875)
-    assert math.isnan(sppo["final_success_half"])  # two seeds: too few for an interval (MIN_RUNS = 3)
+    assert sppo["tail_success_mean"] == pytest.approx(0.875)
+    assert math.isnan(sppo["tail_success_half"])  # two seeds: too few for an interval (MIN_RUNS = 3)
     # seed 0 is at 0.75 from its first update (64); seed 1 raw 0.25, 0.5 (update 2: 128, >= counts),
     # 1.0 (192): 0.9 at 128 + 0.4/0.5 * 64 = 179.2
     assert sppo["episodes_to"]["0.5"] == {"median": 96, "reached": 2, "seeds": 2}  # median(64, 128)
@@ -264,7 +264,7 @@ def test_report_numbers_on_known_runs(runs):
     assert sppo["wall_time_s"] == 7.5
 
     single = groups["cartpole", "ppo"]
-    assert single["final_success_mean"] == 0.5 and math.isnan(single["final_success_half"])
+    assert single["tail_success_mean"] == 0.5 and math.isnan(single["tail_success_half"])
 
     (cal,) = report["calibration"]
     assert (cal["task"], cal["algo"], cal["runs"], cal["start_states"]) == ("short-cartpole", "sppo", 1, 4)
@@ -280,9 +280,9 @@ def test_report_numbers_on_known_runs(runs):
     assert c["episodes"]["half"][j] == pytest.approx(4.3027 * 0.375 / math.sqrt(3), rel=1e-4)
 
     # the t-interval leaves [0, 1] (0.625 ± 0.932): clipped, and said so; sppo's two seeds give none
-    assert ppo["final_success_ci"] == [0.0, 1.0] and ppo["final_success_clipped"]
-    assert all(math.isnan(v) for v in sppo["final_success_ci"]) and not sppo["final_success_clipped"]
-    assert single["final_success_clipped"] is False and single["iqm"] == 0.5
+    assert ppo["tail_success_ci"] == [0.0, 1.0] and ppo["tail_success_clipped"]
+    assert all(math.isnan(v) for v in sppo["tail_success_ci"]) and not sppo["tail_success_clipped"]
+    assert single["tail_success_clipped"] is False and single["iqm"] == 0.5
     # IQM over 3 seeds drops floor(3/4) = 0: the mean. Its bootstrap over the 27 equally likely resamples
     # of (1.0, 0.625, 0.25): the lowest mean, 0.25 (all three 0.25), has probability 1/27 = 3.7% > 2.5%,
     # so it is the 2.5% quantile; the same for 1.0 at the top
@@ -321,7 +321,7 @@ def test_report_numbers_on_known_runs(runs):
     assert "| ppo | 2 | 4 | 0.562 [" in md
     assert "| short-cartpole | sppo | 1 | 4 | 0.939 | 1.000 | 0.0625 | 0.1656 | 0.0094 |" in md
     saved = json.loads((out / "report.json").read_text())
-    assert saved["groups"][0]["final_success_half"] is None  # NaN is written as null
+    assert saved["groups"][0]["tail_success_half"] is None  # NaN is written as null
     assert saved["groups"][1]["episodes_to"] == ppo["episodes_to"]
     names = [
         "success_vs_episodes.png",
@@ -371,10 +371,10 @@ def test_comparisons_follow_the_protocol_at_equal_seconds(tmp_path):
     per-seed ratios 0.5, 0.559, 0.605, 0.643, 0.674 (geometric mean 0.593), tested on their logs. Target:
     s0 = mean start 0.05 + 0.08 = 0.13, pooled finals' median 0.58 -> 0.355. Seconds below it (plus the
     window's start 1): ppo crosses at (0.355 - d) / 0.05 = 7.1, 6.3, 5.5 (after 5: 5), 4.7, 3.9; sppo at
-    (0.355 - d) / 0.1 = 3.55 ... 1.95. Final success (each at its own end) is the same for both."""
+    (0.355 - d) / 0.1 = 3.55 ... 1.95. Tail success (each at its own end) is the same for both."""
     report = run_report(ReportConfig(inputs=(str(_ramps(tmp_path / "r", 5)),), bootstrap_reps=500))
     groups = {g["label"]: g for g in report["groups"]}
-    assert groups["ppo"]["final_success_per_seed"] == pytest.approx(groups["sppo"]["final_success_per_seed"])
+    assert groups["ppo"]["tail_success_per_seed"] == pytest.approx(groups["sppo"]["tail_success_per_seed"])
     (c,) = report["comparisons"]
     assert (c["world"], c["task"], c["labels"]) == ("control", "short-cartpole", ["ppo", "sppo"])
     assert c["windows"] == {"seconds": [1.0, 5.0], "episodes": [64.0, 640.0], "env_steps": [1920.0, 19200.0]}
@@ -478,7 +478,7 @@ def test_runs_that_differ_in_a_setting_are_separate_groups(tmp_path):
                 },
             )
     # cartpole: only the default rate, and a budget of its own (differs between tasks only: no label);
-    # four seeds, final success 0, 0.5, 0.75, 1
+    # four seeds, tail success 0, 0.5, 0.75, 1
     for seed, y in enumerate([0.0, 0.5, 0.75, 1.0]):
         write_run(
             root / "cp" / f"seed{seed}",
@@ -498,12 +498,12 @@ def test_runs_that_differ_in_a_setting_are_separate_groups(tmp_path):
         ("short-cartpole", "sppo actor_lr=0.001", 2),
     ]
     groups = {(g["task"], g["label"]): g for g in report["groups"]}
-    assert groups["short-cartpole", "sppo actor_lr=0.0003"]["final_success_mean"] == pytest.approx(0.6)
-    assert groups["short-cartpole", "sppo actor_lr=0.001"]["final_success_mean"] == pytest.approx(0.95)
+    assert groups["short-cartpole", "sppo actor_lr=0.0003"]["tail_success_mean"] == pytest.approx(0.6)
+    assert groups["short-cartpole", "sppo actor_lr=0.001"]["tail_success_mean"] == pytest.approx(0.95)
     assert groups["short-cartpole", "sppo actor_lr=0.001"]["settings"] == {"actor_lr": 1e-3}
     # four seeds: the IQM drops one at each end, mean(0.5, 0.75), where the mean is 0.5625
     cp = groups["cartpole", "sppo actor_lr=0.0003"]
-    assert cp["iqm"] == 0.625 and cp["final_success_mean"] == 0.5625
+    assert cp["iqm"] == 0.625 and cp["tail_success_mean"] == 0.5625
     # aggregates follow the labels across tasks
     agg = {e["label"]: e for e in report["aggregates"]["control"]["table"]}
     assert agg["sppo actor_lr=0.0003"]["tasks"] == ["cartpole", "short-cartpole"]
@@ -569,11 +569,11 @@ def test_llm_runs_get_curves_a_table_and_aggregates(tmp_path):
     ]
     (sppo, grpo) = report["llm_groups"]  # the device differs between the sppo seeds: still one group
     assert (grpo["label"], grpo["seeds"], grpo["evaluations"], grpo["updates"]) == ("grpo", 2, 3, 4)
-    # final val accuracy: the last of 3 evaluations (10% of 3, at least one); grpo 0.75 and 0.5
-    assert grpo["final_val_accuracy_per_seed"] == [0.75, 0.5] and grpo["final_val_accuracy_mean"] == 0.625
+    # tail val accuracy: the last of 3 evaluations (10% of 3, at least one); grpo 0.75 and 0.5
+    assert grpo["tail_val_accuracy_per_seed"] == [0.75, 0.5] and grpo["tail_val_accuracy_mean"] == 0.625
     # two seeds: too few for an interval (MIN_RUNS = 3), t or bootstrap
-    assert math.isnan(grpo["final_val_accuracy_half"]) and not grpo["final_val_accuracy_clipped"]
-    assert grpo["iqm"] == 0.625 and all(math.isnan(v) for v in grpo["iqm_ci"] + grpo["final_val_accuracy_ci"])
+    assert math.isnan(grpo["tail_val_accuracy_half"]) and not grpo["tail_val_accuracy_clipped"]
+    assert grpo["iqm"] == 0.625 and all(math.isnan(v) for v in grpo["iqm_ci"] + grpo["tail_val_accuracy_ci"])
     assert (grpo["generated_tokens"], grpo["wall_time_s"], grpo["start_val_accuracy_mean"]) == (
         400,
         8.0,

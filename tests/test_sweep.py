@@ -343,8 +343,8 @@ def test_the_end_of_a_sweep_says_what_came_out_and_where(tmp_path, capsys):
             k = max(1, math.ceil(len(y) / 10))
             values.append(sum(y[-k:]) / k)
         finals[algo] = sum(values) / 2
-    assert f"  short-cartpole / ppo: final success {finals['ppo']:.3f} (mean of 2 seeds)" in end
-    assert f"  short-cartpole / sppo: final success {finals['sppo']:.3f} (mean of 2 seeds)" in end
+    assert f"  short-cartpole / ppo: tail success {finals['ppo']:.3f} (mean of 2 seeds)" in end
+    assert f"  short-cartpole / sppo: tail success {finals['sppo']:.3f} (mean of 2 seeds)" in end
     assert end[-1] == f"[sppo-rl] next: sppo-rl report {out}    tensorboard --logdir {out}"
 
 
@@ -390,13 +390,13 @@ def test_llm_sweep_runs_named_runs_resumes_a_stopped_one_and_skips_a_finished_on
     manifest = json.loads((out / "sweep.json").read_text())
     assert [j["name"] for j in manifest["jobs"]] == ["sppo/seed0", "grpo/seed0"]
     assert [r["status"] for r in manifest["results"]] == ["done", "done"]
-    # the headline's final: the protocol's last ceil(10 %) of the 3 evaluations, i.e. the last one
+    # the headline's tail: the protocol's last ceil(10 %) of the 3 evaluations, i.e. the last one
     last = [r["val_accuracy"] for r in read_metrics(grpo / "metrics.jsonl") if "val_accuracy" in r][-1]
     g = [
         r["val_greedy_accuracy"] for r in read_metrics(grpo / "metrics.jsonl") if "val_greedy_accuracy" in r
     ][-1]
     assert (
-        f"  grpo: final val accuracy {last:.3f} sampled, {g:.3f} greedy (mean of 1 seed)"
+        f"  grpo: tail val accuracy {last:.3f} sampled, {g:.3f} greedy (mean of 1 seed)"
         in proc.stdout.splitlines()
     )
 
@@ -565,9 +565,9 @@ def test_the_sweeps_done_line_says_what_follows(tmp_path):
         jobs.append(Job("short-cartpole", "ppo", seed, str(out), []))
     lines = headline(jobs, [JobResult("done")] * 2, tmp_path).splitlines()
     assert lines[0] == (
-        "[sppo-rl] done: 2 finished runs; final success (the last 10% of each run's updates) per task / algorithm:"
+        "[sppo-rl] done: 2 finished runs; tail success (the last 10% of each run's updates) per task / algorithm:"
     )
-    assert lines[1] == "  short-cartpole / ppo: final success 0.500 (mean of 2 seeds)"
+    assert lines[1] == "  short-cartpole / ppo: tail success 0.500 (mean of 2 seeds)"
     none = headline(jobs, [JobResult("failed")] * 2, tmp_path).splitlines()
     assert none[0] == "[sppo-rl] done: no finished run with metrics" and all(x.strip() for x in none)
 

@@ -97,8 +97,8 @@ class ReportConfig:
     """Output folder (default: <first input>/report)."""
     smooth: int = 5
     """Trailing moving-average window, in updates, applied to each run's success-rate curve."""
-    final_frac: float = 0.1  # sppo_rl.runtime.curves.TAIL_FRAC (this module stays import-light)
-    """'Final' of a run (the protocol's, shared with sweep and compare_llm): mean success_rate (LLM:
+    tail_frac: float = 0.1  # sppo_rl.runtime.curves.TAIL_FRAC (this module stays import-light)
+    """'Tail' of a run (the protocol's, shared with sweep and compare_llm): mean success_rate (LLM:
     val_accuracy) over this last fraction of its updates (evaluations), at least one."""
     thresholds: tuple[float, ...] = (0.5, 0.9)
     """Success levels for 'episodes to reach' (first episode count where the smoothed curve is >= it)."""

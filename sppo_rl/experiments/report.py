@@ -2,7 +2,7 @@
 
 A run is any folder holding ``metrics.jsonl`` and ``config.json`` (found recursively); finished or not,
 its rows so far are used. Control runs log ``success_rate`` per update; LLM runs log ``val_accuracy`` at
-their evaluation steps. A run's **score** is its final success (control) or final validation accuracy
+their evaluation steps. A run's **score** is its tail success (control) or tail validation accuracy
 (LLM), both in [0, 1].
 
 - Groups: runs are grouped by task, algorithm and every setting that tells them apart: a config field
@@ -16,13 +16,13 @@ their evaluation steps. A run's **score** is its final success (control) or fina
   over them (where at least two do), clipped to [0, 1]. LLM runs: ``val_accuracy`` (not smoothed)
   against updates, generated tokens and training seconds, the same way. Up to ``--max-overlay``
   algorithms share a panel; with more, each has its own panel with the others in grey behind it.
-- Table: final success (mean of the raw ``success_rate`` over the last ``--final-frac`` of a run's updates;
+- Table: tail success (mean of the raw ``success_rate`` over the last ``--tail-frac`` of a run's updates;
   mean and 95% t-interval over seeds, clipped to [0, 1]), its interquartile mean over seeds with a 95%
   bootstrap interval, episodes to reach each threshold (the first crossing of the raw, unsmoothed
   ``success_rate``, interpolated between the two updates around it, :func:`protocol.crossing`; median
   over the seeds that reach it, with how many did), training wall time (``wall_time_s`` of
   the last row) and steps per second (``sps`` of the last row), both means over seeds. LLM runs: final
-  validation accuracy (mean over the last ``--final-frac`` of the evaluations) the same way.
+  validation accuracy (mean over the last ``--tail-frac`` of the evaluations) the same way.
 - Comparisons (:func:`~sppo_rl.experiments.report_numbers.comparisons`): per task with two labels or more, every pair of labels through
   :mod:`sppo_rl.experiments.protocol` (raw curves, common window, pooled-finals target, value at equal
   seconds and at equal episodes / generated tokens, area under the curve, time below the target; the
@@ -132,7 +132,7 @@ def run_report(cfg: ReportConfig) -> dict[str, Any]:
         raise RunError("give at least one folder to read runs from")
     if (
         cfg.smooth < 1
-        or not 0 < cfg.final_frac <= 1
+        or not 0 < cfg.tail_frac <= 1
         or cfg.calibration_bins < 1
         or cfg.grid_points < 2
         or cfg.bootstrap_reps < 1
@@ -140,7 +140,7 @@ def run_report(cfg: ReportConfig) -> dict[str, Any]:
         or (cfg.margin is not None and not 0 < cfg.margin < 1)
     ):
         raise ValueError(
-            "need --smooth >= 1, 0 < --final-frac <= 1, --calibration-bins >= 1, --grid-points >= 2, "
+            "need --smooth >= 1, 0 < --tail-frac <= 1, --calibration-bins >= 1, --grid-points >= 2, "
             "--bootstrap-reps >= 1, --max-overlay >= 1, 0 < --margin < 1"
         )
     known = {

@@ -1,4 +1,4 @@
-"""The numbers of a report: per run (its score: final success, control, or final validation accuracy,
+"""The numbers of a report: per run (its score: tail success, control, or tail validation accuracy,
 LLM), per group of seeds (mean, t-interval, IQM), per world (aggregates and performance profiles), the
 mean curves, the comparison protocol per task, the critic's calibration and the tail effect."""
 
@@ -14,9 +14,10 @@ import numpy as np
 from sppo_rl.experiments import decision, protocol, stats, tail
 from sppo_rl.experiments.config import ReportConfig
 from sppo_rl.experiments.report_runs import Run, label_order, read_json
+from sppo_rl.runtime.curves import tail_value
 from sppo_rl.runtime.trace import TRACE_FILE, load_trace
 
-WORLDS = {"control": "final success", "llm": "final validation accuracy"}
+WORLDS = {"control": "tail success", "llm": "tail validation accuracy"}
 
 
 PROFILE_TAUS = np.linspace(0.0, 1.0, 101)
@@ -31,12 +32,12 @@ def run_numbers(run: Run, cfg: ReportConfig) -> dict[str, Any]:
     y = _col(run.rows, "success_rate")
     eps = _col(run.rows, "episodes")
     last = run.rows[-1]
-    final = protocol.tail_value(y, cfg.final_frac)
+    final = tail_value(y, cfg.tail_frac)
     return {
         **_identity(run),
         "updates": len(run.rows),
         "episodes": last.get("episodes"),
-        "final_success": final,
+        "tail_success": final,
         "score": final,
         # the protocol's crossing: interpolated between the raw per-update success rates, not smoothed
         "episodes_to": {str(t): protocol.crossing(eps, y, t) for t in cfg.thresholds},
@@ -59,16 +60,16 @@ def _identity(run: Run) -> dict[str, Any]:
 
 
 def llm_run_numbers(run: Run, cfg: ReportConfig) -> dict[str, Any]:
-    """Per-run numbers of an LLM run: final validation accuracy (mean over the last ``final_frac`` of its
+    """Per-run numbers of an LLM run: tail validation accuracy (mean over the last ``tail_frac`` of its
     evaluations, at least one), and updates, generated tokens and training seconds of its last row."""
     y = _col(run.rows, "val_accuracy")
-    final = protocol.tail_value(y, cfg.final_frac)
+    final = tail_value(y, cfg.tail_frac)
     return {
         **_identity(run),
         "evaluations": len(run.rows),
         "updates": run.last.get("update"),
         "start_val_accuracy": float(y[0]),
-        "final_val_accuracy": final,
+        "tail_val_accuracy": final,
         "score": final,
         "generated_tokens": run.last.get("generated_tokens"),
         "wall_time_s": run.last.get("wall_time_s"),
@@ -161,7 +162,7 @@ def group_numbers(per_run: list[dict[str, Any]], cfg: ReportConfig) -> dict[str,
         }
     return {
         **_group_identity(per_run, "control"),
-        **score_numbers([r["final_success"] for r in per_run], cfg, "final_success"),
+        **score_numbers([r["tail_success"] for r in per_run], cfg, "tail_success"),
         "episodes_to": reach,
         "wall_time_s": _nanmean(r["wall_time_s"] for r in per_run),
         "sps": _nanmean(r["sps"] for r in per_run),
@@ -174,7 +175,7 @@ def llm_group_numbers(per_run: list[dict[str, Any]], cfg: ReportConfig) -> dict[
         "evaluations": min(r["evaluations"] for r in per_run),
         "updates": _nanmean(r["updates"] for r in per_run),
         "start_val_accuracy_mean": _nanmean(r["start_val_accuracy"] for r in per_run),
-        **score_numbers([r["final_val_accuracy"] for r in per_run], cfg, "final_val_accuracy"),
+        **score_numbers([r["tail_val_accuracy"] for r in per_run], cfg, "tail_val_accuracy"),
         "generated_tokens": _nanmean(r["generated_tokens"] for r in per_run),
         "wall_time_s": _nanmean(r["wall_time_s"] for r in per_run),
     }

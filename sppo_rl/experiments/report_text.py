@@ -154,7 +154,7 @@ def markdown(report: dict[str, Any], cfg: ReportConfig) -> str:
     if groups:
         lines += [
             "",
-            "| task | algo | seeds | final success [95% t-CI] | IQM [95% bootstrap CI] | "
+            "| task | algo | seeds | tail success [95% t-CI] | IQM [95% bootstrap CI] | "
             + " | ".join(f"episodes to {t}" for t in ts)
             + " | wall s | steps/s |",
             "|---|---|---:|---:|---:|" + "---:|" * len(ts) + "---:|---:|",
@@ -167,13 +167,13 @@ def markdown(report: dict[str, Any], cfg: ReportConfig) -> str:
             for t in ts
         ]
         lines.append(
-            f"| {g['task']} | {g['label']} | {_seeds(g)} | {_ci(g['final_success_mean'], g['final_success_ci'], n=g['seeds'])} | "
+            f"| {g['task']} | {g['label']} | {_seeds(g)} | {_ci(g['tail_success_mean'], g['tail_success_ci'], n=g['seeds'])} | "
             f"{_ci(g['iqm'], g['iqm_ci'], n=g['seeds'])} | "
             + " | ".join(reach)
             + f" | {_num(g['wall_time_s'], '.1f')} | {_num(g['sps'], '.0f')} |"
         )
     if groups:
-        lines += _clipped_note(groups, "final_success")
+        lines += _clipped_note(groups, "tail_success")
         lines += _comparison_lines(report["comparisons"], "control")
         if "control" in report["aggregates"]:
             lines += _aggregate_lines(report["aggregates"]["control"], "control", cfg)
@@ -188,7 +188,7 @@ def markdown(report: dict[str, Any], cfg: ReportConfig) -> str:
             "",
             "## LLM runs: validation accuracy",
             "",
-            "| task | algo | seeds | evaluations | updates | start val accuracy | final val accuracy [95% t-CI] "
+            "| task | algo | seeds | evaluations | updates | start val accuracy | tail val accuracy [95% t-CI] "
             "| IQM [95% bootstrap CI] | generated tokens | wall s |",
             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
@@ -196,11 +196,11 @@ def markdown(report: dict[str, Any], cfg: ReportConfig) -> str:
             lines.append(
                 f"| {g['task']} | {g['label']} | {_seeds(g)} | {g['evaluations']} | {_num(g['updates'], '.0f')} | "
                 f"{_num(g['start_val_accuracy_mean'], '.3f')} | "
-                f"{_ci(g['final_val_accuracy_mean'], g['final_val_accuracy_ci'], n=g['seeds'])} | "
+                f"{_ci(g['tail_val_accuracy_mean'], g['tail_val_accuracy_ci'], n=g['seeds'])} | "
                 f"{_ci(g['iqm'], g['iqm_ci'], n=g['seeds'])} | "
                 f"{_num(g['generated_tokens'], '.0f')} | {_num(g['wall_time_s'], '.1f')} |"
             )
-        lines += _clipped_note(llm, "final_val_accuracy")
+        lines += _clipped_note(llm, "tail_val_accuracy")
         lines += _comparison_lines(report["comparisons"], "llm")
         if "llm" in report["aggregates"]:
             lines += _aggregate_lines(report["aggregates"]["llm"], "llm", cfg)
@@ -257,7 +257,7 @@ def definitions(cfg: ReportConfig, control: bool, llm: bool) -> dict[str, str]:
             "extrapolation); line = mean over the runs covering x (dotted, marked n=k, where fewer than all "
             f"runs do), band = 95% Student-t interval over them, clipped to [0, 1], only where at least "
             f"{MIN_RUNS} runs cover x",
-            "final success": f"per run, the mean raw success_rate over its last {cfg.final_frac:.0%} of updates "
+            "tail success": f"per run, the mean raw success_rate over its last {cfg.tail_frac:.0%} of updates "
             "(at least one); the control score; table: mean [t-interval] and IQM [bootstrap CI] over seeds",
             "episodes to x": "per run, the first episode count where the raw (unsmoothed) success_rate reaches "
             "x, interpolated linearly between the two updates around it (protocol.crossing); table: median "
@@ -267,7 +267,7 @@ def definitions(cfg: ReportConfig, control: bool, llm: bool) -> dict[str, str]:
         }
     if llm:
         d |= {
-            "final val accuracy": f"per LLM run, the mean val_accuracy over its last {cfg.final_frac:.0%} of "
+            "tail val accuracy": f"per LLM run, the mean val_accuracy over its last {cfg.tail_frac:.0%} of "
             "evaluations (at least one); the LLM score",
             "LLM curves": f"val_accuracy (not smoothed) against updates, generated tokens and training seconds, "
             f"interpolated onto {cfg.grid_points} common x points; mean over seeds, band = 95% t-interval "

@@ -703,7 +703,7 @@ def _sweep(
 
 
 def headline(jobs: list[Job], results: list[JobResult], root: Path) -> str:
-    """The sweep's end: final success of each (task, algorithm) over its finished seeds (the protocol's
+    """The sweep's end: tail success of each (task, algorithm) over its finished seeds (the protocol's
     :func:`~sppo_rl.runtime.curves.tail_value` of each run's logged ``success_rate``, as
     ``sppo-rl report`` computes it; LLM runs: of ``val_accuracy``, sampled, and beside it of
     ``val_greedy_accuracy``, greedy, per run name), the folder and the next commands."""
@@ -735,13 +735,13 @@ def headline(jobs: list[Job], results: list[JobResult], root: Path) -> str:
         return f" sampled, {sum(g) / len(g):.3f} greedy" if len(g) == n else ""
 
     lines = [
-        f"  {algo if llm else f'{task} / {algo}'}: final {what} {sum(v) / len(v):.3f}"
+        f"  {algo if llm else f'{task} / {algo}'}: tail {what} {sum(v) / len(v):.3f}"
         f"{greedy_part((task, algo), len(v))} (mean of {len(v)} seed{'s' * (len(v) > 1)})"
         for (task, algo), v in finals.items()
     ]
     runs = sum(len(v) for v in finals.values())
     first = (
-        f"[sppo-rl] done: {runs} finished run{'s' * (runs > 1)}; final {what} (the last 10% of each run's "
+        f"[sppo-rl] done: {runs} finished run{'s' * (runs > 1)}; tail {what} (the last 10% of each run's "
         f"{'evaluations' if llm else 'updates'}) per {'run name' if llm else 'task / algorithm'}:"
         if lines
         else "[sppo-rl] done: no finished run with metrics"
