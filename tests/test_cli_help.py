@@ -167,7 +167,9 @@ def test_recipe_given_with_an_equals_sign_is_read_as_a_recipe():
 def test_the_name_table_matches_the_docs_and_names_real_flags():
     from sppo_rl.experiments.config import ReportConfig
 
-    flags = known_flags("llm", LLMConfig) | known_flags("report", ReportConfig)  # report: --final-frac's rename
+    flags = known_flags("llm", LLMConfig) | known_flags(
+        "report", ReportConfig
+    )  # report: --final-frac's rename
     for name, (ours, whose) in FOREIGN_FLAGS.items():
         assert ours.split()[0] in flags, (name, ours)
         last = name.split(".")[-1]
