@@ -139,20 +139,7 @@ def resolve(cfg: ControlConfig) -> Plan:
         greedy_per_update=E // G if algo.requires.greedy_baseline else 0,
         init_from=str(init_path) if init_path else "none",
     )
-    loop = LoopSettings(
-        out_dir=Path(cfg.out_dir),
-        seed=cfg.seed,
-        updates=math.ceil(cfg.total_episodes / E),
-        eval_every=cfg.eval_every,
-        checkpoint_every=cfg.checkpoint_every,
-        keep_checkpoints=cfg.keep_checkpoints,
-        max_seconds=cfg.max_seconds,
-        resume=cfg.resume,
-        overwrite=cfg.overwrite,
-        progress=cfg.progress,
-        tensorboard=cfg.tensorboard,
-        threads=cfg.threads,
-    )
+    loop = LoopSettings.of(cfg, math.ceil(cfg.total_episodes / E))
     networks = Networks(cfg.hidden_sizes, cfg.activation, cfg.log_std_init, cfg.normalize_obs, init_path)
     optim = Optimisation(
         cfg.actor_lr, cfg.critic_lr, cfg.max_grad_norm, cfg.lr_schedule, cfg.warmup_updates, cfg.critic_warmup

@@ -436,12 +436,7 @@ def resolve(cfg: LLMConfig, dist: Any, validated: bool = False) -> tuple[Plan, T
         cfg, max_new_tokens, algo.defaults, kl_coef=cfg.kl_coef if cfg.kl_in == "loss" else 0.0
     )
     unset = {k: get_flat(cfg, k) for k, v in flat_dict(given).items() if v is None}
-    loop = LoopSettings(
-        out_dir=Path(cfg.out_dir), seed=cfg.seed, updates=cfg.updates, eval_every=cfg.eval_every,
-        checkpoint_every=cfg.checkpoint_every, keep_checkpoints=cfg.keep_checkpoints, max_seconds=cfg.max_seconds,
-        resume=cfg.resume, overwrite=cfg.overwrite, progress=cfg.progress, tensorboard=cfg.tensorboard,
-        threads=cfg.threads,
-    )  # fmt: skip
+    loop = LoopSettings.of(cfg, cfg.updates)
     models = ModelSettings(
         model=cfg.model, critic_model=cfg.critic_model, actor_folder=actor_folder, critic_folder=critic_folder,
         cache=cache, warmstart=warmstart, dtype=cfg.dtype,

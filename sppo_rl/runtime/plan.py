@@ -10,10 +10,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sppo_rl.agents.algorithms import Algorithm
 from sppo_rl.agents.learner import LearnerConfig
+
+
+class LoopConfig(Protocol):
+    """The settings of a world's config that drive the run loop (both worlds' configs have them)."""
+
+    out_dir: str
+    seed: int
+    eval_every: int
+    checkpoint_every: int
+    keep_checkpoints: int
+    max_seconds: float | None
+    resume: bool
+    overwrite: bool
+    progress: bool
+    tensorboard: bool
+    threads: int
 
 
 @dataclass(frozen=True)
@@ -45,6 +61,17 @@ class LoopSettings:
     progress: bool
     tensorboard: bool
     threads: int
+
+    @classmethod
+    def of(cls, cfg: LoopConfig, updates: int) -> LoopSettings:
+        """The loop's settings of a world's config, which knows ``updates`` its own way (the LLM world's
+        ``--updates``; the control world's episode budget over its episodes per update)."""
+        return cls(
+            out_dir=Path(cfg.out_dir), seed=cfg.seed, updates=updates, eval_every=cfg.eval_every,
+            checkpoint_every=cfg.checkpoint_every, keep_checkpoints=cfg.keep_checkpoints,
+            max_seconds=cfg.max_seconds, resume=cfg.resume, overwrite=cfg.overwrite, progress=cfg.progress,
+            tensorboard=cfg.tensorboard, threads=cfg.threads,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
