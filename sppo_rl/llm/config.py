@@ -251,6 +251,24 @@ class LLMConfig(RunConfig):
     """Rollout engine: Hugging Face generation, or in-process vLLM with weight sync after each update."""
     vllm: VLLM = field(default_factory=VLLM)
     """The vLLM rollout engine's own settings (flags --vllm-*; with --rollout vllm)."""
+    max_staleness: int = 0
+    """Asynchronous rollouts: the sampler works up to K updates ahead of the learner, so the batch update u
+    trains on was sampled by the policy of update u - K (its weights after u - K updates; the first K updates'
+    batches by the initial policy). 0: synchronous (sample, then train). With K > 0 the sampler runs in its own
+    process (--rollout-worker) and generates the next batch while the learner trains; --off-policy corrects the
+    staleness."""
+    rollout_worker: Literal["auto", "inline", "process"] = "auto"
+    """Where the sampler runs: 'process', a worker process beside the learner (its own core or device; weights
+    pushed to it after each update); 'inline', the learner's own process (no overlap: the same samples, one
+    after the other); 'auto': process with --max-staleness > 0, else inline."""
+    rollout_threads: int = 1
+    """Torch threads of the rollout worker process (--rollout-worker process)."""
+    off_policy: Literal["auto", "decoupled", "behaviour", "none"] = "auto"
+    """The correction for samples from an older policy (mu: the sampler's log-probs). 'decoupled' (AReaL's
+    decoupled PPO): the ratio against the proximal policy pi_old (the learner's policy when the update starts),
+    each token weighted by min(pi_old / mu, C), C = --tis-cap (5 when unset); 'behaviour': the ratio against mu
+    itself, no weight; 'none': the ratio against pi_old, no weight (ignores staleness). 'auto': decoupled with
+    --max-staleness > 0 or --tis-cap, else none (the synchronous update)."""
     collective_timeout: float = 600.0
     """Seconds any collective (and weight sync) may take before the run fails with an error instead of hanging."""
     gradient_checkpointing: bool = False
@@ -314,6 +332,8 @@ class LLMConfig(RunConfig):
             ),
             ("overlong_penalty", ge(0), ">= 0"),
             ("dynamic_sampling_rounds", ge(0), ">= 0 (extra generation rounds; 0: off)"),
+            ("max_staleness", ge(0), ">= 0 (0: synchronous)"),
+            ("rollout_threads", ge(1), ">= 1"),
             ("max_prompt_tokens", optional(ge(1)), ">= 1, or None for the model's context"),
             ("weight_decay", ge(0), ">= 0"),
             ("kl_coef", optional(ge(0)), ">= 0, or None for the algorithm's default"),

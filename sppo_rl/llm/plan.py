@@ -155,7 +155,9 @@ class RolloutSettings:
     ``dynamic_sampling_rounds`` (0: off) and ``overlong`` shaping; ``eval_samples`` per validation prompt;
     ``log_completions_every`` (0: never); the sampler (``backend``: 'hf' or 'vllm', ``vllm``: its
     settings) and ``context_cap``, the longest prompt + response it takes whatever the model
-    (:func:`~sppo_rl.llm.rollout.factory.sampler_context`; None: the model's context)."""
+    (:func:`~sppo_rl.llm.rollout.factory.sampler_context`; None: the model's context); asynchronous
+    rollouts: ``max_staleness`` K (0: synchronous), where the sampler runs (``worker``: 'inline' or
+    'process', with ``worker_threads`` torch threads)."""
 
     group_size: int
     prompts_per_step: int
@@ -171,6 +173,9 @@ class RolloutSettings:
     backend: str
     vllm: VLLM
     context_cap: int | None
+    max_staleness: int = 0
+    worker: str = "inline"
+    worker_threads: int = 1
 
 
 @dataclass(frozen=True)
@@ -179,7 +184,8 @@ class UpdateSettings:
     to the reference (``kl_coef``, ``kl_in``: 'reward' or 'loss', ``kl_estimator``, ``kl_clamp``), the
     learning-rate schedule (``lr_schedule``, ``warmup_updates``), the critic warm-up (updates that leave
     the actor alone) and ``skip_equal_rewards``; derived: ``kl_reward`` (:attr:`Plan.kl_reward`) and
-    ``fused`` (:attr:`Plan.fused`)."""
+    ``fused`` (:attr:`Plan.fused`); ``off_policy``, the correction for a stale sampler ('decoupled',
+    'behaviour' or 'none': :func:`off_policy_of`)."""
 
     kl_coef: float
     kl_in: str
@@ -191,6 +197,7 @@ class UpdateSettings:
     skip_equal_rewards: bool
     kl_reward: bool
     fused: bool
+    off_policy: str = "none"
 
 
 @dataclass(frozen=True)
@@ -339,6 +346,29 @@ def _trains_a_critic(name: str) -> bool:
         return False
 
 
+DECOUPLED_CAP = 5.0
+"""``C`` of ``--off-policy decoupled`` when ``--tis-cap`` is unset: AReaL's asynchronous recipes cap the
+behaviour weight at 5 (``behav_imp_weight_cap``; AReaL drops a token above it, this code truncates it)."""
+
+
+def off_policy_of(cfg: LLMConfig) -> tuple[str, float | None]:
+    """``(correction, tis cap)`` of ``--off-policy`` (see its help): 'auto' is 'decoupled' with
+    ``--max-staleness > 0`` or ``--tis-cap``, else 'none'; 'decoupled' caps its weight at ``--tis-cap`` or
+    :data:`DECOUPLED_CAP`. ``--tis-cap`` with 'behaviour' or 'none' is refused (:class:`RunError`): both
+    leave the weight out."""
+    mode = cfg.off_policy
+    if mode == "auto":
+        mode = "decoupled" if cfg.max_staleness or cfg.tis_cap is not None else "none"
+    if mode == "decoupled":
+        return mode, cfg.tis_cap if cfg.tis_cap is not None else DECOUPLED_CAP
+    if cfg.tis_cap is not None:
+        raise RunError(
+            f"--tis-cap weighs each token by min(pi_old / mu, C); --off-policy {mode} leaves that weight out "
+            "(use --off-policy decoupled)"
+        )
+    return mode, None
+
+
 def resolve(cfg: LLMConfig, dist: Any, validated: bool = False) -> tuple[Plan, Task]:
     """The frozen :class:`Plan` of ``cfg`` for a run on ``dist``'s ranks (the launcher's, read from its
     environment), and the data it loaded; every refusal of the run's settings happens here, in the order
@@ -432,8 +462,21 @@ def resolve(cfg: LLMConfig, dist: Any, validated: bool = False) -> tuple[Plan, T
     else:
         device = torch.device(cfg.device)
     max_new_tokens, actor_lr = _set(cfg.max_new_tokens), _set(cfg.actor_lr)  # as_given filled them
+    off_policy, tis_cap = off_policy_of(cfg)
+    worker = (
+        cfg.rollout_worker if cfg.rollout_worker != "auto" else ("process" if cfg.max_staleness else "inline")
+    )
+    if worker == "process" and cfg.vllm.sleep:
+        raise RunError(
+            "--vllm-sleep frees the sampler's memory while the learner trains; a rollout worker process "
+            "(--max-staleness > 0 or --rollout-worker process) keeps its own engine and generates meanwhile"
+        )
     learner = LearnerConfig.from_run(
-        cfg, max_new_tokens, algo.defaults, kl_coef=cfg.kl_coef if cfg.kl_in == "loss" else 0.0
+        cfg,
+        max_new_tokens,
+        algo.defaults,
+        kl_coef=cfg.kl_coef if cfg.kl_in == "loss" else 0.0,
+        tis_cap=tis_cap,
     )
     unset = {k: get_flat(cfg, k) for k, v in flat_dict(given).items() if v is None}
     loop = LoopSettings.of(cfg, cfg.updates)
@@ -452,14 +495,15 @@ def resolve(cfg: LLMConfig, dist: Any, validated: bool = False) -> tuple[Plan, T
         max_new_tokens=max_new_tokens, temperature=cfg.temperature, sampling=sampling,
         dynamic_sampling_rounds=cfg.dynamic_sampling_rounds, overlong=cfg.overlong,
         eval_samples=cfg.eval_samples, log_completions_every=cfg.log_completions_every,
-        backend=cfg.rollout, vllm=cfg.vllm, context_cap=sampler_context(cfg),
+        backend=cfg.rollout, vllm=cfg.vllm, context_cap=sampler_context(cfg), max_staleness=cfg.max_staleness,
+        worker=worker, worker_threads=cfg.rollout_threads,
     )  # fmt: skip
     kl_reward = _set(cfg.kl_coef) > 0 and cfg.kl_in == "reward"
     fused = learner.epochs * learner.minibatches == 1 and not algo.requires.logprobs and not kl_reward
     update = UpdateSettings(
         kl_coef=_set(cfg.kl_coef), kl_in=_set(cfg.kl_in), kl_estimator=_set(cfg.kl_estimator), kl_clamp=cfg.kl_clamp,
         lr_schedule=cfg.lr_schedule, warmup_updates=cfg.warmup_updates, critic_warmup=cfg.critic_warmup,
-        skip_equal_rewards=cfg.skip_equal_rewards, kl_reward=kl_reward, fused=fused,
+        skip_equal_rewards=cfg.skip_equal_rewards, kl_reward=kl_reward, fused=fused, off_policy=off_policy,
     )  # fmt: skip
     rewards = RewardSettings(
         fn=reward_fn, timeout=cfg.reward_timeout, weights=tuple(cfg.reward_weights or ()),

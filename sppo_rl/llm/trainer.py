@@ -171,10 +171,15 @@ class LLMRun:
             plan, task.train, task.val, tokenizer, actor_path, self.dist.main
         )
         self.models = m = build_models(plan, actor_path, tokenizer, warmstart, self._main_first)
+        if (
+            plan.rollout.worker == "process"
+        ):  # the worker's replica gets the actor's weights before it samples
+            sync(m.rollout, m.actor_engine, bool(models.lora.rank))
         self.rows = row_fn(plan)
         order = (SpoOrder if self.algo.requires.tracker else PromptOrder)(len(self.train_set), loop.seed)
         self.state = RunState(order)
         self.flops_shape = run_shape(plan, m)
+        self.resumed_pending: list[dict[str, Any]] = []
         self.ckpts = CheckpointManager(self.out / "checkpoints", keep=loop.keep_checkpoints)
         ckpt = self._resume() if loop.resume else None
         self.logger: RunLogger | NullLogger = NullLogger()
@@ -191,6 +196,7 @@ class LLMRun:
         self.sampler = Sampler(m.rollout, plan.rollout.sampling, loop.seed)
         args = (self.sampler, self.scoring, plan, self.dist, self.device, m.tokenizer)
         self.collector = Collector(self.train_set, order, *args, self.completions)
+        self.collector.load({"pending": self.resumed_pending})
         self.evaluator = Evaluator(
             self.val_set, plan, self.sampler, self.scoring, m.critic_engine, self.rows, self.dist, self.device,
             m.tokenizer, self.completions,
@@ -231,11 +237,11 @@ class LLMRun:
         """The update after ``state``: its metrics row, the state after it and, when the run must stop, why."""
         plan, m, reduction = self.plan, self.models, self.dist.on(self.device)
         timer = StageTimer()
-        before = (state.order.state(), torch.get_rng_state())  # if given up
+        before = (self.collector.snapshot(), torch.get_rng_state())  # if given up
         try:
-            collected = self.collector.collect(state.updates, timer)  # collect + score
+            collected = self.collector.collect(state.updates, timer, state.updates)  # collect + score
         except Preempted:  # nothing was trained yet: back to the state before this update
-            state.order.load(before[0])
+            self.collector.restore(before[0])
             torch.set_rng_state(before[1])
             raise
         m.rollout.sleep()  # frees the sampler's memory while training (vLLM with --vllm-sleep)
@@ -306,6 +312,8 @@ class LLMRun:
             ),
             **reward_fn_row(self.scoring.names, collected.fn, self.dist, self.device),
         }
+        if rollout.max_staleness:  # the updates between the policy that sampled the batch and the trained one
+            extra["staleness"] = float(state.updates - 1 - collected.rounds[0].version)
         totals = {"generated_tokens": state.generated_tokens, "wall_time_s": state.elapsed, "step_time_s": dt}
         totals.update(flops_row(state.flops))
         row = update_row(state.updates, sums, timer, totals, extra)
@@ -365,13 +373,14 @@ class LLMRun:
 
     def save_checkpoint(self) -> Path:
         m, state, keep_optimizer = self.models, self.state, self.plan.models.optimizer_state
+        pending = self.collector.saved()  # the rounds requested ahead (--max-staleness), waited for
 
         def write(folder: Path) -> None:
             m.actor_engine.save(folder / "actor", optimizer=keep_optimizer)
             if m.critic_engine is not None:
                 m.critic_engine.save(folder / "critic", optimizer=keep_optimizer)
             if self.dist.main:
-                torch_save(state.saved(torch.get_rng_state()), folder / "state.pt")
+                torch_save({**state.saved(torch.get_rng_state()), **pending}, folder / "state.pt")
 
         meta = {"metrics_bytes": self.logger.position(), "algo": self.algo.name, "ranks": self.dist.world}
         return self.ckpts.save(state.updates, write, {**meta, "optimizer_state": keep_optimizer})
@@ -401,6 +410,7 @@ class LLMRun:
             m.critic_engine.load(ckpt / "critic")
         saved = torch_load(ckpt / "state.pt")
         self.state = RunState.load(saved, self.state.order)
+        self.resumed_pending = saved.get("pending", [])  # handed to the collector when it is built
         torch.set_rng_state(saved["torch_rng"])
         if "flops" not in saved:
             warnings.warn(

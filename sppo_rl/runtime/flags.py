@@ -47,6 +47,8 @@ HELP_LAYOUT: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
             "device", "threads", "dtype", "autocast", "engine", "zero_stage", "offload", "gradient_checkpointing",
             "collective_timeout", "rollout", "vllm_max_model_len", "vllm_gpu_memory_utilization", "vllm_sleep",
             "vllm_dtype", "lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "export_adapter")),
+        ("async", "Asynchronous rollouts: a sampler process working ahead of the learner, and the correction.", (
+            "max_staleness", "rollout_worker", "rollout_threads", "off_policy")),
         ("evaluation", "Validation and what is logged.", (
             "eval_every", "eval_samples", "log_completions_every", "progress", "tensorboard", "exp_name",
             "wandb", "wandb_mode", "wandb_project", "wandb_entity", "wandb_group", "wandb_tags", "extra")),

@@ -14,14 +14,24 @@
   at most ``K`` extra ones (the shortfall is summed over ranks, so every rank draws as many rounds). At
   the cap the groups found are trained on, and the rest of the batch is filled with dropped groups made
   invalid (no loss), so every rank trains on the same number of rows.
+- **Ahead of the learner** (``--max-staleness K``): a round is *requested* (prompts drawn, generation
+  submitted to the sampler: :class:`Pending`) apart from being *finished* (its samples waited for, then
+  scored). Update ``u`` first requests the first rounds of updates up to ``u + K`` that are not yet
+  requested, so each is sampled by the weights of the update that requested it (``version``): update
+  ``u``'s batch by those after ``u - K`` updates, and a worker process
+  (:class:`~sppo_rl.llm.rollout.worker.RolloutWorker`) generates it while the learner trains on the ones
+  before. DAPO's extra rounds of update ``u`` are requested and finished at once, by update ``u``'s
+  weights. A checkpoint keeps the requested rounds' samples (:meth:`Collector.saved`); K = 0 requests
+  each round when it is finished: the synchronous update.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
+from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -89,6 +99,91 @@ class Sampler:
         """One greedy decode per prompt."""
         return self.rollout.generate(prompts, self.params.as_greedy())
 
+    def submit(self, prompts: list[str], n: int, base: int, positions: list[int]) -> Ticket:
+        """:meth:`sample` handed to the sampler without waiting, where it can (a rollout with ``submit``:
+        the worker process); else done at once."""
+        params = dataclasses.replace(self.params, n=n)
+        seeds = prompt_seeds(self.seed, base, positions)
+        submit = getattr(self.rollout, "submit", None)
+        if submit is not None:
+            return cast(Ticket, submit(prompts, params, seeds))
+        return Done(self.rollout.generate(prompts, params, seeds=seeds))
+
+    def submit_greedy(self, prompts: list[str]) -> Ticket:
+        """:meth:`greedy`, like :meth:`submit`."""
+        submit = getattr(self.rollout, "submit", None)
+        params = self.params.as_greedy()
+        return (
+            cast(Ticket, submit(prompts, params))
+            if submit is not None
+            else Done(self.rollout.generate(prompts, params))
+        )
+
+
+class Ticket(Protocol):
+    """A generation in flight: :meth:`result` waits for its :class:`RolloutBatch`."""
+
+    def result(self) -> RolloutBatch: ...
+
+
+class Done:
+    """A generation already done (the inline sampler's, or one restored from a checkpoint)."""
+
+    def __init__(self, rb: RolloutBatch) -> None:
+        self.rb = rb
+
+    def result(self) -> RolloutBatch:
+        return self.rb
+
+
+@dataclass
+class Pending:
+    """A requested generation round (see the module docstring): round ``index`` of update ``step``, this
+    rank's prompts (``drawn``: training-set indices; ``prompts``: rendered; ``positions`` in the whole
+    round), its samples and ReMax's greedy decodes in flight, and ``version``: the updates done when it
+    was requested (the weights that sample it)."""
+
+    step: int
+    index: int
+    drawn: list[int]
+    prompts: list[str]
+    positions: list[int]
+    sample: Ticket
+    greedy: Ticket | None
+    version: int
+
+    def saved(self) -> dict[str, Any]:
+        """Plain data for a checkpoint (waits for the samples)."""
+        out = {k: getattr(self, k) for k in ("step", "index", "drawn", "prompts", "positions", "version")}
+        out["sample"] = batch_record(self.sample.result())
+        out["greedy"] = batch_record(self.greedy.result()) if self.greedy is not None else None
+        return out
+
+    @classmethod
+    def load(cls, d: dict[str, Any]) -> Pending:
+        greedy = Done(batch_of(d["greedy"])) if d["greedy"] is not None else None
+        keys = ("step", "index", "drawn", "prompts", "positions")
+        return cls(
+            **{k: d[k] for k in keys},
+            sample=Done(batch_of(d["sample"])),
+            greedy=greedy,
+            version=d["version"],
+        )
+
+
+def batch_record(rb: RolloutBatch) -> dict[str, Any]:
+    """A :class:`RolloutBatch` (or a subclass: the latent one) as plain data: its class's name under
+    ``kind`` and its fields by name, on the CPU (:func:`batch_of` reads it back)."""
+    rb = rb.to("cpu")
+    return {"kind": type(rb).__name__, **{f.name: getattr(rb, f.name) for f in dataclasses.fields(rb)}}
+
+
+def batch_of(record: dict[str, Any]) -> RolloutBatch:
+    """The batch of a :func:`batch_record`."""
+    kinds = {c.__name__: c for c in (RolloutBatch, *RolloutBatch.__subclasses__())}
+    fields = {k: v for k, v in record.items() if k != "kind"}
+    return kinds[record.get("kind", "RolloutBatch")](**fields)
+
 
 @dataclass
 class Round:
@@ -103,6 +198,7 @@ class Round:
     baseline_valid: Tensor | None  # [rows] bool
     errors: int
     kinds: Tensor | None = None  # [prompts] index into GROUP_KINDS (dynamic sampling only)
+    version: int = 0  # the updates done when the round was requested (its sampler's weights)
 
 
 @dataclass
@@ -141,23 +237,33 @@ class Collector:
         self.train, self.order, self.sampler, self.scoring = train, order, sampler, scoring
         self.plan, self.dist, self.device, self.tokenizer = plan, dist, device, tokenizer
         self.completions = completions
+        self.queue: deque[Pending] = deque()  # requested rounds, oldest first
 
-    def _next_prompts(self) -> tuple[list[Example], list[int]]:
-        """This rank's prompts of the next round and their positions in the whole round."""
-        out = [self.train[i] for i in self.order.draw(self.plan.rollout.prompts_per_step)]
+    def _next_prompts(self) -> tuple[list[int], list[int]]:
+        """This rank's prompts of the next round (training-set indices) and their positions in the whole
+        round."""
+        drawn = self.order.draw(self.plan.rollout.prompts_per_step)
         n = self.plan.rollout.local_prompts
         lo = self.dist.rank * n
-        return out[lo : lo + n], list(range(lo, lo + n))
+        return drawn[lo : lo + n], list(range(lo, lo + n))
 
-    def round(self, index: int, step: int, timer: StageTimer, by_function: np.ndarray) -> Round:
-        """Generation round ``index`` of update ``step`` (0-based), scored; adds the training samples'
-        per-function sums to ``by_function``. A preemption that cut the scoring raises :class:`Preempted`."""
+    def request(self, index: int, step: int, version: int) -> Pending:
+        """Round ``index`` of update ``step`` (0-based) requested: its prompts drawn, its generation
+        handed to the sampler (:meth:`Sampler.submit`), by the weights after ``version`` updates."""
         G, per_round = self.plan.rollout.group_size, self.plan.rollout.prompts_per_step
+        drawn, positions = self._next_prompts()
+        prompts = [render_prompt(self.train[i], self.tokenizer) for i in drawn]
+        sample = self.sampler.submit(prompts, G, step, [p + index * per_round for p in positions])
+        greedy = self.sampler.submit_greedy(prompts) if self.plan.algo.requires.greedy_baseline else None
+        return Pending(step, index, drawn, prompts, positions, sample, greedy, version)
+
+    def finish(self, p: Pending, timer: StageTimer, by_function: np.ndarray) -> Round:
+        """The requested round ``p`` waited for and scored; adds the training samples' per-function sums
+        to ``by_function``. A preemption that cut the scoring raises :class:`Preempted`."""
         with timer("gen"):
-            examples, positions = self._next_prompts()
-            prompts = [render_prompt(e, self.tokenizer) for e in examples]
-            rb = self.sampler.sample(prompts, G, step, [p + index * per_round for p in positions])
-            greedy_rb = self.sampler.greedy(prompts) if self.plan.algo.requires.greedy_baseline else None
+            rb = p.sample.result()
+            greedy_rb = p.greedy.result() if p.greedy is not None else None
+        examples, prompts, index, step = [self.train[i] for i in p.drawn], p.prompts, p.index, p.step
         with timer("score"):
             rows = [examples[int(i)] for i in rb.prompt_index]
             s = self.scoring(rb.texts, [e.answer for e in rows], rows)
@@ -174,15 +280,48 @@ class Collector:
                 baseline, baseline_valid = g.R[rb.prompt_index.cpu()], g.valid[rb.prompt_index.cpu()]
                 valid = valid & baseline_valid  # no baseline, no advantage
         give_up_if_cut(cut, self.dist, self.device)
-        return Round(examples, rb, greedy_rb, R, valid, baseline, baseline_valid, errors)
+        return Round(examples, rb, greedy_rb, R, valid, baseline, baseline_valid, errors, version=p.version)
 
-    def collect(self, step: int, timer: StageTimer) -> Collected:
-        """The rounds of update ``step`` and the groups to train on (see the module docstring)."""
+    def round(self, index: int, step: int, timer: StageTimer, by_function: np.ndarray, version: int) -> Round:
+        """Round ``index`` of update ``step`` requested and finished at once (:meth:`request`, :meth:`finish`)."""
+        with timer("gen"):
+            p = self.request(index, step, version)
+        return self.finish(p, timer, by_function)
+
+    def snapshot(self) -> tuple[dict[str, Any], list[Pending]]:
+        """What :meth:`restore` takes back to: the prompt order's state and the requested rounds."""
+        return self.order.state(), list(self.queue)
+
+    def restore(self, snap: tuple[dict[str, Any], list[Pending]]) -> None:
+        """Back to :meth:`snapshot`'s state (an update given up: its rounds are requested again on resume,
+        by the same weights)."""
+        self.order.load(snap[0])
+        self.queue = deque(snap[1])
+
+    def saved(self) -> dict[str, Any]:
+        """The requested rounds for a checkpoint (plain data; waits for their samples)."""
+        return {"pending": [p.saved() for p in self.queue]}
+
+    def load(self, saved: dict[str, Any]) -> None:
+        """The requested rounds of a checkpoint's :meth:`saved` (none in one written before them)."""
+        self.queue = deque(Pending.load(d) for d in saved.get("pending", []))
+
+    def collect(self, step: int, timer: StageTimer, version: int) -> Collected:
+        """The rounds of update ``step`` and the groups to train on (see the module docstring); rounds it
+        requests are sampled by the weights after ``version`` updates."""
         settings = self.plan.rollout
         G = settings.group_size
         K, n = settings.dynamic_sampling_rounds, settings.local_prompts
         by_function = np.zeros((len(self.scoring.names), 3))
-        rounds = [self.round(0, step, timer, by_function)]
+        with timer("gen"):  # the first rounds up to update step + max_staleness requested
+            for s in range(
+                self.queue[-1].step + 1 if self.queue else step, step + settings.max_staleness + 1
+            ):
+                self.queue.append(self.request(0, s, version))
+        first = self.queue.popleft()
+        if first.step != step:
+            raise RuntimeError(f"update {step} found the round requested for update {first.step}")
+        rounds = [self.finish(first, timer, by_function)]
         if K == 0:
             return Collected(rounds, [(0, k) for k in range(n)], by_function)
         keep: list[tuple[int, int]] = []
@@ -193,7 +332,7 @@ class Collector:
             short = self.dist.all_sum([float(max(0, n - len(keep)))], self.device)[0]
             if short == 0 or len(rounds) > K:
                 break
-            rounds.append(self.round(len(rounds), step, timer, by_function))
+            rounds.append(self.round(len(rounds), step, timer, by_function, version))
         keep = keep[:n]
         kinds = [cast(Tensor, r.kinds) for r in rounds]  # every round's groups were classified above
         filler = [(i, int(k)) for i, kind in enumerate(kinds) for k in torch.nonzero(kind != 0).flatten()]

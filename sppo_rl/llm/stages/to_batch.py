@@ -5,7 +5,8 @@
   concatenated: prompts left-padded to the widest, responses right-padded to the longest kept), with
   DAPO's filler groups and the latent policy's rule (fix (a)) made invalid.
 - :func:`to_batch` runs the forward passes that need no gradient -- the actor's log-probs of the sampled
-  tokens (``logp_old``, skipped when the update is *fused*: see :attr:`~sppo_rl.llm.plan.Plan.fused`),
+  tokens (``logp_old``, skipped when the update is *fused*: see :attr:`~sppo_rl.llm.plan.Plan.fused`; the
+  sampler's own log-probs ``mu`` under ``--off-policy behaviour``),
   the reference's (KL on) and the critic's values (one logit per prompt read at the last prompt token,
   or one value per response token) -- and builds the token rewards: the outcome ``R`` on the last valid
   token, plus DAPO's soft overlong punishment there, minus ``kl_coef * KL_t`` per token when the KL goes
@@ -156,7 +157,12 @@ def to_batch(
     mask = rb.response_mask.float()
     lengths, cost = rb.response_lengths.cpu(), (rb.prompt_mask.sum(-1) + rb.response_lengths).cpu()
     actor.eval()
-    logp_old = None if update.fused else forward_rows(rows(rb, actor, True), lengths, cost, lcfg, reduction)
+    if update.off_policy == "behaviour":  # the ratio against the sampler's own log-probs mu
+        logp_old: Tensor | None = rb.logprobs * mask
+    else:
+        logp_old = (
+            None if update.fused else forward_rows(rows(rb, actor, True), lengths, cost, lcfg, reduction)
+        )
     ref_logp = forward_rows(rows(rb, ref, True), lengths, cost, lcfg, reduction) if ref is not None else None
     values = None
     if critic is not None:
