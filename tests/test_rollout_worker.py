@@ -236,8 +236,8 @@ from sppo_rl.llm.rollout.worker import RolloutWorker, replica_builder
 if __name__ == "__main__":
     tok = load_tokenizer(sys.argv[1])
     worker = RolloutWorker(replica_builder(sys.argv[1], "float32", pad_id_of(tok)), tok)
-    worker.submit(["1+2="] * 64, SamplingParams(n=8, max_new_tokens=256))  # the child is busy
-    print(worker.pid, flush=True)
+    worker.generate(["1+2="], SamplingParams(max_new_tokens=4))
+    print(worker.pid, flush=True)  # the child now waits for the next message
     os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -251,16 +251,22 @@ def _gone(pid: int) -> bool:
 
 
 def test_the_worker_exits_when_its_parent_is_killed(tmp_path, tiny):
-    """A parent SIGKILLed (no handler, no atexit) while its worker generates: the worker exits too."""
+    """A parent SIGKILLed (no handler, no atexit) while its worker waits for work: the worker exits too
+    (it would wait forever)."""
     script = tmp_path / "orphan.py"
     script.write_text(ORPHAN)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run(
-        [sys.executable, str(script), str(tiny)], env=env, capture_output=True, text=True, timeout=240
-    )
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
-    pid = int(proc.stdout.split()[-1])
+    with open(tmp_path / "stderr.txt", "w") as err:  # its resource tracker warns after the kill
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(tiny)], env=env, stdout=subprocess.PIPE, stderr=err, text=True
+        )  # not run(): an orphan holding the pipe would keep it waiting
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert proc.wait(timeout=240) == -signal.SIGKILL, (tmp_path / "stderr.txt").read_text()[-2000:]
+    pid = int(line)
     deadline = time.monotonic() + 30
     while not _gone(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _gone(pid), f"the worker {pid} outlived its parent"
+    if not _gone(pid):
+        os.kill(pid, signal.SIGKILL)  # leave nothing behind
+        raise AssertionError(f"the worker {pid} outlived its parent")

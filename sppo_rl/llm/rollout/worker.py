@@ -86,22 +86,23 @@ def _die_with_parent(parent_pid: int) -> None:
 
 def _read_all(conn: Connection, inbox: queue.Queue[tuple[Any, ...]]) -> None:
     """Child's reader thread: every message into ``inbox`` as it comes (so the parent never blocks on a
-    send); the end of the connection means the parent is gone: leave at once."""
+    send); the end of the connection means the parent is gone: leave at once (exit code 3 if a message
+    could not be read)."""
     while True:
         try:
             msg = conn.recv()
         except (EOFError, OSError):
             os._exit(0)
+        except BaseException:
+            traceback.print_exc()
+            os._exit(3)
         inbox.put(msg)
         if msg[0] == "stop":
             return
 
 
 def _describe(e: BaseException) -> str:
-    try:
-        return f"{type(e).__name__}: {e}".splitlines()[0][:500]
-    except Exception:  # a broken __str__
-        return type(e).__name__
+    return (f"{type(e).__name__}: {e}".splitlines() or [""])[0][:500]
 
 
 def _unpack(
@@ -412,6 +413,7 @@ def _build_replica(
     autocast: str | None,
     backend: str,
     vllm_kwargs: dict[str, Any] | None,
+    device: str,
 ) -> Rollout:
     """In the child: the sampler of :func:`replica_builder`."""
     from sppo_rl.llm.models.tiny import load_tokenizer
@@ -424,7 +426,7 @@ def _build_replica(
     from sppo_rl.llm.models.core import load_actor
     from sppo_rl.llm.rollout.hf import HFRollout
 
-    replica = load_actor(actor_path, dtype=dtype, device="cpu").eval().requires_grad_(False)
+    replica = load_actor(actor_path, dtype=dtype, device=device).eval().requires_grad_(False)
     cast = getattr(torch, autocast) if autocast else None
     return HFRollout(replica, tokenizer, add_special_tokens=False, pad_id=pad_id, autocast=cast)
 
@@ -436,14 +438,15 @@ def replica_builder(
     autocast: str | None = None,
     backend: str = "hf",
     vllm_kwargs: dict[str, Any] | None = None,
+    device: str = "cpu",
 ) -> Callable[[], Rollout]:
     """A picklable ``build`` for :class:`RolloutWorker`: in the child, the tokenizer of ``actor_path``
-    and, for ``backend="hf"``, an :class:`~sppo_rl.llm.rollout.hf.HFRollout` on a CPU replica loaded from
-    ``actor_path`` in ``dtype`` (prompts taken as rendered, ``pad_id`` the run's, forward passes under
+    and, for ``backend="hf"``, an :class:`~sppo_rl.llm.rollout.hf.HFRollout` on a replica loaded from
+    ``actor_path`` in ``dtype`` on ``device`` (prompts taken as rendered, ``pad_id`` the run's, forward passes under
     ``autocast``, e.g. ``"bfloat16"``); for ``backend="vllm"``, ``VLLMRollout(actor_path, tokenizer,
     **vllm_kwargs)``."""
     if backend not in ("hf", "vllm"):
         raise ValueError(f"backend must be 'hf' or 'vllm', got {backend!r}")
     return functools.partial(
-        _build_replica, str(actor_path), dtype, int(pad_id), autocast, backend, vllm_kwargs
+        _build_replica, str(actor_path), dtype, int(pad_id), autocast, backend, vllm_kwargs, device
     )
