@@ -17,8 +17,8 @@ sigmoid fitted per method, its table in ``compare.md``: :mod:`sppo_rl.experiment
     python scripts/compare_llm.py --set latent --updates 30 --prompts-per-step 8 --out runs/cmp_latent \
         --llm-args "--val-size 128 --eval-samples 4 --actor-lr 3e-5"
 
-Run sets (``--set``, narrowed by ``--only NAME ...``): ``long``, ``methods``, ``latent``, ``all`` (every method; the
-default). ``--seconds S`` gives every run the same training wall-clock (``--max-seconds`` of ``sppo-rl
+Run sets (``--set``, narrowed by ``--only NAME ...``): ``long``, ``methods``, ``latent``, ``real``, ``async`` (SPPO
+with ``--max-staleness`` 0, 1 and 2), ``all`` (every method; the default). ``--seconds S`` gives every run the same training wall-clock (``--max-seconds`` of ``sppo-rl
 llm``: the last update is the first to end past S; validation is not counted); ``--updates K`` the same
 number of updates. ``--workers N`` runs N processes at a time: wall-clock figures are only comparable
 on a quiet machine with N no larger than its free cores. ``--reuse`` keeps a run whose folder holds a
@@ -109,7 +109,7 @@ ALL = [
     # lambda (alpha 1: lambda 0.9 at 10 tokens; VAPO's 0.05 is for responses of hundreds), value pre-training
     ("ppo-vc", [*PPO, "--lam-critic", "1.0", "--lam-alpha", "1.0", "--critic-warmup", "5"]),
 ]
-SET_NAMES = ("long", "methods", "latent", "real", "all")
+SET_NAMES = ("long", "methods", "latent", "real", "async", "all")
 BASELINE = "sppo"  # every other method is compared against it (--baseline)
 TINY_SEEDS = 14
 """Default seeds of the tiny-model sets (a run takes tens of seconds): the five-seed tables in the docs
@@ -179,6 +179,13 @@ def run_sets() -> dict[str, list[tuple[str, list[str]]]]:
             ),
             ("ppo", [*PPO, "--model", REAL_MODEL, "--critic-model", REAL_CRITIC]),
         ],  # fmt: skip
+        # asynchronous rollouts: SPPO synchronous (K = 0) against its sampler 1 and 2 updates ahead in a
+        # worker process (decoupled PPO's correction, the default with staleness); equal FLOPs per update
+        "async": [
+            ("sppo", flags["sppo"]),
+            ("sppo-k1", [*flags["sppo"], "--max-staleness", "1"]),
+            ("sppo-k2", [*flags["sppo"], "--max-staleness", "2"]),
+        ],
         "all": list(ALL),
     }
 

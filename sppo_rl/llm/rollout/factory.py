@@ -153,12 +153,14 @@ def _hf_in_worker(
     actor_path: str, dtype: str, device: str, pad_id: int, autocast: str | None, backend: Any
 ) -> Rollout:
     """In the worker: ``backend`` (:class:`HFRollout` or the latent one) on a replica of ``actor_path``."""
-    from sppo_rl.llm.models.core import load_actor
+    from sppo_rl.llm.models.core import load_actor, quiet_transformers
     from sppo_rl.llm.models.tiny import load_tokenizer
 
     tokenizer = load_tokenizer(actor_path)
-    replica = load_actor(Path(actor_path), dtype=getattr(torch, dtype), device=torch.device(device))
-    replica = replica.eval().requires_grad_(False)
+    quiet_transformers()
+    # parameters left requiring grad, as the trained actor's: torch's CPU kernels under no_grad round the
+    # log-probs differently (~5e-7) for weights that require grad, and the replica must match the actor
+    replica = load_actor(Path(actor_path), dtype=getattr(torch, dtype), device=torch.device(device)).eval()
     cast = getattr(torch, autocast) if autocast else None
     return backend(replica, tokenizer, add_special_tokens=False, pad_id=pad_id, autocast=cast)
 

@@ -57,15 +57,19 @@ from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
 from sppo_rl.llm.rollout.base import Rollout, RolloutBatch, SamplingParams, Seeds
-from sppo_rl.runtime.run import RunError
+from sppo_rl.runtime.run import RunError, RunFailed
 
 _OWNED_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 _POLL_S = 0.2
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
+PROCESS_NAME = "sppo-rollout"
+"""The worker process's name (Linux), to tell it from the run's reward workers."""
 
 
-class WorkerDied(RunError):
-    """The rollout worker's process ended while a request was unanswered or a call was made."""
+class WorkerDied(RunFailed):
+    """The rollout worker's process ended while a request was unanswered or a call was made: the run stops
+    (``sppo-rl`` exits 1 with this line; ``--resume`` goes on from the last checkpoint)."""
 
 
 class _ChildTraceback(Exception):
@@ -76,10 +80,13 @@ class _ChildTraceback(Exception):
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL this process when its parent ends; leave now if it already has."""
+    """Ask Linux to SIGKILL this process when its parent ends (and name it :data:`PROCESS_NAME`, what
+    ``ps`` and ``/proc/PID/comm`` show); leave now if the parent has ended already."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+            libc.prctl(_PR_SET_NAME, ctypes.c_char_p(PROCESS_NAME.encode()), 0, 0, 0)
     if os.getppid() != parent_pid:
         os._exit(0)
 
