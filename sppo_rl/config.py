@@ -329,6 +329,13 @@ class RunConfig:
     """BPPO: fraction of each selected sequence's positions trained on (its prefix)."""
     bppo_accuracy_threshold: float = 0.5
     """BPPO: below this batch accuracy the full groups are trained on (GRPO); at or above it, the binary prefix pairs."""
+    astar_samples: int = 8
+    """A*-PO: samples of the reference policy (the initial actor) per context (prompt / pool start state)
+    from which V* is estimated once, before update 1 (TRL's num_value_samples, the authors' 8)."""
+    astar_beta1: float = 0.5
+    """A*-PO: beta1 of V* = beta1 log mean_i exp(r_i / beta1) (TRL's and the authors' 0.5)."""
+    astar_beta2: float = 1e-3
+    """A*-PO: beta2 of the regression (beta2 sum_t log pi / pi_ref - (R - V*))^2 (TRL's and the authors' 1e-3)."""
     resume: bool = False
     """Continue the run in --out-dir from its latest checkpoint (metrics continue exactly)."""
     overwrite: bool = False
@@ -374,6 +381,9 @@ class RunConfig:
             ("ent_coef", ge(0), ">= 0"),
             ("bppo_prefix_ratio", within(0, 1, open_lo=True), "in (0, 1]"),
             ("bppo_accuracy_threshold", within(0, 1), "in [0, 1]"),
+            ("astar_samples", ge(1), ">= 1"),
+            ("astar_beta1", gt(0), "> 0"),
+            ("astar_beta2", gt(0), "> 0"),
             ("max_seconds", optional(gt(0)), "> 0 seconds, or None for no budget"),
             (
                 "threads",

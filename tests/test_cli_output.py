@@ -33,7 +33,16 @@ def test_control_ends_with_headline_folder_wall_time_and_next_commands(tmp_path,
 def test_info_lists_algorithms_tasks_and_recipes(capsys):
     main(["info"])
     text = capsys.readouterr().out
-    for name in ("sppo", "grpo", "precision-cartpole", "hopper", "arithmetic", "sppo-7b-dapo"):
+    for name in (
+        "sppo",
+        "grpo",
+        "spo",
+        "astar-po",
+        "precision-cartpole",
+        "hopper",
+        "arithmetic",
+        "sppo-7b-dapo",
+    ):
         assert name in text, name
 
 
@@ -59,13 +68,13 @@ def test_algo_help_lists_every_algorithm_of_the_registry(capsys):
     from sppo_rl.agents.algorithms import ALGORITHMS
 
     control = [a.name for a in ALGORITHMS.values() if "control" in a.worlds]
-    assert len(control) == 19 and len(ALGORITHMS) == 21  # the old help named 10
+    assert len(control) == 20 and len(ALGORITHMS) == 22  # the old help named 10
     text = _help("control", capsys)
-    assert f"--algo STR Algorithm (19; `sppo-rl info` describes each): {', '.join(control)}. " in text
+    assert f"--algo STR Algorithm (20; `sppo-rl info` describes each): {', '.join(control)}. " in text
     text = _help("llm", capsys)
-    assert f"Algorithm (21; `sppo-rl info` describes each): {', '.join(ALGORITHMS)}. " in text
+    assert f"Algorithm (22; `sppo-rl info` describes each): {', '.join(ALGORITHMS)}. " in text
     text = _help("sweep", capsys)
-    assert f"Algorithms (19; `sppo-rl info` describes each): {', '.join(control)}. " in text
+    assert f"Algorithms (20; `sppo-rl info` describes each): {', '.join(control)}. " in text
 
 
 def test_sweep_help_names_the_tasks(capsys):

@@ -173,7 +173,7 @@ def test_same_seed_same_metrics_and_different_seed_differs(tmp_path):
     del c
 
 
-@pytest.mark.parametrize("algo", ["sppo", "ppo", "remax", "spo"])
+@pytest.mark.parametrize("algo", ["sppo", "ppo", "remax", "spo", "astar-po"])
 def test_resume_equals_uninterrupted(tmp_path, algo):
     full = control_config(tmp_path / "full", algo=algo, total_episodes=512, checkpoint_every=2)
     run_control(full)
@@ -381,6 +381,72 @@ def test_spo_start_states_draw_by_uncertainty_and_discount_by_distance():
     (d,) = pool.distances(moved, [2])
     assert d == pytest.approx(0.005)
     assert pool.observe([2], ep, [d]) == [pytest.approx(2 ** (-0.005 / 0.06))]
+
+
+def test_astar_v_star_is_estimated_from_k_reference_episodes_per_pool_state():
+    """A*-PO's stage 1 (sppo_rl/control/astar.py): ``V*`` of each of the pool's 3 start states from its
+    ``k = 3`` episodes of the frozen initial actor, run in rounds of the env's 4 sub-envs (the last round
+    of 9 episodes filled with 3 repeats that are left out): the same episodes collected by hand give the same table."""
+    from sppo_rl.agents.rivals import optimal_value
+    from sppo_rl.control.astar import ReferenceValues
+    from sppo_rl.control.spo import StartStates
+
+    spec = get_task("short-cartpole")
+    env = make_episode_env(spec.name, num_envs=4)
+    torch.manual_seed(0)
+    actor = Actor(spec.obs_dim, spec.action_dim, spec.discrete)
+    table = ReferenceValues(3, seed=5, actor=actor)
+    assert np.array_equal(table.seeds, StartStates(3, seed=5).seeds)  # SPO's pool
+    with torch.no_grad():
+        actor.body[0].weight.add_(1.0)  # the run's actor moves; the reference is a copy
+    table.estimate(env, spec.horizon, samples=3, beta1=0.5, seed=7)
+    rows = np.repeat(table.seeds, 3)
+    gen = torch.Generator().manual_seed(7 + 3)
+    a = collect(env, table.reference, rows[:4], spec.horizon, None, gen)
+    b = collect(env, table.reference, rows[4:8], spec.horizon, None, gen)
+    c = collect(env, table.reference, rows[8:].repeat(4), spec.horizon, None, gen)
+    R = torch.cat([a.success, b.success, c.success[:1]]).double().view(3, 3)
+    env.close()
+    assert torch.equal(table.v_star, optimal_value(R, 0.5))
+    assert table.env_steps == int(a.lengths.sum() + b.lengths.sum() + c.lengths[0])
+    assert table.values([2, 0]).tolist() == [table.v_star[2].item(), table.v_star[0].item()]
+    assert not torch.equal(table.reference.body[0].weight, actor.body[0].weight)
+
+
+def test_astar_po_regresses_onto_r_minus_v_star_against_the_frozen_initial_actor(tmp_path):
+    """One epoch of one minibatch: at update 1 the actor is the reference, so the loss is
+    ``mean_b (R_b - V*_b)^2`` exactly and the implicit reward 0; at update 2 the actor has moved away
+    from the reference (a ratio to the *old* policy would read 0 again). V*, the reference and stage 1's
+    env steps are in the checkpoint; the reference never moves."""
+    cfg = control_config(
+        tmp_path,
+        algo="astar-po",
+        total_episodes=128,
+        epochs=1,
+        minibatches=1,
+        spo_contexts=64,
+        astar_samples=2,
+    )
+    run = ControlRun(cfg)
+    ref0 = {k: v.clone() for k, v in run.astar.reference.state_dict().items()}
+    same = [torch.equal(ref0[k], t) for k, t in run.actor.state_dict().items() if k != "norm.frozen"]
+    assert all(same) and bool(ref0["norm.frozen"])  # the initial actor, its observation statistics frozen
+    v = run.astar.v_star
+    assert v.shape == (64,) and run.state.env_steps == run.astar.env_steps > 0
+    rollout = run.collect_rollouts()
+    R = rollout.episodes.success.double()
+    expected = float(((R - v[rollout.contexts]) ** 2).mean())
+    _, m1 = run.train(rollout)
+    assert m1["policy_loss"] == pytest.approx(expected, rel=1e-5)
+    assert m1["implicit_reward"] == 0.0 and m1["astar_v_star"] == pytest.approx(
+        float(v[rollout.contexts].mean())
+    )
+    _, m2 = run.train(run.collect_rollouts())
+    assert m2["implicit_reward"] != 0.0
+    assert all(torch.equal(ref0[k], t) for k, t in run.astar.reference.state_dict().items())
+    state = run.state_dict()
+    assert torch.equal(state["astar"]["v_star"], v) and state["astar"]["env_steps"] == run.astar.env_steps
+    run.close()
 
 
 def test_the_plan_is_a_run_plan_without_the_config(tmp_path):

@@ -352,3 +352,43 @@ def test_spo_counts_its_re_scoring_pass(tmp_path, tiny, monkeypatch):
         assert {k: row[f"flops_{k}"] for k in F.PARTS} == total, row["update"]
         last.update(zip(prompts, lengths))
     assert rescored > 0
+
+
+def test_astar_counts_its_stage_1_rollout(tmp_path, tiny, monkeypatch):
+    """A*-PO's stage 1 samples ``k = 2`` responses to every training prompt before update 1: each
+    prompt's prefill ``F(p, 1, 0)`` and every sample's decode are in ``flops_rollout`` from update 1 on,
+    on top of what the updates spend (the reference's pass, which its regression reads, included)."""
+    from sppo_rl.llm.stages.collect import Sampler
+    from sppo_rl.llm.stages.vstar import STAGE1_BASE
+    from sppo_rl.llm.trainer import LLMRun
+    from sppo_rl.runtime.logging import read_metrics
+
+    stage1 = []
+    sample = Sampler.sample
+
+    def keep(self, prompts, n, base, positions):
+        rb = sample(self, prompts, n, base, positions)
+        if base == STAGE1_BASE:
+            stage1.append(rb)
+        return rb
+
+    monkeypatch.setattr(Sampler, "sample", keep)
+    seen = _record_collects(monkeypatch)
+    run = LLMRun(_cfg(tmp_path, tiny, algo="astar-po", train_size=6, astar_samples=2))
+    run.run()
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    s = F.Shape.of(run.models.actor_engine.module.config)
+    assert len(stage1) == 2 and run.models.ref is not None  # 6 prompts, 4 per generation call
+    lengths = [F.row_lengths(rb) for rb in stage1]
+    first = sum(F.forward(s, p, logits=1) for rows_ in lengths for p, _ in rows_[::2])
+    first += sum(F.decode_tail(s, p, n) for rows_ in lengths for p, n in rows_)
+    total = dict.fromkeys(F.PARTS, 0)
+    total["rollout"] = first
+    for got, row in zip(seen, rows[1:]):
+        for k, v in _expected(run, got, not row["actor_skipped"]).items():
+            total[k] += v
+        assert {k: row[f"flops_{k}"] for k in F.PARTS} == total, row["update"]
+    assert total["reference"] > 0
+    assert rows[1]["generated_tokens"] == sum(rb.num_generated_tokens for rb in stage1) + sum(
+        r.rb.num_generated_tokens for r in seen[0].rounds
+    )

@@ -309,3 +309,34 @@ def test_truncated_importance_weight_is_pi_old_over_mu_capped_in_the_learner():
 
     assert grad(2.0) == pytest.approx([-1.0, -0.25], abs=1e-6)
     assert grad(None) == pytest.approx([-0.5, -0.5], abs=1e-6)
+
+
+@pytest.mark.parametrize("split", SPLITS, ids=["mbs1", "mbs3", "tokens9"])
+def test_the_regression_loss_is_what_the_learner_runs_for_astar_po(split):
+    """``policy_loss="regression"`` (A*-PO's default) makes the learner fit ``beta2 sum_t log(pi / pi_ref)``
+    to ``R - V*``: with the reference equal to the policy the first loss is ``mean_b (R_b - V*_b)^2``
+    exactly (a clipped surrogate starts at ``-mean A``); micro-batches change nothing; a batch without
+    the reference's log-probs is refused."""
+    cfg = LearnerConfig(
+        epochs=1, minibatches=1, agg="seq-mean-token-mean", policy_loss="regression", astar_beta2=0.1
+    )
+    whole, parts = World(), World()
+    v_star = torch.linspace(0.1, 0.9, len(whole.lengths))
+    batches = []
+    for w in (whole, parts):
+        with torch.no_grad():
+            ref, _ = w.actor(torch.arange(len(w.lengths)), w.x.shape[1])
+        b = SequenceBatch(
+            mask=w.mask, logp_old=None, rewards=w.rewards, optimal_values=v_star, ref_logp=ref * w.mask
+        )
+        batches.append(compute_advantages(b, get_algorithm("astar-po")))
+    stats = whole.update("astar-po", cfg, batches[0])
+    assert stats["policy_loss"] == pytest.approx(float(((whole.rewards - v_star) ** 2).mean()), rel=1e-6)
+    assert stats["implicit_reward"] == pytest.approx(0.0, abs=1e-7)
+    sb = parts.update("astar-po", LearnerConfig(**{**cfg.__dict__, **split}), batches[1])
+    assert (whole.weights() - World().weights()).abs().max() > 1e-3
+    assert torch.allclose(whole.weights(), parts.weights(), atol=1e-6, rtol=0)
+    assert sb["policy_loss"] == pytest.approx(stats["policy_loss"], abs=1e-6)
+    b = World().batch("grpo")
+    with pytest.raises(ValueError, match="ref_logp"):
+        World().update("grpo", LearnerConfig(policy_loss="regression"), b)

@@ -172,3 +172,27 @@ def test_spo_order_draws_distinct_prompts_by_the_trackers_uncertainty_and_restor
     again = SpoOrder(4, seed=1)
     again.load(state)
     assert again.draw(3) == order.draw(3) and again.tracker == order.tracker
+
+
+def test_vstar_order_draws_as_the_data_order_and_gives_each_row_its_prompts_v_star():
+    """A*-PO's table rides on the plain data order (the same draw as :class:`PromptOrder` of the same
+    seed), is restored with it, and each row of an update gets the ``V*`` of the prompt it answers
+    (rows ``[0, 0, 1, 1]`` of drawn prompts ``[5, 2]``: ``V*_5, V*_5, V*_2, V*_2``)."""
+    from sppo_rl.agents.batch import SequenceBatch
+    from sppo_rl.llm.stages.collect import PromptOrder
+    from sppo_rl.llm.stages.to_batch import UpdateBatch
+    from sppo_rl.llm.stages.vstar import VStarOrder, optimal_values
+
+    order, plain = VStarOrder(8, seed=3), PromptOrder(8, seed=3)
+    order.v_star = [0.1 * i for i in range(8)]
+    assert order.draw(2) == plain.draw(2) == order.drawn
+    rb = _rb([2, 1, 3, 2], [True] * 4)
+    batch = SequenceBatch(mask=rb.response_mask.float(), logp_old=None, rewards=torch.ones(4))
+    prepared = UpdateBatch(batch, rb, rb.response_lengths, rb.response_lengths, torch.zeros(4), None, None)
+    got = optimal_values(order, prepared)
+    a, b = order.drawn
+    assert batch.optimal_values.tolist() == pytest.approx([0.1 * a, 0.1 * a, 0.1 * b, 0.1 * b])
+    assert got["astar_v_star"] == pytest.approx(0.1 * (a + b) / 2)
+    again = VStarOrder(8, seed=0)
+    again.load(order.state())
+    assert again.v_star == order.v_star and again.draw(3) == order.draw(3)

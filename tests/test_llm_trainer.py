@@ -140,6 +140,38 @@ def test_spo_distance_is_zero_when_the_actor_has_not_moved(tmp_path, tiny):
     assert all(r["spo_distance"] < 1e-5 and r["spo_rho"] == 0.96 for r in trained[1:])
 
 
+def test_astar_po_trains_and_resumes_exactly_with_its_v_star_table_in_the_checkpoint(tmp_path, tiny):
+    """A*-PO's stage 1 runs once, before update 1: ``V*`` of each of the 8 training prompts from its
+    ``k = 3`` reference samples, kept in the checkpoint; 2 updates then resumed to 4 equals 4 in one go,
+    bit for bit, and the resumed run does not sample stage 1 again (its V* and totals come back)."""
+    from safetensors.torch import load_file
+
+    parity = tmp_path / "parity.py"  # pays an even length: a reward that varies, so that the actor moves
+    parity.write_text("def score(response, truth):\n    return float(len(response) % 2 == 0)\n")
+    kw = dict(algo="astar-po", updates=4, checkpoint_every=2, train_size=8, temperature=2.0, actor_lr=1e-3)
+    kw.update(reward_fn=f"{parity}:score", astar_samples=3, astar_beta2=0.1)
+    full = LLMRun(llm_config(tmp_path / "full", tiny, **kw))
+    table = list(full.state.order.v_star)
+    assert len(table) == 8 and all(0.0 <= v <= 1.0 for v in table) and len(set(table)) > 1
+    assert full.state.generated_tokens > 0 and full.state.flops["rollout"] > 0  # stage 1 counted
+    full.run()
+    full.close()
+    run_llm(llm_config(tmp_path / "part", tiny, **{**kw, "updates": 2}))
+    resumed = LLMRun(llm_config(tmp_path / "part", tiny, **{**kw, "resume": True}))
+    assert resumed.state.order.v_star == table
+    resumed.run()
+    resumed.close()
+    a = read_metrics(tmp_path / "full" / "run" / "metrics.jsonl")
+    b = read_metrics(tmp_path / "part" / "run" / "metrics.jsonl")
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]  # noqa: E731
+    assert strip(a) == strip(b)
+    trained = [r for r in a if "astar_v_star" in r]
+    assert len(trained) == 4 and any(r["implicit_reward"] != 0.0 for r in trained[1:])
+    fa = load_file(tmp_path / "full" / "run" / "final" / "actor" / "model.safetensors")
+    fb = load_file(tmp_path / "part" / "run" / "final" / "actor" / "model.safetensors")
+    assert all(torch.equal(fa[k], fb[k]) for k in fa)
+
+
 def test_reward_function_that_raises_or_hangs_is_counted_and_the_run_goes_on(tmp_path, tiny):
     fn = Path(__file__).parent / "fixtures" / "faulty_reward.py"
     cfg = llm_config(

@@ -258,3 +258,26 @@ def test_critic_loss_dispatch():
     )
     with pytest.raises(ValueError, match="no critic"):
         critic_loss(get_algorithm("grpo"), vals, ret, mask)
+
+
+def test_regression_loss_by_hand():
+    """A*-PO's ``(beta sum_t (logp - ref) - a)^2``, mean over sequences: ``beta = 0.1``; sequence 1:
+    ``logp - ref = [0.5, 1.5]``, ``a = 0.5``: ``(0.2 - 0.5)^2 = 0.09``; sequence 2: ``[-1]``, ``a = -0.2``:
+    ``(-0.1 + 0.2)^2 = 0.01``; mean 0.05. A token *mean* of the log-ratio would give
+    ``((0.1 - 0.5)^2 + 0.01) / 2 = 0.085``; a clipped surrogate something else again."""
+    from sppo_rl.agents.losses import regression_loss
+
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    ref = torch.tensor([[-1.0, -2.0], [-0.5, 0.0]])
+    logp = (ref + torch.tensor([[0.5, 1.5], [-1.0, 7.0]])).requires_grad_(True)  # 7.0: padding, ignored
+    adv = torch.tensor([[0.5, 0.5], [-0.2, 0.0]])
+    loss, m = regression_loss(logp, ref, adv, mask, beta=0.1)
+    assert loss.item() == pytest.approx(0.05)
+    assert m["implicit_reward"] == pytest.approx((0.2 - 0.1) / 2)
+    assert m["regression_target"] == pytest.approx((0.5 - 0.2) / 2)
+    loss.backward()
+    # d/dlogp_t = 2 (beta S_b - a_b) beta / B on every valid position of b: -0.03 and +0.01, 0 on padding
+    assert logp.grad.flatten().tolist() == pytest.approx([-0.03, -0.03, 0.01, 0.0])
+    # token-mean weighs each sequence by its length: (2 * 0.09 + 1 * 0.01) / 3
+    tm, _ = regression_loss(logp.detach(), ref, adv, mask, beta=0.1, agg="token-mean")
+    assert tm.item() == pytest.approx(0.19 / 3)

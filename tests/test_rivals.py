@@ -10,7 +10,7 @@ import torch
 from sppo_rl.agents.advantages import ESTIMATORS, Requirements
 from sppo_rl.agents.algorithms import compute_advantages, get_algorithm
 from sppo_rl.agents.batch import SequenceBatch, lengths_to_mask, terminal_rewards
-from sppo_rl.agents.rivals import ValueTracker, spo_discount
+from sppo_rl.agents.rivals import ValueTracker, optimal_value, spo_discount
 
 
 def _batch(rewards, lengths):
@@ -24,6 +24,7 @@ def test_the_rivals_declare_what_they_need():
     assert ESTIMATORS["opo-batch"].requires == Requirements()
     assert ESTIMATORS["shrinkage"].requires == Requirements(groups=True)
     assert ESTIMATORS["spo"].requires == Requirements(tracker=True)
+    assert ESTIMATORS["astar-po"].requires == Requirements(optimal_values=True)
 
 
 # ---------------------------------------------------------------------------------------------- OPO
@@ -159,3 +160,60 @@ def test_shrinkage_over_valid_rows_and_a_lone_valid_member():
     )
     compute_advantages(b, get_algorithm("shrinkage"))
     assert b.advantages[:, 0].tolist() == pytest.approx([0.5, -1.0, 0.0, 0.5, 1 / 3, 0.0], abs=1e-5)
+
+
+# ------------------------------------------------------------------------------------------- A*-PO
+
+
+def test_optimal_value_by_hand():
+    """``V* = beta1 log mean_i exp(r_i / beta1)``: ``r = [1, 0, 0, 0]``, ``beta1 = 0.5``:
+    ``0.5 * log((e^2 + 3) / 4)``; the plain mean (0.25) and the max (1) both fail."""
+    by_hand = 0.5 * math.log((math.exp(2.0) + 3.0) / 4.0)
+    assert by_hand == pytest.approx(0.47723, abs=1e-5)
+    v = optimal_value(torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]), 0.5)
+    assert v.dtype == torch.float64
+    assert v.tolist() == pytest.approx([by_hand, 0.0, 1.0], abs=1e-12)
+    # beta1 = 1, r = [1, 0]: log((e + 1) / 2); small beta1 -> the best reward, large -> the mean
+    assert optimal_value(torch.tensor([1.0, 0.0]), 1.0).item() == pytest.approx(math.log((math.e + 1) / 2))
+    assert optimal_value(torch.tensor([1.0, 0.0]), 1e-3).item() == pytest.approx(1.0 - 1e-3 * math.log(2))
+    assert optimal_value(torch.tensor([1.0, 0.0]), 1e4).item() == pytest.approx(0.5, abs=1e-4)
+    # stable where exp(r / beta1) overflows in float32 (r / beta1 = 1000)
+    assert optimal_value(torch.tensor([1.0, 1.0]), 1e-3).item() == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="beta1"):
+        optimal_value(torch.tensor([1.0]), 0.0)
+
+
+def test_astar_advantage_is_the_outcome_minus_v_star():
+    """``A = R - V*``, not normalised: ``R = [1, 0]``, ``V* = 0.4772``: ``[0.5228, -0.4772]``."""
+    v = 0.5 * math.log((math.exp(2.0) + 3.0) / 4.0)
+    R, mask, tr = _batch([1, 0, 1], [2, 3, 1])
+    adv, ret = ESTIMATORS["astar-po"](
+        token_rewards=tr, mask=mask, optimal_values=torch.tensor([v, v, 1.0], dtype=torch.float64)
+    )
+    assert adv[0, :2].tolist() == pytest.approx([1 - v] * 2)
+    assert adv[1, :3].tolist() == pytest.approx([-v] * 3)
+    assert adv[2, 0].item() == 0.0 and torch.all(adv[mask == 0] == 0.0)
+    assert ret.tolist() == R.tolist()
+
+
+def test_astar_runs_through_compute_advantages_with_invalid_rows():
+    R = torch.tensor([1.0, 0.0, 1.0])
+    batch = SequenceBatch(
+        mask=torch.ones(3, 2),
+        logp_old=torch.zeros(3, 2),
+        rewards=R,
+        optimal_values=torch.tensor([0.25, 0.5, 0.75]),
+        valid=torch.tensor([True, True, False]),
+    )
+    compute_advantages(batch, get_algorithm("astar-po"))
+    assert batch.advantages[:, 0].tolist() == pytest.approx([0.75, -0.5, 0.0])
+    with pytest.raises(ValueError, match="optimal_values"):
+        compute_advantages(
+            SequenceBatch(mask=torch.ones(3, 2), logp_old=None, rewards=R), get_algorithm("astar-po")
+        )
+
+
+def test_astar_po_is_a_one_sample_regression_algorithm():
+    algo = get_algorithm("astar-po")
+    assert algo.group_size == 1 and algo.critic_loss == "none"
+    assert algo.defaults == {"policy_loss": "regression", "agg": "seq-mean-token-mean"}

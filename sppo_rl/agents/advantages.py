@@ -15,6 +15,8 @@ keyword contract::
 - ``group_ids`` ``[B]``: sequences from the same context share an id (group methods).
 - ``baseline_rewards`` ``[B]``: the greedy rollout's outcome for each sequence's context (``remax``).
 - ``tracker_values`` ``[B]``: a per-context value tracker's estimate (``spo``).
+- ``optimal_values`` ``[B]``: a per-context optimal value ``V*`` estimated once before training
+  (``astar-po``).
 
 ``advantages`` is ``[B, T]`` and exactly 0 where ``mask`` is 0. ``returns`` holds the critic's
 targets: ``[B, T]`` for ``gae``, the outcome ``R`` ``[B]`` for every sequence-level estimator.
@@ -59,6 +61,10 @@ class Requirements:
         tracker: needs a per-context value tracker's estimate for each sequence, read before the batch's
             outcomes update it, as ``tracker_values`` ``[B]`` (SPO: :class:`~sppo_rl.agents.rivals.ValueTracker`);
             the trainer keeps the tracker, updates it after the estimate and checkpoints it.
+        optimal_values: needs each sequence's context's ``V*``, estimated once before training from
+            samples of the reference policy, as ``optimal_values`` ``[B]`` (A*-PO:
+            :func:`~sppo_rl.agents.rivals.optimal_value`); the trainer keeps the reference policy and the
+            table of ``V*`` and checkpoints the table.
     """
 
     critic: CriticKind = "none"
@@ -67,6 +73,7 @@ class Requirements:
     greedy_baseline: bool = False
     logprobs: bool = False
     tracker: bool = False
+    optimal_values: bool = False
 
 
 EstimatorFn = Callable[..., tuple[Tensor, Tensor]]

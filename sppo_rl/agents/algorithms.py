@@ -78,6 +78,11 @@ REINFORCE_PP_DEFAULTS: dict[str, Any] = {"kl_coef": 0.01, "kl_in": "reward", "kl
 (``examples/scripts/train_reinforce_llama_ray.sh``: ``--advantage_estimator reinforce --init_kl_coef
 0.01``, KL in the reward, k1 by default). LLM world only (the control world has no reference policy)."""
 
+ASTAR_DEFAULTS: dict[str, Any] = {"policy_loss": "regression", "agg": "seq-mean-token-mean"}
+"""A*-PO's stage 2 (arXiv 2505.20686; TRL's ``A2POTrainer.compute_loss``, the authors'
+``compute_policy_loss``): a least-squares regression instead of a clipped surrogate
+(:func:`~sppo_rl.agents.losses.regression_loss`), its squared errors averaged over sequences."""
+
 UNSET: dict[str, Any] = {"clip": 0.2, "kl_coef": 0.0, "kl_in": "loss", "kl_estimator": "k3"}
 """What a run setting left None means where its algorithm has no default of its own."""
 
@@ -160,6 +165,15 @@ ALGORITHMS: dict[str, Algorithm] = {
             "none",
             1,
             "SPO: A = R - p_hat(prompt) from a KL-discounted Beta tracker, normalised over the batch",
+        ),
+        Algorithm(
+            "astar-po",
+            "astar-po",
+            "none",
+            1,
+            "A*-PO: V* from k reference samples per prompt before training, then one sample per prompt "
+            "and a least-squares fit of beta2 log(pi / pi_ref) to R - V*",
+            defaults=ASTAR_DEFAULTS,
         ),
         Algorithm(
             "shrinkage",
@@ -323,7 +337,7 @@ def compute_advantages(batch: SequenceBatch, algo: Algorithm, **params: object) 
 
     Passes every estimator ``token_rewards``, ``mask`` and ``rewards`` (the outcome alone), and exactly
     what it declares: ``values`` (``batch.values``, converted by :func:`critic_values`), ``group_ids``,
-    ``baseline_rewards``, ``logp_old``, ``tracker_values``; ``params`` are
+    ``baseline_rewards``, ``logp_old``, ``tracker_values``, ``optimal_values``; ``params`` are
     estimator and selector parameters (``gamma``, ``lam``, ``whiten``, ``std``, ``eps``, ...). The
     loss mask is ``batch.mask``, or what the algorithm's selector keeps of it.
 
@@ -386,6 +400,10 @@ def _estimate(
         if batch.tracker_values is None:
             raise ValueError(f"{algo.name} needs tracker_values (a per-context value tracker) in the batch")
         kwargs["tracker_values"] = batch.tracker_values
+    if req.optimal_values:
+        if batch.optimal_values is None:
+            raise ValueError(f"{algo.name} needs optimal_values (each context's V*) in the batch")
+        kwargs["optimal_values"] = batch.optimal_values
     advantages, returns = est(**kwargs)
     if algo.critic_loss == "bce" and req.critic == "sequence":
         # the success critic's target is the outcome itself, even when a KL penalty sits in the reward

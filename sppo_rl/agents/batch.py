@@ -45,6 +45,8 @@ class SequenceBatch:
             :func:`~sppo_rl.agents.algorithms.compute_advantages` and ``critic_loss``).
         tracker_values: ``[B]`` a per-context value tracker's estimate for each sequence's context,
             read before this batch's outcomes enter it (SPO's ``p_hat``), or None.
+        optimal_values: ``[B]`` the optimal value ``V*`` of each sequence's context, estimated before
+            training from the reference policy (A*-PO), or None.
     """
 
     mask: Tensor
@@ -61,6 +63,7 @@ class SequenceBatch:
     logp_rollout: Tensor | None = None
     valid: Tensor | None = None
     tracker_values: Tensor | None = None
+    optimal_values: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.mask.dim() != 2:

@@ -40,6 +40,7 @@ from sppo_rl.agents.losses import (
     explained_variance,
     kl_penalty,
     policy_loss,
+    regression_loss,
 )
 
 ActorFn = Callable[[Tensor, int], tuple[Tensor, Tensor]]
@@ -141,6 +142,9 @@ class LearnerConfig:
     ratio_level: RatioLevel = "token"
     policy_loss: LossMode = "ppo"
     tis_cap: float | None = None
+    astar_beta2: float = 1e-3
+    """``beta2`` of ``policy_loss="regression"`` (A*-PO: :func:`~sppo_rl.agents.losses.regression_loss`);
+    the run config's field of the same name."""
 
     @classmethod
     def from_run(
@@ -411,11 +415,18 @@ def ppo_update(
                     assert b.logp_old is not None  # given, or filled just above
                     if cfg.tis_cap is not None and b.logp_rollout is not None:
                         tis = torch.exp((b.logp_old - b.logp_rollout).clamp(max=20.0)).clamp(max=cfg.tis_cap)
-                    pl, pm = policy_loss(
-                        logp, b.logp_old, b.advantages, b.loss_mask, cfg.clip,
-                        cfg.clip if cfg.clip_high is None else cfg.clip_high, cfg.dual_clip, cfg.agg, L,
-                        cfg.ratio_level, cfg.policy_loss, tis,
-                    )  # fmt: skip
+                    if cfg.policy_loss == "regression":  # A*-PO: least squares onto R - V*, no surrogate
+                        if b.ref_logp is None:
+                            raise ValueError("the regression loss needs the reference's log-probs (ref_logp)")
+                        pl, pm = regression_loss(
+                            logp, b.ref_logp, b.advantages, b.loss_mask, cfg.astar_beta2, cfg.agg, L, b.logp_old
+                        )  # fmt: skip
+                    else:
+                        pl, pm = policy_loss(
+                            logp, b.logp_old, b.advantages, b.loss_mask, cfg.clip,
+                            cfg.clip if cfg.clip_high is None else cfg.clip_high, cfg.dual_clip, cfg.agg, L,
+                            cfg.ratio_level, cfg.policy_loss, tis,
+                        )  # fmt: skip
                     entropy = agg_loss(ent, b.loss_mask, cfg.agg, L)
                     loss = pl - cfg.ent_coef * entropy
                     w = agg_units(b.loss_mask, cfg.agg) * dist.world / max(a_tot, 1.0)

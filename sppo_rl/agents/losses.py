@@ -20,7 +20,7 @@ KL_CLAMP = 10.0
 """Default bound of :func:`kl_penalty`'s values: ``[-10, 10]``, verl's ``low_var_kl`` and OpenRLHF's."""
 RatioLevel = Literal["token", "sequence", "sequence-token"]
 RATIO_LEVELS: tuple[str, ...] = ("token", "sequence", "sequence-token")
-LossMode = Literal["ppo", "cispo"]
+LossMode = Literal["ppo", "cispo", "regression"]
 
 
 def agg_loss(
@@ -167,6 +167,61 @@ def policy_loss(
             "ratio_min": float(ratio[valid].min()) if any_valid else 1.0,
             "ratio_max": float(ratio[valid].max()) if any_valid else 1.0,
         }
+    return loss, metrics
+
+
+def regression_loss(
+    logp: Tensor,
+    ref_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    beta: float,
+    agg: AggMode = "seq-mean-token-mean",
+    length_budget: int | None = None,
+    logp_old: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """A*-PO's stage-2 loss (arXiv 2505.20686; TRL's ``A2POTrainer.compute_loss``, the authors'
+    ``compute_policy_loss``): a least-squares regression of the implicit reward onto the advantage,
+
+    ``l_b = ( beta * sum_t (logp_t - ref_logp_t) - a_b )^2``,
+
+    the log-ratio to the reference summed over the sequence's positions in ``mask`` (both sources sum
+    over the response's tokens), ``a_b`` the sequence's advantage (``R - V*``: its mean over its positions
+    in ``mask``, where an estimator broadcasts one value). No ratio to the old policy, no clipping.
+    ``l_b`` is put on each of the sequence's positions and reduced by :func:`agg_loss`, so every
+    aggregation splits over micro-batches exactly as the learner weighs them; ``seq-mean-token-mean``
+    (A*-PO's default) is ``mean_b l_b``, TRL's ``.mean()`` over sequences. A sequence with no position in
+    ``mask`` has no loss.
+    Worked example: ``beta = 0.1``; sequence 1: ``logp - ref = [0.5, 1.5]``, ``a = 0.5``:
+    ``(0.1 * 2 - 0.5)^2 = 0.09``; sequence 2: ``[-1]``, ``a = -0.2``: ``(-0.1 + 0.2)^2 = 0.01``; mean 0.05.
+    Metrics: ``implicit_reward`` (mean of ``beta * sum_t log ratio``), ``regression_target`` (mean ``a_b``),
+    and, with ``logp_old``, PPO's ``approx_kl`` / ``approx_kl_k3`` / ``ratio_min`` / ``ratio_max`` of the
+    token ratios to it (``clipfrac`` 0: nothing is clipped).
+    """
+    mask = mask.to(logp.dtype)
+    n = mask.sum(-1)
+    has = n > 0
+    implicit = beta * ((logp - ref_logp) * mask).sum(-1)
+    target = (advantages.to(logp.dtype) * mask).sum(-1) / n.clamp(min=1)
+    per_seq = (implicit - target.detach()) ** 2
+    loss = agg_loss(per_seq[:, None] * mask, mask, agg, length_budget)
+    with torch.no_grad():
+        rows = has.to(logp.dtype).sum().clamp(min=1)
+        metrics = {
+            "implicit_reward": float((implicit * has).sum() / rows),
+            "regression_target": float((target * has).sum() / rows),
+            "clipfrac": 0.0,
+            "dual_clipfrac": 0.0,
+        }
+        if logp_old is not None:
+            tlr = (logp - logp_old).clamp(-20.0, 20.0)
+            tot = mask.sum().clamp(min=1)
+            valid = mask > 0
+            ratio = torch.exp(tlr)
+            metrics["approx_kl"] = float((-tlr * mask).sum() / tot)
+            metrics["approx_kl_k3"] = float((((ratio - 1) - tlr) * mask).sum() / tot)
+            metrics["ratio_min"] = float(ratio[valid].min()) if bool(valid.any()) else 1.0
+            metrics["ratio_max"] = float(ratio[valid].max()) if bool(valid.any()) else 1.0
     return loss, metrics
 
 

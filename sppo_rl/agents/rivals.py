@@ -1,5 +1,5 @@
 """Single-sample rivals of SPPO as parts of the shared core: OPO's optimal baseline, the James-Stein
-shrinkage baseline, and SPO's per-context value tracker.
+shrinkage baseline, SPO's per-context value tracker and A*-PO's optimal value.
 
 - **OPO** (On-Policy RL with Optimal reward baseline, arXiv 2505.23585): the variance-minimising baseline
   ``b* = E[|g|^2 R] / E[|g|^2]`` with the squared gradient norm taken proportional to the sequence's
@@ -15,10 +15,16 @@ shrinkage baseline, and SPO's per-context value tracker.
   estimate is the baseline (``A = R - p_hat``), the advantages are normalised over the batch
   (``"spo"``), and contexts are drawn in proportion to ``sqrt(p_hat (1 - p_hat)) + 0.05``
   (:meth:`ValueTracker.sampling_weights`).
+- **A*-PO** (Optimal Advantage Regression, arXiv 2505.20686; TRL's ``A2POTrainer``, the authors' verl
+  code ``verl/trainer/apo/core_algos.py``): each context's optimal value
+  ``V* = beta1 log mean_i exp(r_i / beta1)`` estimated once, before training, from ``k`` samples of the
+  reference policy (:func:`optimal_value`); the advantage ``A = R - V*`` (``"astar-po"``) is the target
+  of a least-squares regression (:func:`~sppo_rl.agents.losses.regression_loss`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -217,3 +223,48 @@ class ValueTracker:
     def load_state_dict(self, state: dict[str, dict[Any, Any]]) -> None:  # keys: ints, or their JSON strings
         self.alpha = {int(k): float(v) for k, v in state["alpha"].items()}
         self.beta = {int(k): float(v) for k, v in state["beta"].items()}
+
+
+# --------------------------------------------------------------------------------------------------
+# A*-PO
+
+
+ASTAR_SAMPLES = 8
+"""``k``: reference samples per context for ``V*`` (TRL's ``num_value_samples``; the authors' scripts'
+``num_gen_to_use=8``)."""
+ASTAR_BETA1 = 0.5
+"""``beta1`` of ``V*`` (TRL's ``A2POConfig.beta1``; the authors' scripts' ``beta1=0.5``)."""
+ASTAR_BETA2 = 1e-3
+"""``beta2`` of the stage-2 regression (TRL's ``A2POConfig.beta2``; the authors' scripts' ``beta2=1e-3``)."""
+
+
+def optimal_value(rewards: Tensor, beta1: float = ASTAR_BETA1) -> Tensor:
+    """A*-PO's stage 1: ``V*(x) = beta1 * log( (1/k) sum_i exp(r(x, y_i) / beta1) )`` over the last dim
+    of ``rewards`` (``[..., k]``: the rewards of ``k`` samples of the reference policy for one context),
+    computed stably as ``beta1 * (logsumexp(r / beta1) - log k)`` (TRL's ``_estimate_optimal_values``).
+
+    ``V*`` lies between the mean reward (``beta1 -> inf``) and the best one (``beta1 -> 0``).
+    Worked example: ``r = [1, 0, 0, 0]``, ``beta1 = 0.5``: ``0.5 * log((e^2 + 3) / 4) = 0.4772``;
+    all ``k`` rewards 0: ``V* = 0``; all 1: ``V* = 1``. Float64 result."""
+    if beta1 <= 0:
+        raise ValueError(f"beta1 must be > 0, got {beta1}")
+    r = rewards.double()
+    if r.shape[-1] == 0:
+        raise ValueError("V* needs at least one reference sample per context")
+    return beta1 * (torch.logsumexp(r / beta1, dim=-1) - math.log(r.shape[-1]))
+
+
+@register_estimator("astar-po", Requirements(optimal_values=True))
+@torch.no_grad()
+def astar_po(
+    *, token_rewards: Tensor, mask: Tensor, optimal_values: Tensor, **_: object
+) -> tuple[Tensor, Tensor]:
+    """A*-PO's optimal-advantage estimate: ``A_b = R_b - V*(context_b)``, ``V*`` read from the table
+    estimated before training (:func:`optimal_value`). No normalisation, no groups, no critic: it is the
+    regression target of :func:`~sppo_rl.agents.losses.regression_loss`, in reward units.
+    Worked example: ``R = [1, 0]``, ``V* = [0.4772, 0.4772]``: ``A = [0.5228, -0.4772]``."""
+    if optimal_values is None or optimal_values.shape != mask.shape[:1]:
+        raise ValueError(f"astar-po needs one V* per sequence, shape ({mask.shape[0]},)")
+    R = sequence_scores(token_rewards, mask)
+    a = R.double() - optimal_values.double()
+    return broadcast(a.to(R.dtype), mask), R

@@ -48,7 +48,8 @@ class ControlConfig(RunConfig):
     """LamPO: temperature of the confidence weighting of pairwise reward differences."""
     spo_contexts: int = 256
     """SPO: the fixed pool of start states its value tracker follows (a fresh start state never recurs);
-    each update draws its episodes' start states from the pool, prioritised by the tracker's uncertainty."""
+    each update draws its episodes' start states from the pool, prioritised by the tracker's uncertainty.
+    A*-PO: the pool whose V* it estimates before update 1 (--astar-samples reference episodes each), drawn uniformly."""
     max_grad_norm: float = 0.5
     """Gradient clipping (global norm) for the actor and the critic separately."""
     dense: bool = False

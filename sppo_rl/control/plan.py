@@ -31,7 +31,7 @@ from sppo_rl.agents.algorithms import (
 from sppo_rl.agents.learner import LearnerConfig
 from sppo_rl.control.actor_files import check_init_actor, resolve_init
 from sppo_rl.control.config import ControlConfig
-from sppo_rl.runtime.plan import LoopSettings, RunPlan
+from sppo_rl.runtime.plan import AStar, LoopSettings, RunPlan
 from sppo_rl.runtime.run import RunError
 
 if TYPE_CHECKING:
@@ -94,12 +94,13 @@ class Plan(RunPlan):
     """Everything a control run derives from its config, computed once by :func:`resolve`: the shared
     :class:`~sppo_rl.runtime.plan.RunPlan` (``loop.updates = ceil(total_episodes / E)``), the task's spec,
     the derived sizes (:class:`Resolved`), whether the run trains on the dense shaped reward, SPO's
-    start-state pool size, the networks, the optimisers and the evaluation."""
+    start-state pool size (A*-PO's too), A*-PO's stage 1, the networks, the optimisers and the evaluation."""
 
     spec: TaskSpec
     resolved: Resolved
     dense: bool
     spo_contexts: int
+    astar: AStar
     networks: Networks
     optim: Optimisation
     evaluation: Evaluation
@@ -124,7 +125,7 @@ def resolve(cfg: ControlConfig) -> Plan:
         raise RunError(f"--total-episodes ({cfg.total_episodes}) is smaller than one update ({E} episodes)")
     if cfg.epochs < 1 or cfg.minibatches < 1 or cfg.minibatches > E:
         raise RunError(f"need epochs >= 1 and 1 <= minibatches <= episodes_per_update ({E})")
-    if algo.requires.tracker and cfg.spo_contexts < E // G:
+    if (algo.requires.tracker or algo.requires.optimal_values) and cfg.spo_contexts < E // G:
         raise RunError(f"--spo-contexts ({cfg.spo_contexts}) must hold one update's start states ({E // G})")
     init_path = resolve_init(cfg.init_from, spec.name)
     if init_path is not None:
@@ -155,6 +156,7 @@ def resolve(cfg: ControlConfig) -> Plan:
         resolved=resolved,
         dense=cfg.dense,
         spo_contexts=cfg.spo_contexts,
+        astar=AStar(cfg.astar_samples, cfg.astar_beta1),
         networks=networks,
         optim=optim,
         evaluation=evaluation,

@@ -19,6 +19,7 @@ from torch import Tensor
 from sppo_rl.control.networks import Actor
 
 if TYPE_CHECKING:
+    from sppo_rl.control.astar import ReferenceValues
     from sppo_rl.control.plan import Resolved
     from sppo_rl.control.spo import StartStates
 
@@ -144,11 +145,11 @@ class Rollout:
 
 
 def start_states(
-    r: Resolved, rng: np.random.Generator, spo: StartStates | None
+    r: Resolved, rng: np.random.Generator, spo: StartStates | ReferenceValues | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
     """One update's per-row reset seeds, group ids and greedy flags, and SPO's pool indices (empty
-    without SPO): ``r.contexts_per_update`` start states drawn from ``rng`` (SPO: from its pool,
-    prioritised by its tracker), each used ``r.group_size`` times, plus one greedy row each when the
+    without SPO or A*-PO): ``r.contexts_per_update`` start states drawn from ``rng`` (SPO: from its pool,
+    prioritised by its tracker; A*-PO: from the same pool, uniformly), each used ``r.group_size`` times, plus one greedy row each when the
     method asks for ``r.greedy_per_update``."""
     contexts: list[int] = []
     if spo is not None:

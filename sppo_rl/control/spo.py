@@ -25,11 +25,16 @@ from torch import Tensor
 from sppo_rl.agents.rivals import ValueTracker, spo_discount
 
 
+def pool_seeds(pool_size: int, seed: int) -> np.ndarray:
+    """The fixed pool's ``pool_size`` reset seeds, drawn once from the run seed (SPO's and A*-PO's pool)."""
+    return np.random.default_rng([seed, 0x5B0]).integers(0, 2**31 - 1, size=pool_size)
+
+
 class StartStates:
     """The pool, the tracker and each start state's last episode (see the module docstring)."""
 
     def __init__(self, pool_size: int, seed: int) -> None:
-        self.seeds = np.random.default_rng([seed, 0x5B0]).integers(0, 2**31 - 1, size=pool_size)
+        self.seeds = pool_seeds(pool_size, seed)
         self.tracker = ValueTracker()
         self.last: dict[
             int, tuple[Tensor, Tensor, Tensor]

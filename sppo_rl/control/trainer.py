@@ -35,6 +35,7 @@ from sppo_rl.agents.algorithms import compute_advantages
 from sppo_rl.agents.batch import SequenceBatch
 from sppo_rl.agents.learner import TorchEngine, forward_rows, ppo_update
 from sppo_rl.control.actor_files import load_actor_file
+from sppo_rl.control.astar import ReferenceValues
 from sppo_rl.control.config import ControlConfig
 from sppo_rl.control.evaluate import success_rate
 from sppo_rl.control.networks import CRITICS, Actor
@@ -135,6 +136,8 @@ class ControlRun:
         self.perm_gen = torch.Generator().manual_seed(loop.seed + 2)
         # SPO's value tracker over a fixed pool of start states (sppo_rl.control.spo)
         self.spo = StartStates(plan.spo_contexts, loop.seed) if req.tracker else None
+        # A*-PO's reference (the initial actor, frozen) and V* over the same pool (sppo_rl.control.astar)
+        self.astar = ReferenceValues(plan.spo_contexts, loop.seed, self.actor) if req.optimal_values else None
         self.state = RunState()
         self.ckpts = CheckpointManager(self.out / "checkpoints", keep=loop.keep_checkpoints)
 
@@ -144,6 +147,10 @@ class ControlRun:
 
         # the newest intact checkpoint (damaged ones are skipped with a warning; none intact: refused)
         ckpt = self.ckpts.resume(load) if loop.resume else None
+        if self.astar is not None and ckpt is None:  # A*-PO's stage 1, before update 1 (never on resume)
+            t0, a = time.perf_counter(), plan.astar
+            self.astar.estimate(self.env, r.horizon, a.samples, a.beta1, loop.seed)
+            self.state = RunState(env_steps=self.astar.env_steps, elapsed=time.perf_counter() - t0)
         resolved = {
             **asdict(plan.resolved),
             "learner": asdict(plan.learner),
@@ -217,7 +224,7 @@ class ControlRun:
         """Draw the update's start states (:func:`~sppo_rl.control.rollout.start_states`) and run every
         episode to its end (:func:`~sppo_rl.control.rollout.collect`)."""
         r = self.plan.resolved
-        seeds, groups, greedy, contexts = start_states(r, self.seed_rng, self.spo)
+        seeds, groups, greedy, contexts = start_states(r, self.seed_rng, self.spo or self.astar)
         self.actor.eval()
         ep_all = collect(self.env, self.actor, seeds, r.horizon, greedy, self.sample_gen)
         n = r.episodes_per_update
@@ -238,6 +245,8 @@ class ControlRun:
         batch = self._batch(rollout)
         if self.spo is not None:
             batch.tracker_values = self.spo.tracker.p_hat(rollout.contexts).to(batch.mask.dtype)
+        if self.astar is not None:
+            batch.optimal_values = self.astar.values(rollout.contexts).to(batch.mask.dtype)
         compute_advantages(batch, algo, **self.plan.estimator)
         check_finite(update, advantages=batch.advantages)
         metrics: dict[str, Any] = {}
@@ -249,6 +258,8 @@ class ControlRun:
                 "spo_distance": float(np.mean(distances)),
                 "spo_rho": float(np.mean(rhos)),
             }
+        if self.astar is not None:
+            metrics["astar_v_star"] = float(batch.optimal_values.mean())
         lr = self._schedule_lr()
         metrics.update(self._optimise(ep, batch))
         # observation statistics move only after the update, so that within it the log-probs are
@@ -269,14 +280,19 @@ class ControlRun:
         )
         if self.critic is not None:
             batch.values = forward_rows(self._critic_fn(ep), batch.lengths, batch.lengths, self.plan.learner)
+        if self.astar is not None:  # A*-PO's regression reads the reference's log-probs
+            ref = self._actor_fn(ep, self.astar.reference)
+            batch.ref_logp = forward_rows(ref, batch.lengths, batch.lengths, self.plan.learner)
         return batch
 
-    def _actor_fn(self, ep: Episodes):
-        """``(rows, T) -> (logp, entropy)`` of the taken actions, computed on valid steps only."""
+    def _actor_fn(self, ep: Episodes, actor: Actor | None = None):
+        """``(rows, T) -> (logp, entropy)`` of the taken actions under ``actor`` (None: the run's),
+        computed on valid steps only."""
+        policy = self.actor if actor is None else actor
 
         def logp_entropy(rows: Tensor, T: int) -> tuple[Tensor, Tensor]:
             valid = ep.mask[rows, :T] > 0
-            logp_v, ent_v = self.actor.logp_entropy(ep.obs[rows, :T][valid], ep.actions[rows, :T][valid])
+            logp_v, ent_v = policy.logp_entropy(ep.obs[rows, :T][valid], ep.actions[rows, :T][valid])
             zeros = torch.zeros(valid.shape, dtype=logp_v.dtype)
             return zeros.masked_scatter(valid, logp_v), zeros.masked_scatter(valid, ent_v)
 
@@ -345,6 +361,7 @@ class ControlRun:
             "torch_rng": torch.get_rng_state(),
             **self.state.to_checkpoint(),
             **({"spo": self.spo.state_dict()} if self.spo is not None else {}),
+            **({"astar": self.astar.state_dict()} if self.astar is not None else {}),
         }
 
     def load_state(self, s: dict[str, Any]) -> None:
@@ -365,6 +382,8 @@ class ControlRun:
         self.state = RunState.from_checkpoint(s)
         if self.spo is not None:
             self.spo.load_state_dict(s["spo"])
+        if self.astar is not None:
+            self.astar.load_state_dict(s["astar"])
 
     def save_checkpoint(self) -> Path:
         state = self.state_dict()

@@ -41,6 +41,7 @@ PALETTE = {
     "opo": "#fdae6b",
     "opo-batch": "#a6761d",
     "spo": "#08519c",
+    "astar-po": "#54278f",
     "shrinkage": "#a50f15",
 }
 

@@ -2,8 +2,9 @@
 random draws of LoRA's initialisation and of the value heads): the actor's folder (the embedded tiny
 model warm-started on the task once, or ``--model``), its tokenizer, every prompt rendered for it
 (chat template, system prompt, instruction) and fitted to its context, the actor (LoRA adapters if
-on), the KL reference (a frozen copy; with LoRA the actor with its adapters off), the critic (a value
-head on the actor's or ``--critic-model``'s backbone), their training engines, the rollout."""
+on), the KL reference (a frozen copy; with LoRA the actor with its adapters off; also A*-PO's pi_ref),
+the critic (a value head on the actor's or ``--critic-model``'s backbone), their training engines, the
+rollout."""
 
 from __future__ import annotations
 
@@ -127,6 +128,7 @@ def build_models(
 ) -> Models:
     """The actor, reference, critic, engines and rollout of ``plan`` (see the module docstring)."""
     settings, device, seed, kl_coef = plan.models, plan.device, plan.loop.seed, plan.update.kl_coef
+    needs_ref = kl_coef > 0 or plan.algo.requires.optimal_values  # the KL's reference, or A*-PO's pi_ref
     dtype, lora = getattr(torch, settings.dtype), settings.lora
     actor = load_actor(actor_path, dtype=dtype, device=device)
     if settings.gradient_checkpointing:
@@ -136,7 +138,7 @@ def build_models(
         adapter_config = lora_config(actor, lora.rank, lora.alpha, lora.targets, lora.dropout)
         apply_lora(actor, lora.rank, seed=seed, alpha=lora.alpha, targets=lora.targets, dropout=lora.dropout)
     ref = None
-    if kl_coef > 0 and not lora.rank:  # with LoRA: the actor with its adapters off (below)
+    if needs_ref and not lora.rank:  # with LoRA: the actor with its adapters off (below)
         ref = load_actor(actor_path, dtype=dtype, device=device).eval().requires_grad_(False)
     critic, critic_path = None, None
     kind = plan.algo.requires.critic
@@ -170,7 +172,7 @@ def build_models(
     )
     actor_engine = make_engine(settings.engine, actor, settings.actor_lr, **kw)
     critic_engine = make_engine(settings.engine, critic, settings.critic_lr, **kw) if critic else None
-    if kl_coef > 0 and lora.rank:
+    if needs_ref and lora.rank:
         ref = BaseModelView(actor_engine.module)
     pad_id = pad_id_of(tokenizer)  # resolved once: the sampler's and the stages'
     rollout = make_rollout(plan, actor, tokenizer, actor_path, dtype=dtype, device=device, pad_id=pad_id)

@@ -58,7 +58,7 @@ from sppo_rl.llm.config import (
 )
 from sppo_rl.llm.data.files import Example
 from sppo_rl.llm.rollout.base import SamplingParams
-from sppo_rl.runtime.plan import LoopSettings, RunPlan
+from sppo_rl.runtime.plan import AStar, LoopSettings, RunPlan
 from sppo_rl.runtime.run import RunError
 
 if TYPE_CHECKING:
@@ -239,6 +239,7 @@ class Plan(RunPlan):
         models, rollout, update, rewards, data: the sections (:class:`ModelSettings`,
             :class:`RolloutSettings`, :class:`UpdateSettings`, :class:`RewardSettings`, :class:`DataSettings`).
         unset: the settings the user left unset and what they became.
+        astar: A*-PO's stage 1 (:class:`~sppo_rl.runtime.plan.AStar`; None: another method).
     """
 
     latent: Any
@@ -249,6 +250,7 @@ class Plan(RunPlan):
     rewards: RewardSettings
     data: DataSettings
     unset: dict[str, Any]
+    astar: AStar | None = None
 
     @property
     def group_size(self) -> int:
@@ -403,9 +405,9 @@ def resolve(cfg: LLMConfig, dist: Any, validated: bool = False) -> tuple[Plan, T
             f"--dynamic-sampling-rounds drops groups whose outcomes are all equal; {algo.name} samples "
             "no groups (use a group method: grpo, drgrpo, rloo, gspo, cispo, bppo, lampo, reinforce++-baseline)"
         )
-    if req.tracker and dist.world > 1:
+    if (req.tracker or req.optimal_values) and dist.world > 1:
         raise RunError(
-            f"{algo.name} keeps one value tracker of every prompt: one process only ({dist.world} launched)"
+            f"{algo.name} keeps one value of every prompt: one process only ({dist.world} launched)"
         )
     if cfg.updates < 1 or cfg.prompts_per_step < 1:
         raise RunError("--updates and --prompts-per-step must be >= 1")
@@ -531,5 +533,6 @@ def resolve(cfg: LLMConfig, dist: Any, validated: bool = False) -> tuple[Plan, T
         rewards=rewards,
         data=data,
         unset=unset,
+        astar=AStar(cfg.astar_samples, cfg.astar_beta1) if req.optimal_values else None,
     )
     return plan, Task(train, val)

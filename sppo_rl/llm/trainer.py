@@ -57,6 +57,7 @@ from sppo_rl.llm.stages.spo import SpoOrder, observe, tracker_values
 from sppo_rl.llm.stages.sync import sync
 from sppo_rl.llm.stages.to_batch import KeptRows, UpdateBatch, pick, to_batch
 from sppo_rl.llm.stages.train import rewards_all_equal, train
+from sppo_rl.llm.stages.vstar import VStarOrder, optimal_values, stage_one
 from sppo_rl.runtime.checkpoint import CheckpointManager, check_written_by, read_meta, torch_load, torch_save
 from sppo_rl.runtime.logging import NullLogger, RunLogger, check_metrics_length, start_logging
 from sppo_rl.runtime.loop import Schedule, announce, progress_bar, run_loop
@@ -176,7 +177,10 @@ class LLMRun:
         ):  # the worker's replica gets the actor's weights before it samples
             sync(m.rollout, m.actor_engine, bool(models.lora.rank))
         self.rows = row_fn(plan)
-        order = (SpoOrder if self.algo.requires.tracker else PromptOrder)(len(self.train_set), loop.seed)
+        req = self.algo.requires
+        order = (SpoOrder if req.tracker else VStarOrder if req.optimal_values else PromptOrder)(
+            len(self.train_set), loop.seed
+        )
         self.state = RunState(order)
         self.flops_shape = run_shape(plan, m)
         self.resumed_pending: list[dict[str, Any]] = []
@@ -197,6 +201,11 @@ class LLMRun:
         args = (self.sampler, self.scoring, plan, self.dist, self.device, m.tokenizer)
         self.collector = Collector(self.train_set, order, *args, self.completions)
         self.collector.load({"pending": self.resumed_pending})
+        if req.optimal_values and ckpt is None:  # A*-PO's stage 1: V* of every prompt, before update 1
+            shape = self.flops_shape.actor
+            self.state = stage_one(
+                self.state, plan, self.train_set, self.sampler, self.scoring, m.tokenizer, shape
+            )
         self.evaluator = Evaluator(
             self.val_set, plan, self.sampler, self.scoring, m.critic_engine, self.rows, self.dist, self.device,
             m.tokenizer, self.completions,
@@ -257,6 +266,8 @@ class LLMRun:
             tracked, spo = plan.algo.requires.tracker, {}  # SPO: its tracker's p_hat is the baseline
             if tracked:
                 tracker_values(state.order, prepared)
+            if plan.algo.requires.optimal_values:  # A*-PO: each row's V* of its prompt
+                spo = optimal_values(state.order, prepared)  # type: ignore[arg-type]  # a VStarOrder
             advantages(prepared.batch, plan, prepared.rb.finished, state.updates + 1)
             if tracked:  # the outcomes enter the tracker after the estimate, before the actor trains
                 spo = observe(

@@ -31,7 +31,7 @@ HELP_LAYOUT: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
         ("policy-loss", "The surrogate: clipping, ratio, aggregation, advantage normalisation.", (
             "clip", "clip_high", "dual_clip", "agg", "ratio_level", "policy_loss", "tis_cap",
             "group_std_threshold", "grpo_std", "whiten", "ent_coef", "skip_equal_rewards", "bppo_prefix_ratio",
-            "bppo_accuracy_threshold", "lampo_temperature")),
+            "bppo_accuracy_threshold", "lampo_temperature", "astar_samples", "astar_beta1", "astar_beta2")),
         ("critic", "The critic: its model, targets and start.", (
             "critic_model", "critic_init", "critic_warmup", "value_clip", "gamma", "lam", "lam_critic",
             "lam_alpha")),
@@ -68,7 +68,7 @@ HELP_LAYOUT: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
         ("policy-loss", "The surrogate: clipping, ratio, aggregation, advantage normalisation.", (
             "clip", "clip_high", "dual_clip", "agg", "ratio_level", "policy_loss", "tis_cap",
             "group_std_threshold", "grpo_std", "whiten", "ent_coef", "bppo_prefix_ratio",
-            "bppo_accuracy_threshold", "lampo_temperature")),
+            "bppo_accuracy_threshold", "lampo_temperature", "astar_samples", "astar_beta1", "astar_beta2")),
         ("critic", "The critic: its targets and start.", (
             "critic_warmup", "value_clip", "gamma", "lam", "lam_critic", "lam_alpha")),
         ("evaluation", "Greedy evaluation, calibration and what is logged.", (

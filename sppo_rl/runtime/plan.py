@@ -75,6 +75,15 @@ class LoopSettings:
 
 
 @dataclass(frozen=True)
+class AStar:
+    """A*-PO's stage 1 in either world: ``samples`` reference samples per context (``--astar-samples``)
+    and ``V*``'s ``beta1`` (``--astar-beta1``); the regression's ``beta2`` is the learner's."""
+
+    samples: int
+    beta1: float
+
+
+@dataclass(frozen=True)
 class RunPlan:
     """The part of a plan both worlds share.
 

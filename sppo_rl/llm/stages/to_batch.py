@@ -186,7 +186,7 @@ def to_batch(
         group_ids=rb.prompt_index,
         values=values,
         baseline_rewards=p.baseline.to(device) if p.baseline is not None else None,
-        ref_logp=ref_logp if update.kl_in == "loss" else None,
+        ref_logp=ref_logp if update.kl_in == "loss" or lcfg.policy_loss == "regression" else None,
         logp_rollout=rb.logprobs * mask,
         valid=None if bool(p.valid.all()) else p.valid.to(device),
     )
