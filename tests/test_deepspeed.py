@@ -136,6 +136,21 @@ def test_two_process_zero_matches_one_process(tiny, reference, tmp_path, stage, 
     assert all(torch.allclose(ca[k], cb[k], atol=1e-5) for k in ca)
 
 
+@pytest.mark.slow
+def test_two_ranks_each_with_a_rollout_worker_match_one_process_at_k1(tiny, tmp_path):
+    """``--max-staleness 1`` under ZeRO-2: every rank has its own rollout worker process (its own
+    replica, pushed after each update) and samples its half of the prompts one update ahead; the two
+    ranks train like one process with its one worker."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    _run([sys.executable, "-m", "sppo_rl", *_args(tiny, one), "--updates", "3", "--max-staleness", "1"])
+    _two_ranks(
+        tiny, two, "--updates", "3", "--max-staleness", "1", "--engine", "deepspeed", "--zero-stage", "2"
+    )
+    a, b = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
+    assert [r.get("staleness") for r in b if r["update"] > 0] == [0.0, 1.0, 1.0]
+    assert_rows_match(a, b, COMPARED)
+
+
 # ------------------------------------------------------------------------------------ LoRA
 
 LORA = ["--lora-rank", "4", "--lora-alpha", "8", "--kl-coef", "0.1", "--kl-in", "loss"]
