@@ -270,3 +270,30 @@ def test_the_worker_exits_when_its_parent_is_killed(tmp_path, tiny):
     if not _gone(pid):
         os.kill(pid, signal.SIGKILL)  # leave nothing behind
         raise AssertionError(f"the worker {pid} outlived its parent")
+
+
+VLLM_SETTINGS = dict(hidden_size=64, layers=2, heads=2, kv_heads=1, seed=0, max_position_embeddings=512)
+
+
+@pytest.mark.slow
+def test_a_vllm_worker_samples_its_trainers_logprobs_before_and_after_a_push(tmp_path):
+    """vLLM in the child (``replica_builder(backend="vllm")``; runs where vLLM is installed, e.g.
+    ``.venv-vllm``): its log-probs are the trainer's recomputation on the checkpoint, and on other weights
+    once they are pushed."""
+    pytest.importorskip("vllm")
+    from sppo_rl.llm.models.tiny import TINY_CHARSET, ensure_tiny_model
+    from sppo_rl.llm.rollout.base import logprob_agreement
+
+    path = ensure_tiny_model(tmp_path, TINY_CHARSET, **VLLM_SETTINGS)
+    tok = load_tokenizer(path)
+    engine = dict(
+        dtype="float32", kv_cache_memory_bytes=64 * 2**20, max_num_seqs=64, add_special_tokens=False
+    )
+    build = replica_builder(str(path), "float32", pad_id_of(tok), backend="vllm", vllm_kwargs=engine)
+    with RolloutWorker(build, tok, name="vllm worker") as w:
+        params = SamplingParams(n=2, max_new_tokens=16)
+        base, other = replica(path), replica(path, noise_seed=1)
+        assert logprob_agreement(w, base, PROMPTS, params) < 1e-4
+        push(w, other)
+        assert logprob_agreement(w, other, PROMPTS, params) < 1e-4
+        assert logprob_agreement(w, base, PROMPTS, params) > 1e-2  # the push took

@@ -13,9 +13,9 @@ Contract.
 - **Versions.** :attr:`RolloutWorker.version` counts the :meth:`~RolloutWorker.update_weights` calls
   made so far; a :class:`Ticket`'s ``version`` is that count when it was submitted: the weights that
   served it. Results may be collected in any order.
-- **Weights travel as copies**: each push is packed into one flat CPU buffer per dtype (a copy, so the
-  caller may change its tensors at once) that reaches the child through shared memory
-  (``torch.multiprocessing``); the child loads views of it. Answers travel by value (plain pickle),
+- **Weights travel as copies**: each push is copied into one flat CPU buffer per dtype, allocated in
+  shared memory (``torch.multiprocessing``), so the caller may change its tensors at once; the child
+  loads views of it. Answers travel by value (plain pickle),
   so one sent is read even after the child has exited. A push the backend refuses (an unknown
   name) makes every later request fail with its message, until a complete push loads.
 - **Errors.** An exception in the child's ``generate`` is raised by :meth:`Ticket.result` (its own type
@@ -182,7 +182,7 @@ def _pack(
     items = [(name, t.detach()) for name, t in named_tensors]
     dtypes = list(dict.fromkeys(t.dtype for _, t in items))
     sizes = {d: sum(t.numel() for _, t in items if t.dtype == d) for d in dtypes}
-    buffers = [torch.empty(sizes[d], dtype=d) for d in dtypes]
+    buffers = [torch.empty(sizes[d], dtype=d).share_memory_() for d in dtypes]  # filled once, sent as is
     layout, offsets = [], dict.fromkeys(dtypes, 0)
     for name, t in items:
         group, offset = dtypes.index(t.dtype), offsets[t.dtype]
