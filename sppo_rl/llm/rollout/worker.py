@@ -15,9 +15,9 @@ Contract.
   served it. Results may be collected in any order.
 - **Weights travel as copies**: each push is copied into one flat CPU buffer per dtype, allocated in
   shared memory (``torch.multiprocessing``), so the caller may change its tensors at once; the child
-  loads views of it. Answers travel by value (plain pickle),
-  so one sent is read even after the child has exited. A push the backend refuses (an unknown
-  name) makes every later request fail with its message, until a complete push loads.
+  loads views of it. A push the backend refuses (an unknown name) makes every later request fail with
+  its message, until a complete push loads. Answers travel by value (plain pickle): one sent is read
+  even after the child has exited.
 - **Errors.** An exception in the child's ``generate`` is raised by :meth:`Ticket.result` (its own type
   when it pickles, else :class:`~sppo_rl.runtime.run.RunError`; the child's traceback is the cause); the
   worker keeps serving.
@@ -28,7 +28,8 @@ Contract.
   ended. The parent polls its connection with a timeout and checks the process, so nothing hangs.
 - **No orphans.** The child exits when its parent does: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (Linux; it
   fires when the *thread* that started the worker ends, so start it from the main thread) and the end of
-  its connection. :meth:`RolloutWorker.close` (also run at exit) sends stop, joins, then kills.
+  its connection. :meth:`RolloutWorker.close` (also run at exit, waiting 5 s) sends stop, joins, then
+  kills.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import ctypes
 import functools
 import itertools
 import multiprocessing as mp
+import numbers
 import os
 import pickle
 import queue
@@ -265,7 +267,7 @@ class RolloutWorker:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         child.close()
-        atexit.register(self.close)  # before multiprocessing's own exit hook, which would wait forever
+        atexit.register(self._close_at_exit)  # runs before multiprocessing's hook, which would wait forever
         try:
             self._await_ready(start_timeout_s)
         except BaseException:
@@ -305,7 +307,7 @@ class RolloutWorker:
 
     def submit(self, prompts: Sequence[str], params: SamplingParams, seeds: Seeds = None) -> Ticket:
         """Queue a ``generate`` and return at once; :meth:`Ticket.result` waits for it."""
-        seeds = seeds if seeds is None or isinstance(seeds, int) else [int(s) for s in seeds]
+        seeds = seeds if seeds is None or isinstance(seeds, numbers.Integral) else [int(s) for s in seeds]
         with self._send_lock:
             ticket = Ticket(self, next(self._ids), self.version)
             self._waiting[ticket.request_id] = ticket
@@ -378,9 +380,9 @@ class RolloutWorker:
     def close(self, timeout_s: float = 30.0) -> None:
         """Send stop (served after every request already submitted: their answers are still taken),
         wait up to ``timeout_s`` for the child to exit, then kill it. Idempotent; the child is reaped."""
-        atexit.unregister(self.close)
+        atexit.unregister(self._close_at_exit)
         if self._ended is None:
-            with contextlib.suppress(OSError, EOFError, ValueError):
+            with self._send_lock, contextlib.suppress(OSError, EOFError, ValueError):
                 self._conn.send(("stop",))
             deadline = time.monotonic() + timeout_s
             while self._waiting and self._ended is None and time.monotonic() < deadline:
@@ -389,12 +391,15 @@ class RolloutWorker:
         self._end(f"{self.name} (pid {self.pid}) was closed")
         self._kill()
 
+    def _close_at_exit(self) -> None:
+        self.close(timeout_s=5.0)
+
     def _kill(self) -> None:
         if self._proc.is_alive():
             self._proc.kill()
         self._proc.join(10.0)
         self._conn.close()
-        atexit.unregister(self.close)
+        atexit.unregister(self._close_at_exit)
 
     def __enter__(self) -> RolloutWorker:
         return self
