@@ -238,7 +238,9 @@ if __name__ == "__main__":
     worker = RolloutWorker(replica_builder(sys.argv[1], "float32", pad_id_of(tok)), tok)
     worker.generate(["1+2="], SamplingParams(max_new_tokens=4))
     print(worker.pid, flush=True)  # the child now waits for the next message
-    os.kill(os.getpid(), signal.SIGKILL)
+    if sys.argv[2] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    worker.submit(["1+2="], SamplingParams(max_new_tokens=4))  # and the script ends without close()
 """
 
 
@@ -250,26 +252,38 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def test_the_worker_exits_when_its_parent_is_killed(tmp_path, tiny):
-    """A parent SIGKILLed (no handler, no atexit) while its worker waits for work: the worker exits too
-    (it would wait forever)."""
+@pytest.mark.parametrize("end", ["kill", pytest.param("exit", marks=pytest.mark.slow)])  # ~10 s each
+def test_the_worker_ends_with_its_parent(tmp_path, tiny, end):
+    """``kill``: a parent SIGKILLed (no handler, no atexit) while its worker waits for work: the worker
+    exits too (it would wait forever). ``exit``: a script that ends without close() exits at once and
+    takes its worker with it (multiprocessing's exit hook used to wait forever on the child, which
+    ignores the SIGTERM it sends)."""
     script = tmp_path / "orphan.py"
     script.write_text(ORPHAN)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    with open(tmp_path / "stderr.txt", "w") as err:  # its resource tracker warns after the kill
+    with open(tmp_path / "stderr.txt", "w") as err:  # a killed parent's resource tracker warns
         proc = subprocess.Popen(
-            [sys.executable, str(script), str(tiny)], env=env, stdout=subprocess.PIPE, stderr=err, text=True
+            [sys.executable, str(script), str(tiny), end],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
         )  # not run(): an orphan holding the pipe would keep it waiting
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        assert proc.wait(timeout=240) == -signal.SIGKILL, (tmp_path / "stderr.txt").read_text()[-2000:]
+        try:
+            code = proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = None
     pid = int(line)
     deadline = time.monotonic() + 30
     while not _gone(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     if not _gone(pid):
         os.kill(pid, signal.SIGKILL)  # leave nothing behind
-        raise AssertionError(f"the worker {pid} outlived its parent")
+    assert code == {"kill": -signal.SIGKILL, "exit": 0}[end], (tmp_path / "stderr.txt").read_text()[-2000:]
+    assert _gone(pid), f"the worker {pid} outlived its parent"
 
 
 VLLM_SETTINGS = dict(hidden_size=64, layers=2, heads=2, kv_heads=1, seed=0, max_position_embeddings=512)
