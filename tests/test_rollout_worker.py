@@ -5,6 +5,7 @@ the weights it compares against, so no test depends on another's."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -171,12 +172,47 @@ def _reaped(pid: int) -> bool:
     return not Path(f"/proc/{pid}").exists()
 
 
-def test_a_killed_worker_raises_one_line_and_closes(tiny, setup):
-    """SIGKILL while a request is in flight: result() raises WorkerDied naming the worker, its pid and the
-    signal on one line; every later call raises it too; close() after that (twice) reaps the child."""
-    tok, pad_id, _, _ = setup
-    w = RolloutWorker(replica_builder(str(tiny), "float32", pad_id), tok, name="test sampler")
+class LoggingRollout(HFRollout):
+    """An HFRollout that writes a line to ``log`` as each ``generate`` starts (what the child is doing,
+    seen from the test without asking the worker)."""
+
+    def __init__(self, log: str, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.log = log
+
+    def generate(self, prompts, params, seeds=None) -> RolloutBatch:
+        with open(self.log, "a") as f:
+            f.write(f"{len(prompts)}\n")
+        return super().generate(prompts, params, seeds)
+
+
+def logging_build(path: str, pad_id: int, log: str) -> Rollout:
+    """A picklable ``build`` (the child imports this module) of a :class:`LoggingRollout` replica."""
+    return LoggingRollout(
+        log, replica(Path(path)), load_tokenizer(path), add_special_tokens=False, pad_id=pad_id
+    )
+
+
+def test_an_unread_answer_does_not_stall_the_worker_and_a_killed_one_raises_one_line(tiny, setup, tmp_path):
+    """(1) A's answer (over 1 MB, more than the pipe holds) is not read yet: the child still starts B (it
+    used to wait in its send until the parent read A). (2) SIGKILL while a request is in flight: result()
+    raises WorkerDied naming the worker, its pid and the signal on one line; every later call raises it
+    too; close() after that (twice) reaps the child."""
+    tok, pad_id, base, _ = setup
+    log = tmp_path / "log.txt"
+    log.write_text("")
+    build = functools.partial(logging_build, str(tiny), pad_id, str(log))
+    w = RolloutWorker(build, tok, name="test sampler")
     assert w.version == 0
+    a = w.submit(PROMPTS * 16, SamplingParams(n=8, max_new_tokens=64), SEEDS * 16)  # [512, 64] rows
+    b = w.submit(PROMPTS[:1], SAMPLE, SEEDS[:1])
+    deadline = time.monotonic() + 120
+    while log.read_text().split() != ["64", "1"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert log.read_text().split() == ["64", "1"], "B never started while A's answer waited"
+    assert a.result().batch_size == 512
+    assert_same(b.result(), in_process(base, tok, pad_id).generate(PROMPTS[:1], SAMPLE, SEEDS[:1]))
+
     ticket = w.submit(PROMPTS * 8, SamplingParams(n=4, max_new_tokens=256), SEEDS * 8)
     assert ticket.version == 0
     os.kill(w.pid, signal.SIGKILL)

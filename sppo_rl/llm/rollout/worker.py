@@ -9,7 +9,9 @@ Contract.
 - **Order.** The child serves its messages one at a time in the order they were sent (FIFO):
   ``("weights", ...)`` loads a push, ``("generate", id, ...)`` answers ``(id, batch)`` or
   ``(id, error)``, ``("stop",)`` closes the backend and exits. A push is therefore served after every
-  request submitted before it and before every request submitted after it.
+  request submitted before it and before every request submitted after it. Threads in the child read
+  every message as it comes and send each answer, so neither side's send waits on the other and the
+  next request starts while an answer waits to be read.
 - **Versions.** :attr:`RolloutWorker.version` counts the :meth:`~RolloutWorker.update_weights` calls
   made so far; a :class:`Ticket`'s ``version`` is that count when it was submitted: the weights that
   served it. Results may be collected in any order.
@@ -64,6 +66,7 @@ from sppo_rl.runtime.run import RunError
 _OWNED_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 _POLL_S = 0.2
 _PR_SET_PDEATHSIG = 1
+_Layout = list[tuple[str, int, int, tuple[int, ...]]]  # (name, buffer, offset, shape) of each pushed tensor
 
 
 class WorkerDied(RunError):
@@ -103,13 +106,24 @@ def _read_all(conn: Connection, inbox: queue.Queue[tuple[Any, ...]]) -> None:
             return
 
 
+def _send_all(conn: Connection, outbox: queue.Queue[tuple[Any, ...] | None]) -> None:
+    """Child's sender thread: each answer to the parent in order until None, so the child goes on to
+    the next request while an answer waits to be read; the connection's end (parent gone): leave."""
+    while (msg := outbox.get()) is not None:
+        try:
+            _answer(conn, msg)
+        except (EOFError, OSError):
+            os._exit(0)
+        except BaseException:
+            traceback.print_exc()
+            os._exit(3)
+
+
 def _describe(e: BaseException) -> str:
     return (f"{type(e).__name__}: {e}".splitlines() or [""])[0][:500]
 
 
-def _unpack(
-    buffers: list[Tensor], layout: list[tuple[str, int, int, tuple[int, ...]]]
-) -> list[tuple[str, Tensor]]:
+def _unpack(buffers: list[Tensor], layout: _Layout) -> list[tuple[str, Tensor]]:
     """The ``(name, tensor)`` pairs of a push: views of its flat buffers (see :func:`_pack`)."""
     return [(name, buffers[g][o : o + torch.Size(shape).numel()].view(shape)) for name, g, o, shape in layout]
 
@@ -129,12 +143,17 @@ def _serve(conn: Connection, build: Callable[[], Rollout], threads: int, parent_
         return
     _answer(conn, ("ready",))
     inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
+    outbox: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
     threading.Thread(target=_read_all, args=(conn, inbox), daemon=True).start()
+    sender = threading.Thread(target=_send_all, args=(conn, outbox), daemon=True)
+    sender.start()
     weights_problem: str | None = None
     pushes = 0
     while True:
         msg = inbox.get()
         if msg[0] == "stop":
+            outbox.put(None)
+            sender.join()
             with contextlib.suppress(Exception):
                 backend.close()
             return
@@ -152,10 +171,14 @@ def _serve(conn: Connection, build: Callable[[], Rollout], threads: int, parent_
         try:
             if weights_problem is not None:
                 raise RunError(weights_problem)
-            _answer(conn, (request_id, backend.generate(prompts, params, seeds).to("cpu"), None, None))
+            outbox.put((request_id, backend.generate(prompts, params, seeds).to("cpu"), None, None))
         except Exception as e:
             tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))[-4000:]
-            _answer(conn, (request_id, None, _portable(e), f"{tb}{_describe(e)}"))
+            try:  # the same exception in the parent if it survives pickling, else its text
+                portable: Exception | None = pickle.loads(pickle.dumps(e))
+            except Exception:
+                portable = None
+            outbox.put((request_id, None, portable and e, f"{tb}{_describe(e)}"))
 
 
 def _answer(conn: Connection, msg: tuple[Any, ...]) -> None:
@@ -164,28 +187,17 @@ def _answer(conn: Connection, msg: tuple[Any, ...]) -> None:
     conn.send_bytes(pickle.dumps(msg))
 
 
-def _portable(e: BaseException) -> BaseException | None:
-    """``e`` if it survives pickling (the parent raises the same type), else None (its text is sent)."""
-    try:
-        pickle.loads(pickle.dumps(e))
-    except Exception:
-        return None
-    return e
-
-
 # ------------------------------------------------------------------------------------------ parent
 
 
-def _pack(
-    named_tensors: Iterable[tuple[str, Tensor]],
-) -> tuple[list[Tensor], list[tuple[str, int, int, tuple[int, ...]]]]:
-    """One flat CPU buffer per dtype holding a copy of every tensor, and where each one lies
-    ``(name, buffer, offset, shape)``."""
+def _pack(named_tensors: Iterable[tuple[str, Tensor]]) -> tuple[list[Tensor], _Layout]:
+    """One flat CPU buffer per dtype, in shared memory, holding a copy of every tensor; and where each lies."""
     items = [(name, t.detach()) for name, t in named_tensors]
     dtypes = list(dict.fromkeys(t.dtype for _, t in items))
     sizes = {d: sum(t.numel() for _, t in items if t.dtype == d) for d in dtypes}
     buffers = [torch.empty(sizes[d], dtype=d).share_memory_() for d in dtypes]  # filled once, sent as is
-    layout, offsets = [], dict.fromkeys(dtypes, 0)
+    layout: _Layout = []
+    offsets = dict.fromkeys(dtypes, 0)
     for name, t in items:
         group, offset = dtypes.index(t.dtype), offsets[t.dtype]
         buffers[group][offset : offset + t.numel()].copy_(t.reshape(-1))
@@ -329,8 +341,7 @@ class RolloutWorker:
     def sleep(self) -> None:
         """Nothing to free in this process: the worker's memory is its own."""
 
-    def wake_up(self) -> None:
-        """Nothing to undo."""
+    wake_up = sleep
 
     def _send(self, msg: tuple[Any, ...]) -> None:
         if self._ended is not None:
