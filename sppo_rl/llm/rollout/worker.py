@@ -409,7 +409,8 @@ class RolloutWorker:
         if self._proc.is_alive():
             self._proc.kill()
         self._proc.join(10.0)
-        self._conn.close()
+        with self._receive_lock:  # not under another thread's poll
+            self._conn.close()
         atexit.unregister(self._close_at_exit)
 
     def __enter__(self) -> RolloutWorker:
