@@ -279,7 +279,7 @@ class RolloutWorker:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         child.close()
-        atexit.register(self._close_at_exit)  # runs before multiprocessing's hook, which would wait forever
+        atexit.register(self.close, 5.0)  # runs before multiprocessing's hook, which would wait forever
         try:
             self._await_ready(start_timeout_s)
         except BaseException:
@@ -391,7 +391,7 @@ class RolloutWorker:
     def close(self, timeout_s: float = 30.0) -> None:
         """Send stop (served after every request already submitted: their answers are still taken),
         wait up to ``timeout_s`` for the child to exit, then kill it. Idempotent; the child is reaped."""
-        atexit.unregister(self._close_at_exit)
+        atexit.unregister(self.close)
         if self._ended is None:
             with self._send_lock, contextlib.suppress(OSError, EOFError, ValueError):
                 self._conn.send(("stop",))
@@ -402,16 +402,13 @@ class RolloutWorker:
         self._end(f"{self.name} (pid {self.pid}) was closed")
         self._kill()
 
-    def _close_at_exit(self) -> None:
-        self.close(timeout_s=5.0)
-
     def _kill(self) -> None:
         if self._proc.is_alive():
             self._proc.kill()
         self._proc.join(10.0)
         with self._receive_lock:  # not under another thread's poll
             self._conn.close()
-        atexit.unregister(self._close_at_exit)
+        atexit.unregister(self.close)
 
     def __enter__(self) -> RolloutWorker:
         return self
