@@ -323,7 +323,11 @@ class RolloutWorker:
         with self._send_lock:
             ticket = Ticket(self, next(self._ids), self.version)
             self._waiting[ticket.request_id] = ticket
-            self._send(("generate", ticket.request_id, list(prompts), params, seeds))
+            try:
+                self._send(("generate", ticket.request_id, list(prompts), params, seeds))
+            except BaseException:  # not sent: nothing will answer it
+                self._waiting.pop(ticket.request_id, None)
+                raise
         return ticket
 
     def generate(self, prompts: Sequence[str], params: SamplingParams, seeds: Seeds = None) -> RolloutBatch:
@@ -348,7 +352,7 @@ class RolloutWorker:
             raise WorkerDied(self._ended)
         try:
             self._conn.send(msg)
-        except (OSError, EOFError, ValueError):  # BrokenPipeError: the child is gone
+        except OSError:  # BrokenPipeError: the child is gone
             self._receive(block=False)
             self._end(self._died())
             raise WorkerDied(self._ended or "") from None
@@ -385,7 +389,7 @@ class RolloutWorker:
         """No call is served any more; every unanswered ticket raises :class:`WorkerDied` ``why``."""
         self._ended = self._ended or why
         for ticket in self._waiting.values():
-            ticket._outcome = (None, WorkerDied(why))
+            ticket._outcome = (None, WorkerDied(self._ended))
         self._waiting.clear()
 
     def close(self, timeout_s: float = 30.0) -> None:
