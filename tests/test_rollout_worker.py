@@ -5,6 +5,7 @@ the weights it compares against, so no test depends on another's."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -171,12 +172,47 @@ def _reaped(pid: int) -> bool:
     return not Path(f"/proc/{pid}").exists()
 
 
-def test_a_killed_worker_raises_one_line_and_closes(tiny, setup):
-    """SIGKILL while a request is in flight: result() raises WorkerDied naming the worker, its pid and the
-    signal on one line; every later call raises it too; close() after that (twice) reaps the child."""
-    tok, pad_id, _, _ = setup
-    w = RolloutWorker(replica_builder(str(tiny), "float32", pad_id), tok, name="test sampler")
+class LoggingRollout(HFRollout):
+    """An HFRollout that writes a line to ``log`` as each ``generate`` starts (what the child is doing,
+    seen from the test without asking the worker)."""
+
+    def __init__(self, log: str, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.log = log
+
+    def generate(self, prompts, params, seeds=None) -> RolloutBatch:
+        with open(self.log, "a") as f:
+            f.write(f"{len(prompts)}\n")
+        return super().generate(prompts, params, seeds)
+
+
+def logging_build(path: str, pad_id: int, log: str) -> Rollout:
+    """A picklable ``build`` (the child imports this module) of a :class:`LoggingRollout` replica."""
+    return LoggingRollout(
+        log, replica(Path(path)), load_tokenizer(path), add_special_tokens=False, pad_id=pad_id
+    )
+
+
+def test_an_unread_answer_does_not_stall_the_worker_and_a_killed_one_raises_one_line(tiny, setup, tmp_path):
+    """(1) A's answer (over 1 MB, more than the pipe holds) is not read yet: the child still starts B (it
+    used to wait in its send until the parent read A). (2) SIGKILL while a request is in flight: result()
+    raises WorkerDied naming the worker, its pid and the signal on one line; every later call raises it
+    too; close() after that (twice) reaps the child."""
+    tok, pad_id, base, _ = setup
+    log = tmp_path / "log.txt"
+    log.write_text("")
+    build = functools.partial(logging_build, str(tiny), pad_id, str(log))
+    w = RolloutWorker(build, tok, name="test sampler")
     assert w.version == 0
+    a = w.submit(PROMPTS * 16, SamplingParams(n=8, max_new_tokens=64), SEEDS * 16)  # [512, 64] rows
+    b = w.submit(PROMPTS[:1], SAMPLE, SEEDS[:1])
+    deadline = time.monotonic() + 120
+    while log.read_text().split() != ["64", "1"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert log.read_text().split() == ["64", "1"], "B never started while A's answer waited"
+    assert a.result().batch_size == 512
+    assert_same(b.result(), in_process(base, tok, pad_id).generate(PROMPTS[:1], SAMPLE, SEEDS[:1]))
+
     ticket = w.submit(PROMPTS * 8, SamplingParams(n=4, max_new_tokens=256), SEEDS * 8)
     assert ticket.version == 0
     os.kill(w.pid, signal.SIGKILL)
@@ -238,7 +274,9 @@ if __name__ == "__main__":
     worker = RolloutWorker(replica_builder(sys.argv[1], "float32", pad_id_of(tok)), tok)
     worker.generate(["1+2="], SamplingParams(max_new_tokens=4))
     print(worker.pid, flush=True)  # the child now waits for the next message
-    os.kill(os.getpid(), signal.SIGKILL)
+    if sys.argv[2] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    worker.submit(["1+2="], SamplingParams(max_new_tokens=4))  # and the script ends without close()
 """
 
 
@@ -250,23 +288,62 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def test_the_worker_exits_when_its_parent_is_killed(tmp_path, tiny):
-    """A parent SIGKILLed (no handler, no atexit) while its worker waits for work: the worker exits too
-    (it would wait forever)."""
+@pytest.mark.parametrize("end", ["kill", pytest.param("exit", marks=pytest.mark.slow)])  # ~10 s each
+def test_the_worker_ends_with_its_parent(tmp_path, tiny, end):
+    """``kill``: a parent SIGKILLed (no handler, no atexit) while its worker waits for work: the worker
+    exits too (it would wait forever). ``exit``: a script that ends without close() exits at once and
+    takes its worker with it (multiprocessing's exit hook used to wait forever on the child, which
+    ignores the SIGTERM it sends)."""
     script = tmp_path / "orphan.py"
     script.write_text(ORPHAN)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    with open(tmp_path / "stderr.txt", "w") as err:  # its resource tracker warns after the kill
+    with open(tmp_path / "stderr.txt", "w") as err:  # a killed parent's resource tracker warns
         proc = subprocess.Popen(
-            [sys.executable, str(script), str(tiny)], env=env, stdout=subprocess.PIPE, stderr=err, text=True
+            [sys.executable, str(script), str(tiny), end],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
         )  # not run(): an orphan holding the pipe would keep it waiting
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        assert proc.wait(timeout=240) == -signal.SIGKILL, (tmp_path / "stderr.txt").read_text()[-2000:]
+        try:
+            code = proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = None
     pid = int(line)
     deadline = time.monotonic() + 30
     while not _gone(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     if not _gone(pid):
         os.kill(pid, signal.SIGKILL)  # leave nothing behind
-        raise AssertionError(f"the worker {pid} outlived its parent")
+    assert code == {"kill": -signal.SIGKILL, "exit": 0}[end], (tmp_path / "stderr.txt").read_text()[-2000:]
+    assert _gone(pid), f"the worker {pid} outlived its parent"
+
+
+VLLM_SETTINGS = dict(hidden_size=64, layers=2, heads=2, kv_heads=1, seed=0, max_position_embeddings=512)
+
+
+@pytest.mark.slow
+def test_a_vllm_worker_samples_its_trainers_logprobs_before_and_after_a_push(tmp_path):
+    """vLLM in the child (``replica_builder(backend="vllm")``; runs where vLLM is installed, e.g.
+    ``.venv-vllm``): its log-probs are the trainer's recomputation on the checkpoint, and on other weights
+    once they are pushed."""
+    pytest.importorskip("vllm")
+    from sppo_rl.llm.models.tiny import TINY_CHARSET, ensure_tiny_model
+    from sppo_rl.llm.rollout.base import logprob_agreement
+
+    path = ensure_tiny_model(tmp_path, TINY_CHARSET, **VLLM_SETTINGS)
+    tok = load_tokenizer(path)
+    engine = dict(
+        dtype="float32", kv_cache_memory_bytes=64 * 2**20, max_num_seqs=64, add_special_tokens=False
+    )
+    build = replica_builder(str(path), "float32", pad_id_of(tok), backend="vllm", vllm_kwargs=engine)
+    with RolloutWorker(build, tok, name="vllm worker") as w:
+        params = SamplingParams(n=2, max_new_tokens=16)
+        base, other = replica(path), replica(path, noise_seed=1)
+        assert logprob_agreement(w, base, PROMPTS, params) < 1e-4
+        push(w, other)
+        assert logprob_agreement(w, other, PROMPTS, params) < 1e-4
+        assert logprob_agreement(w, base, PROMPTS, params) > 1e-2  # the push took

@@ -124,53 +124,28 @@ def worker_rollout(
     :class:`~sppo_rl.llm.rollout.worker.RolloutWorker`): the backend the table names, on the worker's own
     replica of ``actor_path`` on ``device`` (vLLM: its own engine, one rank); the trainer pushes the actor's
     weights to it before it samples (:func:`~sppo_rl.llm.stages.sync.sync`)."""
-    from functools import partial
-
-    from sppo_rl.llm.rollout.worker import RolloutWorker
+    from sppo_rl.llm.rollout.worker import RolloutWorker, replica_builder
 
     models, vllm, latent = plan.models, plan.rollout.vllm, plan.latent
+    dtype_name = str(dtype).removeprefix("torch.")
     if plan.rollout.backend == "vllm":
-        names = None
+        adapted = None
         if models.lora.rank:
             from sppo_rl.llm.models.lora import adapted_tensor_names
 
-            names = list(adapted_tensor_names(actor))
+            adapted = list(adapted_tensor_names(actor))
         kwargs = {
             "dtype": vllm.dtype or models.dtype, "seed": plan.loop.seed, "add_special_tokens": False,
             "max_model_len": vllm.max_model_len, "gpu_memory_utilization": vllm.gpu_memory_utilization,
             "enable_sleep_mode": False, "sync_timeout_s": models.collective_timeout, "pad_id": pad_id,
         }  # fmt: skip
-        build = partial(_vllm_in_worker, str(actor_path), kwargs, names)
+        build = replica_builder(
+            str(actor_path), dtype_name, pad_id, backend="vllm", vllm_kwargs=kwargs, adapted=adapted
+        )
     else:
-        backend = latent.rollout if latent is not None else HFRollout
         autocast = "bfloat16" if models.engine == "torch" and models.autocast == "bfloat16" else None
-        dtype_name = str(dtype).removeprefix("torch.")
-        build = partial(_hf_in_worker, str(actor_path), dtype_name, str(device), pad_id, autocast, backend)
+        sampler = latent.rollout if latent is not None else None
+        build = replica_builder(
+            str(actor_path), dtype_name, pad_id, autocast, device=str(device), sampler=sampler
+        )
     return RolloutWorker(build, tokenizer, threads=plan.rollout.worker_threads)
-
-
-def _hf_in_worker(
-    actor_path: str, dtype: str, device: str, pad_id: int, autocast: str | None, backend: Any
-) -> Rollout:
-    """In the worker: ``backend`` (:class:`HFRollout` or the latent one) on a replica of ``actor_path``."""
-    from sppo_rl.llm.models.core import load_actor, quiet_transformers
-    from sppo_rl.llm.models.tiny import load_tokenizer
-
-    tokenizer = load_tokenizer(actor_path)
-    quiet_transformers()
-    # parameters left requiring grad, as the trained actor's: torch's CPU kernels under no_grad round the
-    # log-probs differently (~5e-7) for weights that require grad, and the replica must match the actor
-    replica = load_actor(Path(actor_path), dtype=getattr(torch, dtype), device=torch.device(device)).eval()
-    cast = getattr(torch, autocast) if autocast else None
-    return backend(replica, tokenizer, add_special_tokens=False, pad_id=pad_id, autocast=cast)
-
-
-def _vllm_in_worker(actor_path: str, kwargs: dict[str, Any], adapted: list[str] | None) -> Rollout:
-    """In the worker: a one-rank vLLM engine on ``actor_path`` (LoRA: its partial sync checked)."""
-    from sppo_rl.llm.models.tiny import load_tokenizer
-    from sppo_rl.llm.rollout.vllm import VLLMRollout
-
-    engine = VLLMRollout(Path(actor_path), load_tokenizer(actor_path), **kwargs)
-    if adapted is not None:
-        engine.check_partial_sync(adapted)
-    return engine

@@ -9,15 +9,17 @@ Contract.
 - **Order.** The child serves its messages one at a time in the order they were sent (FIFO):
   ``("weights", ...)`` loads a push, ``("generate", id, ...)`` answers ``(id, batch)`` or
   ``(id, error)``, ``("stop",)`` closes the backend and exits. A push is therefore served after every
-  request submitted before it and before every request submitted after it.
+  request submitted before it and before every request submitted after it. Threads in the child read
+  every message as it comes and send each answer, so neither side's send waits on the other and the
+  next request starts while an answer waits to be read.
 - **Versions.** :attr:`RolloutWorker.version` counts the :meth:`~RolloutWorker.update_weights` calls
   made so far; a :class:`Ticket`'s ``version`` is that count when it was submitted: the weights that
   served it. Results may be collected in any order.
-- **Weights travel as copies**: each push is packed into one flat CPU buffer per dtype (a copy, so the
-  caller may change its tensors at once) that reaches the child through shared memory
-  (``torch.multiprocessing``); the child loads views of it. Answers travel by value (plain pickle),
-  so one sent is read even after the child has exited. A push the backend refuses (an unknown
-  name) makes every later request fail with its message, until a complete push loads.
+- **Weights travel as copies**: each push is copied into one flat CPU buffer per dtype, allocated in
+  shared memory (``torch.multiprocessing``), so the caller may change its tensors at once; the child
+  loads views of it. A push the backend refuses (an unknown name) makes every later request fail with
+  its message, until a complete push loads. Answers travel by value (plain pickle): one sent is read
+  even after the child has exited.
 - **Errors.** An exception in the child's ``generate`` is raised by :meth:`Ticket.result` (its own type
   when it pickles, else :class:`~sppo_rl.runtime.run.RunError`; the child's traceback is the cause); the
   worker keeps serving.
@@ -28,7 +30,8 @@ Contract.
   ended. The parent polls its connection with a timeout and checks the process, so nothing hangs.
 - **No orphans.** The child exits when its parent does: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (Linux; it
   fires when the *thread* that started the worker ends, so start it from the main thread) and the end of
-  its connection. :meth:`RolloutWorker.close` (also run at exit) sends stop, joins, then kills.
+  its connection. :meth:`RolloutWorker.close` (also run at exit, waiting 5 s) sends stop, joins, then
+  kills.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import ctypes
 import functools
 import itertools
 import multiprocessing as mp
+import numbers
 import os
 import pickle
 import queue
@@ -65,6 +69,7 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
 PROCESS_NAME = "sppo-rollout"
 """The worker process's name (Linux), to tell it from the run's reward workers."""
+_Layout = list[tuple[str, int, int, tuple[int, ...]]]  # (name, buffer, offset, shape) of each pushed tensor
 
 
 class WorkerDied(RunFailed):
@@ -108,13 +113,24 @@ def _read_all(conn: Connection, inbox: queue.Queue[tuple[Any, ...]]) -> None:
             return
 
 
+def _send_all(conn: Connection, outbox: queue.Queue[tuple[Any, ...] | None]) -> None:
+    """Child's sender thread: each answer to the parent in order until None, so the child goes on to
+    the next request while an answer waits to be read; the connection's end (parent gone): leave."""
+    while (msg := outbox.get()) is not None:
+        try:
+            _answer(conn, msg)
+        except (EOFError, OSError):
+            os._exit(0)
+        except BaseException:
+            traceback.print_exc()
+            os._exit(3)
+
+
 def _describe(e: BaseException) -> str:
     return (f"{type(e).__name__}: {e}".splitlines() or [""])[0][:500]
 
 
-def _unpack(
-    buffers: list[Tensor], layout: list[tuple[str, int, int, tuple[int, ...]]]
-) -> list[tuple[str, Tensor]]:
+def _unpack(buffers: list[Tensor], layout: _Layout) -> list[tuple[str, Tensor]]:
     """The ``(name, tensor)`` pairs of a push: views of its flat buffers (see :func:`_pack`)."""
     return [(name, buffers[g][o : o + torch.Size(shape).numel()].view(shape)) for name, g, o, shape in layout]
 
@@ -134,12 +150,17 @@ def _serve(conn: Connection, build: Callable[[], Rollout], threads: int, parent_
         return
     _answer(conn, ("ready",))
     inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
+    outbox: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
     threading.Thread(target=_read_all, args=(conn, inbox), daemon=True).start()
+    sender = threading.Thread(target=_send_all, args=(conn, outbox), daemon=True)
+    sender.start()
     weights_problem: str | None = None
     pushes = 0
     while True:
         msg = inbox.get()
         if msg[0] == "stop":
+            outbox.put(None)
+            sender.join()
             with contextlib.suppress(Exception):
                 backend.close()
             return
@@ -157,10 +178,14 @@ def _serve(conn: Connection, build: Callable[[], Rollout], threads: int, parent_
         try:
             if weights_problem is not None:
                 raise RunError(weights_problem)
-            _answer(conn, (request_id, backend.generate(prompts, params, seeds).to("cpu"), None, None))
+            outbox.put((request_id, backend.generate(prompts, params, seeds).to("cpu"), None, None))
         except Exception as e:
             tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))[-4000:]
-            _answer(conn, (request_id, None, _portable(e), f"{tb}{_describe(e)}"))
+            try:  # the same exception in the parent if it survives pickling, else its text
+                portable: Exception | None = pickle.loads(pickle.dumps(e))
+            except Exception:
+                portable = None
+            outbox.put((request_id, None, portable and e, f"{tb}{_describe(e)}"))
 
 
 def _answer(conn: Connection, msg: tuple[Any, ...]) -> None:
@@ -169,28 +194,17 @@ def _answer(conn: Connection, msg: tuple[Any, ...]) -> None:
     conn.send_bytes(pickle.dumps(msg))
 
 
-def _portable(e: BaseException) -> BaseException | None:
-    """``e`` if it survives pickling (the parent raises the same type), else None (its text is sent)."""
-    try:
-        pickle.loads(pickle.dumps(e))
-    except Exception:
-        return None
-    return e
-
-
 # ------------------------------------------------------------------------------------------ parent
 
 
-def _pack(
-    named_tensors: Iterable[tuple[str, Tensor]],
-) -> tuple[list[Tensor], list[tuple[str, int, int, tuple[int, ...]]]]:
-    """One flat CPU buffer per dtype holding a copy of every tensor, and where each one lies
-    ``(name, buffer, offset, shape)``."""
+def _pack(named_tensors: Iterable[tuple[str, Tensor]]) -> tuple[list[Tensor], _Layout]:
+    """One flat CPU buffer per dtype, in shared memory, holding a copy of every tensor; and where each lies."""
     items = [(name, t.detach()) for name, t in named_tensors]
     dtypes = list(dict.fromkeys(t.dtype for _, t in items))
     sizes = {d: sum(t.numel() for _, t in items if t.dtype == d) for d in dtypes}
-    buffers = [torch.empty(sizes[d], dtype=d) for d in dtypes]
-    layout, offsets = [], dict.fromkeys(dtypes, 0)
+    buffers = [torch.empty(sizes[d], dtype=d).share_memory_() for d in dtypes]  # filled once, sent as is
+    layout: _Layout = []
+    offsets = dict.fromkeys(dtypes, 0)
     for name, t in items:
         group, offset = dtypes.index(t.dtype), offsets[t.dtype]
         buffers[group][offset : offset + t.numel()].copy_(t.reshape(-1))
@@ -272,7 +286,7 @@ class RolloutWorker:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         child.close()
-        atexit.register(self.close)  # before multiprocessing's own exit hook, which would wait forever
+        atexit.register(self.close, 5.0)  # runs before multiprocessing's hook, which would wait forever
         try:
             self._await_ready(start_timeout_s)
         except BaseException:
@@ -312,11 +326,15 @@ class RolloutWorker:
 
     def submit(self, prompts: Sequence[str], params: SamplingParams, seeds: Seeds = None) -> Ticket:
         """Queue a ``generate`` and return at once; :meth:`Ticket.result` waits for it."""
-        seeds = seeds if seeds is None or isinstance(seeds, int) else [int(s) for s in seeds]
+        seeds = seeds if seeds is None or isinstance(seeds, numbers.Integral) else [int(s) for s in seeds]
         with self._send_lock:
             ticket = Ticket(self, next(self._ids), self.version)
             self._waiting[ticket.request_id] = ticket
-            self._send(("generate", ticket.request_id, list(prompts), params, seeds))
+            try:
+                self._send(("generate", ticket.request_id, list(prompts), params, seeds))
+            except BaseException:  # not sent: nothing will answer it
+                self._waiting.pop(ticket.request_id, None)
+                raise
         return ticket
 
     def generate(self, prompts: Sequence[str], params: SamplingParams, seeds: Seeds = None) -> RolloutBatch:
@@ -334,15 +352,14 @@ class RolloutWorker:
     def sleep(self) -> None:
         """Nothing to free in this process: the worker's memory is its own."""
 
-    def wake_up(self) -> None:
-        """Nothing to undo."""
+    wake_up = sleep
 
     def _send(self, msg: tuple[Any, ...]) -> None:
         if self._ended is not None:
             raise WorkerDied(self._ended)
         try:
             self._conn.send(msg)
-        except (OSError, EOFError, ValueError):  # BrokenPipeError: the child is gone
+        except OSError:  # BrokenPipeError: the child is gone
             self._receive(block=False)
             self._end(self._died())
             raise WorkerDied(self._ended or "") from None
@@ -379,7 +396,7 @@ class RolloutWorker:
         """No call is served any more; every unanswered ticket raises :class:`WorkerDied` ``why``."""
         self._ended = self._ended or why
         for ticket in self._waiting.values():
-            ticket._outcome = (None, WorkerDied(why))
+            ticket._outcome = (None, WorkerDied(self._ended))
         self._waiting.clear()
 
     def close(self, timeout_s: float = 30.0) -> None:
@@ -387,7 +404,7 @@ class RolloutWorker:
         wait up to ``timeout_s`` for the child to exit, then kill it. Idempotent; the child is reaped."""
         atexit.unregister(self.close)
         if self._ended is None:
-            with contextlib.suppress(OSError, EOFError, ValueError):
+            with self._send_lock, contextlib.suppress(OSError, EOFError, ValueError):
                 self._conn.send(("stop",))
             deadline = time.monotonic() + timeout_s
             while self._waiting and self._ended is None and time.monotonic() < deadline:
@@ -400,7 +417,8 @@ class RolloutWorker:
         if self._proc.is_alive():
             self._proc.kill()
         self._proc.join(10.0)
-        self._conn.close()
+        with self._receive_lock:  # not under another thread's poll
+            self._conn.close()
         atexit.unregister(self.close)
 
     def __enter__(self) -> RolloutWorker:
@@ -421,21 +439,30 @@ def _build_replica(
     backend: str,
     vllm_kwargs: dict[str, Any] | None,
     device: str,
+    sampler: Callable[..., Rollout] | None,
+    adapted: list[str] | None,
 ) -> Rollout:
     """In the child: the sampler of :func:`replica_builder`."""
+    from sppo_rl.llm.models.core import load_actor, quiet_transformers
     from sppo_rl.llm.models.tiny import load_tokenizer
 
+    quiet_transformers()
     tokenizer = load_tokenizer(actor_path)
     if backend == "vllm":
         from sppo_rl.llm.rollout.vllm import VLLMRollout
 
-        return VLLMRollout(actor_path, tokenizer, **(vllm_kwargs or {}))
-    from sppo_rl.llm.models.core import load_actor
+        engine = VLLMRollout(actor_path, tokenizer, **(vllm_kwargs or {}))
+        if adapted is not None:  # LoRA: each vLLM layer a sync touches must get all its parts
+            engine.check_partial_sync(adapted)
+        return engine
     from sppo_rl.llm.rollout.hf import HFRollout
 
-    replica = load_actor(actor_path, dtype=dtype, device=device).eval().requires_grad_(False)
+    # the parameters keep requiring grad, as the trained actor's do: torch's CPU kernels round the
+    # log-probs differently (~5e-7) for weights that do not, and the replica must sample what the actor would
+    replica = load_actor(actor_path, dtype=dtype, device=device).eval()
     cast = getattr(torch, autocast) if autocast else None
-    return HFRollout(replica, tokenizer, add_special_tokens=False, pad_id=pad_id, autocast=cast)
+    make = sampler if sampler is not None else HFRollout
+    return make(replica, tokenizer, add_special_tokens=False, pad_id=pad_id, autocast=cast)
 
 
 def replica_builder(
@@ -446,14 +473,26 @@ def replica_builder(
     backend: str = "hf",
     vllm_kwargs: dict[str, Any] | None = None,
     device: str = "cpu",
+    sampler: Callable[..., Rollout] | None = None,
+    adapted: list[str] | None = None,
 ) -> Callable[[], Rollout]:
     """A picklable ``build`` for :class:`RolloutWorker`: in the child, the tokenizer of ``actor_path``
-    and, for ``backend="hf"``, an :class:`~sppo_rl.llm.rollout.hf.HFRollout` on a replica loaded from
-    ``actor_path`` in ``dtype`` on ``device`` (prompts taken as rendered, ``pad_id`` the run's, forward passes under
-    ``autocast``, e.g. ``"bfloat16"``); for ``backend="vllm"``, ``VLLMRollout(actor_path, tokenizer,
-    **vllm_kwargs)``."""
+    and, for ``backend="hf"``, an :class:`~sppo_rl.llm.rollout.hf.HFRollout` (or ``sampler``, a class or
+    picklable callable taking its arguments: the latent backend) on a replica loaded from
+    ``actor_path`` in ``dtype`` on ``device`` (prompts taken as rendered, ``pad_id`` the run's, forward
+    passes under ``autocast``, e.g. ``"bfloat16"``); for ``backend="vllm"``, ``VLLMRollout(actor_path,
+    tokenizer, **vllm_kwargs)``, its partial sync checked against the LoRA-``adapted`` tensor names."""
     if backend not in ("hf", "vllm"):
         raise ValueError(f"backend must be 'hf' or 'vllm', got {backend!r}")
     return functools.partial(
-        _build_replica, str(actor_path), dtype, int(pad_id), autocast, backend, vllm_kwargs, device
+        _build_replica,
+        str(actor_path),
+        dtype,
+        int(pad_id),
+        autocast,
+        backend,
+        vllm_kwargs,
+        device,
+        sampler,
+        adapted,
     )
