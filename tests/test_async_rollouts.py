@@ -262,3 +262,21 @@ def test_a_killed_worker_stops_the_run_with_one_line_and_resume_goes_on(tmp_path
     assert not [p for p in _children(proc.pid) if _alive(p)]
     done = len(read_metrics(out / "metrics.jsonl"))
     subprocess.run([*_args(tiny, out, done + 1), "--resume"], check=True, capture_output=True, timeout=600)
+
+
+def test_k1_latent_grpo_samples_latent_steps_in_the_worker_as_inline(tmp_path, tiny):
+    """The latent backend is built in the worker too (its plug-in travels to the child): the same run."""
+    kw = dict(
+        algo="latent-grpo", prompts_per_step=2, group_size=4, val_size=4, eval_every=2, max_new_tokens=6
+    )
+    kw.update(latent_steps=2, latent_topk=4, max_staleness=1, updates=3)
+    run_llm(llm_config(tmp_path, tiny, "inline", rollout_worker="inline", **kw))
+    run_llm(llm_config(tmp_path, tiny, "worker", rollout_worker="process", **kw))
+    assert _rows(tmp_path / "inline") == _rows(tmp_path / "worker")
+    assert [
+        r["staleness"] for r in read_metrics(tmp_path / "worker" / "metrics.jsonl")[1:] if "staleness" in r
+    ] == [
+        0.0,
+        1.0,
+        1.0,
+    ]
