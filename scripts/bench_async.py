@@ -3,7 +3,9 @@
 Each arm is a whole ``sppo-rl llm`` run (its own process; the tiny embedded model by default, or
 ``--model``), validation off during the timed updates; its time per update is the mean of ``step_time_s``
 (the update from the request of its batch to the weights pushed) over updates 2..N (update 1 of an
-asynchronous run has nothing to overlap). The arms, run in a rotated order in every repetition, so that a
+asynchronous run has nothing to overlap). Every arm trains its actor in every update
+(``--no-skip-equal-rewards``): an update whose rewards are all equal otherwise skips the actor's pass, and
+the arms, sampling by different policies, would skip different updates and time different work. The arms, run in a rotated order in every repetition, so that a
 slow period of the machine falls on each in turn:
 
 - ``sync-1t``: ``--max-staleness 0``, one torch thread (the default); run twice, ``sync-1t`` and
@@ -60,6 +62,7 @@ def run_arm(name: str, args: argparse.Namespace, root: Path, rep: int) -> dict:
         "--no-tensorboard",
     ]
     cmd += ["--checkpoint-every", "100000", "--cache-dir", str(root / "cache"), "--out-dir", str(out)]
+    cmd += ["--no-skip-equal-rewards"]  # the same work in every update of every arm (see the docstring)
     cmd += ["--model", args.model] if args.model else []
     cmd += [*shlex.split(args.llm_args), *ARMS[name]]
     env = {**os.environ, "OMP_NUM_THREADS": ARMS[name][1]}
