@@ -180,7 +180,9 @@ def batch_record(rb: RolloutBatch) -> dict[str, Any]:
 
 def batch_of(record: dict[str, Any]) -> RolloutBatch:
     """The batch of a :func:`batch_record`."""
-    kinds = {c.__name__: c for c in (RolloutBatch, *RolloutBatch.__subclasses__())}
+    classes: list[type[RolloutBatch]] = [RolloutBatch]
+    classes += RolloutBatch.__subclasses__()
+    kinds = {c.__name__: c for c in classes}
     fields = {k: v for k, v in record.items() if k != "kind"}
     return kinds[record.get("kind", "RolloutBatch")](**fields)
 
