@@ -258,8 +258,8 @@ def _record_collects(monkeypatch) -> list:
     seen = []
     collect = Collector.collect
 
-    def keep(self, step, timer):
-        got = collect(self, step, timer)
+    def keep(self, step, timer, version):
+        got = collect(self, step, timer, version)
         seen.append(got)
         return got
 
