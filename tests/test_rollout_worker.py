@@ -43,13 +43,15 @@ def assert_same(a: RolloutBatch, b: RolloutBatch) -> None:
 
 
 def replica(tiny: Path, noise_seed: int | None = None) -> torch.nn.Module:
-    """The tiny actor as the worker loads it (float32, eval, no gradients); with ``noise_seed``, every
-    parameter moved by Gaussian noise (std 0.3): weights a training step could have reached."""
-    model = load_actor(tiny, dtype=torch.float32).eval().requires_grad_(False)
+    """The tiny actor as the worker loads it (float32, eval, its parameters requiring grad as a trained
+    actor's do); with ``noise_seed``, every parameter moved by Gaussian noise (std 0.3): weights a
+    training step could have reached."""
+    model = load_actor(tiny, dtype=torch.float32).eval()
     if noise_seed is not None:
         g = torch.Generator().manual_seed(noise_seed)
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn(p.shape, generator=g))
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
     return model
 
 
@@ -347,3 +349,33 @@ def test_a_vllm_worker_samples_its_trainers_logprobs_before_and_after_a_push(tmp
         push(w, other)
         assert logprob_agreement(w, other, PROMPTS, params) < 1e-4
         assert logprob_agreement(w, base, PROMPTS, params) > 1e-2  # the push took
+
+
+def test_the_resource_sharers_reset_connection_is_not_printed(capsys):
+    """A child killed before it took a push's file descriptor makes multiprocessing's resource-sharer
+    thread report ConnectionResetError through ``sys.excepthook``: the worker's hook drops that one (the
+    death is said once, by WorkerDied) and prints any other error as before."""
+    import sys
+
+    from sppo_rl.llm.rollout.worker import _quiet_resource_sharer
+
+    hook = _quiet_resource_sharer(sys.__excepthook__)
+
+    def raised(code: str, filename: str) -> tuple:
+        try:
+            exec(compile(code, filename, "exec"), {})
+        except BaseException:
+            return sys.exc_info()
+        raise AssertionError("nothing raised")
+
+    hook(
+        *raised(
+            "raise ConnectionResetError(104, 'Connection reset by peer')",
+            "/x/multiprocessing/resource_sharer.py",
+        )
+    )
+    assert capsys.readouterr().err == ""
+    hook(*raised("raise ConnectionResetError(104, 'Connection reset by peer')", "/x/elsewhere.py"))
+    hook(*raised("raise ValueError('other')", "/x/multiprocessing/resource_sharer.py"))
+    err = capsys.readouterr().err
+    assert "ConnectionResetError" in err and "ValueError: other" in err

@@ -72,6 +72,22 @@ PROCESS_NAME = "sppo-rollout"
 _Layout = list[tuple[str, int, int, tuple[int, ...]]]  # (name, buffer, offset, shape) of each pushed tensor
 
 
+def _quiet_resource_sharer(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """``sys.excepthook`` without the connection errors of multiprocessing's resource-sharer thread: a
+    push's shared memory reaches the child as a file descriptor that thread hands over, and a child killed
+    before taking it makes the thread report a reset connection; the worker's death is said once, by
+    :class:`WorkerDied`."""
+
+    def hook_(kind: type[BaseException], value: BaseException, tb: Any) -> Any:
+        sharer = any(f.filename.endswith("resource_sharer.py") for f in traceback.extract_tb(tb))
+        if issubclass(kind, (OSError, EOFError)) and sharer:
+            return None
+        return hook(kind, value, tb)
+
+    hook_.quiet_resource_sharer = True  # type: ignore[attr-defined]  # installed once (see RolloutWorker)
+    return hook_
+
+
 class WorkerDied(RunFailed):
     """The rollout worker's process ended while a request was unanswered or a call was made: the run stops
     (``sppo-rl`` exits 1 with this line; ``--resume`` goes on from the last checkpoint)."""
@@ -272,6 +288,8 @@ class RolloutWorker:
         self._waiting: dict[int, Ticket] = {}
         self._send_lock, self._receive_lock = threading.Lock(), threading.Lock()
         self._ended: str | None = None  # why no call is served any more
+        if not getattr(sys.excepthook, "quiet_resource_sharer", False):
+            sys.excepthook = _quiet_resource_sharer(sys.excepthook)
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe(duplex=True)
         self._proc = ctx.Process(target=_serve, args=(child, build, threads, os.getpid()), daemon=True)
