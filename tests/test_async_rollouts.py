@@ -76,7 +76,7 @@ def test_k1_samples_by_the_previous_policy_the_same_inline_and_in_a_worker(tmp_p
     assert trained[0]["rollout_logp_diff"] < 1e-5 < min(r["rollout_logp_diff"] for r in trained[1:])
 
 
-@pytest.mark.parametrize("worker", ["inline", "process"])
+@pytest.mark.parametrize("worker", ["inline", pytest.param("process", marks=pytest.mark.slow)])
 def test_k1_resumes_exactly_with_the_requested_round_in_the_checkpoint(tmp_path, tiny, worker):
     kw = dict(max_staleness=1, rollout_worker=worker, checkpoint_every=2)
     run_llm(_moving(tmp_path, tiny, "full", **kw))
@@ -90,22 +90,22 @@ def test_k1_resumes_exactly_with_the_requested_round_in_the_checkpoint(tmp_path,
     assert _same_weights(tmp_path / "full", tmp_path / "part")
 
 
+@pytest.mark.slow
 def test_k2_streams_two_batches_ahead(tmp_path, tiny):
     run_llm(_moving(tmp_path, tiny, "k2", max_staleness=2, rollout_worker="inline", updates=5))
     rows = [r for r in read_metrics(tmp_path / "k2" / "metrics.jsonl") if "staleness" in r]
     assert [r["staleness"] for r in rows] == [0.0, 1.0, 2.0, 2.0, 2.0]
 
 
-FAST = ["sppo", "grpo", "remax", "ppo", "spo"]
-
-
-@pytest.mark.parametrize("algo", [a if a in FAST else pytest.param(a, marks=pytest.mark.slow) for a in ALGOS])
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ALGOS)
 def test_k1_runs_every_algorithm_in_a_worker(tmp_path, tiny, algo):
     s = run_llm(llm_config(tmp_path, tiny, algo=algo, max_staleness=1, updates=3, train_size=16))
     rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "staleness" in r]
     assert [r["staleness"] for r in rows] == [0.0, 1.0, 1.0] and s["updates"] == 3
 
 
+@pytest.mark.slow
 def test_k1_with_dynamic_sampling_tags_each_round(tmp_path, tiny):
     """DAPO's extra rounds are requested when update u needs them, by update u's weights."""
     kw = dict(algo="grpo", group_size=2, dynamic_sampling_rounds=2, max_staleness=1, rollout_worker="inline")
@@ -215,6 +215,7 @@ def _wait_rows(proc: subprocess.Popen, metrics: Path, rows: int) -> None:
     raise AssertionError(f"the run ended or stalled before {rows} rows: {proc.poll()}")
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_group_saves_a_checkpoint_and_leaves_no_process(tmp_path, tiny):
     full, part = tmp_path / "full", tmp_path / "part"
     subprocess.run(_args(tiny, full, 12), check=True, capture_output=True, timeout=600)
@@ -264,6 +265,7 @@ def test_a_killed_worker_stops_the_run_with_one_line_and_resume_goes_on(tmp_path
     subprocess.run([*_args(tiny, out, done + 1), "--resume"], check=True, capture_output=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_k1_latent_grpo_samples_latent_steps_in_the_worker_as_inline(tmp_path, tiny):
     """The latent backend is built in the worker too (its plug-in travels to the child): the same run."""
     kw = dict(
