@@ -172,10 +172,10 @@ class LLMRun:
             plan, task.train, task.val, tokenizer, actor_path, self.dist.main
         )
         self.models = m = build_models(plan, actor_path, tokenizer, warmstart, self._main_first)
-        if (
-            plan.rollout.worker == "process"
-        ):  # the worker's replica gets the actor's weights before it samples
-            sync(m.rollout, m.actor_engine, bool(models.lora.rank))
+        if plan.rollout.worker == "process" and not loop.resume:  # (a resume pushes the checkpoint's)
+            sync(
+                m.rollout, m.actor_engine, bool(models.lora.rank)
+            )  # the worker's replica: the actor's weights
         self.rows = row_fn(plan)
         req = self.algo.requires
         order = (SpoOrder if req.tracker else VStarOrder if req.optimal_values else PromptOrder)(

@@ -74,29 +74,17 @@ def make_rollout(
     (:class:`sppo_rl.llm.latent.plugin.LatentPolicy`; None for a token policy) gives its backend. Prompts
     are taken as rendered (``add_special_tokens=False``). With vLLM and LoRA, refuses (``ValueError``)
     adapted modules that would leave one of vLLM's fused layers part-synced."""
-    models, vllm, latent = plan.models, plan.rollout.vllm, plan.latent
+    models, latent = plan.models, plan.latent
     if plan.rollout.worker == "process":
         return worker_rollout(plan, actor, tokenizer, actor_path, dtype=dtype, device=device, pad_id=pad_id)
     if plan.rollout.backend == "vllm":
         from sppo_rl.llm.rollout.vllm import VLLMRollout
 
         # the engine restores the RNG states, thread count and signal handlers it changes when it starts
-        engine = VLLMRollout(
-            actor_path,
-            tokenizer,
-            dtype=vllm.dtype or models.dtype,
-            seed=plan.loop.seed,
-            add_special_tokens=False,
-            max_model_len=vllm.max_model_len,
-            gpu_memory_utilization=vllm.gpu_memory_utilization,
-            enable_sleep_mode=vllm.sleep,
-            sync_timeout_s=models.collective_timeout,
-            pad_id=pad_id,
-        )
-        if models.lora.rank:  # each vLLM layer a sync touches must get all its parts
-            from sppo_rl.llm.models.lora import adapted_tensor_names
-
-            engine.check_partial_sync(adapted_tensor_names(actor))
+        engine = VLLMRollout(actor_path, tokenizer, **vllm_settings(plan, pad_id))
+        adapted = lora_adapted(plan, actor)
+        if adapted is not None:  # each vLLM layer a sync touches must get all its parts
+            engine.check_partial_sync(adapted)
         return engine
     backend = latent.rollout if latent is not None else HFRollout
     if models.engine == "torch":
@@ -108,6 +96,27 @@ def make_rollout(
 
     replica = load_actor(actor_path, dtype=dtype, device=device).eval().requires_grad_(False)
     return backend(replica, tokenizer, add_special_tokens=False, pad_id=pad_id)
+
+
+def vllm_settings(plan: Plan, pad_id: int) -> dict[str, Any]:
+    """The keywords of :class:`~sppo_rl.llm.rollout.vllm.VLLMRollout` besides its model and tokenizer, from
+    ``plan`` (in the trainer's process or a worker's: a worker never sleeps, ``--vllm-sleep`` is refused
+    beside one)."""
+    models, vllm = plan.models, plan.rollout.vllm
+    return {
+        "dtype": vllm.dtype or models.dtype, "seed": plan.loop.seed, "add_special_tokens": False,
+        "max_model_len": vllm.max_model_len, "gpu_memory_utilization": vllm.gpu_memory_utilization,
+        "enable_sleep_mode": vllm.sleep, "sync_timeout_s": models.collective_timeout, "pad_id": pad_id,
+    }  # fmt: skip
+
+
+def lora_adapted(plan: Plan, actor: nn.Module) -> list[str] | None:
+    """The names of the tensors a LoRA sync sends (the adapted modules, merged); None without LoRA."""
+    if not plan.models.lora.rank:
+        return None
+    from sppo_rl.llm.models.lora import adapted_tensor_names
+
+    return list(adapted_tensor_names(actor))
 
 
 def worker_rollout(
@@ -126,19 +135,10 @@ def worker_rollout(
     weights to it before it samples (:func:`~sppo_rl.llm.stages.sync.sync`)."""
     from sppo_rl.llm.rollout.worker import RolloutWorker, replica_builder
 
-    models, vllm, latent = plan.models, plan.rollout.vllm, plan.latent
+    models, latent = plan.models, plan.latent
     dtype_name = str(dtype).removeprefix("torch.")
     if plan.rollout.backend == "vllm":
-        adapted = None
-        if models.lora.rank:
-            from sppo_rl.llm.models.lora import adapted_tensor_names
-
-            adapted = list(adapted_tensor_names(actor))
-        kwargs = {
-            "dtype": vllm.dtype or models.dtype, "seed": plan.loop.seed, "add_special_tokens": False,
-            "max_model_len": vllm.max_model_len, "gpu_memory_utilization": vllm.gpu_memory_utilization,
-            "enable_sleep_mode": False, "sync_timeout_s": models.collective_timeout, "pad_id": pad_id,
-        }  # fmt: skip
+        kwargs, adapted = vllm_settings(plan, pad_id), lora_adapted(plan, actor)
         build = replica_builder(
             str(actor_path), dtype_name, pad_id, backend="vllm", vllm_kwargs=kwargs, adapted=adapted
         )
