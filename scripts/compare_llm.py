@@ -109,7 +109,7 @@ ALL = [
     # lambda (alpha 1: lambda 0.9 at 10 tokens; VAPO's 0.05 is for responses of hundreds), value pre-training
     ("ppo-vc", [*PPO, "--lam-critic", "1.0", "--lam-alpha", "1.0", "--critic-warmup", "5"]),
 ]
-SET_NAMES = ("long", "methods", "latent", "real", "async", "all")
+SET_NAMES = ("long", "methods", "latent", "real", "async", "precision", "all")
 BASELINE = "sppo"  # every other method is compared against it (--baseline)
 TINY_SEEDS = 14
 """Default seeds of the tiny-model sets (a run takes tens of seconds): the five-seed tables in the docs
@@ -126,7 +126,7 @@ def set_design(name: str) -> tuple[int, decision.Design]:
     """What each set declares before its runs: its default seed count and its primary statistic (the
     default: accuracy at equal compute, FLOPs where logged, else generated tokens) with the equivalence
     margin 0.05 in accuracy."""
-    return (REAL_SEEDS if name == "real" else TINY_SEEDS), decision.Design(
+    return (REAL_SEEDS if name in ("real", "precision") else TINY_SEEDS), decision.Design(
         primary=None, margin=decision.MARGIN
     )
 
@@ -147,6 +147,7 @@ def run_sets() -> dict[str, list[tuple[str, list[str]]]]:
     methods = [(n, flags[n]) for n in ("sppo", "grpo", "gspo", "sppo-seq")]
     methods += [("grpo-tis", [*flags["grpo"], "--tis-cap", "2"]), ("dapo", dapo)]
     methods += [(n, flags[n]) for n in ("ppo", "ppo-vc")]
+    real_sppo = ["--algo", "sppo", "--model", REAL_MODEL, "--critic-model", REAL_CRITIC]
     return {
         "long": [(n, flags[n]) for n in ("sppo", "grpo", "rloo", "ppo", "sppo-small-critic")],
         "methods": methods,
@@ -163,7 +164,7 @@ def run_sets() -> dict[str, list[tuple[str, list[str]]]]:
         # same samples per update for every method (GRPO: --prompts-per-step / 4 prompts x 4 samples);
         # SPPO and PPO with the model's first 4 layers as their critic
         "real": [
-            ("sppo", ["--algo", "sppo", "--model", REAL_MODEL, "--critic-model", REAL_CRITIC]),
+            ("sppo", real_sppo),
             (
                 "grpo",
                 [
@@ -185,6 +186,12 @@ def run_sets() -> dict[str, list[tuple[str, list[str]]]]:
             ("sppo", flags["sppo"]),
             ("sppo-k1", [*flags["sppo"], "--max-staleness", "1"]),
             ("sppo-k2", [*flags["sppo"], "--max-staleness", "2"]),
+        ],
+        # mixed precision: SPPO on the real model in float32 against --precision bf16 (bfloat16 matmuls, the
+        # LM and value heads in float32), the same seeds; equal FLOPs per update (bf16 does the same work)
+        "precision": [
+            ("sppo", [*real_sppo, "--precision", "fp32"]),
+            ("sppo-bf16", [*real_sppo, "--precision", "bf16"]),
         ],
         "all": list(ALL),
     }
@@ -742,7 +749,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         nargs="+",
         default=None,
-        help=f"seeds of every method (default: 0..{TINY_SEEDS - 1}; the real set 0..{REAL_SEEDS - 1})",
+        help=f"seeds of every method (default: 0..{TINY_SEEDS - 1}; the real and precision sets 0..{REAL_SEEDS - 1})",
     )
     ap.add_argument(
         "--task", default="arithmetic", help="--task of every run (arithmetic, scratchpad, a file)"

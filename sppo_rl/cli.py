@@ -214,6 +214,7 @@ FOREIGN_FLAGS: dict[str, tuple[str, str]] = {
     # this project's own names before both worlds shared one vocabulary
     "steps": ("--updates", "its name before, --steps"),  # vocab: old name
     "final_frac": ("--tail-frac", "its name before, --final-frac"),  # vocab: old name
+    "autocast": ("--precision", "its name before, --autocast; --autocast bfloat16 is --precision bf16"),
 }  # fmt: skip
 """TRL's (``GRPOConfig``) and verl's names, each with this project's flag and whose name it is: the table
 of docs/llm.md ("Coming from TRL or verl"), read when ``sppo-rl llm`` meets a flag it does not know; and

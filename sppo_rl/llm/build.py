@@ -21,7 +21,7 @@ from sppo_rl.agents.learner import Reducer, RowsFn
 from sppo_rl.llm.data.files import Example, fit_prompts
 from sppo_rl.llm.data.prompts import render_examples
 from sppo_rl.llm.models.checks import check_same_tokenizer
-from sppo_rl.llm.models.core import load_actor
+from sppo_rl.llm.models.core import float32_head, load_actor
 from sppo_rl.llm.models.critic import CRITICS, SequenceCritic, StepCritic
 from sppo_rl.llm.models.engines import DeepSpeedEngine, HFTorchEngine, make_engine
 from sppo_rl.llm.models.lora import BaseModelView, apply_lora, lora_config
@@ -163,6 +163,10 @@ def build_models(
                 targets=lora.targets,
                 dropout=lora.dropout,
             )
+    if settings.precision == "bf16":  # the LM heads' logits and the value head stay float32
+        for model in (actor, ref, critic):
+            if model is not None:
+                float32_head(model)
     kw = dict(
         weight_decay=settings.weight_decay,
         max_grad_norm=settings.max_grad_norm,
@@ -196,7 +200,7 @@ def row_fn(plan: Plan) -> RowsOf:
     """The learner's world callable over rows, ``rows(rb, model, policy)``: the latent policy's for its
     actor, else :func:`~sppo_rl.llm.stages.to_batch.rollout_rows` at the rollout temperature."""
     latent, device, temperature = plan.latent, plan.device, plan.rollout.temperature
-    autocast = torch.bfloat16 if plan.models.autocast == "bfloat16" else None
+    autocast = torch.bfloat16 if plan.models.precision == "bf16" else None
 
     def rows(rb: RolloutBatch, model: Any, policy: bool) -> RowsFn:
         if policy and latent is not None:
@@ -206,7 +210,7 @@ def row_fn(plan: Plan) -> RowsOf:
         if autocast is None:
             return of_rows
 
-        def mixed(*args: Any) -> Any:  # --autocast: the forward in bfloat16 matmuls; backward follows it
+        def mixed(*args: Any) -> Any:  # --precision bf16: bfloat16 matmuls; backward follows
             with autocast_to(autocast, device):
                 return of_rows(*args)
 
@@ -226,6 +230,7 @@ def config_record(plan: Plan, m: Models, n_train: int, n_val: int, ranks: int) -
         "actor": str(m.actor_path),
         "critic": str(m.critic_path or "none"),  # a folder, as the actor's (a named model resolved)
         "warmstart": m.warmstart,
+        "precision": plan.models.precision,  # --precision resolved
         "train_examples": n_train,
         "val_examples": n_val,
         "reward_fn": plan.rewards.fn,

@@ -242,11 +242,15 @@ class LLMConfig(RunConfig):
     """DeepSpeed CPU offload: optimizer states, or optimizer states and parameters."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Training dtype (bfloat16 on GPUs)."""
-    autocast: Literal["off", "bfloat16"] = "off"
-    """Mixed precision with --engine torch: the forward passes of training, log-probs, values and HF
-    generation run under torch.autocast (matmuls in bfloat16 over the float32 weights; the optimizer, its
-    weights, the log-softmax and the loss stay float32). On a CPU with AVX512-BF16 or AMX, SmolLM2-135M's
-    training pass ran 2.0-2.1x faster (scripts/bench_rollout.py); its log-probs moved by 0.03 nats on average."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """Arithmetic of the torch engine's passes. 'bf16': mixed precision, the forward passes of training,
+    log-probs, values and HF generation under torch.autocast (matmuls in bfloat16 over float32 master
+    weights; the LM head's logits, the critic's value head, the log-softmax, the loss and the optimizer stay
+    float32). 'fp32': float32 throughout. 'auto': bf16 where it pays, else fp32: bf16 with --engine torch and
+    --dtype float32 on hardware with native bfloat16 matmuls (a CPU with AVX512-BF16 or AMX, a GPU that
+    supports bfloat16) for a pretrained model (a named one, or a folder whose weight files hold at least
+    64 MB); fp32 for the small built-in models, whose time goes to per-operation overhead, not matmuls.
+    config.json records the precision resolved."""
     rollout: Literal["hf", "vllm"] = "hf"
     """Rollout engine: Hugging Face generation, or in-process vLLM with weight sync after each update."""
     vllm: VLLM = field(default_factory=VLLM)
@@ -361,9 +365,9 @@ class LLMConfig(RunConfig):
             ("vllm_gpu_memory_utilization", within(0, 1, open_lo=True), "in (0, 1]"),
             ("vllm_dtype", lambda v: v is None or self.rollout == "vllm", "left unset unless --rollout vllm"),
             (
-                "autocast",
-                lambda v: v == "off" or (self.engine == "torch" and self.dtype == "float32"),
-                "off unless --engine torch with --dtype float32 (DeepSpeed: --dtype bfloat16)",
+                "precision",
+                lambda v: v != "bf16" or (self.engine == "torch" and self.dtype == "float32"),
+                "auto or fp32 unless --engine torch with --dtype float32 (DeepSpeed: --dtype bfloat16)",
             ),
             ("collective_timeout", gt(0), "> 0 seconds"),
             ("latent_steps", optional(ge(1)), ">= 1, or None for the task's most reasoning lines"),

@@ -112,7 +112,8 @@ class ModelSettings:
             backbone / no critic.
         cache: the model cache (``--cache-dir``, else ``$SPPO_RL_CACHE``), resolved once.
         warmstart: the embedded model's warm-start settings (read when ``model`` is None).
-        dtype: the weights' torch dtype name; autocast: ``--autocast`` (None: off).
+        dtype: the weights' torch dtype name; precision: ``--precision`` resolved, 'fp32' or 'bf16'
+            (:func:`precision_of`).
         engine, zero_stage, offload, collective_timeout: the training engine (torch or DeepSpeed).
         actor_lr, critic_lr, weight_decay, max_grad_norm: the optimizers.
         lora: the LoRA adapters' settings (rank 0: full fine-tuning).
@@ -130,7 +131,7 @@ class ModelSettings:
     cache: Path
     warmstart: WarmStart
     dtype: str
-    autocast: str | None
+    precision: str
     engine: str
     zero_stage: int
     offload: str
@@ -340,6 +341,30 @@ def _path_folder(value: str | None) -> Path | None:
     return Path(value)
 
 
+PRECISION_MIN_BYTES = 64 * 2**20
+"""``--precision auto``: the smallest weight files (bytes) of a model folder given as a path that bf16 serves."""
+
+
+def precision_of(cfg: LLMConfig, actor_folder: Path | None, device: torch.device) -> str:
+    """``--precision`` resolved: 'fp32' or 'bf16'. 'auto' is bf16 with the torch engine on float32 weights,
+    on a device with native bfloat16 matmuls (:func:`~sppo_rl.llm.models.core.native_bf16`), for a named
+    model or a folder whose weight files (``*.safetensors``, ``*.bin``, ``*.gguf``) hold at least
+    :data:`PRECISION_MIN_BYTES`; otherwise fp32 (the embedded tiny model and other small ones, whose time
+    is per-operation overhead, and DeepSpeed, whose precision is ``--dtype``)."""
+    from sppo_rl.llm.models.core import native_bf16
+
+    if cfg.precision != "auto":
+        return cfg.precision
+    if cfg.engine != "torch" or cfg.dtype != "float32" or cfg.model is None or not native_bf16(device):
+        return "fp32"
+    if actor_folder is None:  # a named model
+        return "bf16"
+    size = sum(
+        f.stat().st_size for f in actor_folder.iterdir() if f.suffix in (".safetensors", ".bin", ".gguf")
+    )
+    return "bf16" if size >= PRECISION_MIN_BYTES else "fp32"
+
+
 def _trains_a_critic(name: str) -> bool:
     """Whether algorithm ``name`` trains a critic (False for an unknown name: ``validate`` refuses it)."""
     try:
@@ -485,7 +510,7 @@ def resolve(cfg: LLMConfig, dist: Any, validated: bool = False) -> tuple[Plan, T
     models = ModelSettings(
         model=cfg.model, critic_model=cfg.critic_model, actor_folder=actor_folder, critic_folder=critic_folder,
         cache=cache, warmstart=warmstart, dtype=cfg.dtype,
-        autocast=cfg.autocast, engine=cfg.engine, zero_stage=cfg.zero_stage, offload=cfg.offload,
+        precision=precision_of(cfg, actor_folder, device), engine=cfg.engine, zero_stage=cfg.zero_stage, offload=cfg.offload,
         collective_timeout=cfg.collective_timeout, actor_lr=actor_lr, critic_lr=cfg.critic_lr,
         weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, lora=cfg.lora,
         gradient_checkpointing=cfg.gradient_checkpointing, critic_init=critic_init_of(cfg, algo),

@@ -21,10 +21,14 @@ from __future__ import annotations
 
 import inspect
 import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
@@ -102,6 +106,60 @@ def load_actor(
     """
     model = _from_pretrained(AutoModelForCausalLM, path, dtype, **kwargs)
     return model.to(device) if device is not None else model
+
+
+# ------------------------------------------------------------------------------------ precision
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` multiplies bfloat16 matrices in hardware: a CUDA device that supports bfloat16
+    (``torch.cuda.is_bf16_supported``); a CPU whose flags name AVX512-BF16 or AMX-BF16 (x86) or BF16 (Arm),
+    read from ``/proc/cpuinfo``, or ``hw.optional.arm.FEAT_BF16`` on macOS. Elsewhere bfloat16 matmuls are
+    emulated, slower than float32."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    if device.type != "cpu":
+        return False
+    if sys.platform == "darwin":
+        try:
+            out = subprocess.run(
+                ["sysctl", "-n", "hw.optional.arm.FEAT_BF16"], capture_output=True, text=True, timeout=5
+            )
+        except (OSError, subprocess.SubprocessError):
+            return False
+        return out.stdout.strip() == "1"
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = {f for line in text.splitlines() if line.startswith(("flags", "Features")) for f in line.split()}
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+class Float32Head(nn.Linear):
+    """A linear output layer computed in float32 whatever autocast is in force:
+    ``logits = x.float() @ W.float()^T (+ b)`` with autocast off. Mixed precision (``--precision bf16``)
+    runs the body's matmuls in bfloat16 but keeps the LM head's logits, and so the log-softmax and the
+    sampling and training log-probs read from them, in float32 (ScaleRL, arXiv 2510.13786, found a float32
+    head matters for RL), and the critic's value head likewise. Same weights and state dict as the
+    ``nn.Linear`` it replaces (:func:`float32_head` swaps the class in place; tied weights stay tied)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            bias = None if self.bias is None else self.bias.float()
+            return F.linear(x.float(), self.weight.float(), bias)
+
+
+def float32_head(model: nn.Module) -> nn.Module:
+    """Make ``model``'s output layer a :class:`Float32Head` in place and return ``model``: a causal LM's
+    output embeddings (``get_output_embeddings()``), or a critic's value ``head``. Raises ``TypeError``
+    for an output layer that is not a plain ``nn.Linear`` (its float32 arithmetic would be unknown)."""
+    head = model.head if hasattr(model, "head") else model.get_output_embeddings()
+    if type(head) is nn.Linear:
+        head.__class__ = Float32Head
+    elif not isinstance(head, Float32Head):
+        raise TypeError(f"a float32 head needs an nn.Linear output layer, got {type(head).__name__}")
+    return model
 
 
 # ------------------------------------------------------------------------------------ log-probs

@@ -88,7 +88,7 @@ def make_rollout(
         return engine
     backend = latent.rollout if latent is not None else HFRollout
     if models.engine == "torch":
-        autocast = torch.bfloat16 if models.autocast == "bfloat16" else None
+        autocast = torch.bfloat16 if models.precision == "bf16" else None
         return backend(
             actor, tokenizer, add_special_tokens=False, shares_actor=True, autocast=autocast, pad_id=pad_id
         )
@@ -143,7 +143,7 @@ def worker_rollout(
             str(actor_path), dtype_name, pad_id, backend="vllm", vllm_kwargs=kwargs, adapted=adapted
         )
     else:
-        autocast = "bfloat16" if models.engine == "torch" and models.autocast == "bfloat16" else None
+        autocast = "bfloat16" if models.precision == "bf16" else None
         sampler = latent.rollout if latent is not None else None
         build = replica_builder(
             str(actor_path), dtype_name, pad_id, autocast, device=str(device), sampler=sampler

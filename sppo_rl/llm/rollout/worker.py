@@ -461,7 +461,7 @@ def _build_replica(
     adapted: list[str] | None,
 ) -> Rollout:
     """In the child: the sampler of :func:`replica_builder`."""
-    from sppo_rl.llm.models.core import load_actor, quiet_transformers
+    from sppo_rl.llm.models.core import float32_head, load_actor, quiet_transformers
     from sppo_rl.llm.models.tiny import load_tokenizer
 
     quiet_transformers()
@@ -479,6 +479,8 @@ def _build_replica(
     # log-probs differently (~5e-7) for weights that do not, and the replica must sample what the actor would
     replica = load_actor(actor_path, dtype=dtype, device=device).eval()
     cast = getattr(torch, autocast) if autocast else None
+    if cast is not None and sampler is None:  # mixed precision: the LM head in float32, as the actor's
+        float32_head(replica)
     make = sampler if sampler is not None else HFRollout
     return make(replica, tokenizer, add_special_tokens=False, pad_id=pad_id, autocast=cast)
 
@@ -498,7 +500,7 @@ def replica_builder(
     and, for ``backend="hf"``, an :class:`~sppo_rl.llm.rollout.hf.HFRollout` (or ``sampler``, a class or
     picklable callable taking its arguments: the latent backend) on a replica loaded from
     ``actor_path`` in ``dtype`` on ``device`` (prompts taken as rendered, ``pad_id`` the run's, forward
-    passes under ``autocast``, e.g. ``"bfloat16"``); for ``backend="vllm"``, ``VLLMRollout(actor_path,
+    passes under ``autocast``, e.g. ``"bfloat16"``, its LM head then in float32: ``--precision bf16``); for ``backend="vllm"``, ``VLLMRollout(actor_path,
     tokenizer, **vllm_kwargs)``, its partial sync checked against the LoRA-``adapted`` tensor names."""
     if backend not in ("hf", "vllm"):
         raise ValueError(f"backend must be 'hf' or 'vllm', got {backend!r}")
