@@ -109,7 +109,7 @@ ALL = [
     # lambda (alpha 1: lambda 0.9 at 10 tokens; VAPO's 0.05 is for responses of hundreds), value pre-training
     ("ppo-vc", [*PPO, "--lam-critic", "1.0", "--lam-alpha", "1.0", "--critic-warmup", "5"]),
 ]
-SET_NAMES = ("long", "methods", "latent", "real", "async", "precision", "all")
+SET_NAMES = ("long", "methods", "latent", "real", "async", "precision", "single", "all")
 BASELINE = "sppo"  # every other method is compared against it (--baseline)
 TINY_SEEDS = 14
 """Default seeds of the tiny-model sets (a run takes tens of seconds): the five-seed tables in the docs
@@ -192,6 +192,24 @@ def run_sets() -> dict[str, list[tuple[str, list[str]]]]:
         "precision": [
             ("sppo", [*real_sppo, "--precision", "fp32"]),
             ("sppo-bf16", [*real_sppo, "--precision", "bf16"]),
+        ],
+        # the single-sample methods (one response per prompt, a baseline that is not a group mean) beside
+        # the group methods as the reference, all at the same samples per update (a group method: --prompts-
+        # per-step / N prompts x N); run on arithmetic and on the scratchpad (--task scratchpad, --llm-args
+        # "--levels 1" or "--levels 5")
+        "single": [
+            ("sppo", flags["sppo"]),
+            ("spo", ["--algo", "spo"]),
+            ("astar-po", ["--algo", "astar-po"]),
+            ("opo-batch", ["--algo", "opo-batch"]),
+            (
+                "reinforce-batch",
+                ["--algo", "reinforce", "--whiten"],
+            ),  # A = (R - mean R) / sd R over the batch
+            *[
+                (f"{name}-{n}", ["--algo", name, "--group-size", str(n), "--prompts-per-step", SAME_SAMPLES])
+                for name, n in (("shrinkage", 4), ("grpo", 4), ("grpo", 8))
+            ],
         ],
         "all": list(ALL),
     }

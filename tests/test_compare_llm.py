@@ -189,6 +189,30 @@ def test_run_sets(cmp):
         assert latent[explicit][latent[explicit].index("--model") + 1] == cmp.EXPLICIT
 
 
+def test_the_precision_and_single_sample_sets(cmp):
+    """The precision set: SPPO on the real model as the real set runs it, float32 against bf16, nothing else
+    different. The single-sample set: one response per prompt for its single-sample methods, and the group
+    references at the same samples per update (--prompts-per-step / N prompts x N)."""
+    sets = cmp.run_sets()
+    precision = dict(sets["precision"])
+    real_sppo = dict(sets["real"])["sppo"]
+    assert precision == {
+        "sppo": [*real_sppo, "--precision", "fp32"],
+        "sppo-bf16": [*real_sppo, "--precision", "bf16"],
+    }
+    assert cmp.set_design("precision")[0] == cmp.REAL_SEEDS
+    single = dict(sets["single"])
+    assert list(single) == [
+        "sppo", "spo", "astar-po", "opo-batch", "reinforce-batch", "shrinkage-4", "grpo-4", "grpo-8"
+    ]  # fmt: skip
+    args = cmp.parse(["--set", "single", "--prompts-per-step", "32"])
+    for name, flags in single.items():
+        run = cmp.llm_flags(flags, args, 0, cmp.SMALL, resolve=False)
+        group = int(run[run.index("--group-size") + 1]) if "--group-size" in run else 1
+        assert int(run[run.index("--prompts-per-step") + 1]) * group == 32, name
+        assert cmp.flag_problem(name, run) is None, name
+
+
 def test_a_group_method_of_the_real_set_gets_the_same_samples_per_update(cmp):
     """GRPO (N = 4) runs --prompts-per-step / 4 prompts, so that every method of the set samples 32
     responses per update; its own flag replaces the script's (one --prompts-per-step in the command)."""
