@@ -766,6 +766,18 @@ def test_a_relation_between_two_values_is_not_a_value(relation):
     assert verify_math(f"\\boxed{{4 {relation} 5}}", "4") == 0.0
 
 
+@pytest.mark.parametrize("relation", ["=", r"\equiv", ">", r"\geq"])
+def test_a_relation_between_two_values_is_not_its_right_side_either(relation):
+    """``\\boxed{4 = 5}`` is a false statement, not the value 5 (it was paid for 5: the grammar judged an
+    equation by its right side); ``\\boxed{5 = 5}`` is a statement too. An equation whose left side is the
+    asked variable is still judged by its value, and a reference that is a relation is compared as one."""
+    for left in ("4", "5"):
+        for gold in ("4", "5"):
+            assert verify_math(f"\\boxed{{{left} {relation} 5}}", gold) == 0.0, (left, gold)
+    assert verify_math(r"\boxed{x = 5}", "5") == 1.0 and verify_math(r"\boxed{x = 5}", "x = 5") == 1.0
+    assert verify_math(r"\boxed{5}", "5") == 1.0
+
+
 @pytest.mark.parametrize(
     "answer",
     [r"4 \approx 5", r"3 \approx 4 \approx 5", r"x \approx 4", r"4 \approxeq 5", "4 \u2248 5", r"4\approx"],

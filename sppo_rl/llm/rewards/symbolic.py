@@ -347,7 +347,8 @@ def _restates(pred: str, gold: str) -> str | None:
     ``4 \\approx 5``, ``x \\approx 4``) unless ``gold`` is one, or, unless ``gold`` is itself
     unevaluated, it holds an unevaluated operation (:func:`_restatement`) or a fraction of integers
     not in lowest terms. An answer ``v = value`` or ``v \\in set`` is judged by its value when ``gold``
-    is no relation. An answer that the unevaluated parse cannot read is refused when ``gold`` can be."""
+    is no relation; any other relation (``4 = 5``, ``5 = 5``, ``4 \\equiv 5``, ``5 > 4``) is refused then.
+    An answer that the unevaluated parse cannot read is refused when ``gold`` can be."""
     import sympy
 
     if _APPROX.search(pred) and not _APPROX.search(gold):
@@ -365,6 +366,8 @@ def _restates(pred: str, gold: str) -> str | None:
         and not getattr(g, "is_Relational", False)
     ):
         p = p.rhs  # "x = 4": the value of the asked variable
+    elif getattr(p, "is_Relational", False) and not getattr(g, "is_Relational", False):
+        return "it states a relation between values (4 = 5, 4 \\equiv 5), not a value"
     extra = _symbols(p) - gold_symbols
     if extra:
         return f"it names {', '.join(sorted(extra))}, which the reference does not"
