@@ -20,7 +20,15 @@ from paths import CONTROL_TIMING, LLM_TIMING, REPO, assert_rows_close, run_cli, 
 
 from sppo_rl.llm.models.engines import free_port
 from sppo_rl.llm.trainer import run_llm
-from sppo_rl.runtime.checkpoint import CheckpointError, CheckpointManager, read_meta, torch_load, torch_save
+from sppo_rl.runtime.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    link_identical,
+    read_meta,
+    torch_load,
+    torch_save,
+    unshare,
+)
 from sppo_rl.runtime.logging import RunLogger, read_metrics
 from sppo_rl.runtime.run import RunError
 
@@ -108,6 +116,33 @@ def test_no_intact_checkpoint_is_one_error_naming_each(tmp_path):
     msg = str(e.value)
     assert "\n" not in msg and "no intact checkpoint" in msg
     assert "ckpt-000000001/state.pt" in msg and "ckpt-000000002/meta.json" in msg
+
+
+def test_an_export_links_the_files_its_checkpoint_holds_alike_and_writing_it_again_leaves_them(tmp_path):
+    """link_identical: a file of the same bytes as the checkpoint's becomes a hard link to it (stored
+    once), one that differs keeps its copy; unshare: before the export is written again its linked files
+    are unlinked, so a write in place (``open(..., "wb")``) leaves the checkpoint intact."""
+    weights, other = os.urandom(4096), os.urandom(100)
+
+    def write(d: Path) -> None:
+        (d / "actor").mkdir()
+        (d / "actor" / "model.safetensors").write_bytes(weights)
+        (d / "actor" / "config.json").write_bytes(other)
+
+    mgr = CheckpointManager(tmp_path / "ck", keep=1)
+    ckpt = mgr.save(1, write, {})
+    export = tmp_path / "final" / "actor"
+    export.mkdir(parents=True)
+    (export / "model.safetensors").write_bytes(weights)
+    (export / "config.json").write_bytes(b"{}")  # differs: stays a copy
+    assert link_identical(export, ckpt, "actor") == [export / "model.safetensors"]
+    assert (export / "model.safetensors").samefile(ckpt / "actor" / "model.safetensors")
+    assert not (export / "config.json").samefile(ckpt / "actor" / "config.json")
+    assert link_identical(export, ckpt, "actor") == []  # linked already
+    unshare(export.parent)
+    with open(export / "model.safetensors", "wb") as f:  # the next export, written in place
+        f.write(b"new weights")
+    assert mgr.verify(ckpt) and (ckpt / "actor" / "model.safetensors").read_bytes() == weights
 
 
 def test_metrics_shorter_than_recorded_is_refused_naming_both_sizes(tmp_path):

@@ -304,3 +304,46 @@ def test_logprobs_from_logits_chunks_and_grads():
     torch.testing.assert_close(whole_lp, ref)
     with pytest.raises(ValueError):
         logprobs_from_logits(logits, targets, 0.0)
+
+
+def test_an_engine_checkpoint_holds_the_actor_as_save_pretrained_writes_it_and_old_ones_still_load(
+    tiny, tmp_path
+):
+    """HFTorchEngine.save: a transformers actor's weights in ``model.safetensors`` (what its
+    ``save_pretrained`` writes, a tied head once) and the optimizer in ``engine.pt``; load restores both
+    exactly, reads the former layout (weights inside ``engine.pt``) and refuses weights of another model."""
+    from sppo_rl.llm.models.engines import HFTorchEngine
+    from sppo_rl.runtime.checkpoint import torch_load, torch_save
+
+    def trained(seed):
+        torch.manual_seed(seed)
+        engine = HFTorchEngine(load_actor(tiny), lr=1e-2)
+        ids = torch.randint(0, 20, (2, 6))
+        engine.module(input_ids=ids).logits.square().mean().backward()
+        engine.optimizer.step()
+        return engine
+
+    a = trained(0)
+    a.save(tmp_path / "new")
+    assert "module" not in torch_load(tmp_path / "new" / "engine.pt")
+    a.module.save_pretrained(tmp_path / "export")
+    assert _digest(tmp_path / "new") == _digest(tmp_path / "export"), "the export's very bytes"
+    b = trained(1)
+    b.load(tmp_path / "new")
+    assert all(
+        torch.equal(x, y) for x, y in zip(a.module.state_dict().values(), b.module.state_dict().values())
+    )
+    moments = lambda e: [t for st in e.optimizer.state_dict()["state"].values() for t in st.values()]  # noqa: E731
+    assert len(moments(a)) > 0 and all(torch.equal(x, y) for x, y in zip(moments(a), moments(b), strict=True))
+    old = {"module": a.module.state_dict(), "trainable_only": False, "optimizer": a.optimizer.state_dict()}
+    (tmp_path / "old").mkdir()
+    torch_save(old, tmp_path / "old" / "engine.pt")
+    c = trained(2)
+    c.load(tmp_path / "old")
+    assert all(
+        torch.equal(x, y) for x, y in zip(a.module.state_dict().values(), c.module.state_dict().values())
+    )
+    other = build_tiny_model(tmp_path / "other", charset=CHARSET, seed=0, layers=2)  # two layers short
+    (tmp_path / "new" / "model.safetensors").write_bytes((other / "model.safetensors").read_bytes())
+    with pytest.raises(RuntimeError, match="do not fit the model"):
+        c.load(tmp_path / "new")

@@ -174,18 +174,37 @@ def _final_actor(out):
     return load_file(str(next((out / "final" / "actor").glob("*.safetensors"))))
 
 
-def test_keep_checkpoints_resume_is_bit_identical_and_no_optimizer_state_is_smaller(tmp_path, llama):
+def _weight_files(out):
+    """``{inode: bytes}`` of the actor's weight files in ``out``'s checkpoints and final export."""
+    files = [*out.glob("checkpoints/*/actor/*.safetensors"), *(out / "final" / "actor").glob("*.safetensors")]
+    return {p.stat().st_ino: p.stat().st_size for p in files}
+
+
+def test_one_checkpoint_by_default_its_weights_stored_once_and_resume_is_bit_identical(tmp_path, llama):
     import torch
 
     from sppo_rl.llm.trainer import LLMRun, run_llm
+    from sppo_rl.runtime.checkpoint import CheckpointManager
     from sppo_rl.runtime.logging import read_metrics
     from sppo_rl.runtime.run import RunError
 
-    kw = dict(reward_fn=_parity_reward(tmp_path), checkpoint_every=1, keep_checkpoints=1, updates=6)
+    kw = dict(reward_fn=_parity_reward(tmp_path), checkpoint_every=1, updates=6)
     whole = _cfg(tmp_path, llama, "whole", **kw)
     run_llm(whole)
     ckpts = sorted(p.name for p in (tmp_path / "whole" / "checkpoints").iterdir())
     assert ckpts == ["ckpt-000000006"]  # 6 saves, each deleting the one before once it verified
+    # the final export's weights are the checkpoint's file (a hard link), not a second copy of them
+    ckpt6 = tmp_path / "whole" / "checkpoints" / "ckpt-000000006"
+    final = tmp_path / "whole" / "final" / "actor" / "model.safetensors"
+    assert final.samefile(ckpt6 / "actor" / "model.safetensors")
+    assert len(_weight_files(tmp_path / "whole")) == 1
+    assert "module" not in torch.load(ckpt6 / "actor" / "engine.pt", weights_only=True)
+    # killed after the export, before summary.json: the resumed run exports again into new files
+    (tmp_path / "whole" / "summary.json").unlink()
+    run_llm(_cfg(tmp_path, llama, "whole", resume=True, **kw))
+    assert CheckpointManager(ckpt6.parent).verify(ckpt6) and final.samefile(
+        ckpt6 / "actor" / "model.safetensors"
+    )
     rows = read_metrics(tmp_path / "whole" / "metrics.jsonl")
     assert any(
         r.get("actor_skipped") == 0 for r in rows
@@ -203,7 +222,7 @@ def test_keep_checkpoints_resume_is_bit_identical_and_no_optimizer_state_is_smal
     run_llm(lean)
     ckpt = tmp_path / "lean" / "checkpoints" / "ckpt-000000002"
     state = torch.load(ckpt / "actor" / "engine.pt", weights_only=True)
-    assert "optimizer" not in state and "module" in state
+    assert "optimizer" not in state and (ckpt / "actor" / "model.safetensors").is_file()
     assert _folder_bytes(ckpt) < 0.45 * with_adam
     # resuming it would not be exact: refused before anything is written, unless asked for
     metrics = (tmp_path / "lean" / "metrics.jsonl").read_bytes()

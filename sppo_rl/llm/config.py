@@ -288,9 +288,10 @@ class LLMConfig(RunConfig):
     """Run folder: config.json, metrics.jsonl, tb/, checkpoints/, final/actor."""
     checkpoint_every: int = 20
     """Save a checkpoint every this many updates (and at the end and on SIGTERM / Ctrl-C)."""
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 1
     """How many checkpoints to keep: the older ones are deleted once a new one is published and verified
-    against its checksums (1 is safe: the previous one stays until then)."""
+    against its checksums (1 is safe: the previous one stays until then; a real model's is three times
+    its weights with the optimizer states)."""
     optimizer_state: bool = True
     """Save the actor's and critic's optimizer states (Adam: twice the weights) in each checkpoint.
     --no-optimizer-state: a checkpoint a third the size, but resuming it restarts Adam's moments (not exact):

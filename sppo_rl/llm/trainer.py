@@ -446,7 +446,7 @@ class LLMRun:
     def finish(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """Exports (``final/``, the critic trace; all ranks) and, on rank 0, the summary from every row
         of ``metrics.jsonl``."""
-        export(self.out / "final", self.models, self.plan, self.dist)
+        export(self.out / "final", self.models, self.plan, self.dist, self.ckpts.latest())
         write_critic_trace(self.evaluator, self.out / TRACE_FILE)
         return summary_of(self.plan, self.state, rows, self.models.warmstart, self.dist, self.out)
 

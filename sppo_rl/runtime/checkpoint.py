@@ -312,6 +312,43 @@ def check_written_by(ckpt: Path, meta: dict[str, Any], algo: str) -> None:
         )
 
 
+def link_identical(folder: Path, ckpt: Path, part: str) -> list[Path]:
+    """Store weights once: each file ``folder/<name>`` of the size and SHA-256 that ``ckpt``'s
+    ``meta.json`` lists for ``<part>/<name>`` becomes a hard link to that file (the final export and the
+    last checkpoint, which hold the same weights in the same bytes). Files that differ, and every file
+    where the file system has no hard links, keep their own copy. Returns the files linked.
+
+    Nothing writes a checkpoint's file in place (a checkpoint is only ever published whole), and
+    :func:`unshare` unlinks ``folder``'s files before it is written again, so the link never lets one
+    change the other."""
+    files = read_meta(ckpt).get("files") or {}
+    linked = []
+    for path in sorted(p for p in Path(folder).iterdir() if p.is_file()):
+        entry, source = files.get(f"{part}/{path.name}"), Path(ckpt) / part / path.name
+        if not isinstance(entry, dict) or entry.get("bytes") != path.stat().st_size or not source.is_file():
+            continue
+        if path.samefile(source) or sha256_file(path) != entry.get("sha256"):
+            continue
+        staged = path.with_name(path.name + ".link")
+        try:
+            staged.unlink(missing_ok=True)
+            os.link(source, staged)
+        except OSError:  # no hard links here (or across): the copy stays
+            continue
+        os.replace(staged, path)
+        linked.append(path)
+    return linked
+
+
+def unshare(folder: Path) -> None:
+    """Unlink every file of ``folder`` (recursively) that has another hard link (:func:`link_identical`),
+    so that writing ``folder`` anew writes new files and leaves the checkpoint's alone."""
+    if Path(folder).is_dir():
+        for path in Path(folder).rglob("*"):
+            if path.is_file() and not path.is_symlink() and path.stat().st_nlink > 1:
+                path.unlink()
+
+
 def torch_save(obj: object, path: Path) -> None:
     """``torch.save`` to ``path`` (inside a checkpoint's temporary folder; the folder is published atomically)."""
     with open(path, "wb") as f:

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +86,12 @@ class LatentRollout(HFRollout):
             latent_ids=lat_ids,
             latent_scores=lat_scores,
         )
+
+    def generate_with_greedy(
+        self, prompts: Sequence[str], params: SamplingParams, seeds: Seeds = None
+    ) -> tuple[RolloutBatch, RolloutBatch]:
+        """The two calls one after the other: a greedy row's latent steps are noise-free."""
+        return self.generate(prompts, params, seeds), self.generate(prompts, params.as_greedy())
 
     def _step(self, cache: Any, attention_mask: Tensor, position: Tensor, **inputs: Tensor) -> Any:
         kwargs: dict[str, Any] = {self._cache_key: cache}

@@ -35,10 +35,12 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from transformers import PreTrainedModel
 
 from sppo_rl.agents.learner import TorchEngine as CoreTorchEngine
 from sppo_rl.llm.models.lora import lora_layers, merged_state_items
 from sppo_rl.runtime.checkpoint import torch_load, torch_save
+from sppo_rl.runtime.files import follow_umask
 from sppo_rl.runtime.launcher import launcher_env
 
 
@@ -174,6 +176,25 @@ def end_process(code: int) -> None:
     os._exit(code)
 
 
+def load_pretrained_weights(module: nn.Module, folder: Path) -> None:
+    """Load into ``module`` the weights its ``save_pretrained`` wrote to ``folder`` (``*.safetensors``,
+    tied copies such as a tied LM head written once); ``RuntimeError`` naming a weight the files lack
+    (not tied to one they hold) or one the module does not have."""
+    from safetensors.torch import load_file
+
+    weights: dict[str, Tensor] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        weights.update(load_file(file))
+    missing, unexpected = module.load_state_dict(weights, strict=False)
+    own = module.state_dict()
+    held = {own[k].data_ptr() for k in weights if k in own}
+    untied = [k for k in missing if own[k].data_ptr() not in held]
+    if untied or unexpected:
+        raise RuntimeError(
+            f"{folder}: its weights do not fit the model (missing {untied[:3]}, unexpected {unexpected[:3]})"
+        )
+
+
 class HFTorchEngine(CoreTorchEngine):
     """Plain PyTorch: AdamW over the module's trainable parameters, global-norm gradient clipping
     (:class:`sppo_rl.agents.learner.TorchEngine`), plus resumable state and exports."""
@@ -195,11 +216,21 @@ class HFTorchEngine(CoreTorchEngine):
         return {n: p.detach() for n, p in self.module.named_parameters() if p.requires_grad}
 
     def save(self, folder: Path, optimizer: bool = True) -> None:
-        """``engine.pt``: the module's state (with LoRA: its trainable tensors only) and, unless
-        ``optimizer`` is false, the optimizer's (AdamW: two tensors per weight)."""
+        """``engine.pt``: unless ``optimizer`` is false the optimizer's state (AdamW: two tensors per
+        weight), and the module's: with LoRA its trainable tensors only; a transformers model's weights
+        as its ``save_pretrained`` writes them (``model.safetensors`` and its ``config.json`` beside
+        ``engine.pt``: the very bytes of the final export, which then links to them,
+        :func:`~sppo_rl.runtime.checkpoint.link_identical`); else its whole state."""
         folder.mkdir(parents=True, exist_ok=True)
-        module = self._trainable() if self.lora else self.module.state_dict()
-        state = {"module": module, "trainable_only": self.lora}
+        state: dict[str, Any] = {"trainable_only": self.lora}
+        if self.lora:
+            state["module"] = self._trainable()
+        elif isinstance(self.module, PreTrainedModel):
+            self.module.save_pretrained(folder)
+            follow_umask(folder)  # safetensors' files are private (0600)
+            state["weights"] = "save_pretrained"
+        else:
+            state["module"] = self.module.state_dict()
         if optimizer:
             state["optimizer"] = self.optimizer.state_dict()
         torch_save(state, folder / "engine.pt")
@@ -219,8 +250,10 @@ class HFTorchEngine(CoreTorchEngine):
                     f"({sorted(set(state['module']) ^ expected)[:3]})"
                 )
             self.module.load_state_dict(state["module"], strict=False)
-        else:
+        elif "module" in state:
             self.module.load_state_dict(state["module"])
+        else:
+            load_pretrained_weights(self.module, folder)
         if "optimizer" in state:  # absent: saved without it (--no-optimizer-state); fresh moments
             self.optimizer.load_state_dict(state["optimizer"])
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from sppo_rl.llm.models.lora import save_adapter
 from sppo_rl.llm.stages.row import peak_memory_mb
+from sppo_rl.runtime.checkpoint import link_identical, unshare
 
 if TYPE_CHECKING:
     from sppo_rl.llm.build import Models
@@ -19,11 +20,18 @@ if TYPE_CHECKING:
     from sppo_rl.llm.trainer import RunState
 
 
-def export(folder: Path, m: Models, plan: Plan, dist: Dist) -> None:
+def export(folder: Path, m: Models, plan: Plan, dist: Dist, ckpt: Path | None = None) -> None:
     """``folder/actor`` (with ``prompt_format.json``: the run's chat template, system prompt and
     instruction), ``folder/critic`` and ``folder/actor-adapter`` of the run's models ``m``
-    (:class:`~sppo_rl.llm.build.Models`); all ranks call this (ZeRO-3 gathers the weights), rank 0 writes."""
+    (:class:`~sppo_rl.llm.build.Models`); all ranks call this (ZeRO-3 gathers the weights), rank 0 writes.
+    ``ckpt``: the checkpoint of the same weights (the run's last): the actor's weight files it holds in
+    the same bytes are hard links to its own (:func:`~sppo_rl.runtime.checkpoint.link_identical`), stored
+    once."""
+    if dist.main:
+        unshare(folder / "actor")  # linked by an earlier export: new files, the checkpoint's untouched
     m.actor_engine.save_pretrained(folder / "actor")
+    if dist.main and ckpt is not None:
+        link_identical(folder / "actor", ckpt, "actor")
     if dist.main:
         from sppo_rl.llm.data.prompts import save_format
 

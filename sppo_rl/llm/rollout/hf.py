@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -168,9 +169,45 @@ class HFRollout:
             prompt_ids, prompt_mask, params, seeds
         )
         with self._sampling_mode():
-            tokens, logprobs, sampling_logprobs, mask, finished = self._sample(
-                prompt_ids, prompt_mask, params, generator
-            )
+            out = self._sample(prompt_ids, prompt_mask, params, generator)
+        return self._batch(prompt_index, prompt_ids, prompt_mask, *out)
+
+    def generate_with_greedy(
+        self, prompts: Sequence[str], params: SamplingParams, seeds: Seeds = None
+    ) -> tuple[RolloutBatch, RolloutBatch]:
+        """``(generate(prompts, params, seeds), generate(prompts, params.as_greedy()))`` in one batched
+        pass (validation's mean@k and greedy accuracy): each prompt's ``params.n`` sampled rows and its
+        greedy row (argmax at temperature 1, last of the prompt's ``n + 1`` rows) share the prompt's
+        prefill and every decode step. The sampled rows draw exactly the noise of the first call (the
+        greedy rows draw none), so both batches hold the same tokens as the two calls."""
+        if params.greedy:
+            raise ValueError("generate_with_greedy samples with params and adds the greedy rows itself")
+        encoded = encode_prompts(self.tokenizer, prompts, self.add_special_tokens)
+        prompt_ids, prompt_mask = left_pad(encoded, self.pad_token_id, self.device)
+        wide = replace(params, n=params.n + 1)
+        index, prompt_ids, prompt_mask, generator = self._expand(prompt_ids, prompt_mask, wide, seeds)
+        greedy = torch.arange(len(index), device=index.device) % wide.n == params.n
+        with self._sampling_mode():
+            out = self._sample(prompt_ids, prompt_mask, wide, generator, greedy)
+        parts = []
+        for rows in (~greedy, greedy):
+            tokens, logprobs, sampling_logprobs, mask, finished = (t[rows] for t in out)
+            width = int(mask.sum(1).max())  # this part's longest response: where its own loop stops
+            cut = (tokens[:, :width], logprobs[:, :width], sampling_logprobs[:, :width], mask[:, :width])
+            parts.append(self._batch(index[rows], prompt_ids[rows], prompt_mask[rows], *cut, finished))
+        return parts[0], parts[1]
+
+    def _batch(
+        self,
+        prompt_index: Tensor,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        tokens: Tensor,
+        logprobs: Tensor,
+        sampling_logprobs: Tensor,
+        mask: Tensor,
+        finished: Tensor,
+    ) -> RolloutBatch:
         return RolloutBatch(
             prompt_ids=prompt_ids,
             prompt_mask=prompt_mask,
@@ -301,6 +338,7 @@ class HFRollout:
         prompt_mask: Tensor,
         params: SamplingParams,
         generator: torch.Generator | list[torch.Generator] | None,
+        greedy: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         B, device, max_new_tokens = prompt_ids.shape[0], prompt_ids.device, params.max_new_tokens
         tokens = torch.full((B, max_new_tokens), self.pad_token_id, dtype=torch.long, device=device)
@@ -323,6 +361,7 @@ class HFRollout:
             params,
             generator,
             seen=seen,
+            greedy=greedy,
         )
         finished = ~alive
         return tokens[:, :steps], logprobs[:, :steps], sampling_logprobs[:, :steps], mask[:, :steps], finished
@@ -337,6 +376,7 @@ class HFRollout:
         params: SamplingParams,
         generator: torch.Generator | list[torch.Generator] | None,
         seen: Tensor | None = None,
+        greedy: Tensor | None = None,
     ) -> tuple[int, Tensor]:
         """Sample tokens into columns ``start, start + 1, ...`` of ``buffers = (tokens, logprobs,
         sampling_logprobs, mask)`` ``[B, total]`` (see :mod:`sppo_rl.llm.rollout` for the two log-probs), one
@@ -347,7 +387,9 @@ class HFRollout:
         it (their cache rows too, :func:`_compactable`): the rows still going sample what they would in
         the full batch, and a long tail costs only its own rows. Returns the number of columns written (``start`` included) and ``alive`` ``[B]`` bool
         (rows that never stopped). ``seen`` ``[B, V]`` bool: the tokens the repetition penalty counts as
-        already there (updated in place with every token sampled; None: only the tokens sampled here)."""
+        already there (updated in place with every token sampled; None: only the tokens sampled here).
+        ``greedy`` ``[B]`` bool: rows decoded as ``params.as_greedy()`` would (argmax at temperature 1,
+        ``sampling_logprobs`` 0) among sampled ones; only the others draw noise (None: no such row)."""
         tokens, logprobs, sampling_logprobs, mask = buffers
         B, total, device = tokens.shape[0], tokens.shape[1], tokens.device
         stops = torch.tensor(self.stop_token_ids, device=device)
@@ -356,6 +398,9 @@ class HFRollout:
         active = torch.arange(B, device=device)  # the buffer rows the model's batch holds, in order
         for t in range(start, total):
             z = out.logits[:, -1].float() / params.temperature
+            argmax_rows = None if greedy is None else greedy[active]
+            if argmax_rows is not None:  # temperature 1 on the greedy rows
+                z = torch.where(argmax_rows[:, None], out.logits[:, -1].float(), z)
             log_p = torch.log_softmax(z, dim=-1)
             unfiltered = z
             if params.repetition_penalty != 1.0:
@@ -366,10 +411,16 @@ class HFRollout:
                 token = z.argmax(-1)
                 sampled_lp = torch.zeros(z.shape[0], device=device)
             else:
+                # the greedy rows' argmax (the filters keep it), -1 on the rows to sample
+                best = None if argmax_rows is None else z.argmax(-1).masked_fill(~argmax_rows, -1)
                 z = filter_logits(z, params)
                 log_q = log_p if z is unfiltered else torch.log_softmax(z, dim=-1)  # no filter: the same
-                token = _gumbel_argmax(log_q, generator)
+                token = (
+                    _gumbel_argmax(log_q, generator) if best is None else _draw_others(log_q, best, generator)
+                )
                 sampled_lp = log_q.gather(-1, token[:, None]).squeeze(-1)
+                if argmax_rows is not None:
+                    sampled_lp = sampled_lp.masked_fill(argmax_rows, 0.0)
             now = alive[active]
             token = torch.where(now, token, self.pad_token_id)
             live = now.to(logprobs.dtype)
@@ -444,6 +495,19 @@ def _gumbel_argmax(log_q: Tensor, generator: torch.Generator | list[torch.Genera
         u = torch.rand(log_q.shape, generator=generator, device=log_q.device)
     gumbel = -torch.log(-torch.log(u.clamp_(min=1e-20, max=1.0 - 1e-7)))
     return (log_q + gumbel).argmax(-1)
+
+
+def _draw_others(
+    log_q: Tensor, best: Tensor, generator: torch.Generator | list[torch.Generator] | None
+) -> Tensor:
+    """``best`` ``[B]`` (the argmax, or -1 on the rows to sample) with the other rows sampled
+    (:func:`_gumbel_argmax`, each row its generator of the list): only those rows draw noise, as a batch
+    of them alone would."""
+    drawn = (best < 0).nonzero().squeeze(1)
+    if len(drawn):
+        own = [generator[i] for i in drawn.tolist()] if isinstance(generator, list) else generator
+        best[drawn] = _gumbel_argmax(log_q[drawn], own)
+    return best
 
 
 def cache_of(output: Any) -> Any:

@@ -99,6 +99,20 @@ class Sampler:
         """One greedy decode per prompt."""
         return self.rollout.generate(prompts, self.params.as_greedy())
 
+    def sample_and_greedy(
+        self, prompts: list[str], n: int, base: int, positions: list[int]
+    ) -> tuple[RolloutBatch, RolloutBatch]:
+        """``(sample(prompts, n, base, positions), greedy(prompts))``: in one batched pass where the
+        rollout has ``generate_with_greedy`` (:meth:`~sppo_rl.llm.rollout.hf.HFRollout.generate_with_greedy`,
+        the same tokens), else as the two calls."""
+        both = getattr(self.rollout, "generate_with_greedy", None)
+        if both is None:
+            return self.sample(prompts, n, base, positions), self.greedy(prompts)
+        params = dataclasses.replace(self.params, n=n)
+        return cast(
+            tuple[RolloutBatch, RolloutBatch], both(prompts, params, prompt_seeds(self.seed, base, positions))
+        )
+
     def submit(self, prompts: list[str], n: int, base: int, positions: list[int]) -> Ticket:
         """:meth:`sample` handed to the sampler without waiting, where it can (a rollout with ``submit``:
         the worker process); else done at once."""

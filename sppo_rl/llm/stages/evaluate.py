@@ -78,13 +78,12 @@ def evaluate(self: Evaluator, step: int) -> dict[str, Any]:
     if mine:
         prompts = [render_prompt(self.val_set[i], self.tokenizer) for i in mine]
         truths = [self.val_set[i].answer for i in mine]
-        rb = self.sampler.sample(prompts, k, -1, mine)
+        rb, greedy = self.sampler.sample_and_greedy(prompts, k, -1, mine)  # one batched pass
         rows = [self.val_set[mine[int(i)]] for i in rb.prompt_index]
         s = self.scoring(rb.texts, [e.answer for e in rows], rows)
         scores, err, cut = s.R, s.errors, s.cut
         self.completions.write_batch(step, "val", prompts, rb, truths, scores)
         per_prompt = scores.view(len(prompts), k)
-        greedy = self.sampler.greedy(prompts)
         g = self.scoring(greedy.texts, truths, [self.val_set[i] for i in mine])
         g_scores, g_err, cut = g.R, g.errors, cut or g.cut
         formats = [answer_format(t) for t in rb.texts]
