@@ -217,3 +217,83 @@ def test_astar_po_is_a_one_sample_regression_algorithm():
     algo = get_algorithm("astar-po")
     assert algo.group_size == 1 and algo.critic_loss == "none"
     assert algo.defaults == {"policy_loss": "regression", "agg": "seq-mean-token-mean"}
+
+
+# ---------------------------------------------------------------------------------------------- SAO
+
+
+def _dis_grad(ratios, advantages, mode="dis", agg="token-mean"):
+    from sppo_rl.agents.losses import policy_loss
+
+    r = torch.tensor([ratios], dtype=torch.float64)
+    logp = torch.log(r).requires_grad_(True)
+    adv = torch.tensor([advantages], dtype=torch.float64)
+    loss, m = policy_loss(logp, torch.zeros_like(r), adv, torch.ones_like(r), 0.3, 5.0, agg=agg, mode=mode)
+    loss.backward()
+    assert logp.grad is not None
+    return loss.item(), logp.grad[0].tolist(), m
+
+
+def test_dis_masks_the_ratios_outside_the_trust_region_by_hand():
+    """SAO's Eq. 3 with its math setting ``eps_l = 0.3, eps_h = 5`` (the region ``(0.7, 6)``), ``A = 1``:
+    ratios ``[0.5, 0.8, 2, 7]`` weigh ``f = [0, 0.8, 2, 0]``; ``l = -f A log pi`` over 4 tokens, so the
+    gradient is ``-f / 4 = [0, -0.2, -0.5, 0]`` and the loss ``-(0.8 ln 0.8 + 2 ln 2) / 4 = -0.30194``.
+    Clamping to the bounds would give ``[-0.175, ...]`` and ``-1.5``; PPO keeps the 0.5 of a positive
+    advantage (``-0.125``); CISPO weighs the 7 by 6; a mean over the kept tokens would double everything."""
+    loss, grad, m = _dis_grad([0.5, 0.8, 2.0, 7.0], [1.0] * 4)
+    assert grad == pytest.approx([0.0, -0.2, -0.5, 0.0])
+    assert loss == pytest.approx(-(0.8 * math.log(0.8) + 2 * math.log(2)) / 4)
+    assert m["clipfrac"] == pytest.approx(0.5)  # the masked fraction
+    assert _dis_grad([0.5, 0.8, 2.0, 7.0], [1.0] * 4, mode="ppo")[1] == pytest.approx([-0.125, -0.2, -0.5, 0])
+    assert _dis_grad([0.5, 0.8, 2.0, 7.0], [1.0] * 4, mode="cispo")[1][3] == pytest.approx(-1.5)
+
+
+def test_dis_masks_both_sides_whatever_the_advantage_sign():
+    """``A = [-1, -1, 2, -2]``, ratios ``[0.5, 1.2, 6.5, 3]``: PPO would keep the 6.5 of a negative
+    advantage, and clip the 0.5 of a negative one to a constant; DIS masks by the ratio alone:
+    ``f = [0, 1.2, 0, 3]``, gradient ``-f A / 4 = [0, 0.3, 0, 1.5]``."""
+    _, grad, m = _dis_grad([0.5, 1.2, 6.5, 3.0], [-1.0, -1.0, 2.0, -2.0])
+    assert grad == pytest.approx([0.0, 0.3, 0.0, 1.5])
+    assert m["clipfrac"] == pytest.approx(0.5)
+
+
+def test_dis_with_ratio_one_is_reinforce():
+    """On-policy (every ratio 1) DIS's gradient is REINFORCE's, ``-A / n`` per token under token-mean."""
+    assert _dis_grad([1.0, 1.0, 1.0], [0.5, -1.0, 2.0])[1] == pytest.approx([-0.5 / 3, 1 / 3, -2 / 3])
+
+
+def test_sao_is_one_sample_gae_with_the_dis_loss_and_its_lambdas():
+    from types import SimpleNamespace
+
+    from sppo_rl.agents.algorithms import estimator_params, resolve_defaults
+
+    algo = get_algorithm("sao")
+    assert (algo.estimator, algo.critic_loss, algo.group_size) == ("gae", "mse", 1)
+    assert algo.requires.critic == "step"
+    settings = {"policy_loss": None, "clip": None, "clip_high": None}
+    assert resolve_defaults(settings, algo.defaults) == {"policy_loss": "dis", "clip": 0.3, "clip_high": 5.0}
+    cfg = SimpleNamespace(lam=0.95, gamma=1.0, lam_critic=None, lam_alpha=None)
+    assert estimator_params(cfg, algo.defaults) == {
+        "gamma": 1.0,
+        "lam": 0.95,
+        "lam_critic": 1.0,
+        "lam_alpha": 1.5,
+    }
+    given = SimpleNamespace(lam=0.95, gamma=1.0, lam_critic=0.9, lam_alpha=None)
+    assert estimator_params(given, algo.defaults)["lam_critic"] == 0.9  # the run's own value wins
+    assert estimator_params(cfg) == {"gamma": 1.0, "lam": 0.95, "lam_critic": None, "lam_alpha": None}
+
+
+def test_dis_masks_a_ratio_on_either_bound():
+    """The region is open: with ``eps_l = 0.5, eps_h = 1`` the ratios 0.5 and 2 (exact in floating point)
+    are masked, 1.5 is kept: ``f = [0, 0, 1.5]``, gradient ``-f / 3`` for ``A = 1``."""
+    from sppo_rl.agents.losses import policy_loss
+
+    r = torch.tensor([[0.5, 2.0, 1.5]], dtype=torch.float64)
+    logp = torch.log(r).requires_grad_(True)
+    ones = torch.ones_like(r)
+    loss, m = policy_loss(logp, torch.zeros_like(r), ones, ones, clip_low=0.5, clip_high=1.0, mode="dis")
+    loss.backward()
+    assert logp.grad is not None
+    assert logp.grad[0].tolist() == pytest.approx([0.0, 0.0, -0.5])
+    assert m["clipfrac"] == pytest.approx(2 / 3)

@@ -43,6 +43,7 @@ PALETTE = {
     "spo": "#08519c",
     "astar-po": "#54278f",
     "shrinkage": "#a50f15",
+    "sao": "#006d2c",
 }
 
 
