@@ -297,3 +297,64 @@ def test_dis_masks_a_ratio_on_either_bound():
     assert logp.grad is not None
     assert logp.grad[0].tolist() == pytest.approx([0.0, 0.0, -0.5])
     assert m["clipfrac"] == pytest.approx(2 / 3)
+
+
+# ------------------------------------------------------------------------------- C-RF + negative-token filter
+
+
+def _close(actual, expected):
+    torch.testing.assert_close(actual.double(), torch.tensor(expected, dtype=torch.float64))
+
+
+def test_crf_ntf_worked_example():
+    """``R = [1, 0, 0]`` of lengths ``[2, 4, 3]``: one success, two failures, each side half the weight:
+    ``+3/2`` on the success's tokens, ``-3/4`` on each failure's least likely token (``ceil(0.1 l) = 1``),
+    0 elsewhere; the mask is left whole (the zeros stay in the denominator)."""
+    R, mask, tr = _batch([1, 0, 0], [2, 4, 3])
+    logp = torch.tensor(
+        [[-1.0, -2.0, 0, 0], [-0.5, -3.0, -0.1, -2.0], [-0.2, -0.3, -0.3, 0]], dtype=torch.float64
+    )
+    adv, ret = ESTIMATORS["crf-ntf"](token_rewards=tr, mask=mask, logp_old=logp * mask)
+    # row 2: the tie -0.3 / -0.3 keeps the earlier
+    _close(adv, [[1.5, 1.5, 0, 0], [0, -0.75, 0, 0], [0, -0.75, 0, 0]])
+    assert ret.tolist() == [1.0, 0.0, 0.0]
+    half, _ = ESTIMATORS["crf-ntf"](token_rewards=tr, mask=mask, logp_old=logp * mask, ntf_keep=0.5)
+    assert half[1].tolist() == pytest.approx([0, -0.75, 0, -0.75])  # ceil(2) = 2: -3.0 and -2.0
+    assert half[2].tolist() == pytest.approx([0, -0.75, -0.75, 0])  # ceil(1.5) = 2
+
+
+def test_crf_ntf_one_sided_batches_and_the_balanced_loss():
+    """A batch of failures only: ``-1`` on each one's least likely token. With PPO's surrogate at ratio 1
+    and ``seq-mean-token-mean`` the loss is ``-(1/2)(mean_pos l_pos - mean_neg l_neg)``: one success of 2
+    tokens and two failures of 4 and 3 tokens: ``l_pos = 1``, ``l_neg = [1/4, 1/3]`` (one kept token over
+    the whole length), loss ``-(1/2)(1 - 7/24) = -17/48``."""
+    from sppo_rl.agents.losses import policy_loss
+
+    R, mask, tr = _batch([0, 0], [3, 2])
+    logp = torch.tensor([[-1.0, -4.0, -2.0], [-0.1, -0.2, 0.0]], dtype=torch.float64) * mask
+    adv, _ = ESTIMATORS["crf-ntf"](token_rewards=tr, mask=mask, logp_old=logp)
+    _close(adv, [[0, -1, 0], [0, -1, 0]])
+    R, mask, tr = _batch([1, 0, 0], [2, 4, 3])
+    logp = -torch.arange(12, dtype=torch.float64).view(3, 4) * mask
+    adv, _ = ESTIMATORS["crf-ntf"](token_rewards=tr, mask=mask, logp_old=logp)
+    loss, _ = policy_loss(logp, logp, adv, mask, 0.2, 10.0, agg="seq-mean-token-mean")
+    assert loss.item() == pytest.approx(-17 / 48)
+
+
+def test_crf_ntf_algorithm_runs_through_compute_advantages():
+    algo = get_algorithm("crf-ntf")
+    assert (
+        algo.group_size == 1 and algo.critic_loss == "none" and algo.requires == Requirements(logprobs=True)
+    )
+    assert algo.defaults == {"clip": 0.2, "clip_high": 10.0, "agg": "seq-mean-token-mean"}
+    R = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    mask = torch.ones(4, 2)
+    logp = torch.tensor([[-1.0, -2.0], [-2.0, -1.0], [-1.0, -1.5], [-3.0, -0.5]])
+    batch = SequenceBatch(mask=mask, logp_old=logp, rewards=R, valid=torch.tensor([True, True, False, True]))
+    compute_advantages(batch, algo)
+    # valid rows [1, 0, 0]: +3/2 on the success, -3/4 on each failure's least likely token
+    _close(batch.advantages, [[1.5, 1.5], [-0.75, 0], [0, 0], [-0.75, 0]])
+    with pytest.raises(ValueError, match="ntf_keep"):
+        ESTIMATORS["crf-ntf"](
+            token_rewards=torch.zeros(1, 1), mask=torch.ones(1, 1), logp_old=torch.zeros(1, 1), ntf_keep=0.0
+        )

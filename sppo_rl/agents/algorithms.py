@@ -95,6 +95,11 @@ DIS trust region ``(1 - 0.3, 1 + 5)`` (Sec. 3.1; its SWE-Bench runs use ``0.8 / 
 lambda 1 and the actor's length-adaptive ``lambda = 1 - 1 / (1.5 l)`` (Sec. 3.2). The asynchrony is the
 LLM world's ``--max-staleness`` with ``--off-policy behaviour`` (docs/algorithms.md "SAO")."""
 
+CRF_NTF_DEFAULTS: dict[str, Any] = {"clip": 0.2, "clip_high": 10.0, "agg": "seq-mean-token-mean"}
+"""C-RF with negative-token filtering (arXiv 2606.17250) as a reproduction of its ALFWorld runs sets it:
+the clip range 0.2 below and 10 above (``min(r, 1 + 10)`` on a success, ``max(r, 1 - 0.2)`` on a
+failure), each response's loss a mean over its tokens."""
+
 UNSET: dict[str, Any] = {"clip": 0.2, "kl_coef": 0.0, "kl_in": "loss", "kl_estimator": "k3"}
 """What a run setting left None means where its algorithm has no default of its own."""
 
@@ -202,6 +207,16 @@ ALGORITHMS: dict[str, Algorithm] = {
             "SAO: one sample per prompt, a per-token critic (GAE, critic lambda 1, actor lambda "
             "1 - 1/(1.5 l)), REINFORCE weighted by the ratio inside (0.7, 6), masked outside (DIS)",
             defaults=SAO_DEFAULTS,
+        ),
+        Algorithm(
+            "crf-ntf",
+            "crf-ntf",
+            "none",
+            1,
+            "C-RF with negative-token filtering: one sample per prompt, the batch split into successes "
+            "(+) and failures (-), each side half the weight; a failure is penalised on its 10 % least "
+            "likely tokens only",
+            defaults=CRF_NTF_DEFAULTS,
         ),
         Algorithm(
             "ppo-bce", "gae", "bce", 1, "ablation: step-level PPO whose per-step critic is trained with BCE"

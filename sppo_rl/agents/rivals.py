@@ -268,3 +268,54 @@ def astar_po(
     R = sequence_scores(token_rewards, mask)
     a = R.double() - optimal_values.double()
     return broadcast(a.to(R.dtype), mask), R
+
+
+# --------------------------------------------------------------------------------------------------
+# C-RF with negative-token filtering ("Rethinking Groups")
+
+
+NTF_KEEP = 0.1
+"""The fraction of a failed response's tokens that keep its penalty: its least likely ones."""
+
+
+@register_estimator("crf-ntf", Requirements(logprobs=True))
+@torch.no_grad()
+def crf_ntf(
+    *, token_rewards: Tensor, mask: Tensor, logp_old: Tensor, ntf_keep: float = NTF_KEEP, **_: object
+) -> tuple[Tensor, Tensor]:
+    """Contrastive REINFORCE with negative-token filtering, one sample per context (arXiv 2606.17250,
+    as a third-party reproduction reads it: docs/algorithms.md "C-RF with negative-token filtering").
+
+    The batch is split by outcome, no groups: a response is positive when ``R > 0``. The objective
+    ``-(1/2) (mean_pos l_pos - mean_neg l_neg)`` gives each side half the weight whatever its size, so
+    with ``n_pos`` positive and ``n_neg`` negative rows among ``B``: ``A = +B / (2 n_pos)`` on every
+    position of a positive row and ``-B / (2 n_neg)`` on the kept positions of a negative row; a batch
+    of one side gets ``+-1`` (its side alone). Negative-token filtering keeps a negative row's penalty
+    on its ``k = max(1, ceil(ntf_keep * l))`` least likely positions (lowest ``logp_old``; ties: the
+    earlier) and gives the others 0, which stay in the loss's denominator (the positions' mask is not
+    changed). With PPO's clipped surrogate (``A > 0``: ``min(r, 1 + eps_high)``; ``A < 0``:
+    ``max(r, 1 - eps_low)``) and ``seq-mean-token-mean`` this is the source's loss.
+    Worked example: ``R = [1, 0, 0]`` of lengths ``[2, 4, 3]``: ``A = +3/2`` on row 0, ``-3/4`` on the
+    least likely position of rows 1 and 2 (``ceil(0.4) = ceil(0.3) = 1``), 0 elsewhere."""
+    if not 0.0 < ntf_keep <= 1.0:
+        raise ValueError(f"ntf_keep must be in (0, 1], got {ntf_keep}")
+    if logp_old is None or logp_old.shape != mask.shape:
+        raise ValueError(f"crf-ntf needs logp_old of the batch's shape {tuple(mask.shape)}")
+    R = sequence_scores(token_rewards, mask)
+    pos = R > 0
+    n, n_pos = R.numel(), int(pos.sum())
+    n_neg = n - n_pos
+    if n_pos == 0 or n_neg == 0:
+        w_pos = w_neg = 1.0
+    else:
+        w_pos, w_neg = n / (2 * n_pos), n / (2 * n_neg)
+    valid = mask > 0
+    lengths = valid.sum(-1)
+    k = torch.clamp(torch.ceil(ntf_keep * lengths.double()), min=1).to(lengths.dtype)
+    scores = torch.where(valid, logp_old.double(), torch.full_like(logp_old, math.inf, dtype=torch.float64))
+    order = torch.argsort(scores, dim=-1, stable=True)
+    rank = torch.empty_like(order)
+    rank.scatter_(-1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order))
+    kept = valid & ((rank < k[:, None]) | pos[:, None])
+    a = torch.where(pos, torch.full_like(R, w_pos), torch.full_like(R, -w_neg))
+    return a[:, None].to(mask.dtype) * kept.to(mask.dtype), R

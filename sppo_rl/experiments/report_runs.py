@@ -44,6 +44,7 @@ PALETTE = {
     "astar-po": "#54278f",
     "shrinkage": "#a50f15",
     "sao": "#006d2c",
+    "crf-ntf": "#7a0177",
 }
 
 
