@@ -358,3 +358,46 @@ def test_crf_ntf_algorithm_runs_through_compute_advantages():
         ESTIMATORS["crf-ntf"](
             token_rewards=torch.zeros(1, 1), mask=torch.ones(1, 1), logp_old=torch.zeros(1, 1), ntf_keep=0.0
         )
+
+
+# ----------------------------------------------------------------------------------------------- V0.5
+
+
+def test_v05_fusion_worked_example():
+    """``k = 4``, ``R = [1, 0, 0, 0]`` (``v_g = 1/4``, ``s^2 = 1/16``). Prior 0.5: ``(1/4)^2 <= 1/16``, the
+    prior holds: ``b = 0.5``. Prior 0.9: ``D^2 = 0.4225 - 0.0625 = 0.36``, ``w = 0.36 / 0.4225``,
+    ``b = 0.34615``. A group mean alone (GRPO's centring) would give ``b = 0.25``; the prior alone 0.9."""
+    R, mask, tr = _batch([1, 0, 0, 0, 1, 0, 0, 0], [1, 2, 1, 1, 1, 1, 1, 1])
+    V = torch.tensor([0.5] * 4 + [0.9] * 4, dtype=torch.float64)
+    adv, ret = ESTIMATORS["v05"](
+        token_rewards=tr, mask=mask, group_ids=torch.tensor([0] * 4 + [1] * 4), values=V
+    )
+    b = 0.36 / 0.4225 * 0.25 + (1 - 0.36 / 0.4225) * 0.9
+    _close(adv[:, 0], [0.5, -0.5, -0.5, -0.5, 1 - b, -b, -b, -b])
+    _close(adv[1], [-0.5, -0.5])  # broadcast over the sequence
+    assert ret.tolist() == R.tolist()
+
+
+def test_v05_all_wrong_group_keeps_a_signal_and_goes_through_the_critic_logits():
+    """An all-wrong group of 4 under a prior of 0.3: ``D^2 = 0.09 - 0.0625 = 0.0275``, ``w = 0.0275 / 0.09``,
+    ``b = (1 - w) 0.3 = 0.20833``: every member gets ``-0.20833`` (GRPO would give 0). Through
+    ``compute_advantages`` the critic's logits become values by ``sigmoid``."""
+    algo = get_algorithm("v05")
+    assert (algo.group_size, algo.critic_loss, algo.requires.critic, algo.requires.groups) == (
+        4,
+        "bce",
+        "sequence",
+        True,
+    )
+    R = torch.zeros(4)
+    batch = SequenceBatch(
+        mask=torch.ones(4, 1),
+        logp_old=None,
+        rewards=R,
+        group_ids=torch.zeros(4, dtype=torch.long),
+        values=torch.full((4,), math.log(0.3 / 0.7)),
+    )
+    compute_advantages(batch, algo)
+    w = 0.0275 / 0.09
+    _close(batch.advantages[:, 0], [-(1 - w) * 0.3] * 4)
+    assert batch.returns.tolist() == [0.0] * 4  # the critic's BCE target: the outcome

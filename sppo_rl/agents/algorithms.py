@@ -219,6 +219,14 @@ ALGORITHMS: dict[str, Algorithm] = {
             defaults=CRF_NTF_DEFAULTS,
         ),
         Algorithm(
+            "v05",
+            "v05",
+            "bce",
+            4,
+            "V0.5's baseline: the context critic's value fused with the group mean by the MSE-optimal "
+            "weight, the critic alone unless the mean departs from it by more than the sampling noise",
+        ),
+        Algorithm(
             "ppo-bce", "gae", "bce", 1, "ablation: step-level PPO whose per-step critic is trained with BCE"
         ),
         Algorithm(

@@ -319,3 +319,39 @@ def crf_ntf(
     kept = valid & ((rank < k[:, None]) | pos[:, None])
     a = torch.where(pos, torch.full_like(R, w_pos), torch.full_like(R, -w_neg))
     return a[:, None].to(mask.dtype) * kept.to(mask.dtype), R
+
+
+# --------------------------------------------------------------------------------------------------
+# V0.5's fusion of a value prior with a sparse group
+
+
+@register_estimator("v05", Requirements(groups=True, critic="sequence"))
+@torch.no_grad()
+def v05(
+    *, token_rewards: Tensor, mask: Tensor, group_ids: Tensor, values: Tensor, **_: object
+) -> tuple[Tensor, Tensor]:
+    """V0.5's baseline (arXiv 2603.10848, as read in a summary that gives its equations: docs/algorithms.md
+    "V0.5"): a value prior ``V`` fused with the mean ``v_g`` of the context's ``k`` samples,
+
+    ``b = w v_g + (1 - w) V``, ``w = D^2 / (D^2 + s^2)``, ``D^2 = max(0, (v_g - V)^2 - s^2)``,
+
+    the weight that minimises the baseline's MSE ``w^2 s^2 + (1 - w)^2 D^2``, with the prior's squared
+    bias ``D^2`` estimated and truncated at 0 (the positive part acts as the test "is the prior off by
+    more than the sampling noise?": if not, ``b = V``). ``s^2`` bounds the variance of a mean of ``k``
+    rewards in ``[0, 1]``: ``1 / (4 k)`` (the source's ``1 / k`` for rewards in ``{-1, 1}``). ``A = R - b``,
+    no division by a std. Here the prior is the run's own context critic (``sigmoid`` of SPPO's logit,
+    trained on the outcome), not the paper's frozen generalist value model.
+    Worked example: a group of ``k = 4`` with ``R = [1, 0, 0, 0]`` (``v_g = 0.25``, ``s^2 = 1/16``) and
+    ``V = 0.5``: ``(0.25)^2 = 0.0625 <= 1/16``: the prior holds, ``b = 0.5``, ``A = [0.5, -0.5, -0.5,
+    -0.5]``; with ``V = 0.9``: ``D^2 = 0.4225 - 0.0625 = 0.36``, ``w = 0.36 / 0.4225 = 0.852``,
+    ``b = 0.852 * 0.25 + 0.148 * 0.9 = 0.346``."""
+    if values is None or values.shape != mask.shape[:1]:
+        raise ValueError(f"v05 needs one prior value per sequence, shape ({mask.shape[0]},)")
+    R = sequence_scores(token_rewards, mask)
+    g = group_stats(R, group_ids)
+    v = values.double()
+    s2 = 1.0 / (4.0 * g.count)
+    d2 = torch.clamp((g.mean - v) ** 2 - s2, min=0.0)
+    w = d2 / (d2 + s2)
+    b = w * g.mean + (1.0 - w) * v
+    return broadcast((R.double() - b).to(R.dtype), mask), R

@@ -45,6 +45,7 @@ PALETTE = {
     "shrinkage": "#a50f15",
     "sao": "#006d2c",
     "crf-ntf": "#7a0177",
+    "v05": "#b35806",
 }
 
 
