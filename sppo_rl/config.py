@@ -297,9 +297,11 @@ class RunConfig:
     as a whole (GSPO); sequence-token: that ratio's value with each token's own gradient (GSPO-token, for
     per-token advantages; `--algo gspo --ratio-level sequence-token` is GSPO-token); any estimator can
     use each. None: the algorithm's own (gspo, sppo-seq: sequence)."""
-    policy_loss: Literal["ppo", "cispo"] | None = None
-    """Surrogate: PPO's clipped ratio, or CISPO's REINFORCE weighted by a clipped stop-gradient ratio
-    (no token's gradient is ever dropped). None: the algorithm's own (cispo: cispo)."""
+    policy_loss: Literal["ppo", "cispo", "dis"] | None = None
+    """Surrogate: PPO's clipped ratio, CISPO's REINFORCE weighted by a clipped stop-gradient ratio
+    (no token's gradient is ever dropped), or DIS (SAO's): REINFORCE weighted by the stop-gradient ratio
+    inside (1 - clip, 1 + clip_high) and masked outside it, whatever the advantage's sign. None: the
+    algorithm's own (cispo: cispo; sao: dis)."""
     tis_cap: float | None = None
     """Truncated importance sampling against the sampler's own log-probs mu (LLM world): each token's loss
     is weighted by min(pi_old / mu, C); the mismatch |log pi_old - log mu| is logged either way."""

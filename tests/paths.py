@@ -37,7 +37,8 @@ ALGOS = [
     "sppo-seq",
     "cispo",
 ]
-ALGOS += ["reinforce++", "reinforce++-baseline", "opo", "opo-batch", "shrinkage", "spo", "astar-po"]
+ALGOS += ["reinforce++", "reinforce++-baseline", "opo", "opo-batch", "shrinkage", "spo", "astar-po", "sao"]
+ALGOS += ["crf-ntf", "v05"]
 """The algorithms that both worlds' every-algorithm tests train (test_control, test_llm_trainer)."""
 
 # metrics that measure time, not what was computed (left out when two runs are compared)

@@ -217,3 +217,187 @@ def test_astar_po_is_a_one_sample_regression_algorithm():
     algo = get_algorithm("astar-po")
     assert algo.group_size == 1 and algo.critic_loss == "none"
     assert algo.defaults == {"policy_loss": "regression", "agg": "seq-mean-token-mean"}
+
+
+# ---------------------------------------------------------------------------------------------- SAO
+
+
+def _dis_grad(ratios, advantages, mode="dis", agg="token-mean"):
+    from sppo_rl.agents.losses import policy_loss
+
+    r = torch.tensor([ratios], dtype=torch.float64)
+    logp = torch.log(r).requires_grad_(True)
+    adv = torch.tensor([advantages], dtype=torch.float64)
+    loss, m = policy_loss(logp, torch.zeros_like(r), adv, torch.ones_like(r), 0.3, 5.0, agg=agg, mode=mode)
+    loss.backward()
+    assert logp.grad is not None
+    return loss.item(), logp.grad[0].tolist(), m
+
+
+def test_dis_masks_the_ratios_outside_the_trust_region_by_hand():
+    """SAO's Eq. 3 with its math setting ``eps_l = 0.3, eps_h = 5`` (the region ``(0.7, 6)``), ``A = 1``:
+    ratios ``[0.5, 0.8, 2, 7]`` weigh ``f = [0, 0.8, 2, 0]``; ``l = -f A log pi`` over 4 tokens, so the
+    gradient is ``-f / 4 = [0, -0.2, -0.5, 0]`` and the loss ``-(0.8 ln 0.8 + 2 ln 2) / 4 = -0.30194``.
+    Clamping to the bounds would give ``[-0.175, ...]`` and ``-1.5``; PPO keeps the 0.5 of a positive
+    advantage (``-0.125``); CISPO weighs the 7 by 6; a mean over the kept tokens would double everything."""
+    loss, grad, m = _dis_grad([0.5, 0.8, 2.0, 7.0], [1.0] * 4)
+    assert grad == pytest.approx([0.0, -0.2, -0.5, 0.0])
+    assert loss == pytest.approx(-(0.8 * math.log(0.8) + 2 * math.log(2)) / 4)
+    assert m["clipfrac"] == pytest.approx(0.5)  # the masked fraction
+    assert _dis_grad([0.5, 0.8, 2.0, 7.0], [1.0] * 4, mode="ppo")[1] == pytest.approx([-0.125, -0.2, -0.5, 0])
+    assert _dis_grad([0.5, 0.8, 2.0, 7.0], [1.0] * 4, mode="cispo")[1][3] == pytest.approx(-1.5)
+
+
+def test_dis_masks_both_sides_whatever_the_advantage_sign():
+    """``A = [-1, -1, 2, -2]``, ratios ``[0.5, 1.2, 6.5, 3]``: PPO would keep the 6.5 of a negative
+    advantage, and clip the 0.5 of a negative one to a constant; DIS masks by the ratio alone:
+    ``f = [0, 1.2, 0, 3]``, gradient ``-f A / 4 = [0, 0.3, 0, 1.5]``."""
+    _, grad, m = _dis_grad([0.5, 1.2, 6.5, 3.0], [-1.0, -1.0, 2.0, -2.0])
+    assert grad == pytest.approx([0.0, 0.3, 0.0, 1.5])
+    assert m["clipfrac"] == pytest.approx(0.5)
+
+
+def test_dis_with_ratio_one_is_reinforce():
+    """On-policy (every ratio 1) DIS's gradient is REINFORCE's, ``-A / n`` per token under token-mean."""
+    assert _dis_grad([1.0, 1.0, 1.0], [0.5, -1.0, 2.0])[1] == pytest.approx([-0.5 / 3, 1 / 3, -2 / 3])
+
+
+def test_sao_is_one_sample_gae_with_the_dis_loss_and_its_lambdas():
+    from types import SimpleNamespace
+
+    from sppo_rl.agents.algorithms import estimator_params, resolve_defaults
+
+    algo = get_algorithm("sao")
+    assert (algo.estimator, algo.critic_loss, algo.group_size) == ("gae", "mse", 1)
+    assert algo.requires.critic == "step"
+    settings = {"policy_loss": None, "clip": None, "clip_high": None}
+    assert resolve_defaults(settings, algo.defaults) == {"policy_loss": "dis", "clip": 0.3, "clip_high": 5.0}
+    cfg = SimpleNamespace(lam=0.95, gamma=1.0, lam_critic=None, lam_alpha=None)
+    assert estimator_params(cfg, algo.defaults) == {
+        "gamma": 1.0,
+        "lam": 0.95,
+        "lam_critic": 1.0,
+        "lam_alpha": 1.5,
+    }
+    given = SimpleNamespace(lam=0.95, gamma=1.0, lam_critic=0.9, lam_alpha=None)
+    assert estimator_params(given, algo.defaults)["lam_critic"] == 0.9  # the run's own value wins
+    assert estimator_params(cfg) == {"gamma": 1.0, "lam": 0.95, "lam_critic": None, "lam_alpha": None}
+
+
+def test_dis_masks_a_ratio_on_either_bound():
+    """The region is open: with ``eps_l = 0.5, eps_h = 1`` the ratios 0.5 and 2 (exact in floating point)
+    are masked, 1.5 is kept: ``f = [0, 0, 1.5]``, gradient ``-f / 3`` for ``A = 1``."""
+    from sppo_rl.agents.losses import policy_loss
+
+    r = torch.tensor([[0.5, 2.0, 1.5]], dtype=torch.float64)
+    logp = torch.log(r).requires_grad_(True)
+    ones = torch.ones_like(r)
+    loss, m = policy_loss(logp, torch.zeros_like(r), ones, ones, clip_low=0.5, clip_high=1.0, mode="dis")
+    loss.backward()
+    assert logp.grad is not None
+    assert logp.grad[0].tolist() == pytest.approx([0.0, 0.0, -0.5])
+    assert m["clipfrac"] == pytest.approx(2 / 3)
+
+
+# ------------------------------------------------------------------------------- C-RF + negative-token filter
+
+
+def _close(actual, expected):
+    torch.testing.assert_close(actual.double(), torch.tensor(expected, dtype=torch.float64))
+
+
+def test_crf_ntf_worked_example():
+    """``R = [1, 0, 0]`` of lengths ``[2, 4, 3]``: one success, two failures, each side half the weight:
+    ``+3/2`` on the success's tokens, ``-3/4`` on each failure's least likely token (``ceil(0.1 l) = 1``),
+    0 elsewhere; the mask is left whole (the zeros stay in the denominator)."""
+    R, mask, tr = _batch([1, 0, 0], [2, 4, 3])
+    logp = torch.tensor(
+        [[-1.0, -2.0, 0, 0], [-0.5, -3.0, -0.1, -2.0], [-0.2, -0.3, -0.3, 0]], dtype=torch.float64
+    )
+    adv, ret = ESTIMATORS["crf-ntf"](token_rewards=tr, mask=mask, logp_old=logp * mask)
+    # row 2: the tie -0.3 / -0.3 keeps the earlier
+    _close(adv, [[1.5, 1.5, 0, 0], [0, -0.75, 0, 0], [0, -0.75, 0, 0]])
+    assert ret.tolist() == [1.0, 0.0, 0.0]
+    half, _ = ESTIMATORS["crf-ntf"](token_rewards=tr, mask=mask, logp_old=logp * mask, ntf_keep=0.5)
+    assert half[1].tolist() == pytest.approx([0, -0.75, 0, -0.75])  # ceil(2) = 2: -3.0 and -2.0
+    assert half[2].tolist() == pytest.approx([0, -0.75, -0.75, 0])  # ceil(1.5) = 2
+
+
+def test_crf_ntf_one_sided_batches_and_the_balanced_loss():
+    """A batch of failures only: ``-1`` on each one's least likely token. With PPO's surrogate at ratio 1
+    and ``seq-mean-token-mean`` the loss is ``-(1/2)(mean_pos l_pos - mean_neg l_neg)``: one success of 2
+    tokens and two failures of 4 and 3 tokens: ``l_pos = 1``, ``l_neg = [1/4, 1/3]`` (one kept token over
+    the whole length), loss ``-(1/2)(1 - 7/24) = -17/48``."""
+    from sppo_rl.agents.losses import policy_loss
+
+    R, mask, tr = _batch([0, 0], [3, 2])
+    logp = torch.tensor([[-1.0, -4.0, -2.0], [-0.1, -0.2, 0.0]], dtype=torch.float64) * mask
+    adv, _ = ESTIMATORS["crf-ntf"](token_rewards=tr, mask=mask, logp_old=logp)
+    _close(adv, [[0, -1, 0], [0, -1, 0]])
+    R, mask, tr = _batch([1, 0, 0], [2, 4, 3])
+    logp = -torch.arange(12, dtype=torch.float64).view(3, 4) * mask
+    adv, _ = ESTIMATORS["crf-ntf"](token_rewards=tr, mask=mask, logp_old=logp)
+    loss, _ = policy_loss(logp, logp, adv, mask, 0.2, 10.0, agg="seq-mean-token-mean")
+    assert loss.item() == pytest.approx(-17 / 48)
+
+
+def test_crf_ntf_algorithm_runs_through_compute_advantages():
+    algo = get_algorithm("crf-ntf")
+    assert (
+        algo.group_size == 1 and algo.critic_loss == "none" and algo.requires == Requirements(logprobs=True)
+    )
+    assert algo.defaults == {"clip": 0.2, "clip_high": 10.0, "agg": "seq-mean-token-mean"}
+    R = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    mask = torch.ones(4, 2)
+    logp = torch.tensor([[-1.0, -2.0], [-2.0, -1.0], [-1.0, -1.5], [-3.0, -0.5]])
+    batch = SequenceBatch(mask=mask, logp_old=logp, rewards=R, valid=torch.tensor([True, True, False, True]))
+    compute_advantages(batch, algo)
+    # valid rows [1, 0, 0]: +3/2 on the success, -3/4 on each failure's least likely token
+    _close(batch.advantages, [[1.5, 1.5], [-0.75, 0], [0, 0], [-0.75, 0]])
+    with pytest.raises(ValueError, match="ntf_keep"):
+        ESTIMATORS["crf-ntf"](
+            token_rewards=torch.zeros(1, 1), mask=torch.ones(1, 1), logp_old=torch.zeros(1, 1), ntf_keep=0.0
+        )
+
+
+# ----------------------------------------------------------------------------------------------- V0.5
+
+
+def test_v05_fusion_worked_example():
+    """``k = 4``, ``R = [1, 0, 0, 0]`` (``v_g = 1/4``, ``s^2 = 1/16``). Prior 0.5: ``(1/4)^2 <= 1/16``, the
+    prior holds: ``b = 0.5``. Prior 0.9: ``D^2 = 0.4225 - 0.0625 = 0.36``, ``w = 0.36 / 0.4225``,
+    ``b = 0.34615``. A group mean alone (GRPO's centring) would give ``b = 0.25``; the prior alone 0.9."""
+    R, mask, tr = _batch([1, 0, 0, 0, 1, 0, 0, 0], [1, 2, 1, 1, 1, 1, 1, 1])
+    V = torch.tensor([0.5] * 4 + [0.9] * 4, dtype=torch.float64)
+    adv, ret = ESTIMATORS["v05"](
+        token_rewards=tr, mask=mask, group_ids=torch.tensor([0] * 4 + [1] * 4), values=V
+    )
+    b = 0.36 / 0.4225 * 0.25 + (1 - 0.36 / 0.4225) * 0.9
+    _close(adv[:, 0], [0.5, -0.5, -0.5, -0.5, 1 - b, -b, -b, -b])
+    _close(adv[1], [-0.5, -0.5])  # broadcast over the sequence
+    assert ret.tolist() == R.tolist()
+
+
+def test_v05_all_wrong_group_keeps_a_signal_and_goes_through_the_critic_logits():
+    """An all-wrong group of 4 under a prior of 0.3: ``D^2 = 0.09 - 0.0625 = 0.0275``, ``w = 0.0275 / 0.09``,
+    ``b = (1 - w) 0.3 = 0.20833``: every member gets ``-0.20833`` (GRPO would give 0). Through
+    ``compute_advantages`` the critic's logits become values by ``sigmoid``."""
+    algo = get_algorithm("v05")
+    assert (algo.group_size, algo.critic_loss, algo.requires.critic, algo.requires.groups) == (
+        4,
+        "bce",
+        "sequence",
+        True,
+    )
+    R = torch.zeros(4)
+    batch = SequenceBatch(
+        mask=torch.ones(4, 1),
+        logp_old=None,
+        rewards=R,
+        group_ids=torch.zeros(4, dtype=torch.long),
+        values=torch.full((4,), math.log(0.3 / 0.7)),
+    )
+    compute_advantages(batch, algo)
+    w = 0.0275 / 0.09
+    _close(batch.advantages[:, 0], [-(1 - w) * 0.3] * 4)
+    assert batch.returns.tolist() == [0.0] * 4  # the critic's BCE target: the outcome

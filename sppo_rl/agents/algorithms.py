@@ -83,6 +83,23 @@ ASTAR_DEFAULTS: dict[str, Any] = {"policy_loss": "regression", "agg": "seq-mean-
 ``compute_policy_loss``): a least-squares regression instead of a clipped surrogate
 (:func:`~sppo_rl.agents.losses.regression_loss`), its squared errors averaged over sequences."""
 
+SAO_DEFAULTS: dict[str, Any] = {
+    "policy_loss": "dis",
+    "clip": 0.3,
+    "clip_high": 5.0,
+    "lam_critic": 1.0,
+    "lam_alpha": 1.5,
+}
+"""SAO (Single-rollout Asynchronous Optimization, arXiv 2607.07508) as its paper's math runs set it: the
+DIS trust region ``(1 - 0.3, 1 + 5)`` (Sec. 3.1; its SWE-Bench runs use ``0.8 / 3``), the critic's GAE
+lambda 1 and the actor's length-adaptive ``lambda = 1 - 1 / (1.5 l)`` (Sec. 3.2). The asynchrony is the
+LLM world's ``--max-staleness`` with ``--off-policy behaviour`` (docs/algorithms.md "SAO")."""
+
+CRF_NTF_DEFAULTS: dict[str, Any] = {"clip": 0.2, "clip_high": 10.0, "agg": "seq-mean-token-mean"}
+"""C-RF with negative-token filtering (arXiv 2606.17250) as a reproduction of its ALFWorld runs sets it:
+the clip range 0.2 below and 10 above (``min(r, 1 + 10)`` on a success, ``max(r, 1 - 0.2)`` on a
+failure), each response's loss a mean over its tokens."""
+
 UNSET: dict[str, Any] = {"clip": 0.2, "kl_coef": 0.0, "kl_in": "loss", "kl_estimator": "k3"}
 """What a run setting left None means where its algorithm has no default of its own."""
 
@@ -181,6 +198,33 @@ ALGORITHMS: dict[str, Algorithm] = {
             "none",
             4,
             "James-Stein baseline: each leave-one-out group mean shrunk toward the other prompts' mean",
+        ),
+        Algorithm(
+            "sao",
+            "gae",
+            "mse",
+            1,
+            "SAO: one sample per prompt, a per-token critic (GAE, critic lambda 1, actor lambda "
+            "1 - 1/(1.5 l)), REINFORCE weighted by the ratio inside (0.7, 6), masked outside (DIS)",
+            defaults=SAO_DEFAULTS,
+        ),
+        Algorithm(
+            "crf-ntf",
+            "crf-ntf",
+            "none",
+            1,
+            "C-RF with negative-token filtering: one sample per prompt, the batch split into successes "
+            "(+) and failures (-), each side half the weight; a failure is penalised on its 10 % least "
+            "likely tokens only",
+            defaults=CRF_NTF_DEFAULTS,
+        ),
+        Algorithm(
+            "v05",
+            "v05",
+            "bce",
+            4,
+            "V0.5's baseline: the context critic's value fused with the group mean by the MSE-optimal "
+            "weight, the critic alone unless the mean departs from it by more than the sampling noise",
         ),
         Algorithm(
             "ppo-bce", "gae", "bce", 1, "ablation: step-level PPO whose per-step critic is trained with BCE"
@@ -296,12 +340,13 @@ def check_setup(algo: Algorithm, group_size: int, batch_size: int, use_critic: b
         raise ValueError(f"{algo.name}'s estimator reads critic logits; its critic must be trained with BCE")
 
 
-def estimator_params(cfg: object) -> dict[str, object]:
+def estimator_params(cfg: object, defaults: dict[str, Any] | None = None) -> dict[str, object]:
     """Estimator and selector parameters read from a run config (both worlds' configs name them alike):
     ``gamma``, ``lam``, ``whiten``, ``std`` (from ``grpo_std``), ``bppo_prefix_ratio``,
     ``bppo_accuracy_threshold``, ``lampo_temperature``, ``lam_critic``, ``lam_alpha``, ``std_threshold``
     (from ``group_std_threshold``). Fields a config lacks are left out, so the
-    functions' own defaults apply."""
+    functions' own defaults apply; a field the config leaves None takes the algorithm's value in
+    ``defaults`` (:func:`resolve_defaults`: SAO's ``lam_critic`` and ``lam_alpha``)."""
     names = {
         "gamma": "gamma",
         "lam": "lam",
@@ -314,7 +359,8 @@ def estimator_params(cfg: object) -> dict[str, object]:
         "lam_alpha": "lam_alpha",
         "std_threshold": "group_std_threshold",
     }
-    return {key: getattr(cfg, field) for key, field in names.items() if hasattr(cfg, field)}
+    values = resolve_defaults({f: getattr(cfg, f) for f in names.values() if hasattr(cfg, f)}, defaults or {})
+    return {key: values[field] for key, field in names.items() if field in values}
 
 
 def critic_values(algo: Algorithm, critic_out: Tensor) -> Tensor:

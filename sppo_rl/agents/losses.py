@@ -20,7 +20,7 @@ KL_CLAMP = 10.0
 """Default bound of :func:`kl_penalty`'s values: ``[-10, 10]``, verl's ``low_var_kl`` and OpenRLHF's."""
 RatioLevel = Literal["token", "sequence", "sequence-token"]
 RATIO_LEVELS: tuple[str, ...] = ("token", "sequence", "sequence-token")
-LossMode = Literal["ppo", "cispo", "regression"]
+LossMode = Literal["ppo", "cispo", "dis", "regression"]
 
 
 def agg_loss(
@@ -91,7 +91,7 @@ def policy_loss(
     mode: LossMode = "ppo",
     weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """PPO clipped surrogate, or CISPO's importance-weighted REINFORCE.
+    """PPO clipped surrogate, CISPO's importance-weighted REINFORCE, or SAO's masked one (DIS).
 
     The importance ratio, by ``ratio_level``:
 
@@ -113,12 +113,22 @@ def policy_loss(
     ``l = -sg(min(ratio, 1 + clip_high)) * A * logp``: the weight is bounded above only (the paper sets no
     lower bound, so ``clip_low`` is not used: a ratio of 0.5 weighs 0.5) and carries no gradient, so no
     position's gradient is ever dropped.
+    ``mode="dis"`` (SAO's direct double-sided importance sampling, arXiv 2607.07508 Sec. 3.1, Eq. 3):
+    ``l = -sg(f(ratio)) * A * logp`` with ``f(r) = r`` inside the open trust region
+    ``1 - clip_low < r < 1 + clip_high`` and ``f(r) = 0`` outside it, whatever the sign of ``A``: a
+    position outside is masked (no loss, no gradient), not clamped to the bound, and still counts in the
+    aggregation's denominator. Its gradient ``f(r) A grad log pi`` equals that of ``f(r) A`` with the ratio
+    differentiated. Worked example: ratios ``[0.5, 0.8, 2.0, 7.0]``, ``A = 1``, ``clip_low = 0.3``,
+    ``clip_high = 5`` (the region ``(0.7, 6)``): ``f = [0, 0.8, 2, 0]``, so under ``token-mean``
+    ``d loss / d logp = [0, -0.2, -0.5, 0]`` (PPO gives ``[-0.125, -0.2, -0.5, 0]``: it keeps the low ratio of a positive advantage; CISPO
+    ``[-0.125, -0.2, -0.5, -1.5]``).
     ``weights`` (no gradient; e.g. truncated importance weights ``min(pi_old / mu, C)`` against the
     sampler's own log-probs ``mu``) multiply each position's loss.
     Returns ``(agg_loss(l), metrics)``; metrics: ``clipfrac`` (fraction of valid positions where the
     clipped term is the active one; for CISPO where the weight is capped), ``approx_kl`` (k1:
     ``mean(logp_old - logp)``), ``approx_kl_k3`` (``mean((r - 1) - log r)``, token ratios),
-    ``ratio_min``, ``ratio_max``, ``dual_clipfrac``.
+    ``ratio_min``, ``ratio_max``, ``dual_clipfrac``; for DIS ``clipfrac`` is the fraction of valid
+    positions masked.
     """
     mask = mask.to(logp.dtype)
     token_log_ratio = (logp - logp_old).clamp(-20.0, 20.0)
@@ -137,6 +147,11 @@ def policy_loss(
         weight = torch.clamp(ratio, max=1.0 + clip_high).detach()
         per_pos = -weight * advantages * logp
         clip_active = ratio > 1.0 + clip_high
+    elif mode == "dis":
+        inside = (ratio > 1.0 - clip_low) & (ratio < 1.0 + clip_high)
+        weight = torch.where(inside, ratio, torch.zeros_like(ratio)).detach()
+        per_pos = -weight * advantages * logp
+        clip_active = ~inside
     elif mode == "ppo":
         clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
         unclipped = -advantages * ratio
@@ -150,7 +165,7 @@ def policy_loss(
             dual_active = (advantages < 0) & (per_pos > bound)
             per_pos = torch.where(advantages < 0, torch.minimum(per_pos, bound), per_pos)
     else:
-        raise ValueError(f"policy loss mode must be ppo or cispo, got {mode!r}")
+        raise ValueError(f"policy loss mode must be ppo, cispo or dis, got {mode!r}")
     if weights is not None:
         per_pos = per_pos * weights.detach()
     loss = agg_loss(per_pos, mask, agg, length_budget)

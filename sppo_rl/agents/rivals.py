@@ -268,3 +268,90 @@ def astar_po(
     R = sequence_scores(token_rewards, mask)
     a = R.double() - optimal_values.double()
     return broadcast(a.to(R.dtype), mask), R
+
+
+# --------------------------------------------------------------------------------------------------
+# C-RF with negative-token filtering ("Rethinking Groups")
+
+
+NTF_KEEP = 0.1
+"""The fraction of a failed response's tokens that keep its penalty: its least likely ones."""
+
+
+@register_estimator("crf-ntf", Requirements(logprobs=True))
+@torch.no_grad()
+def crf_ntf(
+    *, token_rewards: Tensor, mask: Tensor, logp_old: Tensor, ntf_keep: float = NTF_KEEP, **_: object
+) -> tuple[Tensor, Tensor]:
+    """Contrastive REINFORCE with negative-token filtering, one sample per context (arXiv 2606.17250,
+    as a third-party reproduction reads it: docs/algorithms.md "C-RF with negative-token filtering").
+
+    The batch is split by outcome, no groups: a response is positive when ``R > 0``. The objective
+    ``-(1/2) (mean_pos l_pos - mean_neg l_neg)`` gives each side half the weight whatever its size, so
+    with ``n_pos`` positive and ``n_neg`` negative rows among ``B``: ``A = +B / (2 n_pos)`` on every
+    position of a positive row and ``-B / (2 n_neg)`` on the kept positions of a negative row; a batch
+    of one side gets ``+-1`` (its side alone). Negative-token filtering keeps a negative row's penalty
+    on its ``k = max(1, ceil(ntf_keep * l))`` least likely positions (lowest ``logp_old``; ties: the
+    earlier) and gives the others 0, which stay in the loss's denominator (the positions' mask is not
+    changed). With PPO's clipped surrogate (``A > 0``: ``min(r, 1 + eps_high)``; ``A < 0``:
+    ``max(r, 1 - eps_low)``) and ``seq-mean-token-mean`` this is the source's loss.
+    Worked example: ``R = [1, 0, 0]`` of lengths ``[2, 4, 3]``: ``A = +3/2`` on row 0, ``-3/4`` on the
+    least likely position of rows 1 and 2 (``ceil(0.4) = ceil(0.3) = 1``), 0 elsewhere."""
+    if not 0.0 < ntf_keep <= 1.0:
+        raise ValueError(f"ntf_keep must be in (0, 1], got {ntf_keep}")
+    if logp_old is None or logp_old.shape != mask.shape:
+        raise ValueError(f"crf-ntf needs logp_old of the batch's shape {tuple(mask.shape)}")
+    R = sequence_scores(token_rewards, mask)
+    pos = R > 0
+    n, n_pos = R.numel(), int(pos.sum())
+    n_neg = n - n_pos
+    if n_pos == 0 or n_neg == 0:
+        w_pos = w_neg = 1.0
+    else:
+        w_pos, w_neg = n / (2 * n_pos), n / (2 * n_neg)
+    valid = mask > 0
+    lengths = valid.sum(-1)
+    k = torch.clamp(torch.ceil(ntf_keep * lengths.double()), min=1).to(lengths.dtype)
+    scores = torch.where(valid, logp_old.double(), torch.full_like(logp_old, math.inf, dtype=torch.float64))
+    order = torch.argsort(scores, dim=-1, stable=True)
+    rank = torch.empty_like(order)
+    rank.scatter_(-1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order))
+    kept = valid & ((rank < k[:, None]) | pos[:, None])
+    a = torch.where(pos, torch.full_like(R, w_pos), torch.full_like(R, -w_neg))
+    return a[:, None].to(mask.dtype) * kept.to(mask.dtype), R
+
+
+# --------------------------------------------------------------------------------------------------
+# V0.5's fusion of a value prior with a sparse group
+
+
+@register_estimator("v05", Requirements(groups=True, critic="sequence"))
+@torch.no_grad()
+def v05(
+    *, token_rewards: Tensor, mask: Tensor, group_ids: Tensor, values: Tensor, **_: object
+) -> tuple[Tensor, Tensor]:
+    """V0.5's baseline (arXiv 2603.10848, as read in a summary that gives its equations: docs/algorithms.md
+    "V0.5"): a value prior ``V`` fused with the mean ``v_g`` of the context's ``k`` samples,
+
+    ``b = w v_g + (1 - w) V``, ``w = D^2 / (D^2 + s^2)``, ``D^2 = max(0, (v_g - V)^2 - s^2)``,
+
+    the weight that minimises the baseline's MSE ``w^2 s^2 + (1 - w)^2 D^2``, with the prior's squared
+    bias ``D^2`` estimated and truncated at 0 (the positive part acts as the test "is the prior off by
+    more than the sampling noise?": if not, ``b = V``). ``s^2`` bounds the variance of a mean of ``k``
+    rewards in ``[0, 1]``: ``1 / (4 k)`` (the source's ``1 / k`` for rewards in ``{-1, 1}``). ``A = R - b``,
+    no division by a std. Here the prior is the run's own context critic (``sigmoid`` of SPPO's logit,
+    trained on the outcome), not the paper's frozen generalist value model.
+    Worked example: a group of ``k = 4`` with ``R = [1, 0, 0, 0]`` (``v_g = 0.25``, ``s^2 = 1/16``) and
+    ``V = 0.5``: ``(0.25)^2 = 0.0625 <= 1/16``: the prior holds, ``b = 0.5``, ``A = [0.5, -0.5, -0.5,
+    -0.5]``; with ``V = 0.9``: ``D^2 = 0.4225 - 0.0625 = 0.36``, ``w = 0.36 / 0.4225 = 0.852``,
+    ``b = 0.852 * 0.25 + 0.148 * 0.9 = 0.346``."""
+    if values is None or values.shape != mask.shape[:1]:
+        raise ValueError(f"v05 needs one prior value per sequence, shape ({mask.shape[0]},)")
+    R = sequence_scores(token_rewards, mask)
+    g = group_stats(R, group_ids)
+    v = values.double()
+    s2 = 1.0 / (4.0 * g.count)
+    d2 = torch.clamp((g.mean - v) ** 2 - s2, min=0.0)
+    w = d2 / (d2 + s2)
+    b = w * g.mean + (1.0 - w) * v
+    return broadcast((R.double() - b).to(R.dtype), mask), R

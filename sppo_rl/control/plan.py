@@ -150,7 +150,7 @@ def resolve(cfg: ControlConfig) -> Plan:
         given=cfg,
         algo=algo,
         learner=LearnerConfig.from_run(cfg, spec.horizon, algo.defaults),
-        estimator=estimator_params(cfg),
+        estimator=estimator_params(cfg, algo.defaults),
         loop=loop,
         spec=spec,
         resolved=resolved,

@@ -43,6 +43,9 @@ PALETTE = {
     "spo": "#08519c",
     "astar-po": "#54278f",
     "shrinkage": "#a50f15",
+    "sao": "#006d2c",
+    "crf-ntf": "#7a0177",
+    "v05": "#b35806",
 }
 
 
