@@ -29,6 +29,9 @@ forward and sample and the critic's forward on 64 rows, each / 64, plus 4 epochs
 forward + backward + Adam over one update's rollout (64 x ``n_steps`` rows) / its rows.
 ``fraction of floor = steps/s x floor seconds per step``.
 
+``--plain-env`` adds ``ours-plain`` (setting ``stock``): ours on ``gymnasium.make`` copies of the id,
+each stepped with every wrapper and check (:func:`plain_episode_env`), the path the fast ones replace.
+
 Peers that are not in this environment: rejax runs in ``--rejax-python`` (``make bench-peers`` builds
 ``.venv-rejax`` from ``requirements/rejax.txt``; skipped when absent), once with one seed and once with
 ``--rejax-seeds`` seeds vmapped in one program (their steps/s summed, and per seed); CleanRL runs from
@@ -181,13 +184,17 @@ def spread(xs: list[float]) -> str:
 # ----------------------------------------------------------------------------- the implementations
 
 
-def ours(s: Setting, steps: int) -> dict:
-    """Our PPO: env steps per CPU-second (and per wall second) of ``ControlRun.update`` calls."""
+def ours(s: Setting, steps: int, plain: bool = False) -> dict:
+    """Our PPO: env steps per CPU-second (and per wall second) of ``ControlRun.update`` calls; ``plain``:
+    on :func:`plain_episode_env` instead of the task's own episode env."""
     from sppo_rl.control.config import ControlConfig
     from sppo_rl.control.trainer import ControlRun
 
     with tempfile.TemporaryDirectory() as d:
         run = ControlRun(ControlConfig(**ours_config(s, d)))
+        if plain:
+            run.env.close()
+            run.env = plain_episode_env(s.ours_task, s.num_envs, s.ours_dense)
         updates, c0, w0 = 0, time.process_time(), time.perf_counter()
         while run.state.env_steps < steps:
             run.update()
@@ -197,6 +204,33 @@ def ours(s: Setting, steps: int) -> dict:
         run.logger.close()
         run.env.close()
     return {"sps_cpu": n / cpu, "sps_wall": n / wall, "env_steps": n, "updates": updates}
+
+
+def plain_episode_env(env_id: str, num_envs: int, dense: bool):
+    """The episode vector env of a Gymnasium id as it runs without the fast paths of
+    :mod:`sppo_rl.envs.stock`: ``num_envs`` copies of ``gymnasium.make(env_id)`` (every wrapper on), each
+    stepped through its own checked ``step``. The same episodes (``tests/test_envs_stock.py``)."""
+    import gymnasium as gym
+
+    from sppo_rl.envs.custom import SparseOutcomeVectorEnv
+    from sppo_rl.envs.stock import stock_success
+
+    class Plain(SparseOutcomeVectorEnv):
+        def step(self, actions):
+            a, n = self._actions(actions), self.num_envs
+            rewards, ended = np.zeros(n), np.zeros(n, dtype=bool)
+            for i in np.flatnonzero(~self._done):
+                obs, rewards[i], term, _, info = self.envs[i].step(a[i])
+                self._obs[i], self._t[i] = obs, self._t[i] + 1
+                if term:
+                    ended[i] = self._done[i] = True
+                    self._success[i], self._failed[i] = info["success"], info["failed"]
+            return self._obs.copy(), rewards, self._done.copy(), np.zeros(n, dtype=bool), self._info(ended)
+
+    env = Plain(env_id, stock_success(env_id)[0], num_envs=num_envs, dense=dense)
+    for copy in env.envs:
+        copy.base = gym.make(env_id)
+    return env
 
 
 def sb3(s: Setting, steps: int) -> dict:
@@ -348,6 +382,8 @@ def floor_pieces(s: Setting, obs_dim: int = 5, actions: int = 2) -> dict[str, fl
 def measure(s: Setting, args, rejax_procs: dict[str, Rejax]) -> dict:
     """``args.rounds`` rounds of ours (A), the peers in a rotated order, ours (B)."""
     peers: dict[str, object] = {"sb3": lambda: sb3(s, args.steps)}
+    if args.plain_env and s.ours_task == s.env_id:
+        peers["ours-plain"] = lambda: ours(s, args.steps, plain=True)
     if args.cleanrl:
         peers["cleanrl"] = lambda: cleanrl(s, args.steps, args.cleanrl)
     for name, proc in rejax_procs.items():
@@ -415,6 +451,11 @@ def main() -> None:
     ap.add_argument("--cpu", type=int, default=0, help="the core to run on (-1: no pinning)")
     ap.add_argument("--rejax-python", default=None, help="python of the rejax venv (default .venv-rejax)")
     ap.add_argument("--rejax-seeds", type=int, default=16)
+    ap.add_argument(
+        "--plain-env",
+        action="store_true",
+        help="also time ours on gymnasium.make copies of the stock id (no fast path) as a peer: ours-plain",
+    )
     ap.add_argument("--cleanrl", default=None, help="path of CleanRL's ppo.py (not shipped; skipped without)")
     args = ap.parse_args()
     if args.cpu >= 0 and hasattr(os, "sched_setaffinity"):

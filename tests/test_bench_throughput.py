@@ -88,3 +88,28 @@ def test_cleanrl_sps_line():
         text = "global_step=64, episodic_return=[12.]\nSPS: 3100\nSPS: 2950\nnot SPS: 1\n"
         assert crl.last_sps(text) == (2950.0, 2)
         assert crl.last_sps("no such line") == (None, 0)
+
+
+def test_plain_env_is_the_same_episodes(bench):
+    """``ours-plain`` (gymnasium.make copies, every wrapper and check) runs the episodes of the fast path."""
+    import numpy as np
+
+    from sppo_rl.envs.tasks import make_episode_env
+
+    fast, plain = (
+        make_episode_env("CartPole-v1", num_envs=8, dense=True),
+        bench.plain_episode_env("CartPole-v1", 8, True),
+    )
+    assert type(fast).__name__ == "CartPoleStockVectorEnv" and type(plain).__name__ == "Plain"
+    rng = np.random.default_rng(0)
+    for seed in (0, 8):
+        np.testing.assert_array_equal(fast.reset(seed=seed)[0], plain.reset(seed=seed)[0])
+        done = np.zeros(8, dtype=bool)
+        while not done.all():
+            a = rng.integers(0, 2, 8)
+            f, p = fast.step(a), plain.step(a)
+            for x, y in zip(f[:4], p[:4]):
+                np.testing.assert_array_equal(x, y)
+            for k in ("success", "failed", "ended", "length"):
+                np.testing.assert_array_equal(f[4][k], p[4][k])
+            done = f[2]
