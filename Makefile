@@ -97,7 +97,7 @@ bench-trl: setup $(VENV_TRL)/.installed
 # Throughput peers of the control world (scripts/bench_throughput.py, in .venv): Stable-Baselines3 (in .venv),
 # rejax's PPO in its own venv (.venv-rejax from requirements/rejax.txt: JAX on the CPU) and, given
 # CLEANRL_PPO=path/to/cleanrl/ppo.py (a checkout of CleanRL; not shipped here), CleanRL's single-file PPO.
-# The benchmark pins itself to one core (--cpu 0).
+# The benchmark pins itself to one core (--cpu N; default the first this process may use).
 VENV_REJAX ?= .venv-rejax
 PY_REJAX := $(VENV_REJAX)/bin/python
 CLEANRL_PPO ?=

@@ -3,8 +3,8 @@ and rejax's PPO (JAX), on identical settings, per core, A/B alternated, with the
 
 Identical settings (:class:`Setting`, one object read by every implementation; a test checks each gets
 the same numbers): separate actor and critic of 2 x 64 tanh units, 64 envs, 4 epochs x 4 minibatches,
-one torch thread, the whole run pinned to one core (``--cpu``, ``os.sched_setaffinity``; the
-subprocesses inherit it). Two settings:
+one torch thread, the whole run pinned to one core (``--cpu``, default the first this process may use;
+``os.sched_setaffinity``, which the subprocesses inherit). Two settings:
 
 - ``stock``: stock ``CartPole-v1`` for all, from scratch. Ours: ``sppo-rl control --task CartPole-v1
   --dense --init-from none`` with 64 episodes per update, each run to its end (at most 500 steps; the id
@@ -448,7 +448,12 @@ def main() -> None:
     ap.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=["stock"])
     ap.add_argument("--steps", type=int, default=128_000, help="env steps per timing of ours, SB3, CleanRL")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--cpu", type=int, default=0, help="the core to run on (-1: no pinning)")
+    ap.add_argument(
+        "--cpu",
+        type=int,
+        default=None,
+        help="the core to run on (default: the first allowed; -1: no pinning)",
+    )
     ap.add_argument("--rejax-python", default=None, help="python of the rejax venv (default .venv-rejax)")
     ap.add_argument("--rejax-seeds", type=int, default=16)
     ap.add_argument(
@@ -458,8 +463,12 @@ def main() -> None:
     )
     ap.add_argument("--cleanrl", default=None, help="path of CleanRL's ppo.py (not shipped; skipped without)")
     args = ap.parse_args()
-    if args.cpu >= 0 and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {args.cpu})
+    if hasattr(os, "sched_setaffinity") and args.cpu != -1:
+        allowed = os.sched_getaffinity(0)
+        cpu = min(allowed) if args.cpu is None else args.cpu
+        if cpu not in allowed:
+            ap.error(f"--cpu {cpu}: this process may run on cores {sorted(allowed)} only")
+        os.sched_setaffinity(0, {cpu})  # the peers' subprocesses inherit it
     torch.set_num_threads(1)
     rejax_python = args.rejax_python or str(Path(".venv-rejax/bin/python"))
     if not Path(rejax_python).exists():
