@@ -93,3 +93,22 @@ $(VENV_TRL)/.installed: requirements/trl.txt
 
 bench-trl: setup $(VENV_TRL)/.installed
 	OMP_NUM_THREADS=2 $(PY) scripts/bench_llm_step.py --trl-python $(PY_TRL) $(BENCH_TRL_ARGS)
+
+# Throughput peers of the control world (scripts/bench_throughput.py, in .venv): Stable-Baselines3 (in .venv),
+# rejax's PPO in its own venv (.venv-rejax from requirements/rejax.txt: JAX on the CPU) and, given
+# CLEANRL_PPO=path/to/cleanrl/ppo.py (a checkout of CleanRL; not shipped here), CleanRL's single-file PPO.
+# The benchmark pins itself to one core (--cpu N; default the first this process may use).
+VENV_REJAX ?= .venv-rejax
+PY_REJAX := $(VENV_REJAX)/bin/python
+CLEANRL_PPO ?=
+BENCH_PEERS_ARGS ?= --settings stock batched --rounds 3
+.PHONY: bench-peers
+
+$(VENV_REJAX)/.installed: requirements/rejax.txt
+	$(PYTHON) -m venv $(VENV_REJAX)
+	$(PY_REJAX) -m pip install --quiet --upgrade pip
+	$(PY_REJAX) -m pip install --quiet -r requirements/rejax.txt
+	touch $@
+
+bench-peers: setup $(VENV_REJAX)/.installed
+	$(PY) scripts/bench_throughput.py --rejax-python $(PY_REJAX) $(if $(CLEANRL_PPO),--cleanrl $(CLEANRL_PPO)) $(BENCH_PEERS_ARGS)

@@ -196,7 +196,11 @@ class EpisodeEnv(gym.Env[np.ndarray, Any]):
     def step(self, action: Any):
         if self.ended:
             raise RuntimeError("the episode has ended; call reset()")
-        action = self._action(action)
+        return self.advance(self._action(action))
+
+    def advance(self, action: Any):
+        """:meth:`step` with an action already valid (an ``int`` in the space, or a float32 array within
+        its bounds), as the vector forms check a whole batch at once; the episode must be running."""
         before = self._before_step() if self.dense else None
         obs, base_reward, base_terminated, _, info = self.base.step(action)
         self.t += 1
@@ -323,8 +327,8 @@ class EpisodeSyncVectorEnv(EpisodeVectorEnv):
         n = self.num_envs
         rewards = np.zeros(n, dtype=np.float64)
         ended = np.zeros(n, dtype=bool)
-        for i in np.flatnonzero(~self._done):
-            obs, r, term, _, info = self.envs[i].step(a[i])
+        for i in np.flatnonzero(~self._done):  # the batch was checked: no per-env check
+            obs, r, term, _, info = self.envs[i].advance(int(a[i]) if self._discrete else a[i])
             self._obs[i] = obs
             rewards[i] = r
             self._t[i] += 1

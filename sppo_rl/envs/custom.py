@@ -52,8 +52,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from sppo_rl.envs.core import EpisodeSyncVectorEnv, extended_box
-from sppo_rl.envs.stock import RULES, stock_success, success_rule, survived
+from sppo_rl.envs.core import EpisodeSyncVectorEnv, EpisodeVectorEnv, extended_box
+from sppo_rl.envs.stock import RULES, bare, batched_stock, stock_success, success_rule, survived
 from sppo_rl.envs.tasks import LOOKUPS, TaskSpec
 
 Success = Callable[[np.ndarray, dict, bool, bool], Any]
@@ -186,6 +186,11 @@ class SparseOutcome(gym.Env[np.ndarray, Any]):
             action = np.clip(
                 np.asarray(action, dtype=np.float32), self.action_space.low, self.action_space.high
             )
+        return self.advance(action)
+
+    def advance(self, action: Any):
+        """:meth:`step` with an action already valid (an ``int`` in the space, or a float32 array within
+        its bounds), as :class:`SparseOutcomeVectorEnv` checks a whole batch at once."""
         obs, base_reward, terminated, truncated, info = self.base.step(action)
         self.t += 1
         terminated, truncated = bool(terminated), bool(truncated) or self.t >= self.horizon
@@ -234,6 +239,8 @@ class SparseOutcomeVectorEnv(EpisodeSyncVectorEnv):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         self.envs = [SparseOutcome(env, success, horizon, dense=dense) for _ in range(num_envs)]
+        for copy in self.envs:  # stepped through advance(), the batch checked: no per-step wrappers
+            copy.base = bare(copy.base, copy.horizon)
         first = self.envs[0]
         self.horizon = first.horizon
         self._setup(num_envs, first.observation_space, first.action_space, dense)
@@ -297,9 +304,10 @@ def build_custom_task(
     def single(dense: bool = False, render_mode: str | None = None) -> SparseOutcome:
         return SparseOutcome(env, success, H, dense=dense, render_mode=render_mode)
 
-    def vector(
-        num_envs: int = 1, dense: bool = False, render_mode: str | None = None
-    ) -> SparseOutcomeVectorEnv:
+    def vector(num_envs: int = 1, dense: bool = False, render_mode: str | None = None) -> EpisodeVectorEnv:
+        fast = None if render_mode else batched_stock(env, success or survived, H, num_envs, dense)
+        if fast is not None:  # CartPole's NumPy dynamics: the same episodes (sppo_rl.envs.stock)
+            return fast
         return SparseOutcomeVectorEnv(
             env, success, H, num_envs=num_envs, dense=dense, render_mode=render_mode
         )

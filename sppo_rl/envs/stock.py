@@ -30,6 +30,17 @@ Hopper-v5, Walker2d-v5, Ant-v5, Humanoid-v5              survived (healthy to th
 HalfCheetah-v5, Swimmer-v5                               return >= the spec's ``reward_threshold``
                                                          (4800, 360); they never terminate
 ======================================================  =============================================
+
+Speed. The episode vector env of a Gymnasium id (:func:`sppo_rl.envs.tasks.make_episode_env`) checks a
+whole batch of actions at once and steps each copy's env under ``gymnasium.make``'s per-step wrappers
+(:func:`bare`: the passive checker, order enforcing and a time limit the horizon already applies add
+nothing a run reads). CartPole-v0 / -v1 go further: :func:`batched_stock` gives
+:class:`CartPoleStockVectorEnv`, the project's NumPy CartPole dynamics over all copies in one call (bit
+for bit ``CartPoleEnv``'s arithmetic, start states from each copy's seed as ``reset(seed=s)`` draws
+them), with the same observations, rewards, ends, ``info`` and outcomes as the copies of
+``gymnasium.make`` (a test steps both). Gymnasium's own ``CartPoleVectorEnv`` is not used: it draws
+every copy's start state from one generator, so ``reset(seed=[...])`` cannot give each copy the start
+state of its own seed, and it steps ended copies (autoreset).
 """
 
 from __future__ import annotations
@@ -42,7 +53,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
+
+from sppo_rl.envs.classic import CartPoleTask, ClassicVectorEnv
 
 Success = Callable[[np.ndarray, dict, bool, bool], Any]
 
@@ -200,3 +214,110 @@ def success_rule(spec: str) -> tuple[Success, str]:
     if ":" in spec:
         return _import(spec), spec
     raise ValueError(f"--success {spec!r}: expected one of {RULES}")
+
+
+# ----------------------------------------------------------------------------------------- speed
+
+_PER_STEP_WRAPPERS = (
+    gym.wrappers.PassiveEnvChecker,
+    gym.wrappers.OrderEnforcing,
+    gym.wrappers.TimeLimit,
+)
+
+
+def bare(env: gym.Env, horizon: int) -> gym.Env:
+    """``env`` without ``gymnasium.make``'s per-step wrappers when they change nothing an episode of at
+    most ``horizon`` steps, stepped by a vector env that checks its actions, reads: the passive checker
+    (checks once), order enforcing (reset before step, which the vector env enforces) and a
+    ``TimeLimit`` of at least ``horizon`` steps (the episode's own limit ends it first or on the same
+    step, with the same ``truncated``). Any other wrapper in the stack, or a shorter time limit, keeps
+    ``env`` as it is."""
+    inner = env
+    while isinstance(inner, gym.Wrapper):
+        if type(inner) not in _PER_STEP_WRAPPERS:
+            return env
+        if isinstance(inner, gym.wrappers.TimeLimit) and inner._max_episode_steps < horizon:
+            return env
+        inner = inner.env
+    return inner
+
+
+_CARTPOLE = "gymnasium.envs.classic_control.cartpole:CartPoleEnv"
+
+
+def batched_stock(
+    env: Any, success: Success, horizon: int, num_envs: int = 1, dense: bool = False
+) -> CartPoleStockVectorEnv | None:
+    """The batched episode env of a Gymnasium id that has one (CartPole-v0 / -v1, or any id registered
+    with ``CartPoleEnv``'s entry point and no kwargs, whose time limit is not shorter than ``horizon``),
+    else None (an id of another env, a factory, or non-default settings)."""
+    if not isinstance(env, str):
+        return None
+    module, _, name = env.rpartition(":")
+    if module:
+        importlib.import_module(module)
+    spec = gym.registry.get(name)
+    if (
+        spec is None
+        or spec.entry_point != _CARTPOLE
+        or spec.kwargs
+        or spec.additional_wrappers
+        or (spec.max_episode_steps is not None and spec.max_episode_steps < horizon)
+    ):
+        return None
+    return CartPoleStockVectorEnv(success, horizon, num_envs=num_envs, dense=dense)
+
+
+class CartPoleStock(CartPoleTask):
+    """``CartPoleEnv``'s dynamics, reset distribution and termination (``failed``), with horizon ``H``."""
+
+    name = "CartPole (stock)"
+
+    def __init__(self, horizon: int) -> None:
+        super().__init__()
+        self.horizon = int(horizon)
+
+
+class CartPoleStockVectorEnv(ClassicVectorEnv):
+    """``N`` episodes of stock CartPole judged by ``success``, stepped by the batched NumPy dynamics.
+
+    What :class:`sppo_rl.envs.custom.SparseOutcomeVectorEnv` gives over ``N`` copies of
+    ``gymnasium.make("CartPole-v1")``, step for step: observation ``(x, x_dot, theta, theta_dot)`` as
+    float32, then the time left; the base env terminates when the pole falls and truncates at ``H``; the
+    reward is ``success(obs, info, terminated, truncated)`` on the episode's last step (``info``:
+    ``base_reward`` 1.0, ``base_return`` = the steps taken), plus ``CartPoleEnv``'s reward 1.0 on every
+    step with ``dense``; ``info["failed"]`` = ended before ``H`` without success. Ended copies are frozen.
+    """
+
+    def __init__(self, success: Success, horizon: int, num_envs: int = 1, dense: bool = False) -> None:
+        self.task = CartPoleStock(horizon)  # per instance: H is the run's
+        self.success_fn = success
+        super().__init__(num_envs=num_envs, dense=dense)
+
+    def step(self, actions: Any):
+        self._check_stepping()
+        a = self._actions(actions)
+        task, H = self.task, self.horizon
+        live = ~self._done
+        new = task.step(self._state, a, self._t)
+        t = self._t + live
+        terminated = live & task.failed(new)
+        truncated = live & (t >= H)
+        ended = terminated | truncated
+        obs = task.observe(new)
+        success = np.zeros(self.num_envs, dtype=bool)
+        for i in np.flatnonzero(ended):  # the test, once per episode, as the single env calls it
+            info = {"base_reward": 1.0, "base_return": float(t[i])}
+            success[i] = bool(self.success_fn(obs[i].copy(), info, bool(terminated[i]), bool(truncated[i])))
+        rewards = success.astype(np.float64)
+        if self.dense:
+            rewards += live  # CartPoleEnv's reward: 1.0 on every step, the last one included
+        self._state = np.where(live[:, None], new, self._state)
+        self._obs[live, :-1] = obs[live]
+        self._obs[live, -1] = ((H - t[live]) / H).astype(np.float32)
+        self._t = t
+        self._done |= ended
+        self._success |= success
+        self._failed |= ended & ~success & (t < H)
+        n = self.num_envs
+        return self._obs.copy(), rewards, self._done.copy(), np.zeros(n, dtype=bool), self._info(ended)
