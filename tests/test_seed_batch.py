@@ -3,14 +3,27 @@ compute alone, bit for bit, whatever the other seeds and the stack's size."""
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+from configs import control_config
+from paths import CONTROL_TIMING, strip_timing
 
+from sppo_rl.control.config import parse_seeds
 from sppo_rl.control.networks import Actor
 from sppo_rl.control.rollout import collect_seeds
 from sppo_rl.control.stack import StackedActor, stacked_linear
+from sppo_rl.control.trainer import run_control
 from sppo_rl.envs.tasks import get_task, make_episode_env
+from sppo_rl.runtime.logging import read_metrics
 
 
 def actors(
@@ -112,3 +125,126 @@ def test_collect_seeds_gives_each_seed_its_episodes_alone(task):
         assert np.array_equal(many[k].seeds, alone.seeds)
         lengths.add(int(alone.lengths.max()))
     assert len(lengths) > 1 or task == "pendulum"  # the seeds' episodes end at different steps
+
+
+# ------------------------------------------------------------------------------------- multi-seed runs
+
+
+def _seed_files(out: Path) -> tuple[list[dict], dict, dict, dict]:
+    """A run folder's rows (timings stripped), summary (timings stripped), config and final actor."""
+    rows = strip_timing(read_metrics(out / "metrics.jsonl"), CONTROL_TIMING)
+    summary = json.loads((out / "summary.json").read_text())
+    summary = {k: v for k, v in summary.items() if k not in ("wall_time_s", "sps")}
+    config = json.loads((out / "config.json").read_text())
+    config.pop("out_dir")
+    actor = torch.load(out / "final.pt", weights_only=False)["actor"]
+    return rows, summary, config, actor
+
+
+@pytest.mark.parametrize(
+    "algo",
+    [
+        "sppo",
+        "spo",
+        "astar-po",
+        pytest.param("ppo", marks=pytest.mark.slow),
+        pytest.param("remax", marks=pytest.mark.slow),
+    ],
+)
+def test_seed_k_of_a_multi_seed_run_is_its_single_run(tmp_path, algo):
+    """``--seeds 0,3``: each seed's folder holds what ``--seed K`` alone writes (rows, summary, config but
+    the folder, final weights), bit for bit; SPO's tracker and A*-PO's V* are each seed's own."""
+    multi = control_config(tmp_path, "multi", algo=algo, seeds="0,3", total_episodes=192)
+    summary = run_control(multi)
+    assert summary["seeds"] == [0, 3] and len(summary["seed_summaries"]) == 2
+    for k in (0, 3):
+        run_control(control_config(tmp_path, f"alone-{k}", algo=algo, seed=k, total_episodes=192))
+        rows, s, config, actor = _seed_files(tmp_path / "multi" / f"seed-{k}")
+        rows1, s1, config1, actor1 = _seed_files(tmp_path / f"alone-{k}")
+        assert len(rows) == 3 and rows == rows1
+        assert s == s1 and config == config1
+        assert actor.keys() == actor1.keys() and all(torch.equal(actor[n], actor1[n]) for n in actor)
+    set_rows = read_metrics(tmp_path / "multi" / "metrics.jsonl")  # the seeds' mean per update
+    seed_rows = [read_metrics(tmp_path / "multi" / f"seed-{k}" / "metrics.jsonl") for k in (0, 3)]
+    assert [r["update"] for r in set_rows] == [1, 2, 3]
+    for i, r in enumerate(set_rows):
+        assert r["env_steps"] == sum(s[i]["env_steps"] for s in seed_rows)
+        assert r["success_rate"] == pytest.approx(np.mean([s[i]["success_rate"] for s in seed_rows]))
+
+
+def test_a_multi_seed_run_resumes_exactly(tmp_path):
+    full = control_config(tmp_path, "full", seeds="1-2", total_episodes=256, checkpoint_every=2)
+    run_control(full)
+    part = control_config(tmp_path, "part", seeds="1-2", total_episodes=128, checkpoint_every=2)
+    run_control(part)
+    run_control(replace(part, total_episodes=256, resume=True))
+    for sub in ("", "seed-1", "seed-2"):
+        a = read_metrics(tmp_path / "full" / sub / "metrics.jsonl")
+        b = read_metrics(tmp_path / "part" / sub / "metrics.jsonl")
+        assert [r["update"] for r in b] == [1, 2, 3, 4]
+        assert strip_timing(a, CONTROL_TIMING) == strip_timing(b, CONTROL_TIMING)
+    a, b = (
+        torch.load(tmp_path / x / "seed-2" / "final.pt", weights_only=False)["actor"]
+        for x in ("full", "part")
+    )
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
+
+def _multi_args(out: Path) -> list[str]:
+    return [sys.executable, "-m", "sppo_rl", "control", "--seeds", "0-1", "--task", "short-cartpole",
+            "--total-episodes", "640", "--init-from", "none", "--checkpoint-every", "1000", "--eval-every", "4",
+            "--eval-episodes", "8", "--no-progress", "--no-tensorboard", "--out-dir", str(out)]  # fmt: skip
+
+
+@pytest.mark.slow  # 60 s on 2 busy cores
+def test_a_preempted_multi_seed_run_resumes_exactly(tmp_path):
+    """SIGTERM after a few updates: every seed's checkpoint is saved, the process exits 143 saying how
+    to resume, and the resumed set's rows (the set's and each seed's) equal an uninterrupted run's."""
+    subprocess.run(_multi_args(tmp_path / "full"), check=True, capture_output=True, timeout=600)
+    part = tmp_path / "part"
+    proc = subprocess.Popen(_multi_args(part), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            if (part / "metrics.jsonl").exists() and len(read_metrics(part / "metrics.jsonl")) >= 2:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err[-2000:]
+    assert "--seeds 0-1 --resume" in err
+    assert len(read_metrics(part / "metrics.jsonl")) < 10
+    assert all(list((part / f"seed-{k}" / "checkpoints").glob("ckpt-*")) for k in (0, 1))
+    subprocess.run([*_multi_args(part), "--resume"], check=True, capture_output=True, timeout=600)
+    for sub in ("", "seed-0", "seed-1"):
+        a = read_metrics(tmp_path / "full" / sub / "metrics.jsonl")
+        b = read_metrics(part / sub / "metrics.jsonl")
+        assert [r["update"] for r in b] == list(range(1, 11)), "every update once, in order"
+        assert strip_timing(a, CONTROL_TIMING) == strip_timing(b, CONTROL_TIMING)
+        assert sum("eval_success_rate" in r for r in b) == 2
+
+
+def test_seeds_are_ranges_and_lists():
+    assert (
+        parse_seeds("0-3,7") == [0, 1, 2, 3, 7] and parse_seeds("5") == [5] and parse_seeds("2,1,2") == [2, 1]
+    )
+    for bad in ("x", "3-1", "0,,2", "-1", ""):
+        with pytest.raises(ValueError, match="--seeds"):
+            parse_seeds(bad)
+
+
+def test_bad_seeds_are_refused_in_one_line_before_any_file(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "sppo_rl", "control", "--seeds", "3-1", "--out-dir", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "--seeds" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not out.exists()
