@@ -64,9 +64,9 @@ class ControlConfig(RunConfig):
     out_dir: str = "runs/control"
     """Run folder: config.json, metrics.jsonl, tb/, checkpoints/, final.pt."""
     seeds: str | None = None
-    """Train these seeds in one process (e.g. 0-15, or 0,2,5): seed K's run, in <out_dir>/seed-K with a single
-    run's files, is exactly the run --seed K --out-dir <out_dir>/seed-K; <out_dir> holds the seeds' mean per update
-    (None: the one run of --seed)."""
+    """Train these seeds in one process (e.g. 0-15, or 0,2,5): seed K's run, in <out_dir>/seed<K> with a single
+    run's files (sppo-rl sweep's layout), is exactly the run --seed K --out-dir <out_dir>/seed<K>; <out_dir> holds
+    the seeds' mean per update (None: the one run of --seed)."""
     checkpoint_every: int = 10
     """Save a checkpoint every this many updates (and always at the end and on SIGTERM / Ctrl-C)."""
     keep_checkpoints: int = 3

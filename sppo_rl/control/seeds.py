@@ -1,7 +1,7 @@
 """``sppo-rl control --seeds 0-15``: ``S`` seeds' runs in one process, each exactly its single run.
 
 :class:`SeedRuns` holds one :class:`~sppo_rl.control.trainer.ControlRun` per seed, each built from the
-config with ``--seed K --out-dir <out>/seed-K`` (so ``<out>/seed-K`` is that single run's folder:
+config with ``--seed K --out-dir <out>/seed<K>`` (so ``<out>/seed<K>`` is that single run's folder:
 ``config.json``, ``metrics.jsonl``, ``checkpoints/``, ``final.pt``, ``summary.json``, resumable alone), and
 steps them together. One update:
 
@@ -52,8 +52,8 @@ SUMMED = ("episodes", "env_steps", "sps", "update_sps")
 
 
 def seed_config(cfg: ControlConfig, seed: int) -> ControlConfig:
-    """Seed ``seed``'s single run in the multi-seed run of ``cfg``: ``--seed seed --out-dir <out>/seed-<seed>``."""
-    return replace(cfg, seeds=None, seed=seed, out_dir=str(Path(cfg.out_dir) / f"seed-{seed}"))
+    """Seed ``seed``'s single run in the multi-seed run of ``cfg``: ``--seed seed --out-dir <out>/seed<seed>``."""
+    return replace(cfg, seeds=None, seed=seed, out_dir=str(Path(cfg.out_dir) / f"seed{seed}"))
 
 
 def mean_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -121,7 +121,7 @@ class SeedRuns:
             if behind:
                 raise RunError(
                     f"{ckpt} is update {update} but seed(s) {behind} resumed at another update: resume "
-                    "each seed alone (sppo-rl control --out-dir <out>/seed-K --resume)"
+                    "each seed alone (sppo-rl control --out-dir <out>/seed<K> --resume)"
                 )
 
         ckpt = self.ckpts.resume(load) if loop.resume else None
