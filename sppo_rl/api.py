@@ -346,8 +346,9 @@ def train_control(
     success: str | Callable[..., Any] | None = None,
     callback: Callable[[dict[str, Any]], Any] | None = None,
     **settings: Any,
-) -> Policy:
-    """Train ``algo`` on control task ``task`` and return the final :class:`Policy`.
+) -> Policy | list[Policy]:
+    """Train ``algo`` on control task ``task`` and return the final :class:`Policy` (with ``seeds``, e.g.
+    ``seeds="0-15"``: the seeds' runs in one process, and their policies in the order given).
 
     ``task``: a built-in task (``sppo-rl info``), a name added with
     :func:`~sppo_rl.envs.custom.register_custom_task`, or a Gymnasium id (``Id`` or ``module:Id``) with a
@@ -370,6 +371,14 @@ def train_control(
     settings.setdefault("out_dir", str(_new_run_dir("control", task, algo)))
     cfg = _config(ControlConfig, "train_control", {"task": task, "algo": algo, **settings})
     summary = run_control(cfg, callback=callback)
+    if cfg.seeds is not None:  # each seed's run in <out_dir>/seed<K>
+        policies = [
+            Policy.load(Path(cfg.out_dir) / f"seed{s['seed']}" / "final.pt")
+            for s in summary["seed_summaries"]
+        ]
+        for policy, s in zip(policies, summary["seed_summaries"]):
+            policy.summary = dict(s)
+        return policies
     policy = Policy.load(Path(cfg.out_dir) / "final.pt")
     policy.summary = dict(summary)
     return policy

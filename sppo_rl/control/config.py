@@ -63,6 +63,10 @@ class ControlConfig(RunConfig):
     """Initial log-std of the Gaussian policy (continuous actions, random init only)."""
     out_dir: str = "runs/control"
     """Run folder: config.json, metrics.jsonl, tb/, checkpoints/, final.pt."""
+    seeds: str | None = None
+    """Train these seeds in one process (e.g. 0-15, or 0,2,5): seed K's run, in <out_dir>/seed<K> with a single
+    run's files (sppo-rl sweep's layout), is exactly the run --seed K --out-dir <out_dir>/seed<K>; <out_dir> holds
+    the seeds' mean per update (None: the one run of --seed)."""
     checkpoint_every: int = 10
     """Save a checkpoint every this many updates (and always at the end and on SIGTERM / Ctrl-C)."""
     keep_checkpoints: int = 3
@@ -87,6 +91,7 @@ class ControlConfig(RunConfig):
             ("calibration_contexts", ge(1), ">= 1"),
             ("calibration_samples", ge(1), ">= 1"),
             ("spo_contexts", ge(1), ">= 1"),
+            ("seeds", optional(lambda v: bool(parse_seeds(v, strict=False))), "seeds such as 0-15 or 0,2,5"),
             # the LLM world's settings the shared config carries (hidden from `sppo-rl control --help`)
             (
                 "tis_cap",
@@ -95,6 +100,25 @@ class ControlConfig(RunConfig):
                 "log-probs: an sppo-rl llm setting)",
             ),
         ]
+
+
+def parse_seeds(text: str, strict: bool = True) -> list[int]:
+    """The seeds of ``--seeds``: comma-separated integers and ranges ``a-b`` (both ends included), in the
+    order given, each once: ``"0-3,7"`` -> ``[0, 1, 2, 3, 7]``. Anything else: ``ValueError`` (``strict``)
+    or ``[]``."""
+    seeds: list[int] = []
+    try:
+        for part in str(text).split(","):
+            lo, _, hi = part.strip().partition("-")
+            a, b = int(lo), int(hi) if hi else int(lo)
+            if a < 0 or b < a:
+                raise ValueError(part)
+            seeds += [k for k in range(a, b + 1) if k not in seeds]
+    except ValueError:
+        if strict:
+            raise ValueError(f"--seeds {text!r}: give seeds such as 0-15 or 0,2,5") from None
+        return []
+    return seeds
 
 
 @dataclass

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from sppo_rl.control.networks import Actor
+from sppo_rl.control.stack import StackedActor
 
 if TYPE_CHECKING:
     from sppo_rl.control.astar import ReferenceValues
@@ -76,36 +77,69 @@ def collect(
 ) -> Episodes:
     """Run one episode per sub-env of ``env`` (``env.num_envs == len(seeds)``) to its end.
 
-    Rows with ``greedy[i]`` take the argmax / mean action (ReMax's baseline rollouts, evaluation).
+    Rows with ``greedy[i]`` take the argmax / the mean action (ReMax's baseline rollouts, evaluation).
+    One seed's :func:`collect_seeds`, acting with ``actor`` itself.
     """
-    n = len(seeds)
-    if env.num_envs != n:
-        raise ValueError(f"env has {env.num_envs} sub-envs but {n} seeds were given")
+    return collect_seeds(env, _OneSeed(actor), np.asarray(seeds)[None], horizon, greedy, [generator])[0]
+
+
+class _OneSeed:
+    """An :class:`~sppo_rl.control.networks.Actor` acting as a stack of one seed (:func:`collect_seeds`)."""
+
+    def __init__(self, actor: Actor) -> None:
+        self.a, self.discrete, self.action_dim = actor, actor.discrete, actor.action_dim
+
+    def act(
+        self, obs: Tensor, greedy: Tensor | None, generators: list, active: list[bool]
+    ) -> tuple[Tensor, Tensor]:
+        a, logp = self.a.act(obs[0], greedy, generators[0])
+        return a[None], logp[None]
+
+
+@torch.no_grad()
+def collect_seeds(
+    env,
+    actor: StackedActor | _OneSeed,
+    seeds: np.ndarray,
+    horizon: int,
+    greedy: np.ndarray | None = None,
+    generators: list[torch.Generator | None] | None = None,
+) -> list[Episodes]:
+    """:func:`collect` for ``S`` seeds at once: ``seeds [S, n]`` are seed ``k``'s reset seeds in row ``k``,
+    run in sub-envs ``k n .. (k + 1) n - 1`` of ``env`` (``S n`` sub-envs), acted on by ``actor`` (a
+    :class:`~sppo_rl.control.stack.StackedActor`) with ``generators[k]``; ``greedy [n]`` marks the same
+    rows in every seed. A seed acts, drawing from its generator, only while one of its episodes runs, so
+    seed ``k``'s :class:`Episodes` (item ``k``) and its generator's state afterwards are those it gets
+    collecting alone (a stack of one)."""
+    S, n = seeds.shape
+    if env.num_envs != S * n:
+        raise ValueError(f"env has {env.num_envs} sub-envs but {S * n} seeds were given")
+    gens = list(generators) if generators is not None else [None] * S
     greedy_np = np.zeros(n, dtype=bool) if greedy is None else np.asarray(greedy, dtype=bool)
     greedy_t = torch.from_numpy(greedy_np)
     any_greedy = bool(greedy_np.any())
-    obs_np, _ = env.reset(seed=[int(s) for s in seeds])
+    obs_np, _ = env.reset(seed=[int(s) for s in seeds.reshape(-1)])
     obs_dim = obs_np.shape[1]
-    obs_buf = torch.zeros(horizon, n, obs_dim)
+    obs_buf = torch.zeros(horizon, S, n, obs_dim)
     act_buf = (
-        torch.zeros(horizon, n, dtype=torch.long)
+        torch.zeros(horizon, S, n, dtype=torch.long)
         if actor.discrete
-        else torch.zeros(horizon, n, actor.action_dim)
+        else torch.zeros(horizon, S, n, actor.action_dim)
     )
-    logp_buf = torch.zeros(horizon, n)
-    rew_buf = torch.zeros(horizon, n)
-    active = np.ones(n, dtype=bool)
-    lengths = np.zeros(n, dtype=np.int64)
-    success = np.zeros(n, dtype=np.float32)
-    t = 0
+    logp_buf = torch.zeros(horizon, S, n)
+    rew_buf = torch.zeros(horizon, S, n)
+    active = np.ones(S * n, dtype=bool)
+    lengths = np.zeros(S * n, dtype=np.int64)
+    success = np.zeros(S * n, dtype=np.float32)
     for t in range(horizon):
-        obs_t = torch.from_numpy(np.asarray(obs_np, dtype=np.float32))
+        obs_t = torch.from_numpy(np.asarray(obs_np, dtype=np.float32)).view(S, n, obs_dim)
         obs_buf[t] = obs_t
-        a, logp = actor.act(obs_t, greedy_t if any_greedy else None, generator)
+        running = active.reshape(S, n).any(1).tolist()
+        a, logp = actor.act(obs_t, greedy_t if any_greedy else None, gens, running)
         act_buf[t] = a
         logp_buf[t] = logp
-        obs_np, rew, term, trunc, info = env.step(a.numpy())
-        rew_buf[t] = torch.from_numpy(np.where(active, rew, 0.0).astype(np.float32))
+        obs_np, rew, term, trunc, info = env.step(a.reshape(S * n, *a.shape[2:]).numpy())
+        rew_buf[t] = torch.from_numpy(np.where(active, rew, 0.0).astype(np.float32)).view(S, n)
         lengths += active
         ended = active & (np.asarray(term) | np.asarray(trunc))
         if ended.any():
@@ -115,20 +149,26 @@ def collect(
                 break
     if active.any():
         raise RuntimeError(f"{int(active.sum())} episode(s) did not end within the horizon {horizon}")
-    T = int(lengths.max())
-    lengths_t = torch.from_numpy(lengths)
-    valid = (torch.arange(T)[None, :] < lengths_t[:, None]).float()  # [N, T]; padding is zeroed below
-    actions = act_buf[:T].transpose(0, 1)
-    return Episodes(
-        obs=obs_buf[:T].transpose(0, 1) * valid[..., None],
-        actions=actions * (valid if actor.discrete else valid[..., None]).to(actions.dtype),
-        logp=logp_buf[:T].transpose(0, 1) * valid,
-        rewards=rew_buf[:T].transpose(0, 1) * valid,
-        lengths=lengths_t,
-        success=torch.from_numpy(success),
-        seeds=np.asarray(seeds),
-        greedy=greedy_t,
-    )
+    lengths_t = torch.from_numpy(lengths).view(S, n)
+    success_t = torch.from_numpy(success).view(S, n)
+    out = []
+    for k in range(S):
+        T = int(lengths_t[k].max())
+        valid = (torch.arange(T)[None, :] < lengths_t[k][:, None]).float()  # [n, T]; padding is zeroed below
+        actions = act_buf[:T, k].transpose(0, 1)
+        out.append(
+            Episodes(
+                obs=obs_buf[:T, k].transpose(0, 1) * valid[..., None],
+                actions=actions * (valid if actor.discrete else valid[..., None]).to(actions.dtype),
+                logp=logp_buf[:T, k].transpose(0, 1) * valid,
+                rewards=rew_buf[:T, k].transpose(0, 1) * valid,
+                lengths=lengths_t[k].clone(),
+                success=success_t[k].clone(),
+                seeds=np.asarray(seeds[k]),
+                greedy=greedy_t,
+            )
+        )
+    return out
 
 
 @dataclass(frozen=True)

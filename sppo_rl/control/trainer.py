@@ -40,8 +40,9 @@ from sppo_rl.control.config import ControlConfig
 from sppo_rl.control.evaluate import success_rate
 from sppo_rl.control.networks import CRITICS, Actor
 from sppo_rl.control.plan import resolve
-from sppo_rl.control.rollout import Episodes, Rollout, collect, start_states
+from sppo_rl.control.rollout import Episodes, Rollout, collect_seeds, start_states
 from sppo_rl.control.spo import StartStates
+from sppo_rl.control.stack import StackedActor
 from sppo_rl.control.summary import headline, summary_of, write_exports
 from sppo_rl.runtime.checkpoint import CheckpointManager, check_written_by, read_meta, torch_load, torch_save
 from sppo_rl.runtime.logging import start_logging
@@ -81,7 +82,10 @@ class ControlRun:
     (:class:`RunState`). ``run()`` trains to the budget and returns the summary; each :meth:`update`
     collects (:meth:`collect_rollouts`), then trains (:meth:`train`)."""
 
-    def __init__(self, cfg: ControlConfig) -> None:
+    def __init__(self, cfg: ControlConfig, env: Any = None) -> None:
+        """``env``: the vector env to collect in (None: its own, of ``episodes_per_update`` plus the greedy
+        episodes' sub-envs); a multi-seed run (:mod:`sppo_rl.control.seeds`) collects for its seeds itself
+        and gives each one env of that size for A*-PO's stage 1."""
         from sppo_rl.envs.tasks import make_episode_env
 
         self.plan = plan = resolve(cfg)
@@ -125,9 +129,10 @@ class ControlRun:
             else None
         )
         r = plan.resolved
-        self.env = make_episode_env(
+        self.env = env or make_episode_env(
             self.spec, num_envs=r.episodes_per_update + r.greedy_per_update, dense=plan.dense
         )
+        self._own_env = env is None
         self._eval_env = None
 
         # randomness: start states, action sampling, minibatch order
@@ -214,19 +219,43 @@ class ControlRun:
         rollout = self.collect_rollouts()
         t_collect = time.perf_counter() - t0
         lr, metrics = self.train(rollout)
-        dt = time.perf_counter() - t0
+        return self.record(rollout, lr, metrics, t_collect, time.perf_counter() - t0)
+
+    def record(
+        self, rollout: Rollout, lr: float, metrics: dict[str, Any], t_collect: float, dt: float
+    ) -> dict[str, Any]:
+        """The counters move on by the update that collected ``rollout`` in ``t_collect`` of its ``dt``
+        seconds; returns its metrics row (:func:`update_row`)."""
         self.state = self.state.after(self.plan.resolved.episodes_per_update, rollout.env_steps, dt)
         return update_row(self.state, rollout, lr, metrics, t_collect, dt)
 
     # ------------------------------------------------------------------------------------- collect
 
+    def draw(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
+        """The update's start states: reset seeds, group ids, greedy flags and SPO's pool indices
+        (:func:`~sppo_rl.control.rollout.start_states`, from this run's ``seed_rng``)."""
+        return start_states(self.plan.resolved, self.seed_rng, self.spo or self.astar)
+
     def collect_rollouts(self) -> Rollout:
-        """Draw the update's start states (:func:`~sppo_rl.control.rollout.start_states`) and run every
-        episode to its end (:func:`~sppo_rl.control.rollout.collect`)."""
-        r = self.plan.resolved
-        seeds, groups, greedy, contexts = start_states(r, self.seed_rng, self.spo or self.astar)
+        """Draw the update's start states (:meth:`draw`) and run every episode to its end, acting
+        through the stack of one actor (:func:`~sppo_rl.control.rollout.collect_seeds`: the numbers a
+        multi-seed run gives this seed)."""
+        seeds, groups, greedy, contexts = self.draw()
         self.actor.eval()
-        ep_all = collect(self.env, self.actor, seeds, r.horizon, greedy, self.sample_gen)
+        (ep_all,) = collect_seeds(
+            self.env,
+            StackedActor([self.actor]),
+            seeds[None],
+            self.plan.resolved.horizon,
+            greedy,
+            [self.sample_gen],
+        )
+        return self.rollout(ep_all, groups, contexts)
+
+    def rollout(self, ep_all: Episodes, groups: np.ndarray, contexts: list[int]) -> Rollout:
+        """The update's :class:`~sppo_rl.control.rollout.Rollout` of the episodes collected from
+        :meth:`draw`'s start states (the sampled ones first, then ReMax's greedy ones)."""
+        r = self.plan.resolved
         n = r.episodes_per_update
         return Rollout(
             episodes=ep_all.rows(torch.arange(n)),
@@ -409,7 +438,8 @@ class ControlRun:
 
     def close(self) -> None:
         self.logger.close()
-        self.env.close()
+        if self._own_env:
+            self.env.close()
         unlock_run_dir(self.out)
 
 
@@ -441,10 +471,14 @@ def update_row(
 
 def run_control(cfg: ControlConfig, callback: Any = None, command: bool = False) -> dict[str, Any]:
     """Entry point of ``sppo-rl control``; ends with the headline numbers and where to look next.
-    ``callback(row) -> False`` stops the run after that update (:func:`~sppo_rl.runtime.loop.run_loop`)."""
-    run = ControlRun(cfg)
+    ``callback(row) -> False`` stops the run after that update (:func:`~sppo_rl.runtime.loop.run_loop`).
+    With ``cfg.seeds``, every seed's run in one process (:class:`~sppo_rl.control.seeds.SeedRuns`)."""
+    from sppo_rl.control.seeds import SeedRuns, seeds_headline
+
+    run = ControlRun(cfg) if cfg.seeds is None else SeedRuns(cfg, ControlRun)
     started = time.monotonic()
     summary = run.run(callback)
     seconds = time.monotonic() - started
-    announce(run.out, headline(summary), run.plan.loop.tensorboard, command=command, loop_seconds=seconds)
+    line = headline(summary) if cfg.seeds is None else seeds_headline(summary)
+    announce(run.out, line, run.plan.loop.tensorboard, command=command, loop_seconds=seconds)
     return summary

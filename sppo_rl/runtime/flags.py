@@ -58,7 +58,7 @@ HELP_LAYOUT: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
     ],
     "control": [
         (COMMON, "", ("algo", "task", "total_episodes", "out_dir", "recipe", "recipe_file", "trust_recipe", "init_from", "dense",
-                      "seed")),
+                      "seed", "seeds")),
         ("environment", "The task's success test, batch and networks.", (
             "success", "episodes_per_update", "group_size", "hidden_sizes", "activation", "normalize_obs",
             "log_std_init", "spo_contexts")),

@@ -1,0 +1,94 @@
+"""Throughput of seeds as a batch dimension: ``S`` seeds in one process (``sppo-rl control --seeds``).
+
+For each ``S`` in ``--sizes``, a multi-seed run of ``S`` seeds (:class:`~sppo_rl.control.seeds.SeedRuns`)
+does ``--updates`` updates; the sizes take turns (A/B alternated, ``--repeats`` rounds, so each size is
+timed more than once: the spread of a size's own rounds is its A/A null). Printed per round and size:
+``set_sps``, the env steps per second of all ``S`` seeds together (what a CPU-second buys), ``seed_sps``
+(``set_sps / S``, one seed's progress), and the seconds of one seed-update spent collecting (the set's
+collection over ``S``) and training; then a JSON line with each size's median ``set_sps`` and its ratio
+to the first size's.
+
+    python scripts/bench_seeds.py --sizes 1 4 16 --updates 3 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from sppo_rl.control.config import ControlConfig
+from sppo_rl.control.seeds import SeedRuns
+from sppo_rl.control.trainer import ControlRun
+
+
+def one(size: int, args: argparse.Namespace, root: Path) -> dict[str, float]:
+    cfg = ControlConfig(
+        task=args.task,
+        algo=args.algo,
+        seeds=f"0-{size - 1}",
+        total_episodes=10**6,
+        out_dir=str(root / f"s{size}-{time.monotonic_ns()}"),
+        progress=False,
+        tensorboard=False,
+        eval_episodes=0,
+        checkpoint_every=10**6,
+        init_from=args.init_from,
+    )
+    run = SeedRuns(cfg, ControlRun)
+    try:
+        steps, seconds, collect, before = 0, 0.0, 0.0, 0
+        for _ in range(args.updates):
+            t0 = time.perf_counter()
+            row = run.update()
+            dt = time.perf_counter() - t0
+            steps, seconds, before = steps + row["env_steps"] - before, seconds + dt, row["env_steps"]
+            collect += row["seed_rows"][0]["collect_frac"] * dt
+    finally:
+        run.close()
+    return {
+        "set_sps": steps / seconds,
+        "seed_sps": steps / seconds / size,
+        "collect_s_per_seed_update": collect / args.updates / size,
+        "train_s_per_seed_update": (seconds - collect) / args.updates / size,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--updates", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--task", default="precision-cartpole")
+    p.add_argument("--algo", default="ppo")
+    p.add_argument("--init-from", default="auto")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    results: dict[int, list[dict[str, float]]] = {s: [] for s in args.sizes}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.repeats):
+            for size in args.sizes if r % 2 == 0 else reversed(args.sizes):
+                m = one(size, args, Path(tmp))
+                results[size].append(m)
+                print(
+                    f"round {r} S={size:3d}: " + ", ".join(f"{k} {v:.4g}" for k, v in m.items()), flush=True
+                )
+    base = statistics.median(m["set_sps"] for m in results[args.sizes[0]])
+    out = {
+        str(s): {
+            "set_sps": statistics.median(m["set_sps"] for m in ms),
+            "rounds": [round(m["set_sps"]) for m in ms],
+            "ratio_to_first": statistics.median(m["set_sps"] for m in ms) / base,
+        }
+        for s, ms in results.items()
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
