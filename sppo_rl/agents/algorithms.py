@@ -92,7 +92,8 @@ SAO_DEFAULTS: dict[str, Any] = {
 }
 """SAO (Single-rollout Asynchronous Optimization, arXiv 2607.07508) as its paper's math runs set it: the
 DIS trust region ``(1 - 0.3, 1 + 5)`` (Sec. 3.1; its SWE-Bench runs use ``0.8 / 3``), the critic's GAE
-lambda 1 and the actor's length-adaptive ``lambda = 1 - 1 / (1.5 l)`` (Sec. 3.2). The asynchrony is the
+lambda 1 and the actor's length-adaptive ``lambda = 1 - 1 / (1.5 l)``, as the implementations that
+cite the paper read it (docs/algorithms.md "SAO": the paper's text was not reachable). The asynchrony is the
 LLM world's ``--max-staleness`` with ``--off-policy behaviour`` (docs/algorithms.md "SAO")."""
 
 CRF_NTF_DEFAULTS: dict[str, Any] = {"clip": 0.2, "clip_high": 10.0, "agg": "seq-mean-token-mean"}

@@ -120,8 +120,8 @@ def policy_loss(
     aggregation's denominator. Its gradient ``f(r) A grad log pi`` equals that of ``f(r) A`` with the ratio
     differentiated. Worked example: ratios ``[0.5, 0.8, 2.0, 7.0]``, ``A = 1``, ``clip_low = 0.3``,
     ``clip_high = 5`` (the region ``(0.7, 6)``): ``f = [0, 0.8, 2, 0]``, so under ``token-mean``
-    ``d loss / d logp = [0, -0.2, -0.5, 0]`` (PPO gives ``[-0.125, -0.2, -0.5, 0]``: it keeps the low ratio of a positive advantage; CISPO
-    ``[-0.125, -0.2, -0.5, -1.5]``).
+    ``d loss / d logp = [0, -0.2, -0.5, 0]`` (PPO gives ``[-0.125, -0.2, -0.5, 0]``: it keeps the low
+    ratio of a positive advantage; CISPO ``[-0.125, -0.2, -0.5, -1.5]``).
     ``weights`` (no gradient; e.g. truncated importance weights ``min(pi_old / mu, C)`` against the
     sampler's own log-probs ``mu``) multiply each position's loss.
     Returns ``(agg_loss(l), metrics)``; metrics: ``clipfrac`` (fraction of valid positions where the
