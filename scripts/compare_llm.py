@@ -202,13 +202,13 @@ def run_sets() -> dict[str, list[tuple[str, list[str]]]]:
             ("spo", ["--algo", "spo"]),
             ("astar-po", ["--algo", "astar-po"]),
             ("opo-batch", ["--algo", "opo-batch"]),
-            (
-                "reinforce-batch",
-                ["--algo", "reinforce", "--whiten"],
-            ),  # A = (R - mean R) / sd R over the batch
+            # REINFORCE with a batch baseline: A = (R - mean R) / sd R over the batch
+            ("reinforce-batch", ["--algo", "reinforce", "--whiten"]),
+            ("sao", ["--algo", "sao"]),
+            ("crf-ntf", ["--algo", "crf-ntf"]),
             *[
                 (f"{name}-{n}", ["--algo", name, "--group-size", str(n), "--prompts-per-step", SAME_SAMPLES])
-                for name, n in (("shrinkage", 4), ("grpo", 4), ("grpo", 8))
+                for name, n in (("shrinkage", 4), ("v05", 4), ("grpo", 4), ("grpo", 8))
             ],
         ],
         "all": list(ALL),
