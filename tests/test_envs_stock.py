@@ -121,3 +121,31 @@ def test_batched_stock_only_for_cartpole_as_registered():
         assert batched_stock("sppo_test/SuttonCartPole-v0", survived, 500) is None, "non-default settings"
     finally:
         del gym.registry["sppo_test/SuttonCartPole-v0"]
+
+
+def test_a_stock_cartpole_run_logs_what_it_logs_on_gymnasium_make_copies(tmp_path, monkeypatch):
+    """Training end to end: PPO from scratch on CartPole-v1 (dense) logs the same metrics rows, every value
+    but the timings, on the batched env as on ``gymnasium.make`` copies with every wrapper on."""
+    from paths import CONTROL_TIMING, strip_timing
+
+    from sppo_rl import api
+    from sppo_rl.envs import custom
+    from sppo_rl.runtime.logging import read_metrics
+
+    settings = dict(
+        dense=True, init_from="none", episodes_per_update=16, total_episodes=48, eval_episodes=0, seed=3
+    )
+    settings.update(progress=False, tensorboard=False)
+    fast = api.train_control("CartPole-v1", "ppo", out_dir=str(tmp_path / "fast"), **settings)
+    made: list = []
+
+    def plain(env, *args, **kwargs):  # gymnasium.make's copies, wrappers kept
+        made.append(env)
+        return None
+
+    monkeypatch.setattr(custom, "batched_stock", plain)
+    monkeypatch.setattr(custom, "bare", lambda env, horizon: env)
+    slow = api.train_control("CartPole-v1", "ppo", out_dir=str(tmp_path / "plain"), **settings)
+    assert made, "the plain run asked for no batched env"
+    rows = [strip_timing(read_metrics(p.run_dir / "metrics.jsonl"), CONTROL_TIMING) for p in (fast, slow)]
+    assert len(rows[0]) == 3 and rows[0] == rows[1]

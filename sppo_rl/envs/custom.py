@@ -28,8 +28,9 @@ warm-start pipeline; the outcome is unchanged).
 
 :class:`SparseOutcomeVectorEnv` runs ``N`` copies in episode mode (autoreset disabled, ended copies
 frozen until ``reset``, ``reset(seed=[...])`` one seed per copy), as :func:`sppo_rl.envs.tasks.make_episode_env`
-gives for the built-in tasks. :func:`register_custom_task` adds a :class:`~sppo_rl.envs.tasks.TaskSpec`
-under a name, so ``sppo_rl.train_control(task=name)``, ``ControlConfig(task=name)`` and
+gives for the built-in tasks (a CartPole id's task gets the batched
+:class:`~sppo_rl.envs.stock.CartPoleStockVectorEnv` instead: the same episodes).
+:func:`register_custom_task` adds a :class:`~sppo_rl.envs.tasks.TaskSpec` under a name, so ``sppo_rl.train_control(task=name)``, ``ControlConfig(task=name)`` and
 ``make_episode_env(name)`` work in this process; a stock Gymnasium id (``CartPole-v1``) is registered
 with its shipped test on first use, so it also works on the command line. Observations must be a flat ``Box``
 and actions ``Discrete`` or a flat ``Box`` (wrap others, e.g. ``gymnasium.wrappers.FlattenObservation``).
