@@ -15,7 +15,8 @@ pass (forward and backward of a 4-64-64-2 actor's log-probs and entropy and of a
 over ``--sizes[-1]`` seeds' minibatches of each of ``--rows`` rows per seed, stacked (``torch.baddbmm`` over
 weights ``torch.stack``-ed from the seeds' own; every seed has the same rows, so nothing is padded) against
 seed by seed (each seed's own ``Actor.logp_entropy`` and ``StepCritic``), alternated; milliseconds per pass
-of all seeds, one number per round.
+of all seeds, one number per round. ``--padding``: which of ``--rows`` rows' gradients change when zero-
+gradient rows are padded after them (why a stacked update of seeds with different row counts is not exact).
 """
 
 from __future__ import annotations
@@ -120,6 +121,34 @@ def train_pass(args: argparse.Namespace) -> None:
         )
 
 
+def padding(args: argparse.Namespace) -> None:
+    """Whether a ``baddbmm`` layer's weight and bias gradients over ``M`` rows stay the same, bit for bit,
+    with ``P`` zero-gradient rows padded after them (what an exact stacked update of seeds with different
+    row counts would need)."""
+    g = torch.Generator().manual_seed(0)
+
+    def grads(x: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        w = torch.zeros(1, dy.shape[-1], x.shape[-1], requires_grad=True)
+        b = torch.zeros(1, dy.shape[-1], requires_grad=True)
+        torch.baddbmm(b[:, None], x, w.transpose(1, 2)).backward(dy)
+        assert w.grad is not None and b.grad is not None
+        return w.grad, b.grad
+
+    for d_in, d_out in ((4, 64), (64, 64), (64, 2)):
+        changed = []
+        for m in args.rows:
+            for pad in (1, 7, 64, 700):
+                x, dy = torch.randn(1, m, d_in, generator=g), torch.randn(1, m, d_out, generator=g)
+                w, b = grads(x, dy)
+                xp = torch.cat([x, torch.randn(1, pad, d_in, generator=g)], 1)
+                wp, bp = grads(xp, torch.cat([dy, torch.zeros(1, pad, d_out)], 1))
+                if not (torch.equal(w, wp) and torch.equal(b, bp)):
+                    changed.append(
+                        {"rows": m, "pad": pad, "weight": torch.equal(w, wp), "bias": torch.equal(b, bp)}
+                    )
+        print(json.dumps({"layer": f"{d_in}->{d_out}", "changed_by_padding": changed}))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 16])
@@ -130,10 +159,14 @@ def main() -> None:
     p.add_argument("--init-from", default="auto")
     p.add_argument("--train-pass", action="store_true")
     p.add_argument("--rows", type=int, nargs="+", default=[200, 800, 3200])
+    p.add_argument("--padding", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(1)
     if args.train_pass:
         train_pass(args)
+        return
+    if args.padding:
+        padding(args)
         return
     results: dict[int, list[dict[str, float]]] = {s: [] for s in args.sizes}
     with tempfile.TemporaryDirectory() as tmp:

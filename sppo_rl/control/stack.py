@@ -22,8 +22,9 @@ critic, forward + backward, one thread, alternated on a busy 2-core machine: ``p
 scripts/bench_seeds.py --train-pass --sizes 16 --repeats 4``) took 19-27 / 66-79 / 197-235 ms against the
 seed-by-seed loop's 35-58 / 66-91 / 166-212 ms at 200 / 800 / 3200 rows per seed: it pays only for small
 minibatches (short episodes), and there it cannot be exact, since the seeds' rows differ in number and
-padding them to the longest changed the weight gradients' sums (``M = 300`` with any padding; the bias
-sums at ``M = 517``). Acting is where a stack pays at every size: a step's 64 rows per seed are too few
+padding them to the longest changes the weight gradients' sums (at 300 rows, 7, 64 or 700 rows of padding
+changed the weight gradient of each 64-wide layer: ``python scripts/bench_seeds.py --padding --rows 64
+100 300 517 1000``). Acting is where a stack pays at every size: a step's 64 rows per seed are too few
 for one seed's kernels to amortise their overhead.
 """
 
