@@ -84,7 +84,7 @@ def test_stacked_actor_samples_each_seed_from_its_own_generator(discrete, obs_di
     assert torch.equal(gens[1].get_state(), torch.Generator().manual_seed(101).get_state())  # untouched
 
 
-@pytest.mark.parametrize("task", ["precision-cartpole", "pendulum"])
+@pytest.mark.parametrize("task", ["precision-cartpole", "pendulum", "CartPole-v1"])
 def test_collect_seeds_gives_each_seed_its_episodes_alone(task):
     """Seed k's episodes from a 4-seed collection (its start states, its generator) equal those it
     collects alone (a stack of one): same observations, actions, log-probs, rewards, lengths, outcomes."""

@@ -17,14 +17,15 @@ independent of ``S``. What the kernels give, measured on this CPU build (torch 2
   seed (exact, ``S`` small calls).
 
 Training is not stacked: each seed trains with its own modules, optimisers and the shared learner, as
-the single run does (exact by construction). Measured (16 seeds, 4-64-64-2 actor and step critic,
-forward + backward of one minibatch, one thread, A/B alternated on a busy 2-core machine,
-``/tmp/bench_train.py`` of the session): stacked ``baddbmm`` 46 / 122 / 411 ms against the seed-by-seed
-loop's 49 / 95 / 314 ms at 200 / 800 / 3200 rows per seed: batching the seeds wins nothing where the
-rows are many (the element work is the same; ``bmm``'s backward is slower than ``mm``'s), and padding
-the seeds' rows to the longest changed the weight gradients' reductions (``M = 300``: any padding;
-bias sums at ``M = 517``), so a stacked update could not be exact. Acting is where a stack pays: a
-step's 64 rows per seed are too few for one seed's kernels to amortise their overhead.
+the single run does (exact by construction). A stacked training pass (16 seeds, 4-64-64-2 actor and step
+critic, forward + backward, one thread, alternated on a busy 2-core machine: ``python
+scripts/bench_seeds.py --train-pass --sizes 16 --repeats 4``) took 19-27 / 66-79 / 197-235 ms against the
+seed-by-seed loop's 35-58 / 66-91 / 166-212 ms at 200 / 800 / 3200 rows per seed: it pays only for small
+minibatches (short episodes), and there it cannot be exact, since the seeds' rows differ in number and
+padding them to the longest changes the weight gradients' sums (at 300 rows, 7, 64 or 700 rows of padding
+changed the weight gradient of each 64-wide layer: ``python scripts/bench_seeds.py --padding --rows 64
+100 300 517 1000``). Acting is where a stack pays at every size: a step's 64 rows per seed are too few
+for one seed's kernels to amortise their overhead.
 """
 
 from __future__ import annotations

@@ -475,10 +475,11 @@ def run_control(cfg: ControlConfig, callback: Any = None, command: bool = False)
     With ``cfg.seeds``, every seed's run in one process (:class:`~sppo_rl.control.seeds.SeedRuns`)."""
     from sppo_rl.control.seeds import SeedRuns, seeds_headline
 
-    run = ControlRun(cfg) if cfg.seeds is None else SeedRuns(cfg, ControlRun)
+    multi = cfg.seeds is not None  # read before planning: after it, the run reads only the plan
+    run = SeedRuns(cfg, ControlRun) if multi else ControlRun(cfg)
     started = time.monotonic()
     summary = run.run(callback)
     seconds = time.monotonic() - started
-    line = headline(summary) if cfg.seeds is None else seeds_headline(summary)
+    line = seeds_headline(summary) if multi else headline(summary)
     announce(run.out, line, run.plan.loop.tensorboard, command=command, loop_seconds=seconds)
     return summary

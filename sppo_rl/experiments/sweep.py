@@ -53,7 +53,17 @@ from sppo_rl.experiments.config import SweepConfig
 from sppo_rl.runtime.files import atomic_write_text
 
 # ControlConfig fields the sweep sets itself (not allowed in --overrides)
-SWEEP_OWNED = {"algo", "task", "seed", "total_episodes", "out_dir", "resume", "overwrite", "progress"}
+SWEEP_OWNED = {
+    "algo",
+    "task",
+    "seed",
+    "seeds",
+    "total_episodes",
+    "out_dir",
+    "resume",
+    "overwrite",
+    "progress",
+}
 # ControlConfig fields that change no result: a run folder may have been made with other values of these
 BOOKKEEPING = {
     "out_dir",
