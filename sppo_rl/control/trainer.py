@@ -38,7 +38,7 @@ from sppo_rl.control.actor_files import load_actor_file
 from sppo_rl.control.astar import ReferenceValues
 from sppo_rl.control.config import ControlConfig
 from sppo_rl.control.evaluate import success_rate
-from sppo_rl.control.networks import CRITICS, Actor
+from sppo_rl.control.networks import CRITICS, Actor, StepCritic
 from sppo_rl.control.plan import resolve
 from sppo_rl.control.rollout import Episodes, Rollout, collect_seeds, start_states
 from sppo_rl.control.spo import StartStates
@@ -328,8 +328,19 @@ class ControlRun:
         return logp_entropy
 
     def _critic_fn(self, ep: Episodes):
-        """``(rows, T) -> values``: the critic on the episodes' observations (its own kind decides which)."""
-        return lambda rows, T: self.critic.values(ep.obs[rows, :T])
+        """``(rows, T) -> values``: the critic on the episodes' observations, its own kind deciding which:
+        a per-step critic on valid steps only (0 on padding, as the actor's log-probs), a start-state
+        critic on the first step."""
+        critic = self.critic
+        if not isinstance(critic, StepCritic):
+            return lambda rows, T: critic.values(ep.obs[rows, :T])
+
+        def values(rows: Tensor, T: int) -> Tensor:
+            valid = ep.mask[rows, :T] > 0
+            v = critic(ep.obs[rows, :T][valid])
+            return torch.zeros(valid.shape, dtype=v.dtype).masked_scatter(valid, v)
+
+        return values
 
     def _schedule_lr(self) -> float:
         """Set both optimizers' learning rates for the update about to run (``--lr-schedule``, from the
