@@ -198,13 +198,18 @@ def test_one_checkpoint_by_default_its_weights_stored_once_and_resume_is_bit_ide
     final = tmp_path / "whole" / "final" / "actor" / "model.safetensors"
     assert final.samefile(ckpt6 / "actor" / "model.safetensors")
     assert len(_weight_files(tmp_path / "whole")) == 1
-    assert "module" not in torch.load(ckpt6 / "actor" / "engine.pt", weights_only=True)
+    critic = tmp_path / "whole" / "final" / "critic"
+    assert (critic / "model.safetensors").samefile(ckpt6 / "critic" / "model.safetensors")
+    assert (critic / "value_head.safetensors").samefile(ckpt6 / "critic" / "value_head.safetensors")
+    for part in ("actor", "critic"):
+        assert "module" not in torch.load(ckpt6 / part / "engine.pt", weights_only=True)
     # killed after the export, before summary.json: the resumed run exports again into new files
     (tmp_path / "whole" / "summary.json").unlink()
     run_llm(_cfg(tmp_path, llama, "whole", resume=True, **kw))
     assert CheckpointManager(ckpt6.parent).verify(ckpt6) and final.samefile(
         ckpt6 / "actor" / "model.safetensors"
     )
+    assert (critic / "model.safetensors").samefile(ckpt6 / "critic" / "model.safetensors")
     rows = read_metrics(tmp_path / "whole" / "metrics.jsonl")
     assert any(
         r.get("actor_skipped") == 0 for r in rows

@@ -159,6 +159,16 @@ class _ValueHeadModel(nn.Module):
             tokenizer.save_pretrained(folder)
         return folder
 
+    def load_saved(self, folder: str | os.PathLike) -> None:
+        """Load back, exactly, the tensors :meth:`save_pretrained` wrote to ``folder`` (a checkpoint's
+        critic: the backbone's ``model*.safetensors`` and :data:`HEAD_WEIGHTS`); a backbone file of another
+        model raises ``RuntimeError`` (``load_state_dict``, strict)."""
+        folder, backbone = Path(folder), {}
+        for file in sorted(folder.glob("model*.safetensors")):
+            backbone.update(load_file(str(file)))
+        self.backbone.load_state_dict(backbone)
+        self.head.load_state_dict(load_file(str(folder / HEAD_WEIGHTS)))
+
     @classmethod
     def from_pretrained(
         cls,

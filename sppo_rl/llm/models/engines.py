@@ -218,15 +218,16 @@ class HFTorchEngine(CoreTorchEngine):
     def save(self, folder: Path, optimizer: bool = True) -> None:
         """``engine.pt``: unless ``optimizer`` is false the optimizer's state (AdamW: two tensors per
         weight), and the module's: with LoRA its trainable tensors only; a transformers model's weights
-        as its ``save_pretrained`` writes them (``model.safetensors`` and its ``config.json`` beside
+        (or a critic's, :meth:`~sppo_rl.llm.models.critic._ValueHeadModel.load_saved`) as its
+        ``save_pretrained`` writes them (``model.safetensors`` and its ``config.json`` beside
         ``engine.pt``: the very bytes of the final export, which then links to them,
         :func:`~sppo_rl.runtime.checkpoint.link_identical`); else its whole state."""
         folder.mkdir(parents=True, exist_ok=True)
         state: dict[str, Any] = {"trainable_only": self.lora}
         if self.lora:
             state["module"] = self._trainable()
-        elif isinstance(self.module, PreTrainedModel):
-            self.module.save_pretrained(folder)
+        elif isinstance(self.module, PreTrainedModel) or hasattr(self.module, "load_saved"):
+            self.module.save_pretrained(folder)  # a critic: its backbone's folder and its head
             follow_umask(folder)  # safetensors' files are private (0600)
             state["weights"] = "save_pretrained"
         else:
@@ -252,6 +253,8 @@ class HFTorchEngine(CoreTorchEngine):
             self.module.load_state_dict(state["module"], strict=False)
         elif "module" in state:
             self.module.load_state_dict(state["module"])
+        elif hasattr(self.module, "load_saved"):
+            self.module.load_saved(folder)
         else:
             load_pretrained_weights(self.module, folder)
         if "optimizer" in state:  # absent: saved without it (--no-optimizer-state); fresh moments

@@ -24,11 +24,12 @@ def export(folder: Path, m: Models, plan: Plan, dist: Dist, ckpt: Path | None = 
     """``folder/actor`` (with ``prompt_format.json``: the run's chat template, system prompt and
     instruction), ``folder/critic`` and ``folder/actor-adapter`` of the run's models ``m``
     (:class:`~sppo_rl.llm.build.Models`); all ranks call this (ZeRO-3 gathers the weights), rank 0 writes.
-    ``ckpt``: the checkpoint of the same weights (the run's last): the actor's weight files it holds in
-    the same bytes are hard links to its own (:func:`~sppo_rl.runtime.checkpoint.link_identical`), stored
+    ``ckpt``: the checkpoint of the same weights (the run's last): the actor's and the critic's weight
+    files it holds in the same bytes are hard links to its own (:func:`~sppo_rl.runtime.checkpoint.link_identical`), stored
     once."""
-    if dist.main:
-        unshare(folder / "actor")  # linked by an earlier export: new files, the checkpoint's untouched
+    if dist.main:  # linked by an earlier export: new files, the checkpoint's untouched
+        unshare(folder / "actor")
+        unshare(folder / "critic")
     m.actor_engine.save_pretrained(folder / "actor")
     if dist.main and ckpt is not None:
         link_identical(folder / "actor", ckpt, "actor")
@@ -51,6 +52,8 @@ def export(folder: Path, m: Models, plan: Plan, dist: Dist, ckpt: Path | None = 
         state = {n: t.detach().to("cpu", copy=True) for n, t in m.critic_engine.full_state_items()}
         if dist.main:
             m.critic.save_pretrained(folder / "critic", tokenizer=m.tokenizer, state_dict=state)
+            if ckpt is not None:
+                link_identical(folder / "critic", ckpt, "critic")
     dist.barrier()
 
 
