@@ -247,8 +247,9 @@ class LLMConfig(RunConfig):
     generation run under torch.autocast (matmuls in bfloat16 over the float32 weights; the optimizer, its
     weights, the log-softmax and the loss stay float32). On a CPU with AVX512-BF16 or AMX, SmolLM2-135M's
     training pass ran 2.0-2.1x faster (scripts/bench_rollout.py); its log-probs moved by 0.03 nats on average."""
-    rollout: Literal["hf", "vllm"] = "hf"
-    """Rollout engine: Hugging Face generation, or in-process vLLM with weight sync after each update."""
+    rollout: Literal["auto", "hf", "vllm"] = "auto"
+    """Rollout engine: Hugging Face generation, or in-process vLLM with weight sync after each update; auto: vLLM
+    for a named model with --engine torch and no LoRA where the vllm package imports, else Hugging Face."""
     vllm: VLLM = field(default_factory=VLLM)
     """The vLLM rollout engine's own settings (flags --vllm-*; with --rollout vllm)."""
     max_staleness: int = 0
@@ -359,7 +360,7 @@ class LLMConfig(RunConfig):
             ("zero_stage", lambda v: v in (2, 3), "2 or 3"),
             ("vllm_max_model_len", optional(ge(1)), ">= 1, or None for the model's own limit"),
             ("vllm_gpu_memory_utilization", within(0, 1, open_lo=True), "in (0, 1]"),
-            ("vllm_dtype", lambda v: v is None or self.rollout == "vllm", "left unset unless --rollout vllm"),
+            ("vllm_dtype", lambda v: v is None or self.rollout != "hf", "left unset with --rollout hf"),
             (
                 "autocast",
                 lambda v: v == "off" or (self.engine == "torch" and self.dtype == "float32"),
