@@ -6,8 +6,9 @@ times a step), and under ``torch.autocast`` the CPU's fused attention kernel cas
 bfloat16 and runs its blocked kernel for a single query row (measured at 6x the time of the three small
 matmuls below). Two replacements, both used through transformers' own extension points:
 
-- :class:`GrowingLayer`: a cache layer whose keys and values live in buffers sized for the whole response,
-  written in place; the model sees the filled part as a view.
+- :class:`GrowingLayer`: a cache layer whose keys and values live in buffers with room to spare, written
+  in place and doubled when full (a copy every doubling, not every step); the model sees the filled part
+  as a view.
 - :func:`decode_attention`: for one query token, ``softmax(q k^T * scale + mask) v`` in float32 on the
   key/value heads directly (grouped-query heads packed, no ``repeat_kv``); every other call goes to
   transformers' ``sdpa`` attention. Registered as the attention implementation :data:`DECODE_ATTENTION`,

@@ -320,8 +320,8 @@ class HFRollout:
 
         positions = positions_from_mask(prompt_mask)
         out, cache_mask = self._prefill(prompt_ids, prompt_mask, positions, params.n)
-        if self.fast_decode:  # decode steps write the cache in place
-            GrowingLayer.replacing(cache_of(out), max_new_tokens)
+        if self.fast_decode:  # decode steps write the cache in place (room for 64 more, then doubled)
+            GrowingLayer.replacing(cache_of(out), min(max_new_tokens, 64))
         seen = None
         if params.repetition_penalty != 1.0:  # the prompt's tokens count as seen
             V = out.logits.shape[-1]
