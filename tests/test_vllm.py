@@ -809,3 +809,13 @@ def test_vllm_loads_an_exported_smollm2_actor_and_generates(tmp_path):
         for c in chats
     ]
     _vllm_decodes_as_transformers(final, [list(x) for x in ids], 1e-3, max_len=512)  # its context: 8,192
+
+
+def test_rollout_auto_picks_vllm_for_a_named_model_where_vllm_imports():
+    """Where vllm imports (this file runs only there), ``--rollout auto`` samples a named model with vLLM;
+    the embedded tiny model keeps the Hugging Face engine."""
+    from sppo_rl.llm.config import LLMConfig
+    from sppo_rl.llm.rollout.factory import rollout_backend
+
+    assert rollout_backend(LLMConfig(model="smollm2-135m")) == "vllm"
+    assert rollout_backend(LLMConfig()) == "hf"

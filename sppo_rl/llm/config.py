@@ -251,8 +251,9 @@ class LLMConfig(RunConfig):
     supports bfloat16) for a pretrained model (a named one, or a folder whose weight files hold at least
     64 MB); fp32 for the small built-in models, whose time goes to per-operation overhead, not matmuls.
     config.json records the precision resolved."""
-    rollout: Literal["hf", "vllm"] = "hf"
-    """Rollout engine: Hugging Face generation, or in-process vLLM with weight sync after each update."""
+    rollout: Literal["auto", "hf", "vllm"] = "auto"
+    """Rollout engine: Hugging Face generation, or in-process vLLM with weight sync after each update; auto: vLLM
+    for a named model with --engine torch and no LoRA where the vllm package imports, else Hugging Face."""
     vllm: VLLM = field(default_factory=VLLM)
     """The vLLM rollout engine's own settings (flags --vllm-*; with --rollout vllm)."""
     max_staleness: int = 0
@@ -364,7 +365,7 @@ class LLMConfig(RunConfig):
             ("zero_stage", lambda v: v in (2, 3), "2 or 3"),
             ("vllm_max_model_len", optional(ge(1)), ">= 1, or None for the model's own limit"),
             ("vllm_gpu_memory_utilization", within(0, 1, open_lo=True), "in (0, 1]"),
-            ("vllm_dtype", lambda v: v is None or self.rollout == "vllm", "left unset unless --rollout vllm"),
+            ("vllm_dtype", lambda v: v is None or self.rollout != "hf", "left unset with --rollout hf"),
             (
                 "precision",
                 lambda v: v != "bf16" or (self.engine == "torch" and self.dtype == "float32"),

@@ -414,7 +414,7 @@ def resolve(cfg: LLMConfig, dist: Any, validated: bool = False) -> tuple[Plan, T
         check_model_paths,
         model_folder,
     )
-    from sppo_rl.llm.rollout.factory import sampler_context, sampling_params
+    from sppo_rl.llm.rollout.factory import rollout_backend, sampler_context, sampling_params
 
     if not validated:
         cfg.validate()
@@ -517,12 +517,13 @@ def resolve(cfg: LLMConfig, dist: Any, validated: bool = False) -> tuple[Plan, T
         optimizer_state=cfg.optimizer_state, resume_without_optimizer=cfg.resume_without_optimizer,
         export_adapter=cfg.export_adapter, threads=cfg.threads,
     )  # fmt: skip
+    backend = rollout_backend(cfg, latent=latent is not None)
     rollout = RolloutSettings(
         group_size=G, prompts_per_step=cfg.prompts_per_step, ranks=dist.world, local_prompts=local_prompts,
         max_new_tokens=max_new_tokens, temperature=cfg.temperature, sampling=sampling,
         dynamic_sampling_rounds=cfg.dynamic_sampling_rounds, overlong=cfg.overlong,
         eval_samples=cfg.eval_samples, log_completions_every=cfg.log_completions_every,
-        backend=cfg.rollout, vllm=cfg.vllm, context_cap=sampler_context(cfg), max_staleness=cfg.max_staleness,
+        backend=backend, vllm=cfg.vllm, context_cap=sampler_context(cfg, backend), max_staleness=cfg.max_staleness,
         worker=worker, worker_threads=cfg.rollout_threads,
     )  # fmt: skip
     kl_reward = _set(cfg.kl_coef) > 0 and cfg.kl_in == "reward"

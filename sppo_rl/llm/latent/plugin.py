@@ -70,7 +70,7 @@ def configure_latent(cfg: Any, algo: Any, train: list[Any]) -> tuple[Any, Latent
     own = LATENT_FIXES.get(algo.name)
     if own is None:
         return algo, None
-    if getattr(cfg, "rollout", "hf") != "hf":
+    if getattr(cfg, "rollout", "hf") == "vllm":  # auto: the Hugging Face engine here
         raise RunError(f"{algo.name} rolls out latent steps with the Hugging Face engine only (--rollout hf)")
     if getattr(cfg, "dynamic_sampling_rounds", 0):
         raise RunError(f"{algo.name} does not support --dynamic-sampling-rounds yet")

@@ -3,6 +3,8 @@
 ======================================  ==========================================================
 run settings                            backend
 ======================================  ==========================================================
+``--rollout auto`` (the default)        ``vllm`` where :func:`rollout_backend` finds it usable (a
+                                        named model, ``vllm`` importable), else ``hf``
 ``--rollout vllm``                      :class:`~sppo_rl.llm.rollout.vllm.VLLMRollout`, its own copy
                                         of the weights (synced after every update; with LoRA only
                                         the adapted modules, checked at start)
@@ -17,6 +19,9 @@ a latent algorithm                      the latent plug-in's backend in place of
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,10 +49,39 @@ def sampling_params(cfg: Any) -> SamplingParams:
     )
 
 
-def sampler_context(cfg: Any) -> int | None:
+def rollout_backend(
+    cfg: Any, latent: bool = False, find_spec: Callable[[str], Any] = importlib.util.find_spec
+) -> str:
+    """The sampler ``--rollout`` names: 'hf' or 'vllm' as given; 'auto' is 'vllm' for a named model (e.g.
+    ``smollm2-135m``) with ``--engine torch``, no LoRA and a token policy (``latent`` False) when the
+    ``vllm`` package is installed and imports (``find_spec`` finds it), else 'hf'."""
+    if cfg.rollout != "auto":
+        return cfg.rollout
+    from sppo_rl.llm.models.pretrained import parse_ref
+
+    if latent or cfg.engine != "torch" or cfg.lora.rank or parse_ref(cfg.model) is None:
+        return "hf"
+    return "vllm" if _imports("vllm", find_spec) else "hf"
+
+
+def _imports(module: str, find_spec: Callable[[str], Any]) -> bool:
+    """Whether ``module`` is installed and imports without an error."""
+    if find_spec(module) is None:
+        return False
+    try:
+        importlib.import_module(module)
+    except Exception:  # a broken install counts as none
+        return False
+    return True
+
+
+def sampler_context(cfg: Any, backend: str | None = None) -> int | None:
     """The longest prompt + response the run's sampler takes whatever the model: ``--vllm-max-model-len``
-    with vLLM rollouts (None: the model's context, or no cap)."""
-    return cfg.vllm.max_model_len if cfg.rollout == "vllm" and cfg.vllm.max_model_len else None
+    with vLLM rollouts (``backend``, None: :func:`rollout_backend` of ``cfg``; None: the model's context,
+    or no cap)."""
+    if not cfg.vllm.max_model_len:
+        return None
+    return cfg.vllm.max_model_len if (backend or rollout_backend(cfg)) == "vllm" else None
 
 
 def context_limit(sampler_cap: int | None, model_context: int | None) -> int | None:

@@ -29,6 +29,7 @@ from sppo_rl.llm.rollout.base import (
     left_pad,
     pad_and_stop_ids,
 )
+from sppo_rl.llm.rollout.decode import GrowingLayer, decode_attention_on
 
 
 def repetition_penalty(z: Tensor, seen: Tensor, penalty: float) -> Tensor:
@@ -89,6 +90,9 @@ class HFRollout:
         shares_actor: ``model`` is the trained module itself (no weight sync is ever needed).
         autocast: run the model's forward passes under ``torch.autocast`` with this dtype (``--autocast``;
             None: the model's own dtype). Log-probs and sampling stay float32.
+        fast_decode: decode steps write the KV cache in place and attend in float32 with
+            :mod:`sppo_rl.llm.rollout.decode` (False: transformers' own cache and attention throughout; the
+            tokens are the same in float32, the log-probs within rounding).
     """
 
     def __init__(
@@ -101,8 +105,10 @@ class HFRollout:
         shares_actor: bool = False,
         autocast: torch.dtype | None = None,
         pad_id: int | None = None,
+        fast_decode: bool = True,
     ) -> None:
         self.model = model
+        self.fast_decode = fast_decode
         self.shares_actor = shares_actor
         self.autocast = autocast
         self.tokenizer = tokenizer
@@ -253,12 +259,16 @@ class HFRollout:
 
     @contextmanager
     def _sampling_mode(self) -> Iterator[None]:
-        """Eval mode under ``torch.no_grad()`` (and ``self.autocast``), the model's previous mode restored
-        afterwards."""
+        """Eval mode under ``torch.no_grad()`` (and ``self.autocast``) with the one-token attention of
+        :func:`~sppo_rl.llm.rollout.decode.decode_attention_on`, the model's previous mode restored afterwards."""
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad(), autocast_to(self.autocast, self.device):
+            with (
+                torch.no_grad(),
+                autocast_to(self.autocast, self.device),
+                decode_attention_on(self.model, self.fast_decode),
+            ):
                 yield
         finally:
             self.model.train(was_training)
@@ -348,6 +358,8 @@ class HFRollout:
 
         positions = positions_from_mask(prompt_mask)
         out, cache_mask = self._prefill(prompt_ids, prompt_mask, positions, params.n)
+        if self.fast_decode:  # decode steps write the cache in place (room for 64 more, then doubled)
+            GrowingLayer.replacing(cache_of(out), min(max_new_tokens, 64))
         seen = None
         if params.repetition_penalty != 1.0:  # the prompt's tokens count as seen
             V = out.logits.shape[-1]
@@ -396,10 +408,13 @@ class HFRollout:
         alive = torch.ones(B, dtype=torch.bool, device=device)
         steps = start
         active = torch.arange(B, device=device)  # the buffer rows the model's batch holds, in order
+        noise: Tensor | None = None  # the Gumbel noise's buffer, made at the first draw
         for t in range(start, total):
-            z = out.logits[:, -1].float() / params.temperature
+            z = out.logits[:, -1].float()
+            if params.temperature != 1.0:
+                z = z / params.temperature
             argmax_rows = None if greedy is None else greedy[active]
-            if argmax_rows is not None:  # temperature 1 on the greedy rows
+            if argmax_rows is not None and params.temperature != 1.0:  # temperature 1 on the greedy rows
                 z = torch.where(argmax_rows[:, None], out.logits[:, -1].float(), z)
             log_p = torch.log_softmax(z, dim=-1)
             unfiltered = z
@@ -415,8 +430,11 @@ class HFRollout:
                 best = None if argmax_rows is None else z.argmax(-1).masked_fill(~argmax_rows, -1)
                 z = filter_logits(z, params)
                 log_q = log_p if z is unfiltered else torch.log_softmax(z, dim=-1)  # no filter: the same
+                noise = torch.empty_like(log_q) if noise is None else noise
                 token = (
-                    _gumbel_argmax(log_q, generator) if best is None else _draw_others(log_q, best, generator)
+                    _gumbel_argmax(log_q, generator, noise)
+                    if best is None
+                    else _draw_others(log_q, best, generator, noise)
                 )
                 sampled_lp = log_q.gather(-1, token[:, None]).squeeze(-1)
                 if argmax_rows is not None:
@@ -485,28 +503,37 @@ def row_seed(prompt_seed: int, k: int) -> int:
     return (int(prompt_seed) * 1_000_003 + 7_919 * int(k) + 12_345) % (2**63 - 1)
 
 
-def _gumbel_argmax(log_q: Tensor, generator: torch.Generator | list[torch.Generator] | None) -> Tensor:
+def _gumbel_argmax(
+    log_q: Tensor, generator: torch.Generator | list[torch.Generator] | None, noise: Tensor | None = None
+) -> Tensor:
     """A sample of ``softmax(log_q)`` per row: ``argmax(log_q + G)``, ``G`` standard Gumbel noise
-    ``-log(-log(u))`` (masked ``-inf`` entries are never chosen). A list of generators gives each row
-    its own noise stream."""
+    ``-log(-log(u))``, ``u`` uniform in ``[0, 1)`` clamped to ``[1e-20, 1 - 1e-7]`` (masked ``-inf``
+    entries are never chosen). A list of generators gives each row its own noise stream. ``noise``: a
+    buffer of at least ``log_q``'s rows to compute ``G`` in (its first rows are overwritten; None: a new
+    one); the noise is built in place, one full-vocabulary pass per operation."""
+    u = torch.empty_like(log_q) if noise is None else noise[: log_q.shape[0]]
     if isinstance(generator, list):
-        u = torch.stack([torch.rand(log_q.shape[-1], generator=g, device=log_q.device) for g in generator])
+        for row, g in zip(u, generator):
+            row.uniform_(generator=g)
     else:
-        u = torch.rand(log_q.shape, generator=generator, device=log_q.device)
-    gumbel = -torch.log(-torch.log(u.clamp_(min=1e-20, max=1.0 - 1e-7)))
-    return (log_q + gumbel).argmax(-1)
+        u.uniform_(generator=generator)
+    gumbel = u.clamp_(min=1e-20, max=1.0 - 1e-7).log_().neg_().log_().neg_()
+    return gumbel.add_(log_q).argmax(-1)
 
 
 def _draw_others(
-    log_q: Tensor, best: Tensor, generator: torch.Generator | list[torch.Generator] | None
+    log_q: Tensor,
+    best: Tensor,
+    generator: torch.Generator | list[torch.Generator] | None,
+    noise: Tensor | None = None,
 ) -> Tensor:
     """``best`` ``[B]`` (the argmax, or -1 on the rows to sample) with the other rows sampled
-    (:func:`_gumbel_argmax`, each row its generator of the list): only those rows draw noise, as a batch
-    of them alone would."""
+    (:func:`_gumbel_argmax`, each row its generator of the list, in ``noise``'s first rows): only those rows
+    draw noise, as a batch of them alone would."""
     drawn = (best < 0).nonzero().squeeze(1)
     if len(drawn):
         own = [generator[i] for i in drawn.tolist()] if isinstance(generator, list) else generator
-        best[drawn] = _gumbel_argmax(log_q[drawn], own)
+        best[drawn] = _gumbel_argmax(log_q[drawn], own, noise)
     return best
 
 
