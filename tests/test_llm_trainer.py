@@ -195,7 +195,11 @@ def test_reward_function_that_raises_or_hangs_is_counted_and_the_run_goes_on(tmp
         (dict(reward_fn="/no/such.py:f"), "no such|not found|does not exist"),
         (dict(algo="sppo", critic_model="none"), "needs a sequence-level critic"),
         (dict(algo="ppo", critic_model="none"), "needs a step-level critic"),
-        (dict(vllm_dtype="bfloat16"), "--vllm-dtype must be left unset unless --rollout vllm"),
+        (dict(vllm_dtype="bfloat16", rollout="hf"), "--vllm-dtype must be left unset with --rollout hf"),
+        (
+            dict(vllm_dtype="bfloat16"),
+            "--vllm-dtype is the vLLM sampler's; --rollout auto samples with Hugging",
+        ),
     ],
 )
 def test_bad_settings_are_refused(tmp_path, tiny, kw, match):

@@ -352,7 +352,7 @@ def test_the_end_of_a_sweep_says_what_came_out_and_where(tmp_path, capsys):
 
 LLM_ARGS = (
     "--train-size 32 --val-size 8 --eval-samples 2 --max-new-tokens 6 --updates 2 --prompts-per-step 4 "
-    "--eval-every 1 --checkpoint-every 1 --threads 1 --no-tensorboard"
+    "--eval-every 1 --checkpoint-every 1 --keep-checkpoints 2 --threads 1 --no-tensorboard"
 )
 
 

@@ -518,6 +518,11 @@ def resolve(cfg: LLMConfig, dist: Any, validated: bool = False) -> tuple[Plan, T
         export_adapter=cfg.export_adapter, threads=cfg.threads,
     )  # fmt: skip
     backend = rollout_backend(cfg, latent=latent is not None)
+    if backend == "hf" and cfg.vllm.dtype is not None:  # --rollout auto chose Hugging Face here
+        raise RunError(
+            "--vllm-dtype is the vLLM sampler's; --rollout auto samples with Hugging Face here (vLLM only "
+            "for a named model with --engine torch and no LoRA, where the vllm package imports)"
+        )
     rollout = RolloutSettings(
         group_size=G, prompts_per_step=cfg.prompts_per_step, ranks=dist.world, local_prompts=local_prompts,
         max_new_tokens=max_new_tokens, temperature=cfg.temperature, sampling=sampling,

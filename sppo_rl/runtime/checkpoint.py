@@ -34,7 +34,7 @@ import torch
 
 from sppo_rl.runtime.files import CHECKPOINT_META as META
 from sppo_rl.runtime.files import CHECKPOINT_STAGED_PREFIX as _TMP_PREFIX
-from sppo_rl.runtime.files import current_umask, fsync_dir, recoverable
+from sppo_rl.runtime.files import atomic_link, current_umask, fsync_dir, recoverable
 
 _NAME = re.compile(r"^ckpt-(\d{9})$")
 
@@ -329,14 +329,8 @@ def link_identical(folder: Path, ckpt: Path, part: str) -> list[Path]:
             continue
         if path.samefile(source) or sha256_file(path) != entry.get("sha256"):
             continue
-        staged = path.with_name(path.name + ".link")
-        try:
-            staged.unlink(missing_ok=True)
-            os.link(source, staged)
-        except OSError:  # no hard links here (or across): the copy stays
-            continue
-        os.replace(staged, path)
-        linked.append(path)
+        if atomic_link(source, path):  # else no hard links here (or across): the copy stays
+            linked.append(path)
     return linked
 
 

@@ -73,6 +73,22 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
+def atomic_link(source: Path, path: Path) -> bool:
+    """Replace ``path`` by a hard link to ``source`` (the same bytes stored once): a link made under a
+    temporary name beside ``path``, renamed into place, the folder fsynced, so a crash leaves the old file
+    or the link. False, with ``path`` untouched, where the file system makes no such link."""
+    path = Path(path)
+    staged = path.with_name(f".{path.name}.link")
+    try:
+        staged.unlink(missing_ok=True)
+        os.link(source, staged)
+    except OSError:
+        return False
+    os.replace(staged, path)
+    fsync_dir(path.parent)
+    return True
+
+
 STALE_UNLOCKED_S = 3600.0
 """Age after which a temporary build folder without a lock file (an earlier version's, or one whose
 builder was killed between creating it and locking it) is taken for abandoned."""
