@@ -22,8 +22,11 @@ setup: $(VENV)/.installed
 demo: setup
 	$(VENV)/bin/sppo-rl demo --out-dir runs/demo
 
+# the default suite on two worker processes (pytest-xdist); TEST_WORKERS=0 runs it in this one process
+TEST_WORKERS ?= 2
+
 test: setup typecheck
-	$(PY) -m pytest -q -x
+	$(PY) -m pytest -q -x -n $(TEST_WORKERS)
 
 # mypy on the packages [tool.mypy] names (pyproject.toml); its cache in build/mypy_cache makes a rerun fast
 typecheck: setup

@@ -108,7 +108,7 @@ def reference(tiny, tmp_path_factory) -> Path:
     "stage,split",
     [
         (2, []),
-        (3, []),
+        pytest.param(3, [], marks=pytest.mark.slow),  # ZeRO-3 also runs below, split by tokens
         pytest.param(2, ["--micro-batch-size", "3"], marks=pytest.mark.slow),  # ZeRO-3 splits by tokens below
         (3, ["--max-tokens-per-micro-batch", "40"]),
     ],

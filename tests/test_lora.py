@@ -185,8 +185,9 @@ def test_unknown_target_is_refused_in_one_line_naming_the_linear_modules(tiny, t
     "flags,message",
     [
         (["--lora-rank", "4", "--lora-targets", "q_proj", "c_attn"], "c_attn: no linear module of the actor"),
-        (["--lora-rank", "-1"], "lora_rank"),
-        (["--lora-rank", "4", "--lora-dropout", "1.5"], "lora_dropout"),
+        # the values' checks without a process: test_config_sections (LoRA's problems, a recipe's lora_dropout)
+        pytest.param(["--lora-rank", "-1"], "lora_rank", marks=pytest.mark.slow),
+        pytest.param(["--lora-rank", "4", "--lora-dropout", "1.5"], "lora_dropout", marks=pytest.mark.slow),
     ],
 )
 def test_cli_refuses_bad_lora_flags_before_the_run_folder(tiny, tmp_path, flags, message):
