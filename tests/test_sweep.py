@@ -719,3 +719,32 @@ def test_a_batched_job_starts_over_when_a_seed_folder_holds_a_killed_run(tmp_pat
     assert run_mode(tmp_path, (0, 1)) == "fresh"
     (tmp_path / "seed1" / "metrics.jsonl").write_text("")
     assert run_mode(tmp_path, (0, 1)) == "overwrite" and run_mode(tmp_path) == "fresh"
+
+
+@pytest.mark.slow  # about 20 s; the default suite simulates the interruption
+def test_sigterm_stops_a_batched_sweep_and_the_rerun_resumes_every_seed(tmp_path):
+    out = tmp_path / "sweep"
+    args = _cli_args(out, budget=64 * 150, algos=("ppo",), seeds=("0", "1"))
+    args[args.index("checkpoint-every=1")] = "checkpoint-every=5"
+    folder = out / "short-cartpole" / "ppo"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sppo_rl", "sweep", *args], stdout=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 120
+    while not list((folder / "checkpoints").glob("ckpt-*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    stdout, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "interrupted" in _line(stdout, "ppo", 0) and "interrupted" in _line(stdout, "ppo", 1)
+    assert not (folder / "summary.json").exists(), (
+        "the run finished before the signal; give it a bigger budget"
+    )
+
+    again = _cli(*args)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resumed" in _line(again.stdout, "ppo", 0) and "resumed" in _line(again.stdout, "ppo", 1)
+    for k in (0, 1):
+        assert [r["update"] for r in read_metrics(folder / f"seed{k}" / "metrics.jsonl")] == list(
+            range(1, 151)
+        )
