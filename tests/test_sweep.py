@@ -658,7 +658,8 @@ def test_a_batched_sweeps_seed_folders_are_a_per_seed_sweeps_and_skip_resume_and
     results = sweep(cfg)
     text = capsys.readouterr().out
     assert [(r.status, r.mode) for r in results] == [("done", "fresh")]
-    assert "sweep: 2 runs (0 finished before) in 1 processes (1 of several seeds each)" in text
+    assert "sweep: 2 runs (0 finished before) in 1 process (1 of several seeds)" in text
+    assert "1 process: 1 done; sweep wall time" in text
     assert _line(text, "ppo", 0).split()[3] == "done" and _line(text, "ppo", 1).split()[3] == "done"
     assert "short-cartpole / ppo: tail success" in text and "(mean of 2 seeds)" in text
     assert [r.status for r in sweep(_cfg(single, algos=("ppo",), seeds=(0, 1), batch_seeds=False))] == [

@@ -729,8 +729,12 @@ def _sweep(
     finished_before = sum((run / "summary.json").is_file() for run in runs)
     batched = sum(bool(j.seeds) for j in jobs)
     say(
-        f"sweep: {len(runs)} runs ({finished_before} finished before)"
-        + (f" in {len(jobs)} processes ({batched} of several seeds each)" if len(jobs) < len(runs) else "")
+        f"sweep: {_count(len(runs), 'run')} ({finished_before} finished before)"
+        + (
+            f" in {_count(len(jobs), 'process')} ({batched} of several seeds)"
+            if len(jobs) < len(runs)
+            else ""
+        )
         + f", {workers} {cfg.backend} workers -> {root}"
     )
     for why in dict.fromkeys(j.why for j in jobs if j.why):
@@ -771,12 +775,17 @@ def _sweep(
     counts = {s: sum(r.status == s for r in final) for s in dict.fromkeys(r.status for r in final)}
     say("\n" + status_table(jobs, final))
     say(
-        f"{len(jobs)} {'runs' if len(jobs) == len(runs) else 'processes'}: "
+        f"{_count(len(jobs), 'run' if len(jobs) == len(runs) else 'process')}: "
         + ", ".join(f"{n} {s}" for s, n in counts.items())
         + f"; sweep wall time {wall:.1f} s"
     )
     say(headline(jobs, final, root))
     return final
+
+
+def _count(n: int, noun: str) -> str:
+    """``3 processes``, ``1 process``, ``2 runs``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}{'es' if noun.endswith('s') else 's'}"
 
 
 def headline(jobs: list[Job], results: list[JobResult], root: Path) -> str:
