@@ -686,6 +686,12 @@ def test_a_batched_sweeps_seed_folders_are_a_per_seed_sweeps_and_skip_resume_and
         shutil.rmtree(p / "checkpoints" / "ckpt-000000002")
     assert [(r.status, r.mode) for r in sweep(cfg)] == [("resumed", "resume")]
     assert [_seed_run(folder / f"seed{k}")[:2] for k in (0, 1)] == before
+    # killed before its first checkpoint (metrics without one): started again with --overwrite
+    for p in runs:
+        (p / "summary.json").unlink()
+        shutil.rmtree(p / "checkpoints")
+    assert [(r.status, r.mode) for r in sweep(cfg)] == [("done", "overwrite")]
+    assert [_seed_run(folder / f"seed{k}")[:2] for k in (0, 1)] == before
 
     # a folder left by a per-seed sweep: per-seed jobs there, stated; a new seed runs alone
     capsys.readouterr()
