@@ -686,9 +686,19 @@ def test_a_batched_sweeps_seed_folders_are_a_per_seed_sweeps_and_skip_resume_and
         shutil.rmtree(p / "checkpoints" / "ckpt-000000002")
     assert [(r.status, r.mode) for r in sweep(cfg)] == [("resumed", "resume")]
     assert [_seed_run(folder / f"seed{k}")[:2] for k in (0, 1)] == before
-    # killed before its first checkpoint (metrics without one): started again with --overwrite
+    # killed between the seeds' checkpoints of update 2 and the set's: the set cannot resume, so each
+    # seed resumes alone (stated), then the (task, algo) stays per seed
     for p in runs:
         (p / "summary.json").unlink()
+    shutil.rmtree(folder / "checkpoints" / "ckpt-000000002")
+    (job,) = plan(cfg)[:1]
+    assert "seeds checkpointed past its last checkpoint (ckpt-000000001)" in job.why and not job.seeds
+    assert [(r.status, r.mode) for r in sweep(cfg)] == [("resumed", "resume")] * 2
+    assert [_seed_run(folder / f"seed{k}")[:2] for k in (0, 1)] == before
+    assert [r.status for r in sweep(cfg)] == ["skipped"] * 2
+    # killed before its first checkpoint (metrics without one): started again with --overwrite
+    for p in runs:
+        (p / "summary.json").unlink(missing_ok=True)
         shutil.rmtree(p / "checkpoints")
     assert [(r.status, r.mode) for r in sweep(cfg)] == [("done", "overwrite")]
     assert [_seed_run(folder / f"seed{k}")[:2] for k in (0, 1)] == before
@@ -700,7 +710,8 @@ def test_a_batched_sweeps_seed_folders_are_a_per_seed_sweeps_and_skip_resume_and
     assert [(j.seed, j.seeds) for j in jobs] == [(0, ()), (1, ()), (2, ())]
     assert "holds seed folders of a per-seed sweep (seed0, seed1)" in jobs[0].why
     assert [r.status for r in sweep(more)] == ["skipped", "skipped", "done"]
-    assert "no multi-seed run of these seeds: one process per seed there" in capsys.readouterr().out
+    said = "holds seed folders of a per-seed sweep (seed0, seed1) and no multi-seed run: one process per seed there"
+    assert said in capsys.readouterr().out
     assert not (single / "short-cartpole" / "ppo" / "config.json").exists()
     # ... and beside a multi-seed run of other seeds (only planned)
     (job0, *_) = plan(_cfg(batched, algos=("ppo",), seeds=(0, 1, 2)))

@@ -326,8 +326,9 @@ def per_seed_reason(folder: Path, seeds: list[int]) -> str:
     """Why the seeds of ``folder`` (a task and algorithm's) cannot run as one multi-seed job there, in a
     few words; "" when they can: the folder is new, or holds a multi-seed run of these seeds (a folder
     that ``sppo-rl control --seeds`` marked as its own). Not: it holds seed folders without such a run
-    (an earlier per-seed sweep's: a multi-seed run there would refuse them as files it did not write), or
-    a multi-seed run of other seeds."""
+    (an earlier per-seed sweep's: a multi-seed run there would refuse them as files it did not write), a
+    multi-seed run of other seeds, or an unfinished one whose seeds' last checkpoints are not the set's
+    (killed between the seeds' checkpoints and the set's: the set cannot resume, each seed alone can)."""
     from sppo_rl.control.config import parse_seeds
     from sppo_rl.runtime.run import is_marked
 
@@ -336,12 +337,20 @@ def per_seed_reason(folder: Path, seeds: list[int]) -> str:
             there = json.loads((folder / "config.json").read_text()).get("seeds")
         except (OSError, json.JSONDecodeError, AttributeError):
             return ""  # a multi-seed run stopped before it wrote its config: it starts again
-        if there and sorted(parse_seeds(str(there), strict=False)) == sorted(seeds):
+        if not there or sorted(parse_seeds(str(there), strict=False)) != sorted(seeds):
+            return f"{folder} holds a multi-seed run of other seeds ({there})"
+        last = _last_checkpoint(folder)
+        if (folder / "summary.json").is_file() or last is None:
             return ""
-        return f"{folder} holds a multi-seed run of other seeds ({there})"
+        if any(_last_checkpoint(folder / f"seed{k}") != last for k in seeds):
+            return (
+                f"{folder} holds a multi-seed run whose seeds checkpointed past its last checkpoint ({last})"
+            )
+        return ""
     old = sorted(p.name for p in folder.glob("seed*")) if folder.is_dir() else []
     if old:
-        return f"{folder} holds seed folders of a per-seed sweep ({', '.join(old[:3])}{', ...' * (len(old) > 3)})"
+        shown = ", ".join(old[:3]) + ", ..." * (len(old) > 3)
+        return f"{folder} holds seed folders of a per-seed sweep ({shown}) and no multi-seed run"
     return ""
 
 
@@ -491,6 +500,12 @@ def llm_jobs(
 
 
 # ------------------------------------------------------------------------------------- one job
+
+
+def _last_checkpoint(run: Path) -> str | None:
+    """The name of ``run``'s last complete checkpoint (``ckpt-<update>`` with its ``meta.json``), or None."""
+    names = sorted(p.parent.name for p in (run / "checkpoints").glob("ckpt-*/meta.json"))
+    return names[-1] if names else None
 
 
 def run_mode(out: Path, seeds: tuple[int, ...] = ()) -> str:
@@ -738,7 +753,7 @@ def _sweep(
         + f", {workers} {cfg.backend} workers -> {root}"
     )
     for why in dict.fromkeys(j.why for j in jobs if j.why):
-        say(f"sweep: {why} and no multi-seed run of these seeds: one process per seed there")
+        say(f"sweep: {why}: one process per seed there")
     results: list[JobResult | None] = [None] * len(jobs)
     count = 0
     lock = threading.Lock()
