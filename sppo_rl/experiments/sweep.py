@@ -311,7 +311,7 @@ def plan(cfg: SweepConfig) -> list[Job]:
                 text = ",".join(map(str, sorted(seeds)))
                 check_same_settings(folder, replace(control, seeds=text))
                 args = [*coords, "--seeds", text, "--out-dir", str(folder), *flags]
-                batched.append(Job(task, algo, seeds[0], str(folder), args, seeds=tuple(sorted(seeds))))
+                batched.append(Job(task, algo, min(seeds), str(folder), args, seeds=tuple(sorted(seeds))))
                 continue
             for seed in seeds:
                 out = folder / f"seed{seed}"
