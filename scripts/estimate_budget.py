@@ -6,8 +6,9 @@ the episodes of the last ``--tail`` fraction of its updates, ``c = (w_end - w_k)
 episodes are the longest (a trained policy survives to the horizon), so ``c x budget`` bounds a run's
 training time from above when the run starts from the same warm start. Per (task, algorithm): the mean
 and min-max of ``c`` over the runs found; the estimate for ``--seeds`` runs at the task's budget is
-``seeds x mean(c) x budget / 3600`` core-hours (one run = one process on one core, ``OMP_NUM_THREADS=1``,
-as the sweep runs them), and the same at the slowest run's ``c`` (the task's slowest when not measured). Runs measured with other jobs on the same cores read slower than a quiet core:
+``seeds x mean(c) x budget / 3600`` core-hours (one run = one process on one core, ``OMP_NUM_THREADS=1``;
+a batched sweep runs a (task, algorithm)'s seeds in one process, whose seconds its seeds share: a seed's
+``c`` is then its set's over the seed count, and the core-hours are the same sum), and the same at the slowest run's ``c`` (the task's slowest when not measured). Runs measured with other jobs on the same cores read slower than a quiet core:
 the estimate is then high. Algorithms asked for but not measured on a task get the mean over the
 algorithms that were (labelled so).
 
@@ -46,19 +47,31 @@ def find_runs(folders: list[Path]) -> list[tuple[Path, dict]]:
     for folder in folders:
         for path in sorted(folder.rglob("summary.json")):
             summary = json.loads(path.read_text())
-            if "task" in summary and (path.parent / "metrics.jsonl").exists():
+            multi = "seed_summaries" in summary  # a multi-seed run's own folder: its seed<K> folders count
+            if "task" in summary and not multi and (path.parent / "metrics.jsonl").exists():
                 out.append((path.parent, summary))
     return out
 
 
+def shared_by(run: Path) -> int:
+    """How many seeds share ``run``'s seconds: the seed count of the multi-seed run (``sppo-rl control
+    --seeds``, a batched ``sppo-rl sweep``) whose ``seed<K>`` folder it is, else 1."""
+    try:
+        parent = json.loads((run.parent / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return 1
+    return (len(parent.get("seed_summaries") or []) or 1) if isinstance(parent, dict) else 1
+
+
 def costs(runs: list[tuple[Path, dict]], tail: float) -> dict[tuple[str, str], list[float]]:
-    """``(task, algo) -> [c per run]``."""
+    """``(task, algo) -> [c per run]``; a seed of a multi-seed run: its set's seconds over the set's seed
+    count (:func:`shared_by`), the core-seconds of one seed's episode."""
     out: dict[tuple[str, str], list[float]] = {}
     for run, summary in runs:
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
         c = episode_cost(rows, tail)
         if c is not None:
-            out.setdefault((summary["task"], summary["algo"]), []).append(c)
+            out.setdefault((summary["task"], summary["algo"]), []).append(c / shared_by(run))
     return out
 
 

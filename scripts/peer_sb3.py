@@ -34,7 +34,9 @@ lags the raw curve by about half the window; ``--smooth`` is now refused.)
 Ours: every run of ``--algos`` (default ppo, sppo) for these tasks and seeds under the ``--ours``
 folders (a sweep's ``<dir>/<task>/<algo>/seed<k>``, any folder with ``metrics.jsonl`` and
 ``config.json``), and/or, with ``--run-ours``, ``sppo-rl sweep`` runs with the same budgets (resumable:
-finished runs are kept), one at a time on one thread, in ``<out>/ours``; ``--overrides FIELD=VALUE``
+finished runs are kept), one at a time on one thread, one process per seed (``--no-batch-seeds``: the
+seeds of a batched sweep share their process's seconds, and the wall-clock columns set each run against
+one SB3 process), in ``<out>/ours``; ``--overrides FIELD=VALUE``
 passes control settings to them (e.g. the smaller after-training evaluations of the study's Hopper runs).
 
     python scripts/peer_sb3.py --tasks precision-cartpole hopper --seeds 0 1 2 \\
@@ -416,11 +418,12 @@ def sb3_run(task: str, seed: int, budget: int, n_steps: int, out: Path, fresh: b
 
 
 def run_ours(args: argparse.Namespace, budgets: dict[str, int], out: Path) -> Path:
-    """``sppo-rl sweep`` of ``--algos`` x tasks x seeds with the same budgets, one run at a time."""
+    """``sppo-rl sweep`` of ``--algos`` x tasks x seeds with the same budgets, one run at a time, a process
+    per seed (its wall-clock seconds its own, as an SB3 run's are)."""
     folder = out / "ours"
     cmd = [sys.executable, "-m", "sppo_rl", "sweep", "--algos", *args.algos, "--tasks", *budgets]
     cmd += ["--seeds", *map(str, args.seeds), "--budgets", *(f"{t}={b}" for t, b in budgets.items())]
-    cmd += ["--out-dir", str(folder), "--workers", "1", "--no-progress"]
+    cmd += ["--out-dir", str(folder), "--workers", "1", "--no-progress", "--no-batch-seeds"]
     cmd += ["--overrides", *args.overrides] if args.overrides else []
     print("ours: " + " ".join(cmd[1:]), file=sys.stderr)
     proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -69,3 +69,19 @@ def test_bad_input_is_one_line_exit_2(est, tmp_path, capsys, argv, words):
     with pytest.raises(SystemExit):
         est.main([str(tmp_path / "missing"), "--budgets", "hopper=10"])
     assert "no such folder" in capsys.readouterr().err
+
+
+def test_a_multi_seed_runs_seeds_share_its_seconds_and_its_own_folder_is_not_a_run(est, tmp_path):
+    """A batched sweep's (task, algo) folder holds the multi-seed run (its summary lists the seeds'),
+    whose seconds its seeds share: each seed's cost is the set's over the seed count, and the set's own
+    folder (the seeds' mean) is not counted as a run."""
+    folder = tmp_path / "hopper" / "ppo"
+    _run(folder / "seed0", "hopper", "ppo", [2, 4, 6, 8])  # 0.2 s / episode for both seeds together
+    _run(folder / "seed1", "hopper", "ppo", [2, 4, 6, 8])
+    (folder / "summary.json").write_text(
+        json.dumps({"task": "hopper", "algo": "ppo", "seeds": [0, 1], "seed_summaries": [{}, {}]})
+    )
+    (folder / "metrics.jsonl").write_text((folder / "seed0" / "metrics.jsonl").read_text())
+    runs = est.find_runs([tmp_path])
+    assert [p.name for p, _ in runs] == ["seed0", "seed1"]
+    assert est.costs(runs, 0.5) == {("hopper", "ppo"): [pytest.approx(0.1), pytest.approx(0.1)]}

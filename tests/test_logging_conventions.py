@@ -141,10 +141,13 @@ def test_sweep_groups_its_runs_by_folder(tmp_path):
     from sppo_rl.experiments.sweep import parse_control, plan
 
     kw = dict(algos=("ppo",), tasks=("short-cartpole",), seeds=(0, 1), out_dir=str(tmp_path / "my-sweep"))
-    jobs = plan(SweepConfig(**kw))
+    (job,) = plan(SweepConfig(**kw))  # both seeds in one process: each seed's run inherits its group
+    assert parse_control(job.args).wandb.group == "my-sweep" and job.name == "short-cartpole/ppo/seeds0,1"
+    jobs = plan(SweepConfig(**kw, batch_seeds=False))
     assert [parse_control(j.args).wandb.group for j in jobs] == ["my-sweep", "my-sweep"]
     assert [j.name for j in jobs] == ["short-cartpole/ppo/seed0", "short-cartpole/ppo/seed1"]
-    jobs = plan(SweepConfig(**kw, overrides={"wandb-group": "mine"}))  # the user's group wins
+    mine = dict(overrides={"wandb-group": "mine"}, batch_seeds=False)  # the user's group wins
+    jobs = plan(SweepConfig(**kw, **mine))
     assert [parse_control(j.args).wandb.group for j in jobs] == ["mine", "mine"]
     assert jobs[0].args.count("--wandb-group") == 1
 

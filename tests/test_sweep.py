@@ -93,7 +93,7 @@ def test_sweep_isolates_a_failure_then_finishes_only_what_is_left(tmp_path):
     (bad / "state.pt").write_bytes(b"not a checkpoint")
     (runs["sppo", 1] / "metrics.jsonl").write_text("")  # what the checkpoint recorded: 0 bytes
 
-    proc = _cli(*_cli_args(out))
+    proc = _cli(*_cli_args(out), "--no-batch-seeds")  # a process per seed (the batched path: below)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "1 of 4 runs did not finish" in proc.stderr and "Traceback" not in proc.stderr
     assert "failed" in _line(proc.stdout, "sppo", 1) and str(runs["sppo", 1] / "log.txt") in proc.stdout
@@ -131,7 +131,7 @@ def test_sweep_isolates_a_failure_then_finishes_only_what_is_left(tmp_path):
     shutil.rmtree(d / "checkpoints")  # the corrupt checkpoint is gone: a fresh start
     (d / "metrics.jsonl").unlink()
 
-    results = sweep(_cfg(out))
+    results = sweep(_cfg(out, batch_seeds=False))
     assert [(r.status, r.mode) for r in results] == [
         ("resumed", "resume"),
         ("done", "overwrite"),
@@ -147,7 +147,7 @@ def test_sweep_isolates_a_failure_then_finishes_only_what_is_left(tmp_path):
     assert all((p / "summary.json").is_file() for p in runs.values())
 
     mtimes = {k: (p / "metrics.jsonl").stat().st_mtime_ns for k, p in runs.items()}
-    assert [r.status for r in sweep(_cfg(out))] == ["skipped"] * 4
+    assert [r.status for r in sweep(_cfg(out, batch_seeds=False))] == ["skipped"] * 4
     assert mtimes == {k: (p / "metrics.jsonl").stat().st_mtime_ns for k, p in runs.items()}
 
     # the report reads the sweep folder
@@ -230,11 +230,11 @@ def test_ray_backend_runs_the_jobs(tmp_path):
     ray.init(num_cpus=2, include_dashboard=False)
     try:
         cfg = _cfg(tmp_path, algos=("sppo",), backend="ray")
-        assert [r.status for r in sweep(cfg)] == ["done", "done"]
+        assert [r.status for r in sweep(cfg)] == ["done"]  # seeds 0 and 1 in one process
         for seed in (0, 1):
             run = tmp_path / "short-cartpole" / "sppo" / f"seed{seed}"
             assert json.loads((run / "summary.json").read_text())["episodes"] == 128
-        assert [r.status for r in sweep(cfg)] == ["skipped", "skipped"]
+        assert [r.status for r in sweep(cfg)] == ["skipped"]
         assert ray.is_initialized(), "the sweep must not shut down a Ray instance it did not start"
     finally:
         ray.shutdown()
@@ -623,3 +623,146 @@ def test_two_sweeps_on_one_folder_one_is_refused_in_one_line_and_sweep_json_stay
     assert refused_out == "", "the refused sweep printed no table: it ran nothing"
     manifest = json.loads((out / "sweep.json").read_text())
     assert [r["status"] for r in manifest["results"]] == ["done", "done"], manifest["results"]
+
+
+# ============================================================ seeds batched: one process per (task, algo)
+
+
+def _seed_run(run: Path) -> tuple[list[dict], dict, dict, dict]:
+    """A seed folder's rows and summary (timings stripped), config (its folder aside) and final actor."""
+    import torch
+    from paths import CONTROL_TIMING, strip_timing
+
+    summary = json.loads((run / "summary.json").read_text())
+    config = json.loads((run / "config.json").read_text())
+    config.pop("out_dir")
+    return (
+        strip_timing(read_metrics(run / "metrics.jsonl"), CONTROL_TIMING),
+        {k: v for k, v in summary.items() if k not in ("wall_time_s", "sps")},
+        config,
+        torch.load(run / "final.pt", weights_only=False)["actor"],
+    )
+
+
+def test_a_batched_sweeps_seed_folders_are_a_per_seed_sweeps_and_skip_resume_and_fallback(tmp_path, capsys):
+    """By default the seeds of a (task, algo) run as one ``sppo-rl control --seeds`` job in
+    ``<root>/<task>/<algo>``; each ``seed<K>`` folder holds what the per-seed sweep (``--no-batch-seeds``)
+    writes there, bit for bit (timings aside); the table and headline still have a line per seed. A
+    finished job is skipped, an interrupted one resumed exactly; a folder a per-seed sweep left keeps
+    per-seed jobs (stated), and ``sppo-rl report`` counts each seed once."""
+    batched, single = tmp_path / "a" / "sweep", tmp_path / "b" / "sweep"  # one name: one wandb group
+    cfg = _cfg(batched, algos=("ppo",), seeds=(1, 0))
+    (job,) = plan(cfg)
+    assert job.seeds == (0, 1) and Path(job.out_dir) == batched.resolve() / "short-cartpole" / "ppo"
+    assert job.args[job.args.index("--seeds") + 1] == "0,1" and "--seed" not in job.args
+    results = sweep(cfg)
+    text = capsys.readouterr().out
+    assert [(r.status, r.mode) for r in results] == [("done", "fresh")]
+    assert "sweep: 2 runs (0 finished before) in 1 process (1 of several seeds)" in text
+    assert "1 process: 1 done; sweep wall time" in text
+    assert _line(text, "ppo", 0).split()[3] == "done" and _line(text, "ppo", 1).split()[3] == "done"
+    assert "short-cartpole / ppo: tail success" in text and "(mean of 2 seeds)" in text
+    assert [r.status for r in sweep(_cfg(single, algos=("ppo",), seeds=(0, 1), batch_seeds=False))] == [
+        "done",
+        "done",
+    ]
+    folder = batched / "short-cartpole" / "ppo"
+    for k in (0, 1):
+        a, b = _seed_run(folder / f"seed{k}"), _seed_run(single / "short-cartpole" / "ppo" / f"seed{k}")
+        assert a[:3] == b[:3] and a[2]["seed"] == k
+        assert all(torch_equal(a[3][n], b[3][n]) for n in b[3]) and a[3].keys() == b[3].keys()
+    assert json.loads((folder / "config.json").read_text())["seeds"] == "0,1"
+
+    # finished: skipped, nothing rewritten
+    runs = [folder, folder / "seed0", folder / "seed1"]
+    mtimes = [(p / "metrics.jsonl").stat().st_mtime_ns for p in runs]
+    assert [r.status for r in sweep(cfg)] == ["skipped"]
+    assert mtimes == [(p / "metrics.jsonl").stat().st_mtime_ns for p in runs]
+
+    # killed between update 1's checkpoints and update 2's: resumed, each seed exactly its run
+    before = [_seed_run(folder / f"seed{k}")[:2] for k in (0, 1)]
+    for p in runs:
+        (p / "summary.json").unlink()
+        shutil.rmtree(p / "checkpoints" / "ckpt-000000002")
+    assert [(r.status, r.mode) for r in sweep(cfg)] == [("resumed", "resume")]
+    assert [_seed_run(folder / f"seed{k}")[:2] for k in (0, 1)] == before
+    # killed between the seeds' checkpoints of update 2 and the set's: the set cannot resume, so each
+    # seed resumes alone (stated), then the (task, algo) stays per seed
+    for p in runs:
+        (p / "summary.json").unlink()
+    shutil.rmtree(folder / "checkpoints" / "ckpt-000000002")
+    (job,) = plan(cfg)[:1]
+    assert "seeds checkpointed past its last checkpoint (ckpt-000000001)" in job.why and not job.seeds
+    assert [(r.status, r.mode) for r in sweep(cfg)] == [("resumed", "resume")] * 2
+    assert [_seed_run(folder / f"seed{k}")[:2] for k in (0, 1)] == before
+    assert [r.status for r in sweep(cfg)] == ["skipped"] * 2
+    # killed before its first checkpoint (metrics without one): started again with --overwrite
+    for p in runs:
+        (p / "summary.json").unlink(missing_ok=True)
+        shutil.rmtree(p / "checkpoints")
+    assert [(r.status, r.mode) for r in sweep(cfg)] == [("done", "overwrite")]
+    assert [_seed_run(folder / f"seed{k}")[:2] for k in (0, 1)] == before
+
+    # a folder left by a per-seed sweep: per-seed jobs there, stated; a new seed runs alone
+    capsys.readouterr()
+    more = _cfg(single, algos=("ppo",), seeds=(0, 1, 2))
+    jobs = plan(more)
+    assert [(j.seed, j.seeds) for j in jobs] == [(0, ()), (1, ()), (2, ())]
+    assert "holds seed folders of a per-seed sweep (seed0, seed1)" in jobs[0].why
+    assert [r.status for r in sweep(more)] == ["skipped", "skipped", "done"]
+    said = "holds seed folders of a per-seed sweep (seed0, seed1) and no multi-seed run: one process per seed there"
+    assert said in capsys.readouterr().out
+    assert not (single / "short-cartpole" / "ppo" / "config.json").exists()
+    # ... and beside a multi-seed run of other seeds (only planned)
+    (job0, *_) = plan(_cfg(batched, algos=("ppo",), seeds=(0, 1, 2)))
+    assert "holds a multi-seed run of other seeds (0,1)" in job0.why
+
+    # the report reads each seed once (the set's own folder, the seeds' mean, is not a run)
+    report = run_report(ReportConfig(inputs=(str(batched),), smooth=1))
+    assert [(g["algo"], g["seeds"], g["finished"]) for g in report["groups"]] == [("ppo", 2, 2)]
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
+
+
+def test_a_batched_job_starts_over_when_a_seed_folder_holds_a_killed_run(tmp_path):
+    """A multi-seed job's folder without checkpoints whose seed folder holds metrics (killed before the
+    set's first checkpoint) starts again with --overwrite, as a single run's folder would."""
+    from sppo_rl.experiments.sweep import run_mode
+
+    (tmp_path / "seed1").mkdir()
+    assert run_mode(tmp_path, (0, 1)) == "fresh"
+    (tmp_path / "seed1" / "metrics.jsonl").write_text("")
+    assert run_mode(tmp_path, (0, 1)) == "overwrite" and run_mode(tmp_path) == "fresh"
+
+
+@pytest.mark.slow  # about 20 s; the default suite simulates the interruption
+def test_sigterm_stops_a_batched_sweep_and_the_rerun_resumes_every_seed(tmp_path):
+    out = tmp_path / "sweep"
+    args = _cli_args(out, budget=64 * 150, algos=("ppo",), seeds=("0", "1"))
+    args[args.index("checkpoint-every=1")] = "checkpoint-every=5"
+    folder = out / "short-cartpole" / "ppo"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sppo_rl", "sweep", *args], stdout=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 120
+    while not list((folder / "checkpoints").glob("ckpt-*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    stdout, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "interrupted" in _line(stdout, "ppo", 0) and "interrupted" in _line(stdout, "ppo", 1)
+    assert not (folder / "summary.json").exists(), (
+        "the run finished before the signal; give it a bigger budget"
+    )
+
+    again = _cli(*args)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resumed" in _line(again.stdout, "ppo", 0) and "resumed" in _line(again.stdout, "ppo", 1)
+    for k in (0, 1):
+        assert [r["update"] for r in read_metrics(folder / f"seed{k}" / "metrics.jsonl")] == list(
+            range(1, 151)
+        )

@@ -69,8 +69,13 @@ class SweepConfig:
     llm_args: str = ""
     """LLM world: sppo-rl llm flags of every run, one string after each run's own, given with '=', e.g.
     --llm-args="--task scratchpad --updates 100" (not --seed, --out-dir, --resume, --overwrite, --progress)."""
+    batch_seeds: bool = True
+    """Control: all seeds of a (task, algorithm) in one process (sppo-rl control --seeds; seed k's run in
+    <out_dir>/<task>/<algo>/seed<k>, bit for bit its run alone; the seeds share the process's seconds, so
+    a seed's wall_time_s is its set's); a folder left by a per-seed sweep keeps one process per seed.
+    --no-batch-seeds: one process per seed."""
     workers: int | None = None
-    """Runs at a time (default: the number of CPU cores)."""
+    """Processes at a time (default: the number of CPU cores)."""
     backend: Literal["local", "ray"] = "local"
     """local: subprocesses of this process; ray: each run's subprocess is started by a Ray task."""
     ray_address: str | None = None

@@ -131,7 +131,8 @@ def _bad_value(rows: list[dict[str, Any]], cfg: dict[str, Any]) -> str | None:
 
 def find_runs(inputs: tuple[str, ...], skip: Path | None = None) -> list[Run]:
     """Every folder under ``inputs`` with ``metrics.jsonl`` and a readable ``config.json``, labelled
-    (:func:`label_runs`). A run whose metrics hold a value the report cannot read as a number
+    (:func:`label_runs`); a multi-seed run's own folder (``sppo-rl control --seeds``: the seeds' mean) is
+    not a run, its ``seed<K>`` folders are. A run whose metrics hold a value the report cannot read as a number
     (:func:`_bad_value`: NaN, a list) is skipped, with one line on stderr naming its file and row."""
     seen, runs = set(), []
     for top in inputs:
@@ -143,6 +144,8 @@ def find_runs(inputs: tuple[str, ...], skip: Path | None = None) -> list[Run]:
                 continue
             cfg = read_json(folder / "config.json")
             if not isinstance(cfg, dict) or "algo" not in cfg:
+                continue
+            if cfg.get("seeds"):  # a multi-seed run (control --seeds): its runs are its seed<K> folders
                 continue
             cfg = config_now(cfg)  # keys under their names now (a run saved before a rename)
             seen.add(folder)

@@ -1,15 +1,22 @@
 """``sppo-rl sweep``: algorithms x tasks x seeds of ``sppo-rl control`` runs, or (``--world llm``) named
 runs x seeds of ``sppo-rl llm`` runs, resumable.
 
-Every run is a subprocess ``python -m sppo_rl control ... --no-progress`` (``llm``) whose output goes to
-``<run>/log.txt``, so a crash or a kill of one run never takes the sweep down. When a job starts it looks at
-its folder ``<out_dir>/<task>/<algo>/seed<k>`` (LLM world: ``<out_dir>/<name>/seed<k>``) to decide how to run:
+Every job is a subprocess ``python -m sppo_rl control ... --no-progress`` (``llm``) whose output goes to
+``<job>/log.txt``, so a crash or a kill of one job never takes the sweep down. A control job trains all the
+seeds of one (task, algorithm) in one process (``sppo-rl control --seeds``, :mod:`sppo_rl.control.seeds`)
+in ``<out_dir>/<task>/<algo>``, seed ``k``'s run in its folder ``<out_dir>/<task>/<algo>/seed<k>`` bit for
+bit the run of ``--seed k`` alone; with ``--no-batch-seeds``, with one seed, or for a (task, algorithm)
+whose folder holds seed folders but no multi-seed run of these seeds (a per-seed sweep's, stated at the
+start: :func:`per_seed_reason`), a job is one seed's run in ``<out_dir>/<task>/<algo>/seed<k>``, as before
+(LLM world: always, ``<out_dir>/<name>/seed<k>``). When a job starts it looks at its folder to decide how
+to run:
 
 - ``summary.json`` present: the run is finished and is skipped;
 - a checkpoint and ``metrics.jsonl`` present: it continues with ``--resume`` (its metrics continue
   exactly; a metrics file shorter than its checkpoint recorded is refused by the run, never glued);
 - checkpoints without ``metrics.jsonl`` (its history is gone): it starts again with ``--overwrite``;
-- ``metrics.jsonl`` or ``checkpoints/`` but no checkpoint (a run killed before its first one): ``--overwrite``;
+- ``metrics.jsonl`` or ``checkpoints/`` but no checkpoint (a run killed before its first one; a multi-seed
+  job: also in a seed folder): ``--overwrite``;
 - nothing: a fresh start.
 
 Re-running the same command after a kill therefore finishes only what is left. While a run's subprocess
@@ -24,6 +31,8 @@ starts again with ``--overwrite`` whatever its folder holds. Before any of this,
 folder that holds a run with other settings (those of :data:`BOOKKEEPING` / :data:`LLM_BOOKKEEPING` aside).
 
 Jobs run seed by seed (every task and algorithm of the first seed first), so a partial sweep is balanced.
+The status table and the headline have a line per seed either way (a multi-seed job's seeds share its
+status and wall time), read from the seed folders.
 ``<out_dir>/sweep.json`` records the config, the jobs and their results.
 """
 
@@ -122,12 +131,26 @@ class Job:
     """The ``sppo-rl`` subcommand: control | llm."""
     overwrite: bool = False
     """Start again with --overwrite whatever the folder holds (no skip, no resume)."""
+    seeds: tuple[int, ...] = ()
+    """A multi-seed job's seeds (``sppo-rl control --seeds``: ``out_dir`` is the set's folder, seed ``k``'s
+    run ``out_dir/seed<k>``; ``seed`` is the first); (): the one run of ``seed`` in ``out_dir``."""
+    why: str = ""
+    """Why a job of one seed although seeds are batched (:func:`per_seed_reason`); "" otherwise."""
 
     @property
     def name(self) -> str:
         if self.command == "llm":
             return f"{self.algo}/seed{self.seed}"
+        if self.seeds:
+            return f"{self.task}/{self.algo}/seeds{','.join(map(str, self.seeds))}"
         return f"{self.task}/{self.algo}/seed{self.seed}"
+
+    @property
+    def runs(self) -> list[tuple[int, Path]]:
+        """Each seed's run of the job: ``(seed, its folder)``."""
+        if self.seeds:
+            return [(k, Path(self.out_dir) / f"seed{k}") for k in self.seeds]
+        return [(self.seed, Path(self.out_dir))]
 
 
 @dataclass
@@ -270,23 +293,65 @@ def plan(cfg: SweepConfig) -> list[Job]:
     base.validate()  # every setting's type and range (ConfigError names the flag), before any run
     root = Path(cfg.out_dir).resolve()
     group = base.wandb.group or root.name  # the runs of a sweep form one wandb group
-    jobs = []
-    for seed in seeds:
-        for task in tasks:
-            for algo in algos:
-                budget = cfg.budgets.get(task, cfg.total_episodes or base.total_episodes)
-                out = root / task / algo / f"seed{seed}"
-                control = replace(
-                    base, algo=algo, task=task, seed=seed, total_episodes=budget, out_dir=str(out)
-                )
-                control = replace_flat(control, wandb_group=group)
-                check_same_settings(out, control)
-                coords = ["--algo", algo, "--task", task, "--seed", str(seed)]
-                coords += ["--total-episodes", str(budget), "--out-dir", str(out)]
-                if base.wandb.group is None:
-                    coords += ["--wandb-group", group]
-                jobs.append(Job(task, algo, seed, str(out), coords + flags))
-    return jobs
+    batched, single = [], []
+    for task in tasks:
+        for algo in algos:
+            budget = cfg.budgets.get(task, cfg.total_episodes or base.total_episodes)
+            folder = root / task / algo
+            control = replace(base, algo=algo, task=task, total_episodes=budget, out_dir=str(folder))
+            control = replace_flat(control, wandb_group=group)
+            coords = ["--algo", algo, "--task", task, "--total-episodes", str(budget)]
+            if base.wandb.group is None:
+                coords += ["--wandb-group", group]
+            for seed in seeds:  # each seed's run as it runs alone: the same settings in either layout
+                one = replace(control, seed=seed, out_dir=str(folder / f"seed{seed}"))
+                check_same_settings(folder / f"seed{seed}", one)
+            why = per_seed_reason(folder, seeds) if cfg.batch_seeds and len(seeds) > 1 else ""
+            if cfg.batch_seeds and len(seeds) > 1 and not why:
+                text = ",".join(map(str, sorted(seeds)))
+                check_same_settings(folder, replace(control, seeds=text))
+                args = [*coords, "--seeds", text, "--out-dir", str(folder), *flags]
+                batched.append(Job(task, algo, min(seeds), str(folder), args, seeds=tuple(sorted(seeds))))
+                continue
+            for seed in seeds:
+                out = folder / f"seed{seed}"
+                args = [*coords, "--seed", str(seed), "--out-dir", str(out), *flags]
+                single.append(Job(task, algo, seed, str(out), args, why=why))
+    # one seed's jobs seed by seed (every task and algorithm of the first seed first): a partial sweep
+    # is balanced
+    return batched + sorted(single, key=lambda j: seeds.index(j.seed))
+
+
+def per_seed_reason(folder: Path, seeds: list[int]) -> str:
+    """Why the seeds of ``folder`` (a task and algorithm's) cannot run as one multi-seed job there, in a
+    few words; "" when they can: the folder is new, or holds a multi-seed run of these seeds (a folder
+    that ``sppo-rl control --seeds`` marked as its own). Not: it holds seed folders without such a run
+    (an earlier per-seed sweep's: a multi-seed run there would refuse them as files it did not write), a
+    multi-seed run of other seeds, or an unfinished one whose seeds' last checkpoints are not the set's
+    (killed between the seeds' checkpoints and the set's: the set cannot resume, each seed alone can)."""
+    from sppo_rl.control.config import parse_seeds
+    from sppo_rl.runtime.run import is_marked
+
+    if is_marked(folder):
+        try:
+            there = json.loads((folder / "config.json").read_text()).get("seeds")
+        except (OSError, json.JSONDecodeError, AttributeError):
+            return ""  # a multi-seed run stopped before it wrote its config: it starts again
+        if not there or sorted(parse_seeds(str(there), strict=False)) != sorted(seeds):
+            return f"{folder} holds a multi-seed run of other seeds ({there})"
+        last = _last_checkpoint(folder)
+        if (folder / "summary.json").is_file() or last is None:
+            return ""
+        if any(_last_checkpoint(folder / f"seed{k}") != last for k in seeds):
+            return (
+                f"{folder} holds a multi-seed run whose seeds checkpointed past its last checkpoint ({last})"
+            )
+        return ""
+    old = sorted(p.name for p in folder.glob("seed*")) if folder.is_dir() else []
+    if old:
+        shown = ", ".join(old[:3]) + ", ..." * (len(old) > 3)
+        return f"{folder} holds seed folders of a per-seed sweep ({shown}) and no multi-seed run"
+    return ""
 
 
 def _plan_llm(cfg: SweepConfig) -> list[Job]:
@@ -437,14 +502,22 @@ def llm_jobs(
 # ------------------------------------------------------------------------------------- one job
 
 
-def run_mode(out: Path) -> str:
-    """skip | resume | overwrite | fresh, from what the run folder holds (see the module docstring)."""
+def _last_checkpoint(run: Path) -> str | None:
+    """The name of ``run``'s last complete checkpoint (``ckpt-<update>`` with its ``meta.json``), or None."""
+    names = sorted(p.parent.name for p in (run / "checkpoints").glob("ckpt-*/meta.json"))
+    return names[-1] if names else None
+
+
+def run_mode(out: Path, seeds: tuple[int, ...] = ()) -> str:
+    """skip | resume | overwrite | fresh, from what the run folder holds (see the module docstring);
+    ``seeds``: ``out`` is a multi-seed run's, whose seed folders count for ``overwrite`` too."""
     if (out / "summary.json").is_file():
         return "skip"
     if any((out / "checkpoints").glob("ckpt-*/meta.json")) and (out / "metrics.jsonl").is_file():
         return "resume"
-    if (out / "metrics.jsonl").exists() or (out / "checkpoints").exists():
-        return "overwrite"
+    for run in [out, *(out / f"seed{k}" for k in seeds)]:
+        if (run / "metrics.jsonl").exists() or (run / "checkpoints").exists():
+            return "overwrite"
     return "fresh"
 
 
@@ -470,7 +543,7 @@ def run_job(job: Job) -> JobResult:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return JobResult("busy", log=str(log), error=f"another process holds {out / LOCK}")
-        mode = run_mode(out)
+        mode = run_mode(out, job.seeds)
         if job.overwrite and mode != "fresh":
             mode = "overwrite"
         if mode == "skip":
@@ -605,7 +678,8 @@ def status_table(jobs: list[Job], results: list[JobResult]) -> str:
     for job, r in zip(jobs, results):
         status = r.status + (f" (rc {r.returncode})" if r.status == "failed" and r.returncode else "")
         log = "" if r.status in FINISHED else r.error if r.status == "busy" else r.log
-        lines.append(f"{job.task:24s} {job.algo:10s} {job.seed:5d}  {status:16s} {r.wall_time_s:8.1f}  {log}")
+        for seed, _ in job.runs:  # a multi-seed job's seeds share its status, wall time and log
+            lines.append(f"{job.task:24s} {job.algo:10s} {seed:5d}  {status:16s} {r.wall_time_s:8.1f}  {log}")
     return "\n".join(lines)
 
 
@@ -614,9 +688,10 @@ OnJob = Callable[[Job, JobResult], None]
 
 class SweepResults(list):  # list[JobResult]
     """One :class:`JobResult` per job, and the signal that stopped the sweep (``stopped_by``: its number,
-    None when the sweep ran to its end)."""
+    None when the sweep ran to its end); ``jobs``: the jobs (for counting runs, a seed each)."""
 
     stopped_by: int | None = None
+    jobs: list[Job] | None = None
 
 
 def sweep(cfg: SweepConfig, jobs: list[Job] | None = None, on_done: OnJob | None = None) -> list[JobResult]:
@@ -665,10 +740,20 @@ def _sweep(
         "jobs": [{"name": j.name, **asdict(j)} for j in jobs],
     }
     _write_json(root / "sweep.json", manifest)
-    finished_before = sum((Path(j.out_dir) / "summary.json").is_file() for j in jobs)
+    runs = [run for j in jobs for _, run in j.runs]
+    finished_before = sum((run / "summary.json").is_file() for run in runs)
+    batched = sum(bool(j.seeds) for j in jobs)
     say(
-        f"sweep: {len(jobs)} runs ({finished_before} finished before), {workers} {cfg.backend} workers -> {root}"
+        f"sweep: {_count(len(runs), 'run')} ({finished_before} finished before)"
+        + (
+            f" in {_count(len(jobs), 'process')} ({batched} of several seeds)"
+            if len(jobs) < len(runs)
+            else ""
+        )
+        + f", {workers} {cfg.backend} workers -> {root}"
     )
+    for why in dict.fromkeys(j.why for j in jobs if j.why):
+        say(f"sweep: {why}: one process per seed there")
     results: list[JobResult | None] = [None] * len(jobs)
     count = 0
     lock = threading.Lock()
@@ -694,6 +779,7 @@ def _sweep(
             _run_local(jobs, workers, stop, on_done)
     final = SweepResults(r or JobResult("not started") for r in results)
     final.stopped_by = signals.signum
+    final.jobs = jobs
     wall = time.monotonic() - t0
     manifest.update(
         finished=datetime.now().isoformat(timespec="seconds"),
@@ -704,12 +790,17 @@ def _sweep(
     counts = {s: sum(r.status == s for r in final) for s in dict.fromkeys(r.status for r in final)}
     say("\n" + status_table(jobs, final))
     say(
-        f"{len(jobs)} runs: "
+        f"{_count(len(jobs), 'run' if len(jobs) == len(runs) else 'process')}: "
         + ", ".join(f"{n} {s}" for s, n in counts.items())
         + f"; sweep wall time {wall:.1f} s"
     )
     say(headline(jobs, final, root))
     return final
+
+
+def _count(n: int, noun: str) -> str:
+    """``3 processes``, ``1 process``, ``2 runs``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}{'es' if noun.endswith('s') else 's'}"
 
 
 def headline(jobs: list[Job], results: list[JobResult], root: Path) -> str:
@@ -724,8 +815,10 @@ def headline(jobs: list[Job], results: list[JobResult], root: Path) -> str:
     finals: dict[tuple[str, str], list[float]] = {}
     greedy: dict[tuple[str, str], list[float]] = {}
     for job, r in zip(jobs, results):
-        metrics = Path(job.out_dir) / "metrics.jsonl"
-        if r.status in FINISHED and metrics.is_file():
+        for _, run in job.runs:
+            metrics = run / "metrics.jsonl"
+            if r.status not in FINISHED or not metrics.is_file():
+                continue
             key = "val_accuracy" if job.command == "llm" else "success_rate"
             rows = read_metrics(metrics)
             value = tail_value([row.get(key) for row in rows])
@@ -772,18 +865,21 @@ def run_sweep(cfg: SweepConfig) -> list[JobResult]:
     from sppo_rl.runtime.run import RunError
 
     results = sweep(cfg)
-    unfinished = [r for r in results if r.status not in FINISHED]
+    jobs = getattr(results, "jobs", None) or [None] * len(results)
+    seeds = [len(j.runs) if j is not None else 1 for j in jobs]  # runs: a seed each
+    total = sum(seeds)
+    unfinished = sum(n for n, r in zip(seeds, results) if r.status not in FINISHED)
     stopped_by = getattr(results, "stopped_by", None)
     if stopped_by is not None:
         print(
-            f"sppo-rl: stopped by {signal.Signals(stopped_by).name}: {len(unfinished)} of {len(results)} runs "
+            f"sppo-rl: stopped by {signal.Signals(stopped_by).name}: {unfinished} of {total} runs "
             "did not finish; run the same command again to finish them",
             file=sys.stderr,
         )
         sys.exit(128 + stopped_by)
     if unfinished:
         raise RunError(
-            f"{len(unfinished)} of {len(results)} runs did not finish (logs in the table above); "
+            f"{unfinished} of {total} runs did not finish (logs in the table above); "
             "run the same command again to finish them"
         )
     return results
