@@ -92,11 +92,12 @@ def _control_cmd(out: Path, *extra: str) -> list[str]:
 
 
 def _fs_llm_cmd(tiny: Path, out: Path, *extra: str) -> list[str]:
+    # 3 checkpoints kept (1 is the default): those seen before a fault are not rotated away before it lands
     return [
         sys.executable, "-m", "sppo_rl", "llm", "--model", str(tiny), "--updates", "100000",
         "--prompts-per-step", "2", "--train-size", "64", "--val-size", "4", "--eval-samples", "1",
         "--eval-every", "5", "--checkpoint-every", "2", "--max-new-tokens", "8", "--no-progress",
-        "--threads", "1", "--out-dir", str(out), *extra,
+        "--threads", "1", "--keep-checkpoints", "3", "--out-dir", str(out), *extra,
     ]  # fmt: skip
 
 
