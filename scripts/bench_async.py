@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shlex
 import subprocess
@@ -38,6 +37,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from sppo_rl.experiments.decision import time_ratio
 
 ARMS: dict[str, list[str]] = {
     "sync-1t": ["--threads", "1"],
@@ -77,20 +78,6 @@ def run_arm(name: str, args: argparse.Namespace, root: Path, rep: int) -> dict:
     return {"seconds_per_update": float(np.mean(steps)), "steps": steps, "wall_s": time.perf_counter() - t0}
 
 
-def ratio(base: list[float], arm: list[float]) -> dict:
-    """``base / arm`` per repetition, its geometric mean and 95 % interval (paired t on the logs)."""
-    from sppo_rl.experiments.decision import paired_t
-
-    logs = np.log(np.asarray(base)) - np.log(np.asarray(arm))
-    t = paired_t(logs)
-    return {
-        "ratio": math.exp(t["mean"]),
-        "lo": math.exp(t["lo"]) if not math.isnan(t["lo"]) else None,
-        "hi": math.exp(t["hi"]) if not math.isnan(t["hi"]) else None,
-        "per_rep": [float(math.exp(x)) for x in logs],
-    }
-
-
 def fmt(r: dict) -> str:
     ci = f"[{r['lo']:.2f}, {r['hi']:.2f}]" if r["lo"] is not None else "[n/a: one repetition]"
     return f"{r['ratio']:.2f}x {ci}"
@@ -127,13 +114,13 @@ def main() -> None:
             )
     base = times["sync-1t"]
     out = {"seconds_per_update": {n: float(np.mean(v)) for n, v in times.items()}, "reps": args.reps}
-    out["aa"] = ratio(base, times["sync-1t-again"])
+    out["aa"] = time_ratio(base, times["sync-1t-again"])
     for name in ("sync-2t", "async-k1"):
-        out[name] = ratio(base, times[name])
+        out[name] = time_ratio(base, times[name])
     print(f"A/A (sync-1t timed twice): {fmt(out['aa'])}")
     print(f"sync-2t   vs sync-1t: {fmt(out['sync-2t'])}")
     print(f"async-k1  vs sync-1t: {fmt(out['async-k1'])}")
-    a, b = out["async-k1"], ratio(times["sync-2t"], times["async-k1"])
+    a, b = out["async-k1"], time_ratio(times["sync-2t"], times["async-k1"])
     out["async-k1-vs-sync-2t"] = b
     print(
         f"async-k1  vs sync-2t: {fmt(b)}  (speed-up of K = 1 over the faster synchronous layout: {a['ratio']:.2f}x / {out['sync-2t']['ratio']:.2f}x)"

@@ -9,7 +9,7 @@ command's wall seconds; printed:
 
 - each run's seconds, then ``time(baseline) / time(current)`` (> 1: the current tree is faster) as the
   geometric mean over the pairs with its 95 % interval (a paired t interval on the log-ratios,
-  :func:`sppo_rl.experiments.decision.paired_t`);
+  :func:`sppo_rl.experiments.decision.time_ratio`);
 - the **A/A** ratio: the baseline's runs against each other (the first of each pair of its runs against the
   second), the same code timed twice, whose interval is the timing null the comparison is read against.
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -30,25 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+from sppo_rl.experiments.decision import time_ratio
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def ratio(base: list[float], arm: list[float]) -> dict:
-    """``base / arm`` per pair, its geometric mean and 95 % interval (paired t on the logs; no interval
-    from one pair)."""
-    from sppo_rl.experiments.decision import paired_t
-
-    logs = np.log(np.asarray(base, dtype=float)) - np.log(np.asarray(arm, dtype=float))
-    t = paired_t(logs)
-    lo, hi = t["lo"], t["hi"]
-    return {
-        "ratio": math.exp(t["mean"]),
-        "lo": None if math.isnan(lo) else math.exp(lo),
-        "hi": None if math.isnan(hi) else math.exp(hi),
-        "per_pair": [float(math.exp(x)) for x in logs],
-    }
 
 
 def fmt(r: dict) -> str:
@@ -119,11 +102,11 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base_tree)], check=False)
     result: dict = {"baseline": args.baseline, "target": args.target, "seconds": seconds}
-    result["current_vs_base"] = ratio(seconds["base"], seconds["current"])
+    result["current_vs_base"] = time_ratio(seconds["base"], seconds["current"])
     print(f"time(baseline) / time(current): {fmt(result['current_vs_base'])}")
     base = seconds["base"]
     if len(base) >= 2:
-        result["aa"] = ratio(base[0::2][: len(base) // 2], base[1::2][: len(base) // 2])
+        result["aa"] = time_ratio(base[0::2][: len(base) // 2], base[1::2][: len(base) // 2])
         print(f"A/A (the baseline's runs against each other): {fmt(result['aa'])}")
     print(json.dumps(result))
 

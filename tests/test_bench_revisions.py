@@ -25,13 +25,13 @@ def test_the_order_alternates_abba_with_reps_runs_of_each(reps):
 
 
 def test_the_ratio_is_base_over_current_with_a_paired_interval():
-    same = bench.ratio([10.0, 12.0, 11.0], [10.0, 12.0, 11.0])
+    same = bench.time_ratio([10.0, 12.0, 11.0], [10.0, 12.0, 11.0])
     assert same["ratio"] == pytest.approx(1.0) and same["lo"] == pytest.approx(1.0)
-    r = bench.ratio([10.0, 12.0], [5.0, 6.5])
-    assert r["per_pair"] == pytest.approx([2.0, 12 / 6.5])
+    r = bench.time_ratio([10.0, 12.0], [5.0, 6.5])
+    assert r["per_rep"] == pytest.approx([2.0, 12 / 6.5])
     assert r["ratio"] == pytest.approx(math.sqrt(2.0 * 12 / 6.5))
     assert r["lo"] < r["ratio"] < r["hi"]
-    assert bench.ratio([10.0], [5.0])["lo"] is None  # one pair: no interval
+    assert bench.time_ratio([10.0], [5.0])["lo"] is None  # one pair: no interval
 
 
 def test_the_demo_real_command_is_what_make_runs():

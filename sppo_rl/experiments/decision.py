@@ -169,6 +169,20 @@ def _all_signs(n: int) -> np.ndarray:
     return np.array(list(itertools.product((1.0, -1.0), repeat=n)))
 
 
+def time_ratio(base, arm) -> dict[str, Any]:
+    """How many times faster ``arm`` ran than ``base``: the seconds ``base[k] / arm[k]`` per repetition
+    ``k`` (``per_rep``), their geometric mean (``ratio``) and its 95 % interval (``lo``, ``hi``: a paired t
+    interval on the log-ratios, :func:`paired_t`; None from one repetition)."""
+    logs = np.log(np.asarray(base, dtype=float)) - np.log(np.asarray(arm, dtype=float))
+    t = paired_t(logs)
+    return {
+        "ratio": math.exp(t["mean"]),
+        "lo": None if math.isnan(t["lo"]) else math.exp(t["lo"]),
+        "hi": None if math.isnan(t["hi"]) else math.exp(t["hi"]),
+        "per_rep": [float(math.exp(x)) for x in logs],
+    }
+
+
 def sign_flip(d, reps: int = 4000, seed: int = 0) -> float:
     """Two-sided sign-flip permutation p-value of ``mean(d) = 0``: the share of sign vectors ``s`` with
     ``|mean(s d)| >= |mean(d)|`` (all ``2^n`` for ``n <= SIGN_FLIP_EXACT``, else ``reps`` drawn with
