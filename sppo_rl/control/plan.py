@@ -31,6 +31,7 @@ from sppo_rl.agents.algorithms import (
 from sppo_rl.agents.learner import LearnerConfig
 from sppo_rl.control.actor_files import check_init_actor, resolve_init
 from sppo_rl.control.config import ControlConfig
+from sppo_rl.runtime.loop import Schedule
 from sppo_rl.runtime.plan import AStar, LoopSettings, RunPlan
 from sppo_rl.runtime.run import RunError
 
@@ -160,4 +161,16 @@ def resolve(cfg: ControlConfig) -> Plan:
         networks=networks,
         optim=optim,
         evaluation=evaluation,
+    )
+
+
+def schedule(loop: LoopSettings) -> Schedule:
+    """The control loop's :class:`~sppo_rl.runtime.loop.Schedule` from the plan's ``loop`` settings: the budget,
+    evaluations, checkpoints and time cap, the logs' x-axis the env steps (CleanRL's global_step)."""
+    return Schedule(
+        loop.updates,
+        loop.eval_every,
+        loop.checkpoint_every,
+        loop.max_seconds,
+        log_step=lambda r: r["env_steps"],
     )

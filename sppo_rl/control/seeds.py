@@ -37,13 +37,13 @@ import numpy as np
 import torch
 
 from sppo_rl.control.config import ControlConfig, parse_seeds
-from sppo_rl.control.plan import resolve
+from sppo_rl.control.plan import resolve, schedule
 from sppo_rl.control.rollout import collect_seeds
 from sppo_rl.control.stack import StackedActor
 from sppo_rl.runtime.checkpoint import CheckpointManager, torch_load, torch_save
 from sppo_rl.runtime.files import atomic_write_text
 from sppo_rl.runtime.logging import json_safe, read_metrics, start_logging
-from sppo_rl.runtime.loop import DEFERRED, Schedule, progress_bar, run_loop
+from sppo_rl.runtime.loop import DEFERRED, progress_bar, run_loop
 from sppo_rl.runtime.run import RunError, check_resume, prepare_run_dir, unlock_run_dir
 from sppo_rl.runtime.watch import not_learning
 
@@ -150,13 +150,7 @@ class SeedRuns:
         desc = f"{self.plan.algo.name}/{self.plan.spec.name} x{len(self.seeds)} seeds"
         return run_loop(
             self,
-            Schedule(
-                loop.updates,
-                loop.eval_every,
-                loop.checkpoint_every,
-                loop.max_seconds,
-                log_step=lambda row: row["env_steps"],
-            ),
+            schedule(loop),
             resume_hint=f"sppo-rl control --out-dir {self.out} --seeds {self.plan.given.seeds} --resume",
             bar=progress_bar(loop.progress, loop.updates, self.updates, desc),
             postfix=lambda row: {"success": f"{row['success_rate']:.2f}", "sps": f"{row['sps']:.0f}"},

@@ -39,14 +39,14 @@ from sppo_rl.control.astar import ReferenceValues
 from sppo_rl.control.config import ControlConfig
 from sppo_rl.control.evaluate import success_rate
 from sppo_rl.control.networks import CRITICS, Actor, StepCritic
-from sppo_rl.control.plan import resolve
+from sppo_rl.control.plan import resolve, schedule
 from sppo_rl.control.rollout import Episodes, Rollout, collect_seeds, start_states
 from sppo_rl.control.spo import StartStates
 from sppo_rl.control.stack import StackedActor
 from sppo_rl.control.summary import headline, summary_of, write_exports
 from sppo_rl.runtime.checkpoint import CheckpointManager, check_written_by, read_meta, torch_load, torch_save
 from sppo_rl.runtime.logging import start_logging
-from sppo_rl.runtime.loop import Schedule, announce, progress_bar, run_loop
+from sppo_rl.runtime.loop import announce, progress_bar, run_loop
 from sppo_rl.runtime.run import check_finite, check_resume, prepare_run_dir, set_threads, unlock_run_dir
 from sppo_rl.runtime.schedule import lr_factor, set_lr
 
@@ -199,13 +199,7 @@ class ControlRun:
         )
         return run_loop(
             self,
-            Schedule(
-                loop.updates,
-                loop.eval_every,
-                loop.checkpoint_every,
-                loop.max_seconds,
-                log_step=lambda r: r["env_steps"],  # CleanRL's global_step
-            ),
+            schedule(loop),
             resume_hint=f"sppo-rl control --out-dir {self.out} --resume",
             bar=bar,
             postfix=lambda r: {"success": f"{r['success_rate']:.2f}", "sps": f"{r['sps']:.0f}"},
