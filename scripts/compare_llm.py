@@ -179,6 +179,10 @@ def run_sets() -> dict[str, list[tuple[str, list[str]]]]:
                 ],
             ),
             ("ppo", [*PPO, "--model", REAL_MODEL, "--critic-model", REAL_CRITIC]),
+            # the two single-sample rivals with no learned critic: SPO's per-prompt tracker, A*-PO's V*
+            # from 8 reference samples of every training prompt before update 1 (its cost counted)
+            ("spo", ["--algo", "spo", "--model", REAL_MODEL]),
+            ("astar-po", ["--algo", "astar-po", "--model", REAL_MODEL]),
         ],  # fmt: skip
         # asynchronous rollouts: SPPO synchronous (K = 0) against its sampler 1 and 2 updates ahead in a
         # worker process (decoupled PPO's correction, the default with staleness); equal FLOPs per update
@@ -196,7 +200,7 @@ def run_sets() -> dict[str, list[tuple[str, list[str]]]]:
         # the single-sample methods (one response per prompt, a baseline that is not a group mean) beside
         # the group methods as the reference, all at the same samples per update (a group method: --prompts-
         # per-step / N prompts x N); run on arithmetic and on the scratchpad (--task scratchpad, --llm-args
-        # "--levels 1" or "--levels 5")
+        # "--level 1" or "--level 5")
         "single": [
             ("sppo", flags["sppo"]),
             ("spo", ["--algo", "spo"]),
@@ -246,6 +250,7 @@ def seed_figures(rows: list[dict]) -> dict:
     evals = evaluations(rows)
     acc = [r["val_accuracy"] for r in evals]
     passk = [r.get("pass_at_k") for r in evals]
+    greedy = [r.get("val_greedy_accuracy") for r in evals]
     formats = {key: [r.get(f"val_{key}") for r in evals] for key in FORMATS}
     lengths = [r["response_length"] for r in rows if r.get("response_length") is not None]
     cut = [r["response_clip_frac"] for r in rows if r.get("response_clip_frac") is not None]
@@ -268,6 +273,7 @@ def seed_figures(rows: list[dict]) -> dict:
         "cut_first": statistics.fmean(cut[:CUT_UPDATES]) if cut else None,
         "cut_last": statistics.fmean(cut[-CUT_UPDATES:]) if cut else None,
         "final_val_accuracy": tail_value(acc) if acc else None,
+        "final_greedy_accuracy": tail_value(greedy) if greedy and None not in greedy else None,
         "k": evals[-1].get("val_k") if evals else None,
         "start_pass_at_k": passk[0] if passk and passk[0] is not None else None,
         "final_pass_at_k": tail_value(passk) if any(p is not None for p in passk) else None,
@@ -275,6 +281,7 @@ def seed_figures(rows: list[dict]) -> dict:
         "updates": last.get("update"),
         "tokens": last.get("generated_tokens"),
         "seconds": last.get("wall_time_s"),
+        "flops": last.get("flops_total"),
     }
 
 
@@ -297,10 +304,11 @@ def method_figures(per_seed: dict[int, dict]) -> dict:
     """The summaries over seeds (:func:`spread`) of each seed's figures and protocol statistics."""
     seeds = sorted(per_seed)
     out: dict[str, Any] = {"seeds": seeds}
-    keys = ("start_val_accuracy", "final_val_accuracy", "start_pass_at_k", "final_pass_at_k")
+    keys = ("start_val_accuracy", "final_val_accuracy", "final_greedy_accuracy", "start_pass_at_k")
+    keys += ("final_pass_at_k", "acc_at_flops", "flops")
     keys += tuple(f"{when}_{key}" for key in FORMATS for when in ("start", "final"))
     for key in (*keys, *RUN_STATS, "response_length", "updates", "tokens", "seconds"):
-        out[key] = spread([per_seed[k][key] for k in seeds])
+        out[key] = spread([per_seed[k].get(key) for k in seeds])
     ks = {per_seed[k]["k"] for k in seeds} - {None}
     out["k"] = ks.pop() if len(ks) == 1 else None
     out["reached"] = {"n": sum(per_seed[k]["reached_seconds"] for k in seeds), "of": len(seeds)}
@@ -565,25 +573,28 @@ def markdown(report: dict) -> str:
     estimate, its paired bootstrap interval, the A/A null interval and the verdict."""
     t, w = report["target"], report["windows"]
     lines = [
-        "| run | samples/prompt | seeds | start | final | acc @ equal s | acc @ equal tokens | AUC (s) | "
-        "s to target | tokens to target | reached | pass@k final | length | wall s | gen tokens | "
-        "peak RSS MiB | model-state MiB |",
-        "|" + "---|" * 17,
+        "| run | samples/prompt | seeds | start | final | final greedy | acc @ equal FLOPs | acc @ equal s | "
+        "acc @ equal tokens | AUC (s) | s to target | tokens to target | reached | pass@k final | length | "
+        "wall s | gen tokens | training FLOPs | peak RSS MiB | model-state MiB |",
+        "|" + "---|" * 20,
     ]
     for name, f in report["methods"].items():
         lines.append(
             f"| {name} | {f['group_size']} | {len(f['seeds'])} | {_mean_sd(f['start_val_accuracy'])} | "
-            f"{_mean_sd(f['final_val_accuracy'])} | {_mean_sd(f['acc_at_seconds'])} | "
+            f"{_mean_sd(f['final_val_accuracy'])} | {_mean_sd(f['final_greedy_accuracy'])} | "
+            f"{_mean_sd(f['acc_at_flops'])} | {_mean_sd(f['acc_at_seconds'])} | "
             f"{_mean_sd(f['acc_at_tokens'])} | {_mean_sd(f['auc_seconds'])} | "
             f"{_mean_sd(f['seconds_to_target'], '.0f')} | {_mean_sd(f['tokens_to_target'], ',.0f')} | "
             f"{f['reached']['n']}/{f['reached']['of']} | {_pass_at_k(f)} | "
             f"{_mean_range(f['response_length'], '.1f')} | {_mean_range(f['seconds'], '.0f')} | "
-            f"{_mean_range(f['tokens'], ',.0f')} | {f['peak_rss_mib']:.0f} | {f['model_state_mib']:.1f} |"
+            f"{_mean_range(f['tokens'], ',.0f')} | {_mean_range(f['flops'], '.2e')} | "
+            f"{f['peak_rss_mib']:.0f} | {f['model_state_mib']:.1f} |"
         )
     lines += [
         "",
         f"Common window (every run covers it): 0-{w['seconds'][1]:.0f} training seconds, "
-        f"0-{w['tokens'][1]:,.0f} generated tokens (from {w['seconds'][0]:.0f} s, {w['tokens'][0]:,.0f}).",
+        f"0-{w['tokens'][1]:,.0f} generated tokens (from {w['seconds'][0]:.0f} s, {w['tokens'][0]:,.0f})"
+        + (f", 0-{w['flops'][1]:.3g} training FLOPs." if "flops" in w else "."),
         (
             f"Target {t['value']:.3f}: "
             + (
@@ -595,18 +606,19 @@ def markdown(report: dict) -> str:
     ]
     lines += [
         "",
-        "| run | seed | start (greedy) | final | first update at target | cut: first -> last "
-        f"{CUT_UPDATES} updates | updates | generated tokens |",
-        "|" + "---|" * 8,
+        "| run | seed | start (greedy) | final (greedy) | acc @ equal FLOPs | first update at target | "
+        f"cut: first -> last {CUT_UPDATES} updates | updates | generated tokens | training FLOPs |",
+        "|" + "---|" * 10,
     ]
     for name, f in report["methods"].items():
         for k, r in f["per_seed"].items():
             lines.append(
                 f"| {name} | {k} | {_num(r['start_val_accuracy'])} ({_num(r['start_greedy_accuracy'])}) | "
-                f"{_num(r['final_val_accuracy'])} | "
+                f"{_num(r['final_val_accuracy'])} ({_num(r['final_greedy_accuracy'])}) | "
+                f"{_num(r.get('acc_at_flops'))} | "
                 f"{'never' if r['first_update_at_target'] is None else r['first_update_at_target']} | "
                 f"{_pct(r['cut_first'])} -> {_pct(r['cut_last'])} | {r['updates']} | "
-                f"{_num(r['tokens'], ',.0f')} |"
+                f"{_num(r['tokens'], ',.0f')} | {_num(r['flops'], '.3g')} |"
             )
     with_formats = {n: f for n, f in report["methods"].items() if f["final_number_rate"]["n"]}
     if with_formats:
@@ -644,9 +656,11 @@ def markdown(report: dict) -> str:
         "seeds could have detected (80% power). The time below the target is secondary: biased by how "
         "often a run is evaluated when the curve rises fast (scripts/decision_sim.py). pass@k: a "
         "validation prompt solved by any of "
-        "its k samples; length: mean response length in positions over the updates. Per seed: start (greedy) "
-        "the sampled and the greedy accuracy of the start's evaluation; cut: the mean share of responses "
-        "that hit the length limit."
+        "its k samples; length: mean response length in positions over the updates; final greedy: the "
+        "same tail mean of the greedy accuracy; acc @ equal FLOPs: at the FLOPs window's end; training "
+        "FLOPs: flops_total at the run's end (validation not counted). Per seed: start (greedy) the "
+        "sampled and the greedy accuracy of the start's evaluation, final (greedy) likewise at the end; "
+        "cut: the mean share of responses that hit the length limit."
     )
     return "\n".join(lines)
 

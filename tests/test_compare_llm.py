@@ -178,7 +178,8 @@ def test_run_sets(cmp):
         flags = methods[name]
         assert "--whiten" in flags and flags[flags.index("--value-clip") + 1] == "0.5", name
     real = dict(sets["real"])  # a real pretrained model: the same samples per update for every method
-    assert list(real) == ["sppo", "grpo", "ppo"]
+    assert list(real) == ["sppo", "grpo", "ppo", "spo", "astar-po"]
+    assert "--critic-model" not in real["spo"] + real["astar-po"]  # their baselines are not learned
     assert all(f[f.index("--model") + 1] == "smollm2-135m" for f in real.values())
     for name in ("sppo", "ppo"):
         assert real[name][real[name].index("--critic-model") + 1] == "smollm2-135m:layers=4"
@@ -485,8 +486,39 @@ def test_a_row_per_seed_says_when_it_took_off_and_whether_it_drifted_to_the_leng
     assert seeds[1]["cut_first"] == pytest.approx(0.1) and seeds[1]["cut_last"] == pytest.approx(0.9)
     report["methods"]["sppo"].update(group_size=1, peak_rss_mib=1.0, model_state_mib=1.0)
     md = cmp.markdown(report).splitlines()
-    assert "| sppo | 0 | 0.000 (0.062) | 0.600 | 20 | 0% -> 0% | 30 | 3,000 |" in md
-    assert "| sppo | 1 | 0.020 (0.062) | 0.000 | never | 10% -> 90% | 30 | 3,000 |" in md
+    # no greedy accuracy past the start and no flops_total logged: those cells say so
+    assert "| sppo | 0 | 0.000 (0.062) | 0.600 (—) | — | 20 | 0% -> 0% | 30 | 3,000 | — |" in md
+    assert "| sppo | 1 | 0.020 (0.062) | 0.000 (—) | — | never | 10% -> 90% | 30 | 3,000 | — |" in md
+
+
+def test_greedy_finals_and_flops_are_reported_per_seed_and_per_method(cmp):
+    """Every evaluation with its greedy accuracy and every row with its cumulative ``flops_total``: the
+    final greedy is the same tail mean as the sampled final (the last evaluation of four), the training
+    FLOPs the last row's, and accuracy at equal FLOPs is read at the FLOPs window's end (the smaller
+    run's total: seed 1 spends 2e9 an update, seed 0 1e9, so the window ends at 3e10 and seed 1 is read at
+    its update 15, halfway between its evaluations 0.2 and 0.4)."""
+    seeds = {0: rows_of([0.0, 0.1, 0.5, 0.6]), 1: rows_of([0.0, 0.2, 0.4, 0.4])}
+    for k, rows in seeds.items():
+        for r in rows:
+            r["flops_total"] = (k + 1) * 1e9 * r["update"]
+            if "val_accuracy" in r:
+                r["val_greedy_accuracy"] = r["val_accuracy"] + 0.25
+    report = cmp.compare({"sppo": seeds}, target=0.3)
+    per_seed = report["methods"]["sppo"]["per_seed"]
+    assert per_seed[0]["final_greedy_accuracy"] == pytest.approx(0.85)
+    assert per_seed[1]["flops"] == pytest.approx(6e10) and per_seed[0]["flops"] == pytest.approx(3e10)
+    assert per_seed[0]["acc_at_flops"] == pytest.approx(0.6) and per_seed[1]["acc_at_flops"] == pytest.approx(
+        0.3
+    )
+    report["methods"]["sppo"].update(group_size=1, peak_rss_mib=1.0, model_state_mib=1.0)
+    md = cmp.markdown(report).splitlines()
+    assert "| sppo | 1 | 0.000 (0.250) | 0.400 (0.650) | 0.300 | 20 | — -> — | 30 | 3,000 | 6e+10 |" in md
+    row = next(line for line in md if line.startswith("| sppo | 1 | 2 |"))
+    assert (
+        "| 0.500 ± 0.141 | 0.750 ± 0.141 | 0.450 ± 0.212 |" in row
+        and "| 4.50e+10 (3.00e+10-6.00e+10) |" in row
+    )
+    assert any(line.endswith(", 0-3e+10 training FLOPs.") for line in md)
 
 
 def test_default_seeds_and_design_are_declared_per_set(cmp):
