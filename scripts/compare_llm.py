@@ -73,6 +73,7 @@ import numpy as np
 
 from sppo_rl.experiments import decision, protocol
 from sppo_rl.experiments.config import SweepConfig
+from sppo_rl.experiments.scaling import method_colour
 from sppo_rl.experiments.sweep import Job, JobResult, llm_config, llm_jobs, sweep
 from sppo_rl.runtime.curves import TAIL_FRAC, tail_value
 from sppo_rl.runtime.logging import read_metrics, read_summary
@@ -676,8 +677,8 @@ def plot_formats(report: dict, path: Path, title: str) -> bool:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     drawn = False
-    for name, f in report["methods"].items():
-        color = None
+    for i, (name, f) in enumerate(report["methods"].items()):
+        color = method_colour(i, len(report["methods"]))
         for ax, key in zip(axes, FORMATS):
             runs = [
                 protocol.Curve(
@@ -722,7 +723,7 @@ def plot(report: dict, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(16.5, 4), sharey=True)
-    for name, f in report["methods"].items():
+    for i, (name, f) in enumerate(report["methods"].items()):
         curves = [f["per_seed"][k]["curve"] for k in f["seeds"]]
         runs = [
             protocol.Curve(
@@ -733,7 +734,7 @@ def plot(report: dict, path: Path, title: str) -> None:
         ]
         if not runs:
             continue
-        color = None
+        color = method_colour(i, len(report["methods"]))
         for ax, key in zip(axes, ("updates", "tokens", "seconds")):
             x, y = protocol.on_grid(runs, key, points=101)
             (line,) = ax.plot(x, y.mean(axis=0), color=color, label=f"{name} ({len(runs)} seeds)")

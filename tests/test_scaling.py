@@ -146,3 +146,15 @@ def test_sppo_rl_report_draws_accuracy_against_flops_with_the_fits(tmp_path):
         and "| grpo | 2 |" in text
     )
     assert {f["name"]: round(f["fit"]["A"], 1) for f in report["scaling"]} == {"sppo": 0.7, "grpo": 0.5}
+
+
+def test_no_two_methods_share_a_colour_past_ten_methods():
+    """Ten methods take matplotlib's cycle C0..C9; eleven or more take tab20's colours, all distinct
+    (with the plain cycle the eleventh method was drawn in the first one's colour)."""
+    from matplotlib.colors import to_hex
+
+    from sppo_rl.experiments.scaling import method_colour
+
+    assert [method_colour(i, 10) for i in range(10)] == [f"C{i}" for i in range(10)]
+    eleven = [to_hex(method_colour(i, 11)) for i in range(11)]
+    assert len(set(eleven)) == 11

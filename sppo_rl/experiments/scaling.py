@@ -288,6 +288,16 @@ def table(fits: list[MethodFit]) -> list[str]:
     return lines
 
 
+def method_colour(i: int, n: int) -> Any:
+    """Method ``i``'s colour of ``n``: matplotlib's ten-colour cycle (``C0``..``C9``), or tab20's colours when
+    there are more than ten methods, so no two methods of a figure share one."""
+    if n <= 10:
+        return f"C{i}"
+    from matplotlib import colormaps
+
+    return colormaps["tab20"](i % 20)
+
+
 def plot(fits: list[MethodFit], path: Path, title: str) -> None:
     """Accuracy against FLOPs (log scale): each method's mean curve (points) and its fitted sigmoid (line),
     the first half's fit extended over the second (dotted). Saved at 200 dpi."""
@@ -296,7 +306,7 @@ def plot(fits: list[MethodFit], path: Path, title: str) -> None:
     fig = Figure(figsize=(6.0, 4.0), layout="constrained")
     ax = fig.subplots()
     for i, m in enumerate(fits):
-        colour = f"C{i % 10}"
+        colour = method_colour(i, len(fits))
         g, y = np.array(m.grid), np.array(m.mean)
         ax.plot(g[g > 0], y[g > 0], "o", ms=3, color=colour, label=f"{m.name} (n={m.seeds})")
         if g.max() <= 0:
