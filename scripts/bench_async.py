@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sppo_rl.experiments.decision import time_ratio
+from sppo_rl.experiments.decision import ratio_text, time_ratio
 
 ARMS: dict[str, list[str]] = {
     "sync-1t": ["--threads", "1"],
@@ -78,11 +78,6 @@ def run_arm(name: str, args: argparse.Namespace, root: Path, rep: int) -> dict:
     return {"seconds_per_update": float(np.mean(steps)), "steps": steps, "wall_s": time.perf_counter() - t0}
 
 
-def fmt(r: dict) -> str:
-    ci = f"[{r['lo']:.2f}, {r['hi']:.2f}]" if r["lo"] is not None else "[n/a: one repetition]"
-    return f"{r['ratio']:.2f}x {ci}"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -117,13 +112,13 @@ def main() -> None:
     out["aa"] = time_ratio(base, times["sync-1t-again"])
     for name in ("sync-2t", "async-k1"):
         out[name] = time_ratio(base, times[name])
-    print(f"A/A (sync-1t timed twice): {fmt(out['aa'])}")
-    print(f"sync-2t   vs sync-1t: {fmt(out['sync-2t'])}")
-    print(f"async-k1  vs sync-1t: {fmt(out['async-k1'])}")
+    print(f"A/A (sync-1t timed twice): {ratio_text(out['aa'])}")
+    print(f"sync-2t   vs sync-1t: {ratio_text(out['sync-2t'])}")
+    print(f"async-k1  vs sync-1t: {ratio_text(out['async-k1'])}")
     a, b = out["async-k1"], time_ratio(times["sync-2t"], times["async-k1"])
     out["async-k1-vs-sync-2t"] = b
     print(
-        f"async-k1  vs sync-2t: {fmt(b)}  (speed-up of K = 1 over the faster synchronous layout: {a['ratio']:.2f}x / {out['sync-2t']['ratio']:.2f}x)"
+        f"async-k1  vs sync-2t: {ratio_text(b)}  (speed-up of K = 1 over the faster synchronous layout: {a['ratio']:.2f}x / {out['sync-2t']['ratio']:.2f}x)"
     )
     print(json.dumps(out))
 

@@ -29,14 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from sppo_rl.experiments.decision import time_ratio
+from sppo_rl.experiments.decision import ratio_text, time_ratio
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def fmt(r: dict) -> str:
-    ci = f"[{r['lo']:.2f}, {r['hi']:.2f}]" if r["lo"] is not None else "[n/a: one pair]"
-    return f"{r['ratio']:.2f}x {ci}"
 
 
 def order(reps: int) -> list[str]:
@@ -103,11 +98,11 @@ def main(argv: list[str] | None = None) -> None:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base_tree)], check=False)
     result: dict = {"baseline": args.baseline, "target": args.target, "seconds": seconds}
     result["current_vs_base"] = time_ratio(seconds["base"], seconds["current"])
-    print(f"time(baseline) / time(current): {fmt(result['current_vs_base'])}")
+    print(f"time(baseline) / time(current): {ratio_text(result['current_vs_base'], 'pair')}")
     base = seconds["base"]
     if len(base) >= 2:
         result["aa"] = time_ratio(base[0::2][: len(base) // 2], base[1::2][: len(base) // 2])
-        print(f"A/A (the baseline's runs against each other): {fmt(result['aa'])}")
+        print(f"A/A (the baseline's runs against each other): {ratio_text(result['aa'], 'pair')}")
     print(json.dumps(result))
 
 

@@ -693,8 +693,7 @@ def plot_formats(report: dict, path: Path, title: str) -> bool:
             if not runs:
                 continue
             x, y = protocol.on_grid(runs, "seconds", points=101)
-            (line,) = ax.plot(x, y.mean(axis=0), color=color, label=f"{name} ({len(runs)} seeds)")
-            color = line.get_color()
+            ax.plot(x, y.mean(axis=0), color=color, label=f"{name} ({len(runs)} seeds)")
             ax.fill_between(x, y.min(axis=0), y.max(axis=0), color=color, alpha=0.15)
             drawn = True
     if not drawn:
@@ -737,8 +736,7 @@ def plot(report: dict, path: Path, title: str) -> None:
         color = method_colour(i, len(report["methods"]))
         for ax, key in zip(axes, ("updates", "tokens", "seconds")):
             x, y = protocol.on_grid(runs, key, points=101)
-            (line,) = ax.plot(x, y.mean(axis=0), color=color, label=f"{name} ({len(runs)} seeds)")
-            color = line.get_color()
+            ax.plot(x, y.mean(axis=0), color=color, label=f"{name} ({len(runs)} seeds)")
             ax.fill_between(x, y.min(axis=0), y.max(axis=0), color=color, alpha=0.15)
     target = report["target"]["value"]
     for ax, label in zip(

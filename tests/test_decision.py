@@ -266,3 +266,13 @@ def test_restated_claims_from_the_docs_numbers(capsys):
     assert D.shown(latent["sppo", "grpo", "accuracy at equal generated tokens"]["verdict"]) == "difference"
     fixed = latent["latent-grpo", "latent-grpo-naive", "accuracy at equal generated tokens"]
     assert D.shown(fixed["verdict"]) == "inconclusive" and fixed["holm_p"] == pytest.approx(0.24, abs=0.01)
+
+
+def test_ratio_text_prints_the_ratio_with_its_interval_or_says_there_is_none():
+    """The benchmarks' line for a :func:`decision.time_ratio`: two decimals and the interval; one
+    repetition (or pair) has no interval, and the text says which unit there was one of."""
+    from sppo_rl.experiments.decision import ratio_text, time_ratio
+
+    assert ratio_text({"ratio": 1.234, "lo": 1.1, "hi": 1.375}) == "1.23x [1.10, 1.38]"
+    assert ratio_text(time_ratio([10.0], [5.0])) == "2.00x [n/a: one repetition]"
+    assert ratio_text(time_ratio([10.0], [5.0]), "pair") == "2.00x [n/a: one pair]"

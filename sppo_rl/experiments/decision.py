@@ -183,6 +183,13 @@ def time_ratio(base, arm) -> dict[str, Any]:
     }
 
 
+def ratio_text(r: dict[str, Any], unit: str = "repetition") -> str:
+    """A :func:`time_ratio` as printed: ``1.23x [1.10, 1.37]``, or ``1.23x [n/a: one <unit>]`` where one
+    repetition gives no interval."""
+    ci = f"[{r['lo']:.2f}, {r['hi']:.2f}]" if r["lo"] is not None else f"[n/a: one {unit}]"
+    return f"{r['ratio']:.2f}x {ci}"
+
+
 def sign_flip(d, reps: int = 4000, seed: int = 0) -> float:
     """Two-sided sign-flip permutation p-value of ``mean(d) = 0``: the share of sign vectors ``s`` with
     ``|mean(s d)| >= |mean(d)|`` (all ``2^n`` for ``n <= SIGN_FLIP_EXACT``, else ``reps`` drawn with
