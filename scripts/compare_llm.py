@@ -207,8 +207,10 @@ def run_sets() -> dict[str, list[tuple[str, list[str]]]]:
             ("spo", ["--algo", "spo"]),
             ("astar-po", ["--algo", "astar-po"]),
             ("opo-batch", ["--algo", "opo-batch"]),
-            # REINFORCE with a batch baseline: A = (R - mean R) / sd R over the batch
-            ("reinforce-batch", ["--algo", "reinforce", "--whiten"]),
+            # REINFORCE with a batch baseline, A = R - mean R over the batch, and without one, A = R (with
+            # 0/1 outcomes: only the successes are pushed up)
+            ("reinforce-batch", ["--algo", "reinforce-batch"]),
+            ("reinforce", ["--algo", "reinforce"]),
             ("sao", ["--algo", "sao"]),
             ("crf-ntf", ["--algo", "crf-ntf"]),
             *[

@@ -322,7 +322,8 @@ class RunConfig:
     gamma: float = 1.0
     """Discount of the step critic / GAE (1: the outcome is what counts)."""
     whiten: bool = False
-    """Standardise GAE advantages over the batch's valid positions (ppo; verl's PPO always does)."""
+    """Standardise GAE advantages over the batch's valid positions (ppo, ppo-bce, sao: refused with any other
+    algorithm, whose estimator would ignore it; verl's PPO always whitens)."""
     grpo_std: Literal["population", "sample"] = "sample"
     """Std convention of GRPO's normalisation (sample = torch.std, as verl)."""
     ent_coef: float = 0.0

@@ -68,13 +68,13 @@ def test_algo_help_lists_every_algorithm_of_the_registry(capsys):
     from sppo_rl.agents.algorithms import ALGORITHMS
 
     control = [a.name for a in ALGORITHMS.values() if "control" in a.worlds]
-    assert len(control) == 23 and len(ALGORITHMS) == 25  # the old help named 10
+    assert len(control) == 24 and len(ALGORITHMS) == 26  # the old help named 10
     text = _help("control", capsys)
-    assert f"--algo STR Algorithm (23; `sppo-rl info` describes each): {', '.join(control)}. " in text
+    assert f"--algo STR Algorithm (24; `sppo-rl info` describes each): {', '.join(control)}. " in text
     text = _help("llm", capsys)
-    assert f"Algorithm (25; `sppo-rl info` describes each): {', '.join(ALGORITHMS)}. " in text
+    assert f"Algorithm (26; `sppo-rl info` describes each): {', '.join(ALGORITHMS)}. " in text
     text = _help("sweep", capsys)
-    assert f"Algorithms (23; `sppo-rl info` describes each): {', '.join(control)}. " in text
+    assert f"Algorithms (24; `sppo-rl info` describes each): {', '.join(control)}. " in text
 
 
 def test_sweep_help_names_the_tasks(capsys):

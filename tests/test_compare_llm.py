@@ -204,8 +204,8 @@ def test_the_precision_and_single_sample_sets(cmp):
     assert cmp.set_design("precision")[0] == cmp.REAL_SEEDS
     single = dict(sets["single"])
     assert list(single) == [
-        "sppo", "spo", "astar-po", "opo-batch", "reinforce-batch", "sao", "crf-ntf", "shrinkage-4", "v05-4",
-        "grpo-4", "grpo-8",
+        "sppo", "spo", "astar-po", "opo-batch", "reinforce-batch", "reinforce", "sao", "crf-ntf", "shrinkage-4",
+        "v05-4", "grpo-4", "grpo-8",
     ]  # fmt: skip
     args = cmp.parse(["--set", "single", "--prompts-per-step", "32"])
     for name, flags in single.items():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sppo_rl.agents.advantages import ESTIMATORS, Requirements
-from sppo_rl.agents.algorithms import compute_advantages, get_algorithm
+from sppo_rl.agents.algorithms import check_setup, compute_advantages, get_algorithm
 from sppo_rl.agents.batch import SequenceBatch, lengths_to_mask, terminal_rewards
 from sppo_rl.agents.rivals import ValueTracker, optimal_value, spo_discount
 
@@ -57,6 +57,40 @@ def test_opo_batch_pools_over_the_batch():
     assert adv[0, 1].item() == pytest.approx(0.5) and adv[1, 1].item() == 0.0
     R, mask, tr = _batch([1, 1], [2, 3])
     assert torch.all(ESTIMATORS["opo-batch"](token_rewards=tr, mask=mask)[0] == 0.0)
+
+
+def test_reinforce_batch_subtracts_the_batch_mean_and_reinforce_nothing():
+    """``R = [1, 0, 0, 1, 1]`` of lengths ``[2, 1, 3, 1, 2]``: the batch mean is 0.6, so reinforce-batch
+    gives ``[0.4, -0.6, -0.6, 0.4, 0.4]`` on every valid token (OPO's length weights would give
+    ``b = 5/9``), and plain reinforce gives ``A = R``; the invalid row (``R = 1``, left out) moves
+    neither the mean nor its own advantage off 0."""
+    R, mask, _ = _batch([1, 0, 0, 1, 1, 1], [2, 1, 3, 1, 2, 2])
+    logp = torch.zeros_like(mask)
+    batch = SequenceBatch(mask=mask, logp_old=logp, rewards=R, valid=torch.tensor([True] * 5 + [False]))
+    compute_advantages(batch, get_algorithm("reinforce-batch"))
+    assert batch.advantages[:, 0].tolist() == pytest.approx([0.4, -0.6, -0.6, 0.4, 0.4, 0.0])
+    assert batch.advantages[2].tolist() == pytest.approx([-0.6] * 3)
+    assert batch.advantages[1, 1:].tolist() == [0.0, 0.0] and torch.all(batch.advantages[5] == 0.0)
+    compute_advantages(batch, get_algorithm("reinforce"))
+    assert batch.advantages[:, 0].tolist() == [1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    same, mask, _ = _batch([1, 1], [2, 3])
+    equal = SequenceBatch(mask=mask, logp_old=torch.zeros_like(mask), rewards=same)
+    assert torch.all(compute_advantages(equal, get_algorithm("reinforce-batch")).advantages == 0.0)
+
+
+def test_whiten_is_refused_where_the_estimator_ignores_it():
+    """``--whiten`` changes GAE's advantages only; given to any other method it would be silently ignored
+    (a comparison once ran plain REINFORCE under the name of a whitened batch baseline), so it is refused."""
+    for name in ("reinforce", "reinforce-batch", "sppo", "grpo", "spo"):
+        with pytest.raises(ValueError, match=f"--whiten standardises GAE advantages; {name}'s estimator"):
+            check_setup(get_algorithm(name), get_algorithm(name).group_size, 64, whiten=True)
+    for name in ("ppo", "ppo-bce", "sao"):
+        check_setup(get_algorithm(name), 1, 64, whiten=True)
+    R, mask, tr = _batch([1, 0, 1, 1], [2, 1, 3, 2])
+    values = torch.zeros_like(mask)
+    plain, _ = ESTIMATORS["gae"](token_rewards=tr, mask=mask, values=values)
+    whitened, _ = ESTIMATORS["gae"](token_rewards=tr, mask=mask, values=values, whiten=True)
+    assert not torch.allclose(plain, whitened)  # where it is accepted, it does something
 
 
 # --------------------------------------------------------------------------------------- shrinkage

@@ -8,6 +8,7 @@ then calls :func:`compute_advantages` and :func:`critic_loss`.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -162,7 +163,15 @@ ALGORITHMS: dict[str, Algorithm] = {
         ),
         Algorithm("rloo", "rloo", "none", 5, "RLOO: leave-one-out group baseline"),
         Algorithm("remax", "remax", "none", 1, "ReMax: baseline = outcome of one greedy rollout"),
-        Algorithm("reinforce", "reinforce", "none", 1, "REINFORCE: A = R"),
+        Algorithm("reinforce", "reinforce", "none", 1, "REINFORCE: A = R (no baseline)"),
+        Algorithm(
+            "reinforce-batch",
+            "reinforce",
+            "none",
+            1,
+            "REINFORCE with a batch baseline: one sample per prompt, A = R - mean of the batch's outcomes",
+            estimator_params={"subtract_mean": True},
+        ),
         Algorithm(
             "opo",
             "opo",
@@ -315,15 +324,25 @@ def default_group_size(algo: Algorithm, rows: int | None = None) -> int:
     return 2
 
 
-def check_setup(algo: Algorithm, group_size: int, batch_size: int, use_critic: bool = True) -> None:
+def check_setup(
+    algo: Algorithm, group_size: int, batch_size: int, use_critic: bool = True, whiten: bool = False
+) -> None:
     """Refuse contradictory settings with one clear message.
 
     - a group method needs ``group_size >= 2``; a non-group method takes ``group_size = 1``
       (GRPO with N = 1 would give zero advantage to every sequence);
     - ``batch_size`` (sequences per update) must be a positive multiple of ``group_size``;
-    - a method whose estimator needs a critic cannot run with the critic switched off.
+    - a method whose estimator needs a critic cannot run with the critic switched off;
+    - ``whiten`` (``--whiten``) only with an estimator that reads it (GAE's: ppo, ppo-bce, sao): any
+      other would run exactly as without it, so the flag would be silently ignored.
     """
     req = algo.requires
+    if whiten and not _reads_whiten(algo):
+        readers = sorted(a.name for a in ALGORITHMS.values() if _reads_whiten(a))
+        raise ValueError(
+            f"--whiten standardises GAE advantages; {algo.name}'s estimator does not read it (it would "
+            f"run exactly as without it). It applies to: {', '.join(readers)}"
+        )
     if req.groups and group_size < 2:
         raise ValueError(
             f"{algo.name} compares the {group_size} sample(s) of a context with each other and needs "
@@ -339,6 +358,10 @@ def check_setup(algo: Algorithm, group_size: int, batch_size: int, use_critic: b
         raise ValueError(f"{algo.name} needs a {req.critic}-level critic, but the critic is disabled")
     if req.critic_output == "logit" and algo.critic_loss != "bce":
         raise ValueError(f"{algo.name}'s estimator reads critic logits; its critic must be trained with BCE")
+
+
+def _reads_whiten(algo: Algorithm) -> bool:
+    return "whiten" in inspect.signature(get_estimator(algo.estimator)).parameters
 
 
 def estimator_params(cfg: object, defaults: dict[str, Any] | None = None) -> dict[str, object]:

@@ -121,7 +121,7 @@ def resolve(cfg: ControlConfig) -> Plan:
         raise RunError(str(e).strip("'\"")) from None
     E = cfg.episodes_per_update or spec.episodes_per_update
     G = cfg.group_size if cfg.group_size is not None else default_group_size(algo, E)
-    check_setup(algo, G, E)
+    check_setup(algo, G, E, whiten=cfg.whiten)
     if cfg.total_episodes < E:
         raise RunError(f"--total-episodes ({cfg.total_episodes}) is smaller than one update ({E} episodes)")
     if cfg.epochs < 1 or cfg.minibatches < 1 or cfg.minibatches > E:

@@ -46,6 +46,7 @@ PALETTE = {
     "sao": "#006d2c",
     "crf-ntf": "#7a0177",
     "v05": "#b35806",
+    "reinforce-batch": "#f781bf",
 }
 
 

@@ -424,7 +424,7 @@ def resolve(cfg: LLMConfig, dist: Any, validated: bool = False) -> tuple[Plan, T
     cfg = with_algorithm_defaults(cfg, algo)
     req = algo.requires
     G = cfg.group_size if cfg.group_size is not None else default_group_size(algo)
-    check_setup(algo, G, cfg.prompts_per_step * G, use_critic=cfg.critic_model != "none")
+    check_setup(algo, G, cfg.prompts_per_step * G, use_critic=cfg.critic_model != "none", whiten=cfg.whiten)
     if cfg.dynamic_sampling_rounds and not req.groups:
         raise RunError(
             f"--dynamic-sampling-rounds drops groups whose outcomes are all equal; {algo.name} samples "
