@@ -253,6 +253,20 @@ def test_embedded_default_builds_and_warm_starts_once(tmp_path):
     assert s2["warmstart"] == s1["warmstart"]
 
 
+def test_the_warm_start_is_checked_by_the_tasks_own_reward_not_the_runs(tmp_path):
+    """A run whose --reward-fn pays everything builds the embedded warm start (cache key: the task's
+    settings, not the reward): its accuracy checks score with the task's verifier ("integer"), so its
+    record says what that verifier says. Scored by the run's reward, it claimed accuracy 1.0 after the
+    first check (and stopped there), and every later run with those settings loaded it."""
+    ones = reward_file(tmp_path / "ones.py", "def one(response, truth):\n    return 1.0\n")
+    cfg = llm_config(tmp_path, None, algo="sppo", updates=1, sft_steps=4, sft_target=0.99, reward_fn=ones)
+    s1 = run_llm(cfg)
+    assert s1["warmstart"]["steps"] == 4 and s1["warmstart"]["holdout_accuracy"] < 0.99
+    default = run_llm(replace(cfg, reward_fn="auto", out_dir=str(tmp_path / "auto")))
+    assert default["warmstart"] == s1["warmstart"]  # one cached warm start, the task's
+    assert len(list((tmp_path / "cache").glob("sft-*"))) == 1
+
+
 def test_cli_llm_two_steps(tmp_path, tiny):
     out = tmp_path / "cli"
     proc = subprocess.run(

@@ -35,7 +35,6 @@ from sppo_rl.runtime.run import RunError
 
 if TYPE_CHECKING:
     from sppo_rl.llm.plan import Plan
-    from sppo_rl.llm.rewards.scorer import RewardScorer
 
 RowsOf = Callable[[RolloutBatch, Any, bool], RowsFn]
 TrainingEngine = HFTorchEngine | DeepSpeedEngine
@@ -68,16 +67,14 @@ class Models:
     pad_id: int
 
 
-def actor_folder(
-    plan: Plan, train: list[Example], scorer: RewardScorer, main_first: MainFirst
-) -> tuple[Path, dict[str, Any]]:
+def actor_folder(plan: Plan, train: list[Example], main_first: MainFirst) -> tuple[Path, dict[str, Any]]:
     """The actor's folder (built on rank 0 first) and the warm start's report (empty for ``--model``): the
     plan's folder where planning resolved it (:attr:`~sppo_rl.llm.plan.ModelSettings.actor_folder`), else
     resolved here once."""
     latent, models = plan.latent, plan.models
     if models.model is None:
         build = latent.embedded_model if latent else embedded_model
-        return main_first(lambda: build(models.warmstart, train, scorer))
+        return main_first(lambda: build(models.warmstart, train))
     path = models.actor_folder
     if path is None:  # a named model: built once
         path = main_first(lambda: model_folder(models.cache, models.model))

@@ -74,7 +74,9 @@ class WarmStart:
     and the latent ones of :mod:`sppo_rl.llm.latent.warmstart`): the generated ``task`` and its data (``level``, ``data_seed``,
     ``train_size``), ``max_new_tokens``, the fine-tuning's own settings (``sft``; ``latent_sft_steps`` per
     latent stage), the sampling ``temperature`` of its accuracy checks, the run's ``seed``, ``progress``
-    bars, and the model ``cache`` it is built into (resolved once, by the plan)."""
+    bars, the model ``cache`` it is built into (resolved once, by the plan), and ``reward_timeout``, the
+    limit of its accuracy checks' verifier (the task's own reward, not ``--reward-fn``:
+    :func:`~sppo_rl.llm.models.sources.task_scoring`)."""
 
     task: str
     level: tuple[int, ...]
@@ -87,6 +89,7 @@ class WarmStart:
     seed: int
     progress: bool
     cache: Path
+    reward_timeout: float
 
 
 def warm_start_of(cfg: LLMConfig, cache: Path) -> WarmStart:
@@ -95,6 +98,7 @@ def warm_start_of(cfg: LLMConfig, cache: Path) -> WarmStart:
         task=cfg.task, level=tuple(cfg.level), data_seed=cfg.data_seed, train_size=cfg.train_size,
         max_new_tokens=cfg.max_new_tokens, sft=cfg.sft, latent_sft_steps=cfg.latent.sft_steps,
         temperature=cfg.temperature, seed=cfg.seed, progress=cfg.progress, cache=cache,
+        reward_timeout=cfg.reward_timeout,
     )  # fmt: skip
 
 

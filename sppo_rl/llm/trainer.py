@@ -166,7 +166,7 @@ class LLMRun:
             ):  # transformers imports DeepSpeed when saving; tell it the device it would
                 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # find, rather than warn that it found no GPU
         torch.manual_seed(loop.seed)
-        actor_path, warmstart = actor_folder(plan, task.train, self.scoring.scorer, self._main_first)
+        actor_path, warmstart = actor_folder(plan, task.train, self._main_first)
         tokenizer = load_tokenizer(actor_path)
         self.train_set, self.val_set = prepare_prompts(
             plan, task.train, task.val, tokenizer, actor_path, self.dist.main

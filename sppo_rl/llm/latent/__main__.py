@@ -17,7 +17,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from sppo_rl.llm.config import LLMConfig
     from sppo_rl.llm.models.engines import launcher_dist
     from sppo_rl.llm.plan import resolve
-    from sppo_rl.llm.rewards.scorer import start_scorer
     from sppo_rl.runtime.flags import parse
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -32,15 +31,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if what == "latent-model" and cfg.algo not in LATENT_FIXES:
         cfg = dataclasses.replace(cfg, algo="latent-grpo")
     plan, task = resolve(cfg, launcher_dist())  # the run's own settings, as `sppo-rl llm` resolves them
-    scorer = start_scorer(plan.rewards.fn, plan.rewards.timeout)
-    try:
-        if what == "explicit-model":
-            folder = explicit_model(plan.models.warmstart, task.train, scorer)[0]
-        else:
-            assert plan.latent is not None
-            folder = plan.latent.embedded_model(plan.models.warmstart, task.train, scorer)[0]
-    finally:
-        scorer.close()
+    if what == "explicit-model":
+        folder = explicit_model(plan.models.warmstart, task.train)[0]
+    else:
+        assert plan.latent is not None
+        folder = plan.latent.embedded_model(plan.models.warmstart, task.train)[0]
     print(folder)
     return 0
 

@@ -52,10 +52,10 @@ class LatentPolicy:
         bad = int((~ok).sum())
         return (valid & ok if self.settings.mask_invalid else valid), bad
 
-    def embedded_model(self, ws: Any, train: list[Any], scorer: Any) -> tuple[Path, dict[str, Any]]:
+    def embedded_model(self, ws: Any, train: list[Any]) -> tuple[Path, dict[str, Any]]:
         """The embedded tiny model made a latent reasoner (:func:`embedded_latent_model`; ``ws``: the
         plan's :class:`~sppo_rl.llm.models.sources.WarmStart`)."""
-        return embedded_latent_model(ws, train, scorer, self.settings)
+        return embedded_latent_model(ws, train, self.settings)
 
 
 def configure_latent(cfg: Any, algo: Any, train: list[Any]) -> tuple[Any, LatentPolicy | None]:

@@ -18,6 +18,7 @@ from sppo_rl.llm.latent.maths import LatentSettings, mixture
 from sppo_rl.llm.latent.rollout import LatentRollout
 from sppo_rl.llm.models.core import load_actor, positions_from_mask
 from sppo_rl.llm.models.sft import fine_tune, holdout_split, right_pad, save_cached, supervised_warmstart
+from sppo_rl.llm.models.sources import task_scoring
 from sppo_rl.llm.rollout.base import left_pad
 
 if TYPE_CHECKING:
@@ -207,21 +208,16 @@ def latent_warmstart(
     return folder, save_cached(folder, _DONE, model, tokenizer, record)
 
 
-def _warmstart_inputs(
-    ws: WarmStart, train: list[Any], scorer: Any
-) -> tuple[Path, list[str], list[str], dict[str, Any], Callable[[list[str], list[str]], list[float]]]:
-    """What both warm starts of ``ws`` take: the cache folder, the prompts and answers of ``train``, the
-    data part of their cache keys and ``scorer`` as ``score(texts, truths) -> list[float]``."""
-
-    def score(texts: list[str], truths: list[str]) -> list[float]:
-        return scorer.score(texts, truths).scores.tolist()
-
+def _warmstart_inputs(ws: WarmStart, train: list[Any]) -> tuple[Path, list[str], list[str], dict[str, Any]]:
+    """What both warm starts of ``ws`` take: the cache folder, the prompts and answers of ``train`` and the
+    data part of their cache keys. (Their accuracy checks are scored by the task's own reward:
+    :func:`~sppo_rl.llm.models.sources.task_scoring`.)"""
     key = {"level": list(ws.level), "data_seed": ws.data_seed, "train_size": ws.train_size}
-    return ws.cache, [str(e.prompt) for e in train], [e.answer for e in train], key, score
+    return ws.cache, [str(e.prompt) for e in train], [e.answer for e in train], key
 
 
 def explicit_model(
-    ws: WarmStart, train: list[Any], scorer: Any
+    ws: WarmStart, train: list[Any]
 ) -> tuple[Path, dict[str, Any], list[list[str]], list[str]]:
     """Stage 0 of the curriculum (settings ``ws``): the embedded tiny model fine-tuned on responses with
     explicit reasoning lines (:func:`reasoning_lines`), cached by :func:`sppo_rl.llm.models.sft.supervised_warmstart`; also the
@@ -229,7 +225,7 @@ def explicit_model(
     from sppo_rl.llm.data.tasks import generated_task
     from sppo_rl.llm.models.tiny import TINY_CHARSET, ensure_tiny_model, tiny_settings
 
-    cache, prompts, answers, key, score = _warmstart_inputs(ws, train, scorer)
+    cache, prompts, answers, key = _warmstart_inputs(ws, train)
     base = ensure_tiny_model(cache, TINY_CHARSET, **tiny_settings(ws.task))
     generated_task(ws.task)  # refuses a task without an embedded model
     lines, boxes = zip(*[reasoning_lines(ws.task, e) for e in train]) if train else ((), ())
@@ -241,47 +237,49 @@ def explicit_model(
     else:
         key["reasoning"] = "column-sums"
     max_len = max(len(r) for r in responses) + 1 + 4
-    folder, record = supervised_warmstart(
-        base,
-        cache,
-        prompts,
-        responses,
-        answers,
-        score,
-        steps=ws.sft.steps,
-        lr=ws.sft.lr,
-        target=ws.sft.target,
-        temperature=ws.temperature,
-        max_new_tokens=max(ws.max_new_tokens or 0, max_len) if ws.task == "scratchpad" else max_len,
-        seed=ws.seed,
-        key_settings=key,
-        progress=ws.progress,
-    )
+    with task_scoring(ws.task, ws.reward_timeout) as score:
+        folder, record = supervised_warmstart(
+            base,
+            cache,
+            prompts,
+            responses,
+            answers,
+            score,
+            steps=ws.sft.steps,
+            lr=ws.sft.lr,
+            target=ws.sft.target,
+            temperature=ws.temperature,
+            max_new_tokens=max(ws.max_new_tokens or 0, max_len) if ws.task == "scratchpad" else max_len,
+            seed=ws.seed,
+            key_settings=key,
+            progress=ws.progress,
+        )
     return folder, record, [list(x) for x in lines], list(boxes)
 
 
 def embedded_latent_model(
-    ws: WarmStart, train: list[Any], scorer: Any, settings: LatentSettings
+    ws: WarmStart, train: list[Any], settings: LatentSettings
 ) -> tuple[Path, dict[str, Any]]:
     """The embedded tiny model made a latent reasoner: stage 0 (:func:`explicit_model`), then stages
     ``1..L`` (:func:`latent_warmstart`), each built once into the cache."""
-    folder0, record0, lines, boxes = explicit_model(ws, train, scorer)
-    cache, prompts, answers, key, score = _warmstart_inputs(ws, train, scorer)
-    folder, record = latent_warmstart(
-        folder0,
-        cache,
-        prompts,
-        lines,
-        boxes,
-        answers,
-        score,
-        settings,
-        steps=ws.latent_sft_steps,
-        lr=ws.sft.lr,
-        target=ws.sft.target,
-        temperature=ws.temperature,
-        seed=ws.seed,
-        key_settings={"task": ws.task, **key},
-        progress=ws.progress,
-    )
+    folder0, record0, lines, boxes = explicit_model(ws, train)
+    cache, prompts, answers, key = _warmstart_inputs(ws, train)
+    with task_scoring(ws.task, ws.reward_timeout) as score:
+        folder, record = latent_warmstart(
+            folder0,
+            cache,
+            prompts,
+            lines,
+            boxes,
+            answers,
+            score,
+            settings,
+            steps=ws.latent_sft_steps,
+            lr=ws.sft.lr,
+            target=ws.sft.target,
+            temperature=ws.temperature,
+            seed=ws.seed,
+            key_settings={"task": ws.task, **key},
+            progress=ws.progress,
+        )
     return folder, {"explicit": {"folder": str(folder0), **record0}, "latent": record}

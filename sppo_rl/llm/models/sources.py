@@ -6,6 +6,8 @@ critic's tokenizer; each refuses a user's mistake in one line."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +16,6 @@ from sppo_rl.llm.data.files import Example
 from sppo_rl.llm.data.tasks import GENERATED_TASKS, generated_task, readable_type
 from sppo_rl.llm.models.checks import check_model_config, check_weight_files
 from sppo_rl.llm.models.tiny import TINY_CHARSET, tiny_settings
-from sppo_rl.llm.rewards.scorer import RewardScorer
 from sppo_rl.runtime.run import RunError
 
 if TYPE_CHECKING:
@@ -110,9 +111,34 @@ def model_context(folder: Path) -> int | None:
     return None
 
 
-def embedded_model(ws: WarmStart, train: list[Example], scorer: RewardScorer) -> tuple[Path, dict[str, Any]]:
+@contextmanager
+def task_scoring(task: str, timeout_s: float) -> Iterator[Callable[[list[str], list[str]], list[float]]]:
+    """``score(texts, truths) -> list[float]`` by the generated ``task``'s own reward (its ``REWARD_FN``),
+    whatever the run's ``--reward-fn``: the warm starts' accuracy checks decide when fine-tuning stops and
+    what their cached record claims, and the cache key holds the task's settings, not the run's reward.
+    (Scored by a run's own reward, a run with a reward that pays everything cached a warm start that
+    "reached" its target at the first check, and every later run with those settings loaded it.) The
+    reward workers start at the first call, so a cached warm start starts none, and stop on exit."""
+    from sppo_rl.llm.rewards.scorer import start_scorer
+
+    scorers: list[Any] = []
+
+    def score(texts: list[str], truths: list[str]) -> list[float]:
+        if not scorers:
+            scorers.append(start_scorer(generated_task(task).REWARD_FN, timeout_s))
+        return scorers[0].score(texts, truths).scores.tolist()
+
+    try:
+        yield score
+    finally:
+        for scorer in scorers:
+            scorer.close()
+
+
+def embedded_model(ws: WarmStart, train: list[Example]) -> tuple[Path, dict[str, Any]]:
     """The tiny Qwen2 model (:func:`tiny_settings` of the task), built once into the cache, then warm-started
-    on the task's reference responses (also cached, keyed by the task's settings)."""
+    on the task's reference responses (also cached, keyed by the task's settings), its accuracy checks
+    scored by the task's own reward (:func:`task_scoring`)."""
     from sppo_rl.llm.models.sft import supervised_warmstart
     from sppo_rl.llm.models.tiny import ensure_tiny_model
 
@@ -126,23 +152,21 @@ def embedded_model(ws: WarmStart, train: list[Example], scorer: RewardScorer) ->
     prompts = [str(e.prompt) for e in train]
     answers = [e.answer for e in train]
 
-    def score(texts: list[str], truths: list[str]) -> list[float]:
-        return scorer.score(texts, truths).scores.tolist()
-
     key, settings = _warmstart_settings(ws)
-    return supervised_warmstart(
-        base,
-        cache,
-        prompts,
-        [reference_response(e) for e in train],
-        answers,
-        score,
-        max_new_tokens=ws.max_new_tokens,
-        key_settings=key,
-        progress=ws.progress,
-        **settings,
-        **SFT_SETTINGS[ws.task],
-    )
+    with task_scoring(ws.task, ws.reward_timeout) as score:
+        return supervised_warmstart(
+            base,
+            cache,
+            prompts,
+            [reference_response(e) for e in train],
+            answers,
+            score,
+            max_new_tokens=ws.max_new_tokens,
+            key_settings=key,
+            progress=ws.progress,
+            **settings,
+            **SFT_SETTINGS[ws.task],
+        )
 
 
 def _warmstart_settings(ws: WarmStart) -> tuple[dict[str, Any], dict[str, Any]]:
