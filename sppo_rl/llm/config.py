@@ -108,9 +108,8 @@ class LLMConfig(RunConfig):
     (data: the fields that name files or folders need the flag too, or `--trust-recipe`)."""
 
     task: str = "arithmetic"
-    """'arithmetic' (synthetic, generated from --data-seed; responses of at most 16 tokens), 'scratchpad' (the
-    same kind of problems worked out column by column before the boxed answer: responses of 66-217 tokens), or
-    a local jsonl/parquet file of problems."""
+    """'arithmetic' (generated from --data-seed; responses of at most 16 tokens), 'scratchpad' (the same
+    problems worked column by column before the boxed answer: 66-217 tokens), or a jsonl/parquet file."""
     val_data: str | None = None
     """Validation file (jsonl/parquet); default for arithmetic: its generated validation split; for a file: none."""
     prompt_key: str | None = None
