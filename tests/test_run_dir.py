@@ -371,3 +371,24 @@ def test_atomic_writes_keep_a_stricter_umask(tmp_path, mask):
     f = tmp_path / "f.json"
     subprocess.run([sys.executable, "-c", code], env={**child_env(), "F": str(f)}, check=True, timeout=60)
     assert f.stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_the_files_of_a_run_starting_beside_it_are_not_foreign(tmp_path):
+    """A run that starts while another is marking the same new folder sees that run's files of a moment:
+    its lock, its write probe and the marker's atomic-write temporary (``..sppo-run.json.XXXX``, the
+    marker's own name starting with a dot). Taken for foreign, the second run was refused with "holds
+    files no sppo-rl run wrote" instead of "in use by another run" (a clean-clone CI run, 2026-12-05)."""
+    import tempfile
+
+    from sppo_rl.runtime.run import RUN_LOCK, RUN_MARKER, foreign_entries
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / RUN_LOCK).write_text("")
+    (out / ".write-probe-123-abcd1234").write_text("ok")
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{RUN_MARKER}.")  # as atomic_write_bytes names it
+    os.close(fd)
+    assert Path(tmp).name.startswith("..sppo-run.json.")
+    assert foreign_entries(out) == []
+    (out / "NOTES.md").write_text("mine\n")
+    assert foreign_entries(out) == ["NOTES.md"]

@@ -153,7 +153,8 @@ _RUN_FILE = re.compile(
     r"(train|val)-[0-9a-f]{12}\.jsonl"  # train_llm's examples, named by their content
     r"|\.write-probe.*"  # probe_writable's file of a moment (an earlier version's: .write-probe)
     r"|\.(metrics\.jsonl|config\.json|summary\.json|calibration\.json|final\.pt|critic_trace\.npz"
-    r"|completions\.jsonl|(train|val)-[0-9a-f]{12}\.jsonl|sppo-run\.json)\..*"  # an atomic write's temporary
+    r"|completions\.jsonl|(train|val)-[0-9a-f]{12}\.jsonl|\.?sppo-run\.json)\..*"  # an atomic write's temporary
+    # (the marker's is "..sppo-run.json.XXXX": a run starting beside another must not take it for foreign)
 )
 _RUN_CHILDREN = {
     "checkpoints": re.compile(r"ckpt-\d{9}|\.tmp-ckpt-.*"),
