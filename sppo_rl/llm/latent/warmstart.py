@@ -18,7 +18,7 @@ from sppo_rl.llm.latent.maths import LatentSettings, mixture
 from sppo_rl.llm.latent.rollout import LatentRollout
 from sppo_rl.llm.models.core import load_actor, positions_from_mask
 from sppo_rl.llm.models.sft import fine_tune, holdout_split, right_pad, save_cached, supervised_warmstart
-from sppo_rl.llm.models.sources import task_scoring
+from sppo_rl.llm.models.sources import sft_settings, task_scoring
 from sppo_rl.llm.rollout.base import left_pad
 
 if TYPE_CHECKING:
@@ -245,14 +245,10 @@ def explicit_model(
             responses,
             answers,
             score,
-            steps=ws.sft.steps,
-            lr=ws.sft.lr,
-            target=ws.sft.target,
-            temperature=ws.temperature,
             max_new_tokens=max(ws.max_new_tokens or 0, max_len) if ws.task == "scratchpad" else max_len,
-            seed=ws.seed,
             key_settings=key,
             progress=ws.progress,
+            **sft_settings(ws, ws.sft.steps),
         )
     return folder, record, [list(x) for x in lines], list(boxes)
 
@@ -274,12 +270,8 @@ def embedded_latent_model(
             answers,
             score,
             settings,
-            steps=ws.latent_sft_steps,
-            lr=ws.sft.lr,
-            target=ws.sft.target,
-            temperature=ws.temperature,
-            seed=ws.seed,
             key_settings={"task": ws.task, **key},
             progress=ws.progress,
+            **sft_settings(ws, ws.latent_sft_steps),
         )
     return folder, {"explicit": {"folder": str(folder0), **record0}, "latent": record}

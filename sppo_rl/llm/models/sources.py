@@ -175,10 +175,14 @@ def _warmstart_settings(ws: WarmStart) -> tuple[dict[str, Any], dict[str, Any]]:
     key: dict[str, Any] = {"level": list(ws.level), "data_seed": ws.data_seed, "train_size": ws.train_size}
     if ws.task != "arithmetic":  # (arithmetic keeps its cache key) the budget of the accuracy checks too
         key.update(task=ws.task, max_new_tokens=ws.max_new_tokens, **SFT_SETTINGS[ws.task])
-    own = dict(
-        steps=ws.sft.steps, lr=ws.sft.lr, target=ws.sft.target, temperature=ws.temperature, seed=ws.seed
-    )
-    return key, own
+    return key, sft_settings(ws, ws.sft.steps)
+
+
+def sft_settings(ws: WarmStart, steps: int) -> dict[str, Any]:
+    """A warm start's own settings (``steps`` at most, then ``ws``'s ``lr``, ``target``, sampling
+    ``temperature`` of the accuracy checks and ``seed``), as every warm start of the embedded model takes
+    them: :func:`embedded_model`'s and the latent curriculum's stages."""
+    return dict(steps=steps, lr=ws.sft.lr, target=ws.sft.target, temperature=ws.temperature, seed=ws.seed)
 
 
 def cache_folder(cfg: LLMConfig) -> Path:
