@@ -80,11 +80,12 @@ test-vllm: $(VENV_VLLM)/.installed
 	TORCH_EXTENSIONS_DIR=$(CURDIR)/build/torch_extensions-vllm $(PY_VLLM) -m pytest -q tests/test_vllm.py
 
 # Peer benchmark against Hugging Face TRL's GRPOTrainer: a separate venv (.venv-trl: torch first, then
-# requirements/trl.txt), then scripts/bench_llm_step.py (runs in .venv, launches the TRL side in .venv-trl).
+# requirements/trl.txt), then scripts/bench_llm_step.py (runs in .venv, launches the TRL side in .venv-trl), on the
+# warm-started tiny model with 16 new tokens, where rewards vary and both sides train every step.
 VENV_TRL ?= .venv-trl
 PY_TRL := $(VENV_TRL)/bin/python
 TRL_PIP_ARGS ?=
-BENCH_TRL_ARGS ?= --steps 12 --threads 2 --rounds 3
+BENCH_TRL_ARGS ?= --steps 12 --threads 2 --rounds 3 --warm-start --max-new-tokens 16
 .PHONY: bench-trl
 
 $(VENV_TRL)/.installed: requirements/trl.txt

@@ -34,8 +34,11 @@ train the project's own warm start of the tiny model (the actor that ``sppo-rl l
 ``--model`` is given, taken from its cache or built there once), whose sampled answers are right about
 a third of the time, so that rewards vary within groups and both run a full update every step.
 
-``--rounds N`` alternates N runs of each (ours, TRL, ours, ...) and pools their steps, so that a change
-in the load of a shared machine hits both; the table also shows the 1-minute load average seen.
+``--rounds N`` runs N rounds of ours, TRL, ours (ours first and last, so that a drift in the load of a
+shared machine hits both) and pools the steps; the table also shows the 1-minute load average seen. Per
+round the ratio is ``median(ours) / median(TRL)`` (ours: both its runs' steps); printed is their geometric
+mean over the rounds with a 95 % interval, beside the **A/A** ratio, ours' second run against its first
+(the same code timed twice: the timing null the ratio is read against; :func:`time_ratio`).
 """
 
 from __future__ import annotations
@@ -117,6 +120,30 @@ def ratio(ours: float, theirs: float) -> float:
     if not (ours > 0 and theirs > 0):
         raise ValueError(f"step times must be positive, got ours={ours} theirs={theirs}")
     return ours / theirs
+
+
+def round_ratios(
+    pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]], trl_runs: Sequence[dict[str, Any]], warmup: int
+) -> dict[str, Any]:
+    """Per round (ours' two runs, TRL's run) the median step times after ``warmup`` (``ours_a``,
+    ``ours_b``, ``trl``), ``ours_vs_trl``: :func:`time_ratio` of ours (the median of both its runs'
+    steps) over TRL, and ``aa``: of ours' second run over its first (below 1: the first faster)."""
+    from sppo_rl.experiments.decision import time_ratio
+
+    def med(run: dict[str, Any]) -> float:
+        return median_after_warmup([row["step_time_s"] for row in run["rows"]], warmup)
+
+    ours = [statistics.median(measured([r["step_time_s"] for r in a["rows"]], warmup)
+                              + measured([r["step_time_s"] for r in b["rows"]], warmup)) for a, b in pairs]  # fmt: skip
+    trl = [median_after_warmup(t["step_time_s"], warmup) for t in trl_runs]
+    a, b = [med(p[0]) for p in pairs], [med(p[1]) for p in pairs]
+    return {
+        "ours_a": a,
+        "ours_b": b,
+        "trl": trl,
+        "ours_vs_trl": time_ratio(ours, trl),
+        "aa": time_ratio(b, a),
+    }
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -498,11 +525,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     env.pop("CUDA_VISIBLE_DEVICES", None)
 
     # ours and TRL alternate, one run at a time, so that a change in the machine's load hits both
-    ours_runs, trl_runs = [], []
+    ours_runs, trl_runs, pairs = [], [], []
     for i in range(args.rounds):
         tag = "" if args.rounds == 1 else f"-{i + 1}"
-        ours_runs.append(run_ours(args, model, data, env, tag))
+        first = run_ours(args, model, data, env, f"{tag}a")
         trl_runs.append(run_trl(args, model, data, env, tag))
+        second = run_ours(args, model, data, env, f"{tag}b")
+        ours_runs += [first, second]
+        pairs.append((first, second))
 
     kept = [row for run in ours_runs for row in run["rows"][args.warmup :]]
     ours_times = [row["step_time_s"] for row in kept]
@@ -550,11 +580,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"steps {args.warmup + 1}..{args.steps}"
     )
     print(table)
-    if args.rounds > 1:
-        for i, (o, t) in enumerate(zip(ours_runs, trl_runs)):
-            om = median_after_warmup([row["step_time_s"] for row in o["rows"]], args.warmup)
-            tm = median_after_warmup(t["step_time_s"], args.warmup)
-            print(f"round {i + 1}: ours {om:.3f} s, TRL {tm:.3f} s, ratio {om / tm:.3f}")
+    from sppo_rl.experiments.decision import ratio_text  # not at the top: the TRL worker's venv lacks sppo_rl
+
+    rounds = round_ratios(pairs, trl_runs, args.warmup)
+    for i, (a, b, t) in enumerate(zip(rounds["ours_a"], rounds["ours_b"], rounds["trl"])):
+        print(f"round {i + 1}: ours {a:.3f} / {b:.3f} s, TRL {t:.3f} s")
+    print(f"ours / TRL, per round then their geometric mean: {ratio_text(rounds['ours_vs_trl'], 'round')}")
+    print(f"A/A, ours' second run / its first: {ratio_text(rounds['aa'], 'round')}")
     loads = [x for run in ours_runs + trl_runs for x in run["load"]]
     print(f"1-min load average during the runs: {min(loads):.1f}..{max(loads):.1f} on {os.cpu_count()} CPUs")
     print(f"versions: TRL side {trl_runs[0]['versions']}")
@@ -570,6 +602,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "ours_reward_mean": ours_reward,
         "ours_step_time_s": [[row["step_time_s"] for row in run["rows"]] for run in ours_runs],
         "trl_gen_score_median_s": trl_gen,
+        "rounds": rounds,
         "trl_runs": trl_runs,
         "settings": {k: str(v) for k, v in vars(args).items()},
         "model": str(model),

@@ -15,7 +15,13 @@ command's wall seconds; printed:
 
 A JSON object with every number is the last line.
 
+``--args`` appends flags to both arms' commands and ``--current-args`` to the working tree's alone (the last
+of a repeated flag wins), so ``--baseline HEAD`` with ``--current-args "--threads 2"`` times one setting
+against another on the same code.
+
     python scripts/bench_revisions.py --baseline 3a8ff66 --target demo-real --reps 2   # ~35 min here
+    python scripts/bench_revisions.py --baseline HEAD --target demo-real --args "--updates 4 --eval-every 4" \
+        --current-args "--threads 2"
 """
 
 from __future__ import annotations
@@ -56,6 +62,11 @@ def target_command(tree: Path, target: str, venv: Path) -> str:
     return lines[0].strip()
 
 
+def with_args(command: str, *extra: str) -> str:
+    """``command`` with the flags of ``extra`` appended in order (blank ones skipped)."""
+    return " ".join([command, *(e.strip() for e in extra if e.strip())])
+
+
 def run_once(tree: Path, command: str, log: Path) -> float:
     """Run ``command`` in ``tree`` with the tree's package first on the path; its wall seconds."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
@@ -74,6 +85,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--target", default="demo-real", help="the make target to time (default demo-real)")
     ap.add_argument("--reps", type=int, default=2, help="runs of each arm (default 2)")
     ap.add_argument("--venv", default=str(REPO / ".venv"), help="the venv both arms run in")
+    ap.add_argument("--args", default="", help="flags appended to both arms' commands")
+    ap.add_argument("--current-args", default="", help="flags appended to the working tree's command only")
     args = ap.parse_args(argv)
     if args.reps < 1:
         ap.error("--reps must be >= 1")
@@ -87,6 +100,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         trees = {"base": base_tree, "current": REPO}
         commands = {arm: target_command(tree, args.target, venv) for arm, tree in trees.items()}
+        commands = {arm: with_args(cmd, args.args) for arm, cmd in commands.items()}
+        commands["current"] = with_args(commands["current"], args.current_args)
         for arm, cmd in commands.items():
             print(f"{arm}: {cmd}", flush=True)
         seconds: dict[str, list[float]] = {"base": [], "current": []}
@@ -96,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"run {i + 1}: {arm} {s:.1f} s", flush=True)
     finally:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base_tree)], check=False)
-    result: dict = {"baseline": args.baseline, "target": args.target, "seconds": seconds}
+    result: dict = {"baseline": args.baseline, "target": args.target, "commands": commands, "seconds": seconds}
     result["current_vs_base"] = time_ratio(seconds["base"], seconds["current"])
     print(f"time(baseline) / time(current): {ratio_text(result['current_vs_base'], 'pair')}")
     base = seconds["base"]

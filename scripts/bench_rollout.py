@@ -30,7 +30,10 @@ with other processes a wall-clock floor and a wall-clock measurement taken minut
 shares of the CPU, while CPU time counts only this process's work. Attention over the short contexts,
 norms, sampling and Python overhead are what the ratio ``measured / floor`` leaves out, and so are the
 rows that have stopped: the floor keeps all ``M`` rows busy at every step, while a call's batch shrinks
-as its responses end (``live rows``: the mean number of unfinished rows over its decode steps).
+as its responses end (``live rows``: the mean number of unfinished rows over its decode steps). So a second
+ratio is printed against **the floor at the call's own rows** (:func:`own_rows_floor`): each decode step's
+matmuls timed at the number of rows still going at that step, summed over the steps; what it leaves out
+is the overhead alone (attention, norms, sampling, Python, rows kept in the batch after they stopped).
 
 Precision (``--precision``, as ``sppo-rl llm --precision`` runs it): ``fp32``, everything in float32;
 ``bf16``, the model's forward under ``torch.autocast(bfloat16)`` with the output layer (the LM head) run
@@ -110,11 +113,36 @@ def matmul_gflops(
     return flops / matmul_seconds(shapes, rows, seconds, dtype) / 1e9
 
 
-def floor_seconds(shapes: list[tuple[int, int, int]], rows: int, head_rows: int, precision: str) -> float:
+def floor_seconds(
+    shapes: list[tuple[int, int, int]], rows: int, head_rows: int, precision: str, seconds: float = 3.0
+) -> float:
     """CPU seconds of a forward's matmuls at ``precision``: ``shapes[:-1]`` (the layers) on ``rows`` rows in
-    the body's dtype, plus ``shapes[-1]`` (the output layer) on ``head_rows`` rows in the head's."""
+    the body's dtype, plus ``shapes[-1]`` (the output layer) on ``head_rows`` rows in the head's (each timed
+    for about ``seconds``)."""
     body, head = PRECISIONS[precision]
-    return matmul_seconds(shapes[:-1], rows, dtype=body) + matmul_seconds(shapes[-1:], head_rows, dtype=head)
+    return matmul_seconds(shapes[:-1], rows, seconds, body) + matmul_seconds(
+        shapes[-1:], head_rows, seconds, head
+    )
+
+
+def step_floor(shapes: list[tuple[int, int, int]], precision: str):
+    """``m -> floor_seconds(shapes, m, m, precision)``: a decode step's matmuls at ``m`` rows, each ``m`` timed
+    once (for about 0.5 s)."""
+    memo: dict[int, float] = {}
+
+    def seconds(m: int) -> float:
+        if m not in memo:
+            memo[m] = floor_seconds(shapes, m, m, precision, seconds=0.5)
+        return memo[m]
+
+    return seconds
+
+
+def own_rows_floor(columns: list[list[int]], cpu: list[float], step_seconds) -> float:
+    """The floor at a call's own rows: per call, ``sum_t step_seconds(live_t) / cpu``, the CPU seconds the
+    matmuls of its decode steps would take with each step's batch exactly the rows still going
+    (``columns``: live rows per response column), over the call's CPU seconds; the median over calls."""
+    return statistics.median(sum(step_seconds(m) for m in cols if m > 0) / c for cols, c in zip(columns, cpu))
 
 
 def live_rows(mask: torch.Tensor) -> float:
@@ -153,10 +181,13 @@ def time_generate(rollout, prompts: list[str], args) -> list[tuple[int, dict]]:
                         rb.num_generated_tokens,
                         live_rows(rb.response_mask),
                         wall,
+                        cpu,
+                        [int(m) for m in rb.response_mask.sum(0).tolist()],
                     )
                 )
             pairs.append((pair[0], pair[1]) if r % 2 == 0 else (pair[1], pair[0]))
         timing = {"rate": statistics.median(c[0] for c in calls), "calls": len(calls), "aa": aa_range(pairs)}
+        timing.update(cpu=[c[4] for c in calls], columns=[c[5] for c in calls])
         timing.update(
             zip(("tokens", "live", "wall"), (statistics.mean(c[i] for c in calls) for i in (1, 2, 3)))
         )
@@ -258,12 +289,14 @@ def measure(precision: str, model, tok, folder, prompts: list[str], shapes, args
             f"{label} matmul floor at M = {rows} rows (decode): {before:.0f} / {after:.0f} tok/CPU-s "
             f"(measured before / after {name}'s calls)"
         )
+        step_seconds = step_floor(shapes, precision)
         for T, t in results:
+            own = own_rows_floor(t["columns"], t["cpu"], step_seconds)
             print(
                 f"{label} {name} generate {args.prompts} prompts x {args.samples} samples, <= {T} new tokens: "
                 f"{t['tokens']:.0f} tokens ({t['live']:.1f} live rows), {t['wall']:.1f} s wall a call, "
-                f"{t['rate']:.1f} tok/CPU-s = {t['rate'] / floor_gen:.3f} of the floor "
-                f"(A/A {t['aa']}, {t['calls']} calls)"
+                f"{t['rate']:.1f} tok/CPU-s = {t['rate'] / floor_gen:.3f} of the floor, "
+                f"{own:.3f} of the floor at its own rows (A/A {t['aa']}, {t['calls']} calls)"
             )
         before = after
         if name == "vllm":

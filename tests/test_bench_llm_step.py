@@ -136,3 +136,19 @@ def test_table_shows_medians_minima_and_ratios(bench):
     assert lines[2].split()[1:4] == ["0.500", "0.400", "3"]
     assert lines[3].split()[1:4] == ["2.000", "1.000", "3"]
     assert lines[-1].split()[-2:] == ["0.250", "0.400"]
+
+
+def test_round_ratios_give_ours_over_trl_beside_ours_timed_twice(bench):
+    """Per round ours ran twice around TRL: the ratio is the median of both ours' steps over TRL's, the
+    A/A ours' second run over its first; the warm-up steps are left out of both."""
+
+    def ours(*steps):
+        return {"rows": [{"step_time_s": s} for s in steps]}
+
+    pairs = [(ours(9.0, 1.0, 1.0), ours(9.0, 1.2, 1.2)), (ours(9.0, 2.0, 2.0), ours(9.0, 2.0, 2.0))]
+    trl = [{"step_time_s": [9.0, 2.2, 2.2]}, {"step_time_s": [9.0, 4.0, 4.0]}]
+    r = bench.round_ratios(pairs, trl, warmup=1)
+    assert r["ours_a"] == [1.0, 2.0] and r["ours_b"] == [1.2, 2.0] and r["trl"] == [2.2, 4.0]
+    assert r["ours_vs_trl"]["per_rep"] == pytest.approx([1.1 / 2.2, 0.5])
+    assert r["ours_vs_trl"]["ratio"] == pytest.approx(0.5)
+    assert r["aa"]["per_rep"] == pytest.approx([1.2, 1.0])

@@ -41,3 +41,12 @@ def test_the_demo_real_command_is_what_make_runs():
     assert "--out-dir runs/demo-real" in cmd and "\\" not in cmd
     with pytest.raises(SystemExit, match="expected one sppo-rl command"):
         bench.target_command(REPO, "lint", venv)
+
+
+def test_extra_flags_are_appended_so_that_they_win():
+    """``--args`` then ``--current-args`` go after the target's own flags: the last of a repeated flag
+    is the one ``sppo-rl`` takes."""
+    assert bench.with_args("sppo-rl llm --threads 1", " ", "--updates 4", "--threads 2") == (
+        "sppo-rl llm --threads 1 --updates 4 --threads 2"
+    )
+    assert bench.with_args("sppo-rl llm") == "sppo-rl llm"

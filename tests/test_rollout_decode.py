@@ -1,5 +1,6 @@
 """HFRollout's decode steps (sppo_rl/llm/rollout/decode.py): the KV cache written in place, the one-token
-attention in float32, the Gumbel noise built in place; float32 samples equal transformers' own path's."""
+attention in float32, the Gumbel noise built in place, the decode step without the model's per-call
+machinery; float32 samples equal transformers' own path's."""
 
 from __future__ import annotations
 
@@ -8,11 +9,17 @@ import torch
 from transformers.cache_utils import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from sppo_rl.llm.models.core import load_actor, sequence_logprobs
+from sppo_rl.llm.models.core import float32_head, load_actor, sequence_logprobs
 from sppo_rl.llm.models.tiny import build_tiny_model, load_tokenizer
 from sppo_rl.llm.rollout.base import SamplingParams
-from sppo_rl.llm.rollout.decode import DECODE_ATTENTION, GrowingLayer, decode_attention, decode_attention_on
-from sppo_rl.llm.rollout.hf import HFRollout, _gumbel_argmax
+from sppo_rl.llm.rollout.decode import (
+    DECODE_ATTENTION,
+    DecodeStep,
+    GrowingLayer,
+    decode_attention,
+    decode_attention_on,
+)
+from sppo_rl.llm.rollout.hf import HFRollout, _gumbel_argmax, autocast_to, cache_of
 
 CHARSET = "0123456789+-*/=() {}\\\nabcdefghijklmnopqrstuvwxyz"
 PROMPTS = ["1+1=", "123 + 456 =", "a", "{x}\\y = 77 "]  # different lengths: left padding varies
@@ -154,3 +161,107 @@ def test_bfloat16_sampler_logprobs_stay_as_close_to_float32_as_before(tiny):
         gaps.append(float((rb.logprobs - exact)[rb.response_mask.bool()].abs().mean()))
     fast_gap, own_gap = gaps
     assert fast_gap <= own_gap + 0.01 and fast_gap < 0.05, gaps
+
+
+def _llama(seed: int = 0):
+    """A tiny Llama (SmolLM2's architecture: no biases, tied embeddings), built in memory."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True, rope_theta=100000.0,
+    )  # fmt: skip
+    return LlamaForCausalLM(config).eval()
+
+
+def _prefilled(model, ids, mask, autocast):
+    """The model's output over ``ids`` with its cache's layers made :class:`GrowingLayer` s."""
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad(), autocast_to(autocast, torch.device("cpu")), decode_attention_on(model):
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+    assert GrowingLayer.replacing(cache_of(out), 2)  # room for 2: the third step rebuilds the buffers
+    return out.logits[:, -1:], cache_of(out), positions[:, -1:] + 1
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16])
+def test_decode_step_logits_are_the_models_own(tiny, arch, autocast):
+    """Four decode steps over left-padded rows: :class:`DecodeStep`'s logits equal, bit for bit, those of
+    the model's own forward on a copy of the same cache (float32, and under autocast with the float32
+    head), and so do the caches they leave."""
+    model = load_actor(tiny).eval() if arch == "qwen2" else _llama()
+    if autocast is not None:
+        float32_head(model)
+    V = model.config.vocab_size
+    ids = torch.randint(3, V, (3, 6), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # left padding of different lengths
+    mask[2, :1] = 0
+    step = DecodeStep.for_model(model)
+    assert step is not None
+    logits, ours, position = _prefilled(model, ids, mask, autocast)
+    _, theirs, _ = _prefilled(model, ids, mask, autocast)
+    for _ in range(4):
+        token = logits[:, -1].argmax(-1, keepdim=True)
+        mask = torch.cat([mask, mask.new_ones(3, 1)], dim=1)
+        with torch.no_grad(), autocast_to(autocast, torch.device("cpu")), decode_attention_on(model):
+            expected = model(
+                input_ids=token, attention_mask=mask, position_ids=position, cache=theirs, use_cache=True,
+                logits_to_keep=1,
+            ).logits  # fmt: skip
+            assert DecodeStep.runs(ours)
+            logits = step(token, mask, position, ours)
+        assert logits.shape == (3, 1, V) and torch.equal(logits, expected)
+        position = position + 1
+    for a, b in zip(ours.layers, theirs.layers):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
+def test_decode_step_is_built_only_where_its_arithmetic_is_the_models(tiny):
+    """None for a model in training mode, with a forward hook (DeepSpeed ZeRO-3 gathers weights in
+    hooks), with a projection that is not a plain ``nn.Linear`` (an adapter), with sliding-window layers,
+    or of another architecture; a cache whose layers are not :class:`GrowingLayer` s is not run."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    assert DecodeStep.for_model(_llama()) is not None
+    assert DecodeStep.for_model(_llama().train()) is None
+    hooked = _llama()
+    handle = hooked.model.layers[1].mlp.register_forward_pre_hook(lambda *_: None)
+    assert DecodeStep.for_model(hooked) is None
+    handle.remove()
+    assert DecodeStep.for_model(hooked) is not None
+
+    class Adapted(torch.nn.Linear):
+        pass
+
+    adapted = _llama()
+    adapted.model.layers[0].self_attn.v_proj.__class__ = Adapted
+    assert DecodeStep.for_model(adapted) is None
+    sliding = load_actor(tiny).eval()
+    sliding.config.layer_types = ["sliding_attention"] * sliding.config.num_hidden_layers
+    assert DecodeStep.for_model(sliding) is None
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=40, n_embd=32, n_layer=1, n_head=2)).eval()
+    assert DecodeStep.for_model(gpt2) is None
+    cache = DynamicCache()
+    cache.update(*_kv(1, 2), layer_idx=0)
+    assert not DecodeStep.runs(cache) and not DecodeStep.runs(None)
+
+
+def test_sampling_runs_its_decode_steps_through_decode_step(tiny, monkeypatch):
+    """HFRollout's decode loop uses :class:`DecodeStep` for a supported model (one call per decode step
+    after the first token), so the equality above is what sampling gets."""
+    calls = []
+    original = DecodeStep.__call__
+
+    def counted(self, *args):
+        calls.append(args[0].shape[0])
+        return original(self, *args)
+
+    monkeypatch.setattr(DecodeStep, "__call__", counted)
+    model, tok = load_actor(tiny), load_tokenizer(tiny)
+    rb = HFRollout(model, tok).generate(PROMPTS, SamplingParams(n=2, max_new_tokens=6), seeds=1)
+    assert len(calls) == rb.response_len - 1 and calls[0] == 2 * len(PROMPTS)
+    calls.clear()
+    HFRollout(model, tok, fast_decode=False).generate(PROMPTS, SamplingParams(n=2, max_new_tokens=6), seeds=1)
+    assert calls == []

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
@@ -183,3 +184,141 @@ def decode_attention_on(model: nn.Module, enabled: bool = True) -> Iterator[bool
         yield True
     finally:
         config._attn_implementation = before
+
+
+_DECODERS = {"LlamaForCausalLM": "LlamaDecoderLayer", "Qwen2ForCausalLM": "Qwen2DecoderLayer"}
+"""The model classes :class:`DecodeStep` runs, each with the class of its layers."""
+
+
+class DecodeStep:
+    """One decode step of a Llama or Qwen2 causal LM as plain tensor operations: the arithmetic of the
+    model's own ``forward`` for one new token per row, without its per-call machinery (the attention mask
+    built as 4-D every step, module calls and keyword plumbing through 30 layers, the cache's dispatch).
+    Per layer, with ``rms(x) = w * x / sqrt(mean(x^2) + eps)`` and RoPE ``(cos, sin)`` at each row's
+    position:
+
+        ``h = rms_1(x);  q, k, v = h W_q^T + b_q, h W_k^T + b_k, h W_v^T + b_v;  q, k = rope(q), rope(k)``
+        ``K, V = cache.update(k, v);  x = x + decode_attention(q, K, V, mask) W_o^T (+ b_o)``
+        ``h = rms_2(x);  x = x + (silu(h W_g^T) * (h W_u^T)) W_d^T``
+
+    then the final norm and the output layer (the model's own module: a float32 head stays one). Each
+    operation is the one transformers runs, in the same order and dtype (under autocast too), so the
+    logits are those of ``model(...)`` (a test holds them equal). :meth:`for_model` builds one only
+    where that holds: a plain ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` (no peft wrapping, no hooks
+    such as DeepSpeed ZeRO-3's, plain ``nn.Linear`` projections, SiLU, full attention, no dropout); the
+    cache's layers must be :class:`GrowingLayer` s (:meth:`runs`)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        body = model.model
+        self.config = model.config
+        self.embed, self.rotary, self.norm = body.embed_tokens, body.rotary_emb, body.norm
+        self.head = model.lm_head
+        self.layers = []
+        for layer in body.layers[: self.config.num_hidden_layers]:
+            attn, mlp = layer.self_attn, layer.mlp
+            self.layers.append(
+                (
+                    attn,
+                    layer.input_layernorm.weight,
+                    layer.input_layernorm.variance_epsilon,
+                    (attn.q_proj.weight, attn.q_proj.bias),
+                    (attn.k_proj.weight, attn.k_proj.bias),
+                    (attn.v_proj.weight, attn.v_proj.bias),
+                    (attn.o_proj.weight, attn.o_proj.bias),
+                    layer.post_attention_layernorm.weight,
+                    layer.post_attention_layernorm.variance_epsilon,
+                    (mlp.gate_proj.weight, mlp.gate_proj.bias),
+                    (mlp.up_proj.weight, mlp.up_proj.bias),
+                    (mlp.down_proj.weight, mlp.down_proj.bias),
+                    attn.head_dim,
+                )
+            )
+
+    @classmethod
+    def for_model(cls, model: nn.Module) -> DecodeStep | None:
+        """A :class:`DecodeStep` for ``model``, or None where its arithmetic is not the one written here."""
+        decoder = _DECODERS.get(type(model).__name__)
+        config = getattr(model, "config", None)
+        if decoder is None or config is None or model.training:
+            return None
+        if getattr(config, "hidden_act", None) != "silu" or getattr(config, "attention_dropout", 0.0):
+            return None
+        if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
+            return None
+        if getattr(config, "use_sliding_window", False):
+            return None
+        if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
+            return None
+        body = getattr(model, "model", None)
+        layers = getattr(body, "layers", None)
+        if layers is None or len(layers) < config.num_hidden_layers:
+            return None
+        for module in model.modules():
+            if module._forward_hooks or module._forward_pre_hooks:
+                return None
+        for layer in layers[: config.num_hidden_layers]:
+            if type(layer).__name__ != decoder:
+                return None
+            attn, mlp = layer.self_attn, layer.mlp
+            projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
+            projections += (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+            if any(type(p) is not nn.Linear for p in projections):
+                return None
+        return cls(model)
+
+    @staticmethod
+    def runs(cache: Any) -> bool:
+        """Whether a step can use ``cache``: every layer a :class:`GrowingLayer` (the decode loop's)."""
+        layers = getattr(cache, "layers", None)
+        return bool(layers) and all(type(layer) is GrowingLayer for layer in layers)
+
+    def __call__(self, tokens: Tensor, attention_mask: Tensor, positions: Tensor, cache: Any) -> Tensor:
+        """The logits ``[B, 1, V]`` of ``tokens`` ``[B, 1]`` at ``positions`` ``[B, 1]``, attending to the
+        cache and themselves under ``attention_mask`` ``[B, L]`` (1: a real position; its last column is
+        the new token's); every layer's keys and values are appended to ``cache`` in place."""
+        x = self.embed(tokens)
+        cos, sin = self.rotary(x, positions)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        mask = attention_mask.bool()[:, None, None, :]
+        B = tokens.shape[0]
+        for (
+            attn,
+            w_in,
+            eps_in,
+            (wq, bq),
+            (wk, bk),
+            (wv, bv),
+            (wo, bo),
+            w_post,
+            eps_post,
+            (wg, bg),
+            (wu, bu),
+            (wd, bd),
+            D,
+        ), layer in zip(self.layers, cache.layers):
+            h = _rms(x, w_in, eps_in)
+            q = F.linear(h, wq, bq).view(B, 1, -1, D).transpose(1, 2)
+            k = F.linear(h, wk, bk).view(B, 1, -1, D).transpose(1, 2)
+            v = F.linear(h, wv, bv).view(B, 1, -1, D).transpose(1, 2)
+            q = (q * cos) + (_rotate_half(q) * sin)
+            k = (k * cos) + (_rotate_half(k) * sin)
+            keys, values = layer.update(k, v)
+            out, _ = decode_attention(attn, q, keys, values, mask, scaling=attn.scaling)
+            x = x + F.linear(out.reshape(B, 1, -1).contiguous(), wo, bo)
+            h = _rms(x, w_post, eps_post)
+            x = x + F.linear(F.silu(F.linear(h, wg, bg)) * F.linear(h, wu, bu), wd, bd)
+        return self.head(self.norm(x))
+
+
+def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """transformers' Llama / Qwen2 RMSNorm: ``weight * (x / sqrt(mean(x^2) + eps))`` computed in float32,
+    cast back to ``x``'s dtype before the weight."""
+    dtype = x.dtype
+    x = x.to(torch.float32)
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

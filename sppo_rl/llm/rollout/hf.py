@@ -29,7 +29,7 @@ from sppo_rl.llm.rollout.base import (
     left_pad,
     pad_and_stop_ids,
 )
-from sppo_rl.llm.rollout.decode import GrowingLayer, decode_attention_on
+from sppo_rl.llm.rollout.decode import DecodeStep, GrowingLayer, decode_attention_on
 
 
 def repetition_penalty(z: Tensor, seen: Tensor, penalty: float) -> Tensor:
@@ -358,8 +358,10 @@ class HFRollout:
 
         positions = positions_from_mask(prompt_mask)
         out, cache_mask = self._prefill(prompt_ids, prompt_mask, positions, params.n)
+        decode_step = None
         if self.fast_decode:  # decode steps write the cache in place (room for 64 more, then doubled)
-            GrowingLayer.replacing(cache_of(out), min(max_new_tokens, 64))
+            if GrowingLayer.replacing(cache_of(out), min(max_new_tokens, 64)):
+                decode_step = DecodeStep.for_model(self.model)  # and skip the model's per-call machinery
         seen = None
         if params.repetition_penalty != 1.0:  # the prompt's tokens count as seen
             V = out.logits.shape[-1]
@@ -374,6 +376,7 @@ class HFRollout:
             generator,
             seen=seen,
             greedy=greedy,
+            decode_step=decode_step,
         )
         finished = ~alive
         return tokens[:, :steps], logprobs[:, :steps], sampling_logprobs[:, :steps], mask[:, :steps], finished
@@ -389,6 +392,7 @@ class HFRollout:
         generator: torch.Generator | list[torch.Generator] | None,
         seen: Tensor | None = None,
         greedy: Tensor | None = None,
+        decode_step: DecodeStep | None = None,
     ) -> tuple[int, Tensor]:
         """Sample tokens into columns ``start, start + 1, ...`` of ``buffers = (tokens, logprobs,
         sampling_logprobs, mask)`` ``[B, total]`` (see :mod:`sppo_rl.llm.rollout` for the two log-probs), one
@@ -401,7 +405,9 @@ class HFRollout:
         (rows that never stopped). ``seen`` ``[B, V]`` bool: the tokens the repetition penalty counts as
         already there (updated in place with every token sampled; None: only the tokens sampled here).
         ``greedy`` ``[B]`` bool: rows decoded as ``params.as_greedy()`` would (argmax at temperature 1,
-        ``sampling_logprobs`` 0) among sampled ones; only the others draw noise (None: no such row)."""
+        ``sampling_logprobs`` 0) among sampled ones; only the others draw noise (None: no such row).
+        ``decode_step``: the model's :class:`~sppo_rl.llm.rollout.decode.DecodeStep` (the same logits, less
+        overhead), used while the cache allows it (None: the model's own forward)."""
         tokens, logprobs, sampling_logprobs, mask = buffers
         B, total, device = tokens.shape[0], tokens.shape[1], tokens.device
         stops = torch.tensor(self.stop_token_ids, device=device)
@@ -461,7 +467,11 @@ class HFRollout:
                 attention_mask = attention_mask[keep]
                 generator = [generator[i] for i in keep.tolist()]
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(active), 1)], dim=1)
-            out = self._forward(token[:, None], attention_mask, position, cache)
+            if decode_step is not None and DecodeStep.runs(cache):
+                logits = decode_step(token[:, None], attention_mask, position, cache)
+                out = SimpleNamespace(logits=logits, cache=cache)
+            else:
+                out = self._forward(token[:, None], attention_mask, position, cache)
             position = position + 1
         return steps, alive
 
