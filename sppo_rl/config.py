@@ -18,7 +18,7 @@ import math
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
 
 
 class ConfigError(ValueError):
@@ -261,6 +261,9 @@ class WandB(Section):
 class RunConfig:
     """Settings every training run has: algorithm, seed, the PPO update, the run folder, logging."""
 
+    THREADS_MIN: ClassVar[int] = 1
+    """The smallest ``--threads`` (0 where a world resolves 0 as auto)."""
+
     algo: str = "sppo"
     """Algorithm: a name of the registry :data:`sppo_rl.agents.algorithms.ALGORITHMS` (``--help`` and ``sppo-rl info`` list them)."""
     seed: int = 0
@@ -390,8 +393,9 @@ class RunConfig:
             ("max_seconds", optional(gt(0)), "> 0 seconds, or None for no budget"),
             (
                 "threads",
-                within(1, max_threads()),
-                f"in [1, {max_threads()}] ({THREADS_PER_CPU} x this machine's CPUs)",
+                within(self.THREADS_MIN, max_threads()),
+                f"in [{self.THREADS_MIN}, {max_threads()}] ({THREADS_PER_CPU} x this machine's CPUs)"
+                + ("; 0: auto" if self.THREADS_MIN == 0 else ""),
             ),
             # fields both worlds have, each with its own default
             ("actor_lr", optional(gt(0)), "> 0 (LLM: or None for the model's default)"),

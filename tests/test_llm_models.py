@@ -347,3 +347,75 @@ def test_an_engine_checkpoint_holds_the_actor_as_save_pretrained_writes_it_and_o
     (tmp_path / "new" / "model.safetensors").write_bytes((other / "model.safetensors").read_bytes())
     with pytest.raises(RuntimeError, match="do not fit the model"):
         c.load(tmp_path / "new")
+
+
+def _groups(tok):
+    """Three prompts of different lengths, four responses each (rows of a prompt adjacent, as a group
+    method samples them), responses of different lengths right-padded."""
+    texts = ["1+1=", "12+30=", "7="]
+    ids, mask = _prompts(tok, [t for t in texts for _ in range(4)], extra_left_pad=1)
+    answers = [
+        "2<eos>",
+        "2",
+        "22<eos>",
+        "3",
+        "42",
+        "4<eos>",
+        "42<eos>",
+        "seven<eos>",
+        "7<eos>",
+        "7",
+        "77",
+        "x",
+    ]
+    full, full_mask, T = _with_responses(tok, ids, mask, answers)
+    P = ids.shape[1]
+    return ids, mask, full[:, P:], full_mask[:, P:], full, full_mask, T
+
+
+def test_shared_prompt_logprobs_are_sequence_logprobs_with_each_prompt_run_once(tiny, tok):
+    """The log-probs, entropies and the parameters' gradients of a masked log-prob sum equal those of
+    :func:`sequence_logprobs` over the whole rows (to rounding), and the prompts' forward ran over the 3
+    distinct prompts, not the 12 rows."""
+    from sppo_rl.llm.models.core import shared_prompt_logprobs
+
+    model = load_actor(tiny).eval()
+    ids, mask, r_ids, r_mask, full, full_mask, T = _groups(tok)
+    seen = []
+    hook = model.register_forward_pre_hook(
+        lambda _, args, kw: seen.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    grads = []
+    for shared in (True, False):
+        model.zero_grad(set_to_none=True)
+        seen.clear()
+        if shared:
+            logp, ent = shared_prompt_logprobs(model, ids, mask, r_ids, r_mask, temperature=0.7)
+            assert seen == [(3, ids.shape[1]), (12, T - 1)]
+        else:
+            logp, ent = sequence_logprobs(model, full, full_mask, T, temperature=0.7)
+        (logp * r_mask).sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+        valid = r_mask.bool()
+        if shared:
+            got = (logp[valid].detach(), ent[valid].detach())
+        else:
+            torch.testing.assert_close(got[0], logp[valid].detach(), atol=1e-5, rtol=0)
+            torch.testing.assert_close(got[1], ent[valid].detach(), atol=1e-5, rtol=0)
+    hook.remove()
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_shared_prompt_logprobs_decline_where_they_do_not_pay_or_cannot_run(tiny, tok):
+    """None (run the rows whole) with more distinct prompts than half the rows, and with gradient
+    checkpointing (which turns the cache off)."""
+    from sppo_rl.llm.models.core import shared_prompt_logprobs
+
+    model = load_actor(tiny).eval()
+    ids, mask, r_ids, r_mask, *_ = _groups(tok)
+    rows = torch.tensor([0, 4, 8, 9])  # three prompts in four rows
+    assert shared_prompt_logprobs(model, ids[rows], mask[rows], r_ids[rows], r_mask[rows]) is None
+    assert shared_prompt_logprobs(model, ids[:8], mask[:8], r_ids[:8], r_mask[:8]) is not None
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert shared_prompt_logprobs(model.train(), ids, mask, r_ids, r_mask) is None

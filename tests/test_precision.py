@@ -86,7 +86,7 @@ def test_the_trainers_rows_compute_in_bfloat16_under_bf16_and_in_float32_under_f
 
     def plan(precision: str) -> SimpleNamespace:
         return SimpleNamespace(
-            models=SimpleNamespace(precision=precision),
+            models=SimpleNamespace(precision=precision, shared_prompt=False),
             rollout=SimpleNamespace(temperature=1.0),
             latent=None,
             device=torch.device("cpu"),
@@ -194,6 +194,7 @@ def test_a_run_under_bf16_trains_and_records_it(tmp_path, llama):
         assert record["precision"] == mode and record["resolved"]["precision"] == {"auto": "fp32"}.get(
             mode, mode
         )
+        assert record["resolved"]["threads"] == 1  # --threads resolved (given, or auto for a small model)
     assert len(rows["bf16"]) == 2
     assert [r["policy_loss"] for r in rows["auto"]] != [r["policy_loss"] for r in rows["bf16"]]
 

@@ -471,8 +471,10 @@ def test_llm_jobs_from_algos_and_a_folder_with_other_settings(tmp_path):
     jobs = plan(_llm(tmp_path, runs={}, algos=("sppo", "grpo"), seeds=(0, 1), llm_args="--updates 2"))
     assert [j.name for j in jobs] == ["sppo/seed0", "grpo/seed0", "sppo/seed1", "grpo/seed1"]
     run = tmp_path.resolve() / "sppo" / "seed0"
+    # runs side by side (--workers unset): one thread each
     assert jobs[0].args == [
-        "--algo", "sppo", "--updates", "2", "--seed", "0", "--out-dir", str(run), "--wandb-group", tmp_path.name,
+        "--algo", "sppo", "--updates", "2", "--threads", "1", "--seed", "0", "--out-dir", str(run),
+        "--wandb-group", tmp_path.name,
     ]  # fmt: skip
     assert (jobs[0].command, jobs[0].task, jobs[0].out_dir, jobs[0].overwrite) == (
         "llm",

@@ -104,8 +104,9 @@ def test_control_numbers_out_of_range_are_refused(tmp_path, capsys, flags, named
         (["--group-size", "0"], "--group-size must be >= 1"),
         (["--micro-batch-size", "0"], "--micro-batch-size must be >= 1"),
         (["--checkpoint-every", "0"], "--checkpoint-every must be >= 1"),
-        (["--threads", "100000"], "--threads must be in [1, "),
-        (["--threads", "5000"], "4 x this machine's CPUs), got 5000"),
+        (["--threads", "100000"], "--threads must be in [0, "),
+        (["--threads", "5000"], "4 x this machine's CPUs); 0: auto, got 5000"),
+        (["--threads", "-1"], "--threads must be in [0, "),
         (["--seed", str(2**70)], "--seed must be an integer in [0, 2^48 - 1"),
     ],
 )

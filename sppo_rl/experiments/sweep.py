@@ -390,7 +390,9 @@ def _plan_llm(cfg: SweepConfig) -> list[Job]:
         raise ValueError(f"--llm-args: {e}") from None
     seeds = _unique(cfg.seeds)
     return llm_jobs(
-        [(name, seed, [*flags, *common]) for seed in seeds for name, flags in runs.items()], cfg.out_dir
+        [(name, seed, [*flags, *common]) for seed in seeds for name, flags in runs.items()],
+        cfg.out_dir,
+        threads=None if cfg.workers == 1 else 1,  # runs side by side: one thread each
     )
 
 
@@ -463,12 +465,15 @@ def llm_jobs(
     *,
     other: typing.Literal["refuse", "overwrite"] = "refuse",
     overwrite: bool = False,
+    threads: int | None = None,
 ) -> list[Job]:
     """The jobs of LLM runs given as ``(name, seed, flags)``, in this order, each in
     ``<out_dir>/<name>/seed<seed>`` with ``--seed``, ``--out-dir`` and the sweep's ``--wandb-group`` (the
     folder's name, unless ``flags`` set one); every run checked first (:func:`llm_config`; ValueError,
     nothing written). A folder holding a run with other settings (:data:`LLM_BOOKKEEPING` aside) is
-    refused (``other="refuse"``) or started again (``"overwrite"``); ``overwrite``: every run starts again."""
+    refused (``other="refuse"``) or started again (``"overwrite"``); ``overwrite``: every run starts again.
+    ``threads``: the ``--threads`` of every run whose flags give none (runs side by side: 1 each, not the
+    auto default that takes every CPU; None: their own default)."""
     from sppo_rl.llm.plan import as_given
 
     root = Path(out_dir).resolve()
@@ -484,6 +489,8 @@ def llm_jobs(
         if seed < 0:
             raise ValueError(f"seed {seed}: seeds are integers >= 0")
         out = root / name / f"seed{seed}"
+        if threads is not None and not any(f == "--threads" or f.startswith("--threads=") for f in flags):
+            flags = [*flags, "--threads", str(threads)]
         config = llm_config(name, flags, seed, str(out), check=tuple(flags) not in checked)
         checked.add(tuple(flags))
         args = [*flags, "--seed", str(seed), "--out-dir", str(out)]

@@ -197,13 +197,14 @@ def row_fn(plan: Plan) -> RowsOf:
     """The learner's world callable over rows, ``rows(rb, model, policy)``: the latent policy's for its
     actor, else :func:`~sppo_rl.llm.stages.to_batch.rollout_rows` at the rollout temperature."""
     latent, device, temperature = plan.latent, plan.device, plan.rollout.temperature
+    shared = plan.models.shared_prompt
     autocast = torch.bfloat16 if plan.models.precision == "bf16" else None
 
     def rows(rb: RolloutBatch, model: Any, policy: bool) -> RowsFn:
         if policy and latent is not None:
             of_rows = latent.rows(rb, model, temperature, device)
         else:
-            of_rows = rollout_rows(rb, model, policy, temperature, device)
+            of_rows = rollout_rows(rb, model, policy, temperature, device, shared)
         if autocast is None:
             return of_rows
 
@@ -228,6 +229,7 @@ def config_record(plan: Plan, m: Models, n_train: int, n_val: int, ranks: int) -
         "critic": str(m.critic_path or "none"),  # a folder, as the actor's (a named model resolved)
         "warmstart": m.warmstart,
         "precision": plan.models.precision,  # --precision resolved
+        "threads": plan.loop.threads,  # --threads resolved
         "train_examples": n_train,
         "val_examples": n_val,
         "reward_fn": plan.rewards.fn,

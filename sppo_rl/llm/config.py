@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from sppo_rl.config import Check, RunConfig, Section, ge, gt, optional, within
 
@@ -106,6 +106,8 @@ class LLMConfig(RunConfig):
     A paper recipe sets the defaults of every flag: `sppo-rl llm --recipe NAME [flags]` (flags after it
     override; `sppo-rl info` lists the built-in recipes); a recipe file of your own: `--recipe-file FILE.json`
     (data: the fields that name files or folders need the flag too, or `--trust-recipe`)."""
+
+    THREADS_MIN: ClassVar[int] = 0  # --threads 0: auto (a pretrained model: every CPU; see threads)
 
     task: str = "arithmetic"
     """'arithmetic' (generated from --data-seed; responses of at most 16 tokens), 'scratchpad' (the same
@@ -250,6 +252,12 @@ class LLMConfig(RunConfig):
     supports bfloat16) for a pretrained model (a named one, or a folder whose weight files hold at least
     64 MB); fp32 for the small built-in models, whose time goes to per-operation overhead, not matmuls.
     config.json records the precision resolved."""
+    threads: int = 0
+    """torch threads on CPU. 0 (the default): auto, resolved once and recorded in config.json (resolved.threads):
+    for a pretrained model (a named one, or a folder whose weight files hold at least 64 MB, as --precision
+    auto) every CPU this process may use, shared among the ranks on the machine and less the rollout worker's
+    --rollout-threads; 1 for the small built-in models, whose time is per-operation overhead. Running several
+    runs side by side (scripts/compare_llm.py --workers N), give each --threads 1."""
     rollout: Literal["auto", "hf", "vllm"] = "auto"
     """Rollout engine: Hugging Face generation, or in-process vLLM with weight sync after each update; auto: vLLM
     for a named model with --engine torch and no LoRA where the vllm package imports, else Hugging Face."""
@@ -277,6 +285,11 @@ class LLMConfig(RunConfig):
     """Seconds any collective (and weight sync) may take before the run fails with an error instead of hanging."""
     gradient_checkpointing: bool = False
     """Activation checkpointing in actor and critic."""
+    shared_prompt: bool = True
+    """Rows that share a prompt (a group method's samples) run it once in the actor's and the reference's
+    log-prob passes: the distinct prompts' forward with its KV cache, then the responses attending to it
+    (the same numbers up to rounding; a prompt's k rows cost one prompt's forward and backward instead of
+    k). --no-shared-prompt runs every row whole. The FLOPs counted are those of whole rows either way."""
     lora: LoRA = field(default_factory=LoRA)
     """LoRA adapters via peft (flags --lora-*; off at rank 0)."""
     export_adapter: bool = False

@@ -45,7 +45,7 @@ HELP_LAYOUT: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
             "latent_mask_invalid", "latent_first_token", "latent_sft_steps")),
         ("scale", "Devices, precision, engines and adapters.", (
             "device", "threads", "dtype", "precision", "engine", "zero_stage", "offload", "gradient_checkpointing",
-            "collective_timeout", "rollout", "vllm_max_model_len", "vllm_gpu_memory_utilization", "vllm_sleep",
+            "shared_prompt", "collective_timeout", "rollout", "vllm_max_model_len", "vllm_gpu_memory_utilization", "vllm_sleep",
             "vllm_dtype", "lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "export_adapter")),
         ("async", "Asynchronous rollouts: a sampler process working ahead of the learner, and the correction.", (
             "max_staleness", "rollout_worker", "rollout_threads", "off_policy")),

@@ -245,6 +245,69 @@ def sequence_logprobs(
     return logprobs_from_logits(logits, input_ids[:, -T:], temperature, chunk_elements)
 
 
+def _recomputes(model: nn.Module) -> bool:
+    """Whether ``model`` has activation (gradient) checkpointing on: transformers' property under its
+    newer name where it has it (the older one warns)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name):
+            return bool(getattr(model, name))
+    return False
+
+
+def shared_prompt_logprobs(
+    model: nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    response_ids: Tensor,
+    response_mask: Tensor,
+    temperature: float = 1.0,
+    chunk_elements: int = _DEFAULT_CHUNK_ELEMENTS,
+) -> tuple[Tensor, Tensor] | None:
+    """:func:`sequence_logprobs` of rows many of which share a prompt (a group method's samples), each
+    distinct prompt run once: one forward over the ``U`` distinct prompt rows (ids and mask equal) with the
+    KV cache, its keys and values then picked for every row (``index_select``: the backward adds each
+    row's gradient into its prompt's), and one forward over the responses attending to them. Position
+    ids, masks and the logits each response token is read from are those of :func:`sequence_logprobs`,
+    so the numbers are the same up to the rounding of other matmul shapes, while a prompt of ``k`` rows
+    costs one row's forward and backward instead of ``k``.
+
+    ``prompt_ids`` / ``prompt_mask`` ``[B, P]`` (left-padded), ``response_ids`` / ``response_mask``
+    ``[B, T]``. Returns ``(logp, entropy)`` ``[B, T]``, or None where it does not pay or cannot run: more
+    than ``B / 2`` distinct prompts, a model without a KV cache (or one recomputing activations:
+    gradient checkpointing turns the cache off)."""
+    B, P = prompt_ids.shape
+    T = response_ids.shape[1]
+    if T < 1 or _recomputes(_unwrap(model)):
+        return None
+    key = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], 1)
+    distinct, inverse = torch.unique(key, dim=0, return_inverse=True)
+    if 2 * distinct.shape[0] > B:
+        return None
+    ids, mask = distinct[:, :P], distinct[:, P:].to(prompt_mask.dtype)
+    cache_key = "cache" if accepts_kwarg(model, "cache") else "past_key_values"
+    keep = {"logits_to_keep": 1} if accepts_kwarg(model, "logits_to_keep") else {}
+    out = model(
+        input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask), use_cache=True, **keep
+    )
+    cache = getattr(out, "cache", None)
+    cache = cache if cache is not None else getattr(out, "past_key_values", None)
+    if cache is None or not hasattr(cache, "batch_select_indices"):
+        return None
+    logits = out.logits[:, -1:][inverse]  # [B, 1, V]: the first response token's
+    if T > 1:
+        cache.batch_select_indices(inverse)
+        full = torch.cat([mask[inverse], response_mask[:, : T - 1]], 1)
+        rest = model(
+            input_ids=response_ids[:, : T - 1],
+            attention_mask=full,
+            position_ids=positions_from_mask(full)[:, P:],
+            use_cache=True,
+            **{cache_key: cache},
+        )
+        logits = torch.cat([logits, rest.logits], 1)
+    return logprobs_from_logits(logits, response_ids, temperature, chunk_elements)
+
+
 def quiet_transformers() -> None:
     """No weight-loading or shard-writing bars from transformers (the run has its own progress bar);
     its warnings and errors still show."""

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from sppo_rl.agents.batch import SequenceBatch, overlong_penalty, terminal_rewards
 from sppo_rl.agents.learner import Reducer, RowsFn, forward_rows
 from sppo_rl.agents.losses import KLEstimator, kl_penalty
-from sppo_rl.llm.models.core import sequence_logprobs
+from sppo_rl.llm.models.core import sequence_logprobs, shared_prompt_logprobs
 from sppo_rl.llm.rollout.base import RolloutBatch
 from sppo_rl.llm.stages.collect import Collected
 
@@ -194,17 +194,31 @@ def to_batch(
 
 
 def rollout_rows(
-    rb: RolloutBatch, model: nn.Module, policy: bool, temperature: float, device: torch.device
+    rb: RolloutBatch,
+    model: nn.Module,
+    policy: bool,
+    temperature: float,
+    device: torch.device,
+    shared_prompt: bool = False,
 ) -> RowsFn:
     """The learner's world callable over rows of ``rb``: ``(rows, T) ->`` a policy's ``(logp, entropy)``
     (actor or reference; ``policy=True``) or a critic's values (either kind: one call signature), on
     those rows cut to their own columns: the prompt's leading all-padding columns and the response
-    past ``T`` are dropped, so a micro-batch costs what its own longest row costs."""
+    past ``T`` are dropped, so a micro-batch costs what its own longest row costs. ``shared_prompt``: a
+    policy's rows that share a prompt run it once
+    (:func:`~sppo_rl.llm.models.core.shared_prompt_logprobs`, where it pays)."""
 
     def forward(rows: Tensor, T: int) -> tuple[Tensor, Tensor] | Tensor:
         rows = rows.to(device)
         pm = rb.prompt_mask[rows]
         first = int(pm.any(0).float().argmax())
+        if policy and shared_prompt:
+            shared = shared_prompt_logprobs(
+                model, rb.prompt_ids[rows, first:], pm[:, first:], rb.response_ids[rows, :T],
+                rb.response_mask[rows, :T], temperature,
+            )  # fmt: skip
+            if shared is not None:
+                return shared
         ids = torch.cat([rb.prompt_ids[rows, first:], rb.response_ids[rows, :T]], 1)
         attn = torch.cat([pm[:, first:], rb.response_mask[rows, :T]], 1)
         return sequence_logprobs(model, ids, attn, T, temperature) if policy else model(ids, attn, T)
