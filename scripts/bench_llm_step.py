@@ -130,13 +130,13 @@ def round_ratios(
     steps) over TRL, and ``aa``: of ours' second run over its first (below 1: the first faster)."""
     from sppo_rl.experiments.decision import time_ratio
 
-    def med(run: dict[str, Any]) -> float:
-        return median_after_warmup([row["step_time_s"] for row in run["rows"]], warmup)
+    def steps(run: dict[str, Any]) -> list[float]:
+        return measured([row["step_time_s"] for row in run["rows"]], warmup)
 
-    ours = [statistics.median(measured([r["step_time_s"] for r in a["rows"]], warmup)
-                              + measured([r["step_time_s"] for r in b["rows"]], warmup)) for a, b in pairs]  # fmt: skip
+    ours = [statistics.median(steps(first) + steps(second)) for first, second in pairs]
+    a = [statistics.median(steps(first)) for first, _ in pairs]
+    b = [statistics.median(steps(second)) for _, second in pairs]
     trl = [median_after_warmup(t["step_time_s"], warmup) for t in trl_runs]
-    a, b = [med(p[0]) for p in pairs], [med(p[1]) for p in pairs]
     return {
         "ours_a": a,
         "ours_b": b,

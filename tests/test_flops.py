@@ -21,11 +21,11 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from sppo_rl.llm.models import flops as F
-from sppo_rl.llm.models.core import accepts_kwarg, load_actor, sequence_logprobs
+from sppo_rl.llm.models.core import cache_kwarg, cache_of, load_actor, sequence_logprobs
 from sppo_rl.llm.models.critic import CRITICS
 from sppo_rl.llm.models.tiny import build_tiny_model, load_tokenizer
 from sppo_rl.llm.rollout.base import SamplingParams
-from sppo_rl.llm.rollout.hf import HFRollout, cache_of
+from sppo_rl.llm.rollout.hf import HFRollout
 
 CHARSET = "0123456789+-*/=() abcdefghijklmnopqrstuvwxyz"
 TOL = 1e-9
@@ -150,7 +150,7 @@ def test_a_kv_cached_decode_step_matches_the_flop_counter(model):
     with torch.no_grad():
         out = model(input_ids=ids, use_cache=True)
         nxt = torch.randint(3, 30, (2, 1))
-        cache = {"cache" if accepts_kwarg(model, "cache") else "past_key_values": cache_of(out)}
+        cache = {cache_kwarg(model): cache_of(out)}
         got = counted(lambda: model(input_ids=nxt, use_cache=True, **cache))
     # the whole logits row of the one new position; the token attends over 6 cached keys and itself
     assert close(got, 2 * F.decode(s, 7)), (got, 2 * F.decode(s, 7))
@@ -171,9 +171,7 @@ def test_the_figures_in_the_docs(folder, name, figures):
     both = counted(lambda: sequence_logprobs(model, ids, torch.ones_like(ids), 5)[0].sum().backward())
     model.eval()
     with torch.no_grad():
-        cache = {
-            "cache" if accepts_kwarg(model, "cache") else "past_key_values": cache_of(model(input_ids=ids))
-        }
+        cache = {cache_kwarg(model): cache_of(model(input_ids=ids))}
         step = counted(lambda: model(input_ids=ids[:, :1], use_cache=True, **cache))
     one = F.policy_pass(s, [(4, 5)] * 2)
     assert (fwd, both, step) == figures == (one, 3 * one, 2 * F.decode(s, 10))

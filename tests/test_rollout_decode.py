@@ -9,7 +9,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from sppo_rl.llm.models.core import float32_head, load_actor, sequence_logprobs
+from sppo_rl.llm.models.core import cache_of, float32_head, load_actor, sequence_logprobs
 from sppo_rl.llm.models.tiny import build_tiny_model, load_tokenizer
 from sppo_rl.llm.rollout.base import SamplingParams
 from sppo_rl.llm.rollout.decode import (
@@ -19,7 +19,7 @@ from sppo_rl.llm.rollout.decode import (
     decode_attention,
     decode_attention_on,
 )
-from sppo_rl.llm.rollout.hf import HFRollout, _gumbel_argmax, autocast_to, cache_of
+from sppo_rl.llm.rollout.hf import HFRollout, _gumbel_argmax, autocast_to
 
 CHARSET = "0123456789+-*/=() {}\\\nabcdefghijklmnopqrstuvwxyz"
 PROMPTS = ["1+1=", "123 + 456 =", "a", "{x}\\y = 77 "]  # different lengths: left padding varies

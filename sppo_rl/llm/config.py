@@ -256,8 +256,8 @@ class LLMConfig(RunConfig):
     """torch threads on CPU. 0 (the default): auto, resolved once and recorded in config.json (resolved.threads):
     for a pretrained model (a named one, or a folder whose weight files hold at least 64 MB, as --precision
     auto) every CPU this process may use, shared among the ranks on the machine and less the rollout worker's
-    --rollout-threads; 1 for the small built-in models, whose time is per-operation overhead. Running several
-    runs side by side (scripts/compare_llm.py --workers N), give each --threads 1."""
+    --rollout-threads; 1 for the small built-in models, whose time is per-operation overhead. Runs side by side
+    need 1 each: scripts/compare_llm.py and sppo-rl sweep (with --workers other than 1) pass it."""
     rollout: Literal["auto", "hf", "vllm"] = "auto"
     """Rollout engine: Hugging Face generation, or in-process vLLM with weight sync after each update; auto: vLLM
     for a named model with --engine torch and no LoRA where the vllm package imports, else Hugging Face."""

@@ -385,7 +385,7 @@ def threads_of(cfg: LLMConfig, actor_folder: Path | None) -> int:
     process may use (``os.sched_getaffinity``) divided among the ranks on this machine
     (``LOCAL_WORLD_SIZE``), less ``--rollout-threads`` where a rollout worker process runs beside the learner
     (``--max-staleness`` > 0 or ``--rollout-worker process``), at least 1; 1 for the small built-in models.
-    Measured for SmolLM2 on 2 cores: 2 threads ran 3 SPPO updates (with their evaluations) 1.56x faster
+    Measured for SmolLM2 on 2 cores: 2 threads ran 3 SPPO updates (with their evaluations) 1.54x faster
     than 1 (docs/llm.md)."""
     if cfg.threads:
         return cfg.threads

@@ -19,9 +19,9 @@ from sppo_rl.llm.latent.maths import (
     latent_step,
     mixture,
 )
-from sppo_rl.llm.models.core import accepts_kwarg, logprobs_from_logits, positions_from_mask
+from sppo_rl.llm.models.core import accepts_kwarg, cache_of, logprobs_from_logits, positions_from_mask
 from sppo_rl.llm.rollout.base import RolloutBatch, SamplingParams, Seeds
-from sppo_rl.llm.rollout.hf import HFRollout, cache_of
+from sppo_rl.llm.rollout.hf import HFRollout
 
 SAMPLING_REFUSED = (
     "a latent policy samples with temperature and top_p only (not top_k, min_p, repetition_penalty)"

@@ -73,6 +73,18 @@ def accepts_kwarg(model: nn.Module, name: str) -> bool:
     return name in inspect.signature(_unwrap(model).forward).parameters
 
 
+def cache_kwarg(model: nn.Module) -> str:
+    """The keyword ``model.forward`` takes its KV cache under: ``cache`` (transformers 5), else
+    ``past_key_values``."""
+    return "cache" if accepts_kwarg(model, "cache") else "past_key_values"
+
+
+def cache_of(output: Any) -> Any:
+    """The KV cache of a model output (``cache`` in transformers 5, ``past_key_values`` before)."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
+
+
 def _from_pretrained(auto_cls: Any, path: str | os.PathLike, dtype: torch.dtype | str | None, **kwargs: Any):
     """``auto_cls.from_pretrained`` offline, passing the dtype under the name this transformers uses. A
     pickled weights file that holds more than tensors (transformers reads it with ``weights_only=True``:
@@ -284,13 +296,11 @@ def shared_prompt_logprobs(
     if 2 * distinct.shape[0] > B:
         return None
     ids, mask = distinct[:, :P], distinct[:, P:].to(prompt_mask.dtype)
-    cache_key = "cache" if accepts_kwarg(model, "cache") else "past_key_values"
     keep = {"logits_to_keep": 1} if accepts_kwarg(model, "logits_to_keep") else {}
     out = model(
         input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask), use_cache=True, **keep
     )
-    cache = getattr(out, "cache", None)
-    cache = cache if cache is not None else getattr(out, "past_key_values", None)
+    cache = cache_of(out)
     if cache is None or not hasattr(cache, "batch_select_indices"):
         return None
     logits = out.logits[:, -1:][inverse]  # [B, 1, V]: the first response token's
@@ -302,7 +312,7 @@ def shared_prompt_logprobs(
             attention_mask=full,
             position_ids=positions_from_mask(full)[:, P:],
             use_cache=True,
-            **{cache_key: cache},
+            **{cache_kwarg(model): cache},
         )
         logits = torch.cat([logits, rest.logits], 1)
     return logprobs_from_logits(logits, response_ids, temperature, chunk_elements)

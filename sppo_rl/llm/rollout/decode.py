@@ -210,11 +210,10 @@ class DecodeStep:
 
     def __init__(self, model: nn.Module) -> None:
         body = model.model
-        self.config = model.config
         self.embed, self.rotary, self.norm = body.embed_tokens, body.rotary_emb, body.norm
         self.head = model.lm_head
         self.layers = []
-        for layer in body.layers[: self.config.num_hidden_layers]:
+        for layer in body.layers[: model.config.num_hidden_layers]:
             attn, mlp = layer.self_attn, layer.mlp
             self.layers.append(
                 (

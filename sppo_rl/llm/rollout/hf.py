@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from sppo_rl.llm.models.core import accepts_kwarg, positions_from_mask
+from sppo_rl.llm.models.core import accepts_kwarg, cache_kwarg, cache_of, positions_from_mask
 from sppo_rl.llm.rollout.base import (
     RolloutBatch,
     SamplingParams,
@@ -119,7 +119,7 @@ class HFRollout:
             stops |= set(gen_eos) if isinstance(gen_eos, (list, tuple)) else {gen_eos}
             stop_token_ids = stops
         self.pad_token_id, self.stop_token_ids = pad_and_stop_ids(tokenizer, stop_token_ids, pad_id)
-        self._cache_key = "cache" if accepts_kwarg(model, "cache") else "past_key_values"
+        self._cache_key = cache_kwarg(model)
         self._logits_to_keep = accepts_kwarg(model, "logits_to_keep")
 
     @property
@@ -545,9 +545,3 @@ def _draw_others(
         own = [generator[i] for i in drawn.tolist()] if isinstance(generator, list) else generator
         best[drawn] = _gumbel_argmax(log_q[drawn], own, noise)
     return best
-
-
-def cache_of(output: Any) -> Any:
-    """The KV cache of a model output (``cache`` in transformers 5, ``past_key_values`` before)."""
-    cache = getattr(output, "cache", None)
-    return cache if cache is not None else output.past_key_values
