@@ -31,6 +31,11 @@ forward + backward + Adam over one update's rollout (64 x ``n_steps`` rows) / it
 
 ``--plain-env`` adds ``ours-plain`` (setting ``stock``): ours on ``gymnasium.make`` copies of the id,
 each stepped with every wrapper and check (:func:`plain_episode_env`), the path the fast ones replace.
+``--compile`` adds ``ours-compiled``: ours with ``--compile on`` (:mod:`sppo_rl.control.compiled`),
+compiled once by an untimed warm-up run before the rounds (its CPU seconds beyond a compiled run's printed
+apart, as rejax's compile); ours A and B are eager. ``--ours-seeds S`` (default 16) adds ``oursS`` (and
+``oursS-compiled``): ``S`` seeds in one process (``--seeds``), ``--seeds-steps`` env steps each, their
+steps/s summed and per seed, and per round the per-seed ratio to rejax's ``--rejax-seeds`` vmapped seeds.
 
 Peers that are not in this environment: rejax runs in ``--rejax-python`` (``make bench-peers`` builds
 ``.venv-rejax`` from ``requirements/rejax.txt``; skipped when absent), once with one seed and once with
@@ -97,9 +102,10 @@ SETTINGS = {
 # ----------------------------------------------------------------------------- settings of each one
 
 
-def ours_config(s: Setting, out_dir: str) -> dict:
-    """``ControlConfig`` fields of our PPO on ``s``."""
+def ours_config(s: Setting, out_dir: str, compile: str = "off") -> dict:
+    """``ControlConfig`` fields of our PPO on ``s`` (``compile``: ``--compile``; the reference is eager)."""
     return dict(
+        compile=compile,
         algo="ppo",
         task=s.ours_task,
         dense=s.ours_dense,
@@ -184,26 +190,35 @@ def spread(xs: list[float]) -> str:
 # ----------------------------------------------------------------------------- the implementations
 
 
-def ours(s: Setting, steps: int, plain: bool = False) -> dict:
-    """Our PPO: env steps per CPU-second (and per wall second) of ``ControlRun.update`` calls; ``plain``:
-    on :func:`plain_episode_env` instead of the task's own episode env."""
+def ours(s: Setting, steps: int, plain: bool = False, compile: str = "off", seeds: int = 1) -> dict:
+    """Our PPO: env steps per CPU-second (and per wall second) of ``update`` calls; ``plain``: on
+    :func:`plain_episode_env` instead of the task's own episode env; ``compile``: ``--compile`` (the
+    process compiles once: a warm-up run before the rounds); ``seeds > 1``: ``--seeds 0-(seeds-1)`` in
+    one process (:class:`~sppo_rl.control.seeds.SeedRuns`), ``steps`` per seed, steps/s summed and per seed."""
     from sppo_rl.control.config import ControlConfig
+    from sppo_rl.control.seeds import SeedRuns
     from sppo_rl.control.trainer import ControlRun
 
     with tempfile.TemporaryDirectory() as d:
-        run = ControlRun(ControlConfig(**ours_config(s, d)))
+        cfg = ControlConfig(**ours_config(s, d, compile), seeds=f"0-{seeds - 1}" if seeds > 1 else None)
+        run = SeedRuns(cfg, ControlRun) if seeds > 1 else ControlRun(cfg)
+        runs = run.runs if seeds > 1 else [run]
         if plain:
             run.env.close()
             run.env = plain_episode_env(s.ours_task, s.num_envs, s.ours_dense)
         updates, c0, w0 = 0, time.process_time(), time.perf_counter()
-        while run.state.env_steps < steps:
+        while runs[0].state.env_steps < steps:
             run.update()
             updates += 1
         cpu, wall = time.process_time() - c0, time.perf_counter() - w0
-        n = run.state.env_steps
-        run.logger.close()
-        run.env.close()
-    return {"sps_cpu": n / cpu, "sps_wall": n / wall, "env_steps": n, "updates": updates}
+        n = sum(r.state.env_steps for r in runs)
+        if seeds > 1:
+            run.close()
+        else:
+            run.logger.close()
+            run.env.close()
+    out = {"sps_cpu": n / cpu, "sps_wall": n / wall, "env_steps": n, "updates": updates, "cpu_s": cpu}
+    return {**out, "per_seed_sps_cpu": n / cpu / seeds, "seeds": seeds} if seeds > 1 else out
 
 
 def plain_episode_env(env_id: str, num_envs: int, dense: bool):
@@ -384,6 +399,15 @@ def measure(s: Setting, args, rejax_procs: dict[str, Rejax]) -> dict:
     peers: dict[str, object] = {"sb3": lambda: sb3(s, args.steps)}
     if args.plain_env and s.ours_task == s.env_id:
         peers["ours-plain"] = lambda: ours(s, args.steps, plain=True)
+    if args.compile:
+        warm = ours(s, args.steps, compile="on")  # compiles (once per process), untimed
+        peers["ours-compiled"] = lambda: {**ours(s, args.steps, compile="on"), "warmup_cpu_s": warm["cpu_s"]}
+    if args.ours_seeds > 1:
+        n, steps = args.ours_seeds, args.seeds_steps or args.steps // 4
+        peers[f"ours{n}"] = lambda: ours(s, steps, seeds=n)
+        if args.compile:
+            ours(s, steps, compile="on", seeds=n)  # a stack of n seeds compiles its own acting, untimed
+            peers[f"ours{n}-compiled"] = lambda: ours(s, steps, compile="on", seeds=n)
     if args.cleanrl:
         peers["cleanrl"] = lambda: cleanrl(s, args.steps, args.cleanrl)
     for name, proc in rejax_procs.items():
@@ -427,18 +451,30 @@ def summarise(s: Setting, runs: dict[str, list[dict]], floor_s: float) -> dict:
             "fraction_of_floor": statistics.median(peer) * floor_s,
         }
         extra, label = "", k
+        if "warmup_cpu_s" in xs[0]:  # the warm-up run's CPU seconds beyond a compiled run's
+            compile_s = xs[0]["warmup_cpu_s"] - xs[0]["env_steps"] / statistics.median(peer)
+            out[k]["compile_s"] = compile_s
+            extra = f" (compiled in {compile_s:.1f} CPU-s)"
         if "per_seed_sps_cpu" in xs[0]:
             per_seed = statistics.median(x["per_seed_sps_cpu"] for x in xs)
             out[k]["per_seed_sps_cpu"] = per_seed
+            compiled = f"; compiled in {xs[0]['compile_s']:.0f} s" if "compile_s" in xs[0] else ""
             out[k]["compile_s"] = xs[0].get("compile_s")
-            extra = f" (compiled in {xs[0]['compile_s']:.0f} s)"
+            extra = f" (compiled in {xs[0]['compile_s']:.0f} s)" if compiled else ""
             if xs[0]["seeds"] > 1:
-                extra = f" (all {xs[0]['seeds']} seeds; per seed {per_seed:,.0f}; compiled in {xs[0]['compile_s']:.0f} s)"
+                extra = f" (all {xs[0]['seeds']} seeds; per seed {per_seed:,.0f}{compiled})"
                 label = f"{k} (all seeds)"
         print(
             f"  {k:<8} {spread(peer)} steps/CPU-s{extra}, {out[k]['fraction_of_floor']:.2f} of the floor; "
             f"ours (1 seed)/{label} {med:.2f} [{lo:.2f}-{hi:.2f}] (A/A [{aa[0]:.2f}-{aa[1]:.2f}])"
         )
+    for k in [k for k in runs if k.startswith("ours") and runs[k] and runs[k][0].get("seeds", 1) > 1]:
+        for peer in [p for p in runs if p.startswith("rejax") and runs[p] and runs[p][0].get("seeds", 1) > 1]:
+            r = [x["per_seed_sps_cpu"] / y["per_seed_sps_cpu"] for x, y in zip(runs[k], runs[peer])]
+            out[k][f"per_seed_over_{peer}"] = [statistics.median(r), min(r), max(r)]
+            print(
+                f"  per seed: {k} / {peer} {statistics.median(r):.2f} [{min(r):.2f}-{max(r):.2f}] (per round)"
+            )
     out["aa"] = list(aa)
     return out
 
@@ -462,6 +498,20 @@ def main() -> None:
         help="also time ours on gymnasium.make copies of the stock id (no fast path) as a peer: ours-plain",
     )
     ap.add_argument("--cleanrl", default=None, help="path of CleanRL's ppo.py (not shipped; skipped without)")
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time ours with --compile on as a peer: ours-compiled (ours A and B stay eager)",
+    )
+    ap.add_argument(
+        "--ours-seeds",
+        type=int,
+        default=16,
+        help="also time ours with this many seeds in one process (--seeds; 1: not), beside rejax's vmapped seeds",
+    )
+    ap.add_argument(
+        "--seeds-steps", type=int, default=None, help="env steps per seed of that run (default --steps / 4)"
+    )
     args = ap.parse_args()
     if hasattr(os, "sched_setaffinity") and args.cpu != -1:
         allowed = os.sched_getaffinity(0)

@@ -165,7 +165,7 @@ class SeedRuns:
             run.actor.eval()
         episodes = collect_seeds(
             self.env,
-            StackedActor([run.actor for run in self.runs]),
+            StackedActor([run.actor for run in self.runs], compiled=self.runs[0].compiled),
             np.stack([d[0] for d in draws]),
             self.plan.resolved.horizon,
             draws[0][2],

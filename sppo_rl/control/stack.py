@@ -12,6 +12,9 @@ independent of ``S``. What the kernels give, measured on this CPU build (torch 2
 - ``torch.baddbmm`` (a layer with ``out >= 2``): slice ``k`` independent of ``S``; against ``nn.Linear``
   (``F.linear``) equal, except for tiny products (about ``rows x out x in <= 384``, e.g. three envs or fewer
   at the 64 -> 2 head), where ``F.linear`` takes another kernel;
+- with more than one thread a batched kernel may split its work by ``S``: on a Zen 2 CPU (AMD EPYC, AVX2)
+  with two threads, 5-11 rows of a 64-wide layer came out differently in a stack of 2-16 than alone, so
+  the exactness holds at one thread (a control run's default ``--threads 1``);
 - a layer with ``out == 1`` (a one-dimensional Gaussian mean): ``baddbmm``'s slice changed with ``S`` and
   no batched op matched ``F.linear`` (a matrix-vector kernel), so such a layer runs ``F.linear`` seed by
   seed (exact, ``S`` small calls).
@@ -92,8 +95,11 @@ class StackedActor:
     """``S`` actors of one architecture (:class:`~sppo_rl.control.networks.Actor`) as one stacked network
     over inputs ``[S, M, D]``: a copy of their weights and observation statistics, to act with."""
 
-    def __init__(self, actors: Sequence[Actor]) -> None:
+    def __init__(self, actors: Sequence[Actor], compiled: bool = False) -> None:
+        """``compiled``: :meth:`act`'s forward and sample through ``torch.compile`` (``--compile on``:
+        :mod:`sppo_rl.control.compiled`)."""
         a0 = actors[0]
+        self.compiled = compiled
         if any(a.arch() != a0.arch() for a in actors):
             raise ValueError("a stack's actors must share one architecture")
         self.discrete, self.action_dim = a0.discrete, a0.action_dim
@@ -117,24 +123,30 @@ class StackedActor:
         draws from ``generators[k]`` only when ``active[k]`` (an inactive seed's rows are not to be
         read). ``greedy`` ``[n]`` marks the same rows in every seed. Returns ``actions [S, n]`` /
         ``[S, n, A]`` and ``logp [S, n]``."""
+        shape = (obs.shape[1], self.action_dim)
+        draw = torch.rand if self.discrete else torch.randn
+        noise = torch.stack(
+            [draw(shape, generator=g) if on else obs.new_ones(shape) for g, on in zip(generators, active)]
+        )
+        if self.compiled:
+            from sppo_rl.control.compiled import stacked_sample
+
+            return stacked_sample(self, obs, noise, greedy)
+        return self.sample(obs, noise, greedy)
+
+    def sample(self, obs: Tensor, noise: Tensor, greedy: Tensor | None) -> tuple[Tensor, Tensor]:
+        """:meth:`act` given its draws ``noise [S, n, A]`` (uniform for a categorical policy's Gumbel-max
+        sample, standard normal for a Gaussian's), eager."""
         out = self(obs)
-        shape = out.shape[1:]
-
-        def draw(fn) -> Tensor:
-            return torch.stack(
-                [fn(shape, generator=g) if on else out.new_ones(shape) for g, on in zip(generators, active)]
-            )
-
         if self.discrete:
             logp_all = torch.log_softmax(out, -1)
-            u = draw(torch.rand).clamp_(1e-12, 1.0)
+            u = noise.clamp(1e-12, 1.0)
             a = torch.argmax(logp_all - torch.log(-torch.log(u)), -1)  # Gumbel-max sample
             if greedy is not None:
                 a = torch.where(greedy[None, :], out.argmax(-1), a)
             return a, logp_all.gather(-1, a[..., None])[..., 0]
         assert self.log_std is not None
         log_std = self.log_std[:, None, :]
-        noise = draw(torch.randn)
         if greedy is not None:
             noise = noise * (~greedy)[None, :, None]
         a = out + torch.exp(log_std) * noise

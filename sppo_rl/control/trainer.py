@@ -36,9 +36,11 @@ from sppo_rl.agents.batch import SequenceBatch
 from sppo_rl.agents.learner import TorchEngine, forward_rows, ppo_update
 from sppo_rl.control.actor_files import load_actor_file
 from sppo_rl.control.astar import ReferenceValues
+from sppo_rl.control.compiled import announce as announce_compile
+from sppo_rl.control.compiled import logp_entropy, values
 from sppo_rl.control.config import ControlConfig
 from sppo_rl.control.evaluate import success_rate
-from sppo_rl.control.networks import CRITICS, Actor, StepCritic
+from sppo_rl.control.networks import CRITICS, Actor, StepCritic, use_rational_tanh
 from sppo_rl.control.plan import resolve, schedule
 from sppo_rl.control.rollout import Episodes, Rollout, collect_seeds, start_states
 from sppo_rl.control.spo import StartStates
@@ -118,12 +120,17 @@ class ControlRun:
             self.critic = CRITICS[req.critic](
                 self.spec.obs_dim, net.hidden_sizes, net.activation, norm=self.actor.norm
             )
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=plan.optim.actor_lr, eps=1e-5)
+        self.compiled = net.compiled
+        if self.compiled:  # sppo_rl.control.compiled
+            announce_compile()
+            use_rational_tanh(self.actor)
+            if self.critic is not None:
+                use_rational_tanh(self.critic)
+        self.actor_opt = self._adam(self.actor.parameters(), plan.optim.actor_lr)
         self.critic_opt = (
-            torch.optim.Adam(
+            self._adam(
                 [p for n, p in self.critic.named_parameters() if not n.startswith("norm.")],
-                lr=plan.optim.critic_lr,
-                eps=1e-5,
+                plan.optim.critic_lr,
             )
             if self.critic is not None
             else None
@@ -158,6 +165,7 @@ class ControlRun:
             self.state = RunState(env_steps=self.astar.env_steps, elapsed=time.perf_counter() - t0)
         resolved = {
             **asdict(plan.resolved),
+            "compiled": net.compiled,
             "learner": asdict(plan.learner),
         }  # the update's settings in force
         self.logger = start_logging(self.out, plan.given, resolved, ckpt, world="control")
@@ -178,6 +186,10 @@ class ControlRun:
     def elapsed(self) -> float:
         """Seconds spent updating so far (restored on resume)."""
         return self.state.elapsed
+
+    def _adam(self, params: Any, lr: float) -> torch.optim.Adam:
+        """Adam (eps 1e-5, CleanRL's), its fused kernel with ``--compile on``."""
+        return torch.optim.Adam(params, lr=lr, eps=1e-5, fused=True if self.compiled else None)
 
     @property
     def actor_engine(self) -> TorchEngine:
@@ -238,7 +250,7 @@ class ControlRun:
         self.actor.eval()
         (ep_all,) = collect_seeds(
             self.env,
-            StackedActor([self.actor]),
+            StackedActor([self.actor], compiled=self.compiled),
             seeds[None],
             self.plan.resolved.horizon,
             greedy,
@@ -311,30 +323,33 @@ class ControlRun:
     def _actor_fn(self, ep: Episodes, actor: Actor | None = None):
         """``(rows, T) -> (logp, entropy)`` of the taken actions under ``actor`` (None: the run's),
         computed on valid steps only."""
-        policy = self.actor if actor is None else actor
+        policy, compiled = (self.actor if actor is None else actor), self.compiled
 
-        def logp_entropy(rows: Tensor, T: int) -> tuple[Tensor, Tensor]:
+        def taken(rows: Tensor, T: int) -> tuple[Tensor, Tensor]:
             valid = ep.mask[rows, :T] > 0
-            logp_v, ent_v = policy.logp_entropy(ep.obs[rows, :T][valid], ep.actions[rows, :T][valid])
+            logp_v, ent_v = logp_entropy(
+                policy, ep.obs[rows, :T][valid], ep.actions[rows, :T][valid], compiled
+            )
             zeros = torch.zeros(valid.shape, dtype=logp_v.dtype)
             return zeros.masked_scatter(valid, logp_v), zeros.masked_scatter(valid, ent_v)
 
-        return logp_entropy
+        return taken
 
     def _critic_fn(self, ep: Episodes):
         """``(rows, T) -> values``: the critic on the episodes' observations, its own kind deciding which:
         a per-step critic on valid steps only (0 on padding, as the actor's log-probs), a start-state
         critic on the first step."""
-        critic = self.critic
+        critic, compiled = self.critic, self.compiled
+        assert critic is not None
         if not isinstance(critic, StepCritic):
-            return lambda rows, T: critic.values(ep.obs[rows, :T])
+            return lambda rows, T: values(critic, ep.obs[rows, :T], compiled)
 
-        def values(rows: Tensor, T: int) -> Tensor:
+        def step_values(rows: Tensor, T: int) -> Tensor:
             valid = ep.mask[rows, :T] > 0
-            v = critic(ep.obs[rows, :T][valid])
+            v = values(critic, ep.obs[rows, :T][valid], compiled)
             return torch.zeros(valid.shape, dtype=v.dtype).masked_scatter(valid, v)
 
-        return values
+        return step_values
 
     def _schedule_lr(self) -> float:
         """Set both optimizers' learning rates for the update about to run (``--lr-schedule``, from the
@@ -401,7 +416,9 @@ class ControlRun:
     def load_state(self, s: dict[str, Any]) -> None:
         if s["actor_arch"] != self.actor.arch():
             self.actor = Actor(**s["actor_arch"])
-            self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=self.plan.optim.actor_lr, eps=1e-5)
+            if self.compiled:
+                use_rational_tanh(self.actor)
+            self.actor_opt = self._adam(self.actor.parameters(), self.plan.optim.actor_lr)
             if self.critic is not None:
                 self.critic.norm = self.actor.norm
         self.actor.load_state_dict(s["actor"])
@@ -418,6 +435,8 @@ class ControlRun:
             self.spo.load_state_dict(s["spo"])
         if self.astar is not None:
             self.astar.load_state_dict(s["astar"])
+            if self.compiled:
+                use_rational_tanh(self.astar.reference)
 
     def save_checkpoint(self) -> Path:
         state = self.state_dict()

@@ -71,8 +71,8 @@ HELP_LAYOUT: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
             "bppo_accuracy_threshold", "lampo_temperature", "astar_samples", "astar_beta1", "astar_beta2")),
         ("critic", "The critic: its targets and start.", (
             "critic_warmup", "value_clip", "gamma", "lam", "lam_critic", "lam_alpha")),
-        ("evaluation", "Greedy evaluation, calibration and what is logged.", (
-            "eval_every", "eval_episodes", "calibration_contexts", "calibration_samples", "threads", "progress",
+        ("evaluation", "Greedy evaluation, calibration, what is logged, threads and compiling.", (
+            "eval_every", "eval_episodes", "calibration_contexts", "calibration_samples", "threads", "compile", "progress",
             "tensorboard", "exp_name", "wandb", "wandb_mode", "wandb_project", "wandb_entity", "wandb_group",
             "wandb_tags", "extra")),
         ("run-folder", "Checkpoints, resuming and the run's budget.", (
