@@ -1,5 +1,5 @@
 """``--compile`` (sppo_rl.control.compiled): the rational tanh, the compiled passes against eager ones,
-a compiled run's log-probs recomputed exactly as they were sampled, ``auto``'s rule."""
+a compiled run's log-probs recomputed exactly as they were sampled, eager by default."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from sppo_rl.control.networks import (
     rational_tanh,
     use_rational_tanh,
 )
-from sppo_rl.control.plan import COMPILE_MIN_STEPS, resolve
+from sppo_rl.control.plan import resolve
 from sppo_rl.control.trainer import ControlRun, run_control
 from sppo_rl.runtime.logging import read_metrics
 
@@ -111,11 +111,7 @@ def test_a_compiled_run_is_the_eager_run_to_float_rounding(tmp_path, capfd):
     assert "--compile on" in capfd.readouterr().err
 
 
-def test_auto_compiles_long_runs_only(tmp_path):
-    """auto: on when total_episodes x horizon reaches COMPILE_MIN_STEPS (short-cartpole's horizon)."""
-    H = resolve(control_config(tmp_path)).spec.horizon
-    n = -(-COMPILE_MIN_STEPS // H)  # the fewest episodes that reach it
-    assert not resolve(control_config(tmp_path, total_episodes=n - 1)).networks.compiled
-    assert resolve(control_config(tmp_path, total_episodes=n)).networks.compiled
-    assert not resolve(control_config(tmp_path, total_episodes=n, compile="off")).networks.compiled
-    assert resolve(control_config(tmp_path, total_episodes=64, compile="on")).networks.compiled
+def test_compile_is_off_unless_asked(tmp_path):
+    """Eager is the default (the reference); ``on`` is recorded in the plan."""
+    assert not resolve(control_config(tmp_path)).networks.compiled
+    assert resolve(control_config(tmp_path, compile="on")).networks.compiled

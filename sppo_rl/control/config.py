@@ -57,10 +57,10 @@ class ControlConfig(RunConfig):
     init_from: str = "auto"
     """Actor initialisation: 'auto' = the shipped warm start of the task if there is one, else random;
     'none' = random; or a path to a warm-start file or a run folder's checkpoint."""
-    compile: Literal["auto", "on", "off"] = "auto"
-    """Acting and the training pass through torch.compile, tanh as a rational function, fused Adam (docs/control.md);
-    auto: on when total_episodes x horizon (the most env steps the run may take) reaches 4M, where the ~10 CPU-seconds
-    of compiling pay off; off: eager torch, the reference."""
+    compile: Literal["off", "on"] = "off"
+    """on: acting and the training pass through torch.compile, tanh as a rational function, fused Adam (docs/control.md):
+    1.12-1.29x the steps/s measured on CartPole after ~10 CPU-s of compiling, numbers equal to eager's to float rounding;
+    off: eager torch, the reference every documented result ran on."""
     normalize_obs: bool = True
     """Normalise observations with running statistics (frozen at the warm start's when initialising from one)."""
     log_std_init: float = -0.5

@@ -35,12 +35,6 @@ from sppo_rl.runtime.loop import Schedule
 from sppo_rl.runtime.plan import AStar, LoopSettings, RunPlan
 from sppo_rl.runtime.run import RunError
 
-COMPILE_MIN_STEPS = 4_000_000
-"""``--compile auto`` compiles a run whose env steps may reach this many (``total_episodes x horizon``, an
-upper bound): compiling costs about 10 CPU-seconds a process and saved 4.8-5.2 us an env step on a 2-core
-AMD EPYC (``scripts/bench_throughput.py --compile``), so it pays from about 2M steps
-(:mod:`sppo_rl.control.compiled`). The bound is each seed's, so ``--seeds`` and ``--seed K`` alone agree."""
-
 if TYPE_CHECKING:
     from sppo_rl.envs.tasks import TaskSpec
 
@@ -150,11 +144,8 @@ def resolve(cfg: ControlConfig) -> Plan:
         init_from=str(init_path) if init_path else "none",
     )
     loop = LoopSettings.of(cfg, math.ceil(cfg.total_episodes / E))
-    compiled = cfg.compile == "on" or (
-        cfg.compile == "auto" and cfg.total_episodes * spec.horizon >= COMPILE_MIN_STEPS
-    )
     networks = Networks(
-        cfg.hidden_sizes, cfg.activation, cfg.log_std_init, cfg.normalize_obs, init_path, compiled
+        cfg.hidden_sizes, cfg.activation, cfg.log_std_init, cfg.normalize_obs, init_path, cfg.compile == "on"
     )
     optim = Optimisation(
         cfg.actor_lr, cfg.critic_lr, cfg.max_grad_norm, cfg.lr_schedule, cfg.warmup_updates, cfg.critic_warmup
