@@ -182,10 +182,17 @@ def _check_seeds_alone(tmp_path: Path, **kw) -> None:
         assert r["success_rate"] == pytest.approx(np.mean([s[i]["success_rate"] for s in seed_rows]))
 
 
-def test_a_multi_seed_run_resumes_exactly(tmp_path):
-    full = control_config(tmp_path, "full", seeds="1-2", total_episodes=256, checkpoint_every=2)
+@pytest.mark.parametrize("compile", ["off", "on"])
+def test_a_multi_seed_run_resumes_exactly(tmp_path, compile):
+    """Stopped after update 2 and resumed, each seed's rows and weights are the uninterrupted run's,
+    eager or compiled (fused Adam's state and the rational tanh come back with the checkpoint)."""
+    full = control_config(
+        tmp_path, "full", seeds="1-2", total_episodes=256, checkpoint_every=2, compile=compile
+    )
     run_control(full)
-    part = control_config(tmp_path, "part", seeds="1-2", total_episodes=128, checkpoint_every=2)
+    part = control_config(
+        tmp_path, "part", seeds="1-2", total_episodes=128, checkpoint_every=2, compile=compile
+    )
     run_control(part)
     run_control(replace(part, total_episodes=256, resume=True))
     for sub in ("", "seed1", "seed2"):
