@@ -4,6 +4,9 @@ a compiled run's log-probs recomputed exactly as they were sampled, eager by def
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -115,3 +118,14 @@ def test_compile_is_off_unless_asked(tmp_path):
     """Eager is the default (the reference); ``on`` is recorded in the plan."""
     assert not resolve(control_config(tmp_path)).networks.compiled
     assert resolve(control_config(tmp_path, compile="on")).networks.compiled
+
+
+def test_compile_without_a_cpp_compiler_is_one_line_before_any_file(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler")}
+    cmd = [sys.executable, "-m", "sppo_rl", "control", "--task", "short-cartpole", "--compile", "on"]
+    p = subprocess.run([*cmd, "--out-dir", str(out)], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "C++ compiler" in lines[0] and "--compile off" in lines[0], p.stderr
+    assert not out.exists()

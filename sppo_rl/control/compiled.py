@@ -44,6 +44,22 @@ def _compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
     return torch.compile(fn, dynamic=True)
 
 
+def check_compiler() -> None:
+    """``torch.compile`` builds C++ on the CPU: refuse ``--compile on`` in one line, before any file is
+    touched, where no C++ compiler runs (``g++``, or ``$CXX``)."""
+    from torch._inductor import cpp_builder
+
+    from sppo_rl.runtime.run import RunError
+
+    try:
+        cpp_builder.get_cpp_compiler()
+    except Exception:
+        raise RunError(
+            "--compile on: torch.compile needs a C++ compiler (g++, or the one $CXX names) and none runs here; "
+            "use --compile off"
+        ) from None
+
+
 @functools.cache
 def announce() -> None:
     """One line on stderr, once per process, when a run compiles (its first updates are slower)."""

@@ -130,6 +130,10 @@ def resolve(cfg: ControlConfig) -> Plan:
         raise RunError(f"need epochs >= 1 and 1 <= minibatches <= episodes_per_update ({E})")
     if (algo.requires.tracker or algo.requires.optimal_values) and cfg.spo_contexts < E // G:
         raise RunError(f"--spo-contexts ({cfg.spo_contexts}) must hold one update's start states ({E // G})")
+    if cfg.compile == "on":
+        from sppo_rl.control.compiled import check_compiler
+
+        check_compiler()
     init_path = resolve_init(cfg.init_from, spec.name)
     if init_path is not None:
         check_init_actor(init_path, spec)
