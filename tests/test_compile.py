@@ -12,7 +12,7 @@ import pytest
 import torch
 from configs import control_config
 
-from sppo_rl.control.compiled import announce, logp_entropy, values
+from sppo_rl.control.compiled import announce, compiled
 from sppo_rl.control.networks import (
     TANH_CLIP,
     Actor,
@@ -71,14 +71,14 @@ def test_compiled_passes_equal_eager_ones(discrete):
         obs = torch.randn(n, 4) * 2
         acts = torch.randint(0, 2, (n,)) if discrete else torch.randn(n, 2)
         out = {}
-        for compiled in (False, True):
+        for on in (False, True):
             actor.zero_grad()
             critic.zero_grad()
-            lp, ent = logp_entropy(actor, obs, acts, compiled)
-            v = values(critic, obs, compiled)
+            lp, ent = compiled(Actor.logp_entropy, on)(actor, obs, acts)
+            v = compiled(StepCritic.values, on)(critic, obs)
             (lp.sum() + ent.sum() + v.square().sum()).backward()
             grads = [p.grad.clone() for p in [*actor.parameters(), *critic.body.parameters()]]
-            out[compiled] = (lp.detach(), ent.detach(), v.detach(), grads)
+            out[on] = (lp.detach(), ent.detach(), v.detach(), grads)
         for x, y in zip(out[False][:3], out[True][:3]):
             torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6)
         for x, y in zip(out[False][3], out[True][3]):

@@ -5,8 +5,9 @@ With ``--compile on`` a control run (:class:`~sppo_rl.control.trainer.ControlRun
 - replaces its networks' ``nn.Tanh`` by :class:`~sppo_rl.control.networks.RationalTanh` (for acting, for
   training and in its evaluations, so that an episode's log-probs are recomputed exactly as they were
   sampled: the first ratio stays 1);
-- runs the learner's actor pass (:meth:`~sppo_rl.control.networks.Actor.logp_entropy`) and critic pass
-  through :func:`logp_entropy` and :func:`values` below: ``torch.compile`` with dynamic shapes (a
+- runs the learner's actor pass (:meth:`~sppo_rl.control.networks.Actor.logp_entropy`), its critic pass
+  and acting (:meth:`~sppo_rl.control.stack.StackedActor.sample`) through :func:`compiled`:
+  ``torch.compile`` with dynamic shapes (a
   minibatch's valid steps vary), nn modules inlined, so one compiled program serves every seed and
   every minibatch size, the activation's forward and backward each one fused loop;
 - steps Adam with its fused kernel (``fused=True``).
@@ -27,21 +28,23 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
-from torch import Tensor, nn
-
-from sppo_rl.control.networks import Actor
-
-if TYPE_CHECKING:
-    from sppo_rl.control.stack import StackedActor
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @functools.cache
-def _compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _compile(fn: Callable[..., Any]) -> Callable[..., Any]:
     import torch
 
     return torch.compile(fn, dynamic=True)
+
+
+def compiled(fn: F, on: bool) -> F:
+    """``fn`` (a method taken from its class, ``Actor.logp_entropy``, called with the module first) through
+    ``torch.compile`` with dynamic shapes when ``on``, else ``fn`` itself; one compiled function per ``fn``
+    in the process, nn modules inlined, so every seed's modules share it."""
+    return _compile(fn) if on else fn  # type: ignore[return-value]
 
 
 def check_compiler() -> None:
@@ -69,32 +72,3 @@ def announce() -> None:
         file=sys.stderr,
         flush=True,
     )
-
-
-def _logp_entropy(actor: Actor, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
-    return actor.logp_entropy(obs, actions)
-
-
-def _values(critic: nn.Module, obs: Tensor) -> Tensor:
-    return critic.values(obs)  # type: ignore[operator]
-
-
-def logp_entropy(actor: Actor, obs: Tensor, actions: Tensor, compiled: bool) -> tuple[Tensor, Tensor]:
-    """``actor.logp_entropy(obs, actions)``, compiled when ``compiled``."""
-    return (_compiled(_logp_entropy) if compiled else _logp_entropy)(actor, obs, actions)
-
-
-def values(critic: nn.Module, obs: Tensor, compiled: bool) -> Tensor:
-    """``critic.values(obs)``, compiled when ``compiled``."""
-    return (_compiled(_values) if compiled else _values)(critic, obs)
-
-
-def _sample(stack: StackedActor, obs: Tensor, noise: Tensor, greedy: Tensor | None) -> tuple[Tensor, Tensor]:
-    return stack.sample(obs, noise, greedy)
-
-
-def stacked_sample(
-    stack: StackedActor, obs: Tensor, noise: Tensor, greedy: Tensor | None
-) -> tuple[Tensor, Tensor]:
-    """``stack.sample(obs, noise, greedy)`` compiled (acting: the forward and the sample in one program)."""
-    return _compiled(_sample)(stack, obs, noise, greedy)

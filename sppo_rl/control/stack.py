@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sppo_rl.control.compiled import compiled
 from sppo_rl.control.networks import LOG_2PI, Actor
 
 
@@ -128,11 +129,7 @@ class StackedActor:
         noise = torch.stack(
             [draw(shape, generator=g) if on else obs.new_ones(shape) for g, on in zip(generators, active)]
         )
-        if self.compiled:
-            from sppo_rl.control.compiled import stacked_sample
-
-            return stacked_sample(self, obs, noise, greedy)
-        return self.sample(obs, noise, greedy)
+        return compiled(StackedActor.sample, self.compiled)(self, obs, noise, greedy)
 
     def sample(self, obs: Tensor, noise: Tensor, greedy: Tensor | None) -> tuple[Tensor, Tensor]:
         """:meth:`act` given its draws ``noise [S, n, A]`` (uniform for a categorical policy's Gumbel-max

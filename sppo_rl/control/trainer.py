@@ -37,7 +37,7 @@ from sppo_rl.agents.learner import TorchEngine, forward_rows, ppo_update
 from sppo_rl.control.actor_files import load_actor_file
 from sppo_rl.control.astar import ReferenceValues
 from sppo_rl.control.compiled import announce as announce_compile
-from sppo_rl.control.compiled import logp_entropy, values
+from sppo_rl.control.compiled import compiled
 from sppo_rl.control.config import ControlConfig
 from sppo_rl.control.evaluate import success_rate
 from sppo_rl.control.networks import CRITICS, Actor, StepCritic, use_rational_tanh
@@ -323,13 +323,12 @@ class ControlRun:
     def _actor_fn(self, ep: Episodes, actor: Actor | None = None):
         """``(rows, T) -> (logp, entropy)`` of the taken actions under ``actor`` (None: the run's),
         computed on valid steps only."""
-        policy, compiled = (self.actor if actor is None else actor), self.compiled
+        policy = self.actor if actor is None else actor
+        logp_entropy = compiled(Actor.logp_entropy, self.compiled)
 
         def taken(rows: Tensor, T: int) -> tuple[Tensor, Tensor]:
             valid = ep.mask[rows, :T] > 0
-            logp_v, ent_v = logp_entropy(
-                policy, ep.obs[rows, :T][valid], ep.actions[rows, :T][valid], compiled
-            )
+            logp_v, ent_v = logp_entropy(policy, ep.obs[rows, :T][valid], ep.actions[rows, :T][valid])
             zeros = torch.zeros(valid.shape, dtype=logp_v.dtype)
             return zeros.masked_scatter(valid, logp_v), zeros.masked_scatter(valid, ent_v)
 
@@ -339,14 +338,15 @@ class ControlRun:
         """``(rows, T) -> values``: the critic on the episodes' observations, its own kind deciding which:
         a per-step critic on valid steps only (0 on padding, as the actor's log-probs), a start-state
         critic on the first step."""
-        critic, compiled = self.critic, self.compiled
+        critic = self.critic
         assert critic is not None
+        values = compiled(type(critic).values, self.compiled)
         if not isinstance(critic, StepCritic):
-            return lambda rows, T: values(critic, ep.obs[rows, :T], compiled)
+            return lambda rows, T: values(critic, ep.obs[rows, :T])
 
         def step_values(rows: Tensor, T: int) -> Tensor:
             valid = ep.mask[rows, :T] > 0
-            v = values(critic, ep.obs[rows, :T][valid], compiled)
+            v = values(critic, ep.obs[rows, :T][valid])
             return torch.zeros(valid.shape, dtype=v.dtype).masked_scatter(valid, v)
 
         return step_values
